@@ -1,0 +1,101 @@
+"""The backends the conformance harness can run, by name."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from tests.conformance.harness import Prepare, Runner
+
+_WIDE = {onnx.TensorProto.INT64, onnx.TensorProto.UINT64, onnx.TensorProto.DOUBLE}
+
+
+def _ort_runner(model_bytes_or_path: bytes | str) -> Runner:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model_bytes_or_path, opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+
+    def run(inputs: list[Any]) -> list[Any]:
+        return sess.run(None, dict(zip(names, inputs, strict=False)))
+
+    return run
+
+
+def onnxruntime_backend(model: onnx.ModelProto) -> Runner:
+    """onnxruntime alone: the baseline every other backend is measured against."""
+    return _ort_runner(model.SerializeToString())
+
+
+def roundtrip_backend(model: onnx.ModelProto) -> Runner:
+    """xconv.load -> xconv.save -> onnxruntime: proves the IR loses nothing."""
+    import xconv
+
+    ir_model = xconv.load(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        xconv.save(ir_model, path, check=False)
+        return _ort_runner(path.read_bytes())
+
+
+def _uses_wide_types(model: onnx.ModelProto) -> bool:
+    def elem_types(vis):
+        for vi in vis:
+            t = vi.type
+            while True:
+                if t.HasField("tensor_type"):
+                    yield t.tensor_type.elem_type
+                    break
+                if t.HasField("sequence_type"):
+                    t = t.sequence_type.elem_type
+                elif t.HasField("optional_type"):
+                    t = t.optional_type.elem_type
+                else:
+                    break
+
+    g = model.graph
+    types = set(elem_types(list(g.input) + list(g.output)))
+    types |= {t.data_type for t in g.initializer}
+    return bool(types & _WIDE)
+
+
+def jax_backend(model: onnx.ModelProto) -> Runner:
+    """xconv.load -> xconv.to_jax; 64-bit cases run with x64 enabled (inside the harness only)."""
+    import jax
+
+    import xconv
+
+    x64 = _uses_wide_types(model)
+    ctx = jax.enable_x64(True) if x64 else contextlib.nullcontext()
+    with ctx:
+        fn, params = xconv.to_jax(xconv.load(model))
+
+    def run(inputs: list[Any]) -> list[Any]:
+        with jax.enable_x64(True) if x64 else contextlib.nullcontext():
+            outs = fn(params, *inputs)
+            return [_to_numpy(o) for o in outs]
+
+    return run
+
+
+def _to_numpy(x: Any) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, list):
+        return [_to_numpy(v) for v in x]
+    return np.asarray(x)
+
+
+BACKENDS: dict[str, Callable[[], Prepare]] = {
+    "onnxruntime": lambda: onnxruntime_backend,
+    "roundtrip": lambda: roundtrip_backend,
+    "jax": lambda: jax_backend,
+}

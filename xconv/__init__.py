@@ -1,0 +1,72 @@
+"""xconv: translate models between PyTorch, JAX/Flax, TensorFlow and ONNX, with proof.
+
+The public API is imported lazily: ``import xconv`` loads no framework; each function pulls
+in the framework it needs when called.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from xconv.errors import (
+    ConversionError,
+    InvalidModelError,
+    MissingFrameworkError,
+    ParityError,
+    StaticValueError,
+    UnsupportedAttributeError,
+    UnsupportedOpError,
+    WeightsError,
+)
+
+__version__ = "0.1.0"
+
+# name -> (module, attribute)
+_LAZY = {
+    "load": ("xconv.converters.onnx.io", "load"),
+    "save": ("xconv.converters.onnx.io", "save"),
+    "to_jax": ("xconv.converters.jax.interpreter", "to_jax"),
+    "to_flax": ("xconv.converters.jax.flax_emitter", "to_flax"),
+    "from_torch": ("xconv.converters.torch.importer", "from_torch"),
+    "to_torch": ("xconv.converters.torch.emitter", "to_torch"),
+    "to_torch_source": ("xconv.converters.torch.emitter", "to_torch_source"),
+    "from_flax": ("xconv.converters.flax.importer", "from_flax"),
+    "from_jax": ("xconv.converters.flax.importer", "from_jax"),
+    "from_tf": ("xconv.converters.tf.importer", "from_tf"),
+    "check_parity": ("xconv.parity.checker", "check_parity"),
+    "torch2jax": ("xconv.interop.torch2jax", "torch2jax"),
+    "jax2torch": ("xconv.interop.jax2torch", "jax2torch"),
+}
+
+if TYPE_CHECKING:
+    from xconv.converters.jax.interpreter import to_jax
+    from xconv.converters.onnx.io import load, save
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'xconv' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
+__all__ = [
+    "ConversionError",
+    "InvalidModelError",
+    "MissingFrameworkError",
+    "ParityError",
+    "StaticValueError",
+    "UnsupportedAttributeError",
+    "UnsupportedOpError",
+    "WeightsError",
+    "__version__",
+    *_LAZY,
+]

@@ -1,0 +1,1 @@
+"""One folder per framework: importers (framework -> IR) and emitters (IR -> framework)."""

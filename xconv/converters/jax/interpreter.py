@@ -1,0 +1,237 @@
+"""IR -> a pure, jittable JAX function ``fn(params, *inputs, rng=None) -> tuple``.
+
+Nodes whose inputs are all known at trace time (shape arithmetic, constants) are evaluated
+eagerly under ``jax.ensure_compile_time_eval`` and kept as numpy, so the shape bookkeeping
+exporters leave behind folds away under ``jax.jit`` and shape-like inputs stay static.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx_ir as ir
+
+from xconv.converters.jax.context import JaxContext, is_static
+from xconv.converters.registry import Registry, as_tuple
+from xconv.errors import ConversionError
+from xconv.ir.metadata import ROLE, SOURCE_LINE, get_scope
+from xconv.ir.naming import flatten, nest
+
+logger = logging.getLogger(__name__)
+
+#: Ops never folded at trace time, even with constant inputs: their results vary per call.
+_STATEFUL = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+     "Multinomial", "Dropout"}
+)
+
+
+def is_weight(value: ir.Value, annotated: bool) -> bool:
+    """Whether an initializer is a trainable weight (goes into ``params``) or a constant.
+
+    In a model whose importer annotated weights with ``xconv.role``, exactly the annotated
+    initializers are weights. Otherwise every floating-point initializer of rank >= 1 is.
+    """
+    if annotated:
+        return ROLE in value.metadata_props
+    dtype = value.const_value.dtype if value.const_value is not None else None
+    shape = value.const_value.shape if value.const_value is not None else None
+    return dtype is not None and dtype.is_floating_point() and shape is not None and len(shape) >= 1
+
+
+def _to_static(value: Any) -> Any:
+    if value is None or isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, list):
+        return [_to_static(v) for v in value]
+    if isinstance(value, jax.Array):
+        return np.asarray(value)
+    return value
+
+
+def _to_jax(value: Any) -> Any:
+    if isinstance(value, np.ndarray | np.generic) and value.dtype.kind not in "OSUV":
+        return jnp.asarray(value)
+    if isinstance(value, list):
+        return [_to_jax(v) for v in value]
+    return value
+
+
+@dataclass
+class Interpreter:
+    """Evaluates an IR graph with a handler registry; one instance per converted model."""
+
+    model: ir.Model
+    registry: Registry
+    constants: dict[ir.Value, Any] = field(default_factory=dict)
+    capture: Callable[[ir.Node, tuple[Any, ...]], None] | None = None
+
+    @property
+    def opset(self) -> int:
+        return self.model.opset_imports.get("", 1)
+
+    def run_graph(
+        self,
+        graph: ir.Graph,
+        env: dict[ir.Value, Any],
+        inputs: Iterable[Any],
+        rng: Any = None,
+    ) -> list[Any]:
+        """Run ``graph`` given values for its inputs; ``env`` holds enclosing-scope values."""
+        env = dict(env)
+        for value, x in zip(graph.inputs, inputs, strict=False):
+            env[value] = x
+        for value in graph.initializers.values():
+            if value not in env and value.const_value is not None:
+                env[value] = value.const_value.numpy()
+        for index, node in enumerate(graph):
+            outputs = self.run_node(node, env, index, rng)
+            for value, out in zip(node.outputs, outputs, strict=False):
+                env[value] = out
+        try:
+            return [env[v] for v in graph.outputs]
+        except KeyError as e:
+            raise ConversionError(f"graph output {e.args[0].name!r} is never computed") from None
+
+    def run_node(
+        self, node: ir.Node, env: dict[ir.Value, Any], index: int, rng: Any
+    ) -> tuple[Any, ...]:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        version = node.version or self.model.opset_imports.get(domain, 1)
+        handler, reason = self.registry.lookup(domain, node.op_type, version)
+        if handler is None:
+            raise ConversionError(reason, op=node.op_type, node=node.name, scope=get_scope(node))
+        attrs = handler.parse_attributes(node)
+        args = []
+        for v in node.inputs:
+            if v is None or v.name == "":
+                args.append(None)
+                continue
+            if v not in env:
+                raise ConversionError(
+                    f"input {v.name!r} is used before it is computed (graph not sorted?)",
+                    op=node.op_type,
+                    node=node.name,
+                    scope=get_scope(node),
+                )
+            args.append(env[v])
+
+        def run_subgraph(graph: ir.Graph, sub_inputs: Iterable[Any]) -> list[Any]:
+            return self.run_graph(graph, env, sub_inputs, rng)
+
+        ctx = JaxContext(node, version, run_subgraph, rng, index)
+        static = node.op_type not in _STATEFUL and all(is_static(a) for a in args)
+        try:
+            if static:
+                with jax.ensure_compile_time_eval():
+                    outputs = as_tuple(handler.fn(ctx, *args, **attrs))
+                outputs = tuple(_to_static(o) for o in outputs)
+            else:
+                outputs = as_tuple(handler.fn(ctx, *args, **attrs))
+        except ConversionError:
+            raise
+        except Exception as e:
+            raise ConversionError(
+                f"{type(e).__name__}: {e}",
+                op=node.op_type,
+                node=node.name,
+                scope=get_scope(node),
+                source_line=node.metadata_props.get(SOURCE_LINE),
+            ) from e
+        if self.capture is not None:
+            self.capture(node, outputs)
+        return outputs
+
+
+@dataclass(frozen=True)
+class JaxFunction:
+    """The converted function: ``fn(params, *inputs, rng=None) -> tuple of outputs``.
+
+    Pure: works under ``jax.jit``, ``jax.grad`` and ``jax.vmap``. ``params`` is a nested dict
+    keyed by the source scope path of each weight.
+    """
+
+    model: ir.Model
+    registry: Registry
+    weight_names: tuple[str, ...]
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+    def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> tuple:
+        return tuple(_to_jax(o) for o in self._run(params, inputs, rng, None))
+
+    def intermediates(
+        self, params: Mapping[str, Any], *inputs: Any, rng: Any = None
+    ) -> dict[str, Any]:
+        """Every node output by value name, plus the graph outputs (for parity localisation)."""
+        seen: dict[str, Any] = {}
+
+        def capture(node: ir.Node, outputs: tuple[Any, ...]) -> None:
+            for v, o in zip(node.outputs, outputs, strict=False):
+                if v.name:
+                    seen[v.name] = o
+
+        self._run(params, inputs, rng, capture)
+        return seen
+
+    def _run(self, params, inputs, rng, capture) -> list[Any]:
+        graph = self.model.graph
+        if len(inputs) != len(self.input_names):
+            raise TypeError(
+                f"the model takes {len(self.input_names)} input(s) {list(self.input_names)}, "
+                f"got {len(inputs)}"
+            )
+        flat = flatten(params, self.weight_names) if self.weight_names else {}
+        env: dict[ir.Value, Any] = {}
+        by_name = graph.initializers
+        for name, x in flat.items():
+            env[by_name[name]] = x
+        interp = Interpreter(self.model, self.registry, capture=capture)
+        real_inputs = [v for v in graph.inputs if not v.is_initializer()]
+        for value, x in zip(real_inputs, inputs, strict=True):
+            env[value] = x
+        # Initializers that are not weights become numpy constants in run_graph.
+        return interp.run_graph(graph, env, [], rng)
+
+
+def to_jax(model: ir.Model, *, registry: Registry | None = None) -> tuple[JaxFunction, dict]:
+    """Convert an IR model to a pure JAX function and its parameters.
+
+    Args:
+        model: The IR model (see :func:`xconv.load`).
+        registry: Handler registry to use (defaults to the JAX backend's).
+
+    Returns:
+        ``(fn, params)``: call ``fn(params, *inputs)`` to get a tuple of outputs. ``params``
+        nests weights by source scope path: ``params["layer1"]["0"]["conv1"]["weight"]``.
+
+    Raises:
+        UnsupportedOpError: naming every op the backend lacks, before any work.
+    """
+    from xconv.converters.jax import registry as default_registry
+
+    reg = registry or default_registry.registry
+    reg.check_supported(model)
+    graph = model.graph
+    annotated = any(ROLE in v.metadata_props for v in graph.initializers.values())
+    weights = {
+        name: v.const_value.numpy()
+        for name, v in graph.initializers.items()
+        if v.const_value is not None and is_weight(v, annotated)
+    }
+    input_names = tuple(v.name for v in graph.inputs if not v.is_initializer())
+    fn = JaxFunction(
+        model=model,
+        registry=reg,
+        weight_names=tuple(sorted(weights)),
+        input_names=input_names,
+        output_names=tuple(v.name for v in graph.outputs),
+    )
+    params = jax.tree_util.tree_map(jnp.asarray, nest(weights))
+    return fn, params

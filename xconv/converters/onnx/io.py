@@ -1,0 +1,142 @@
+"""Read any .onnx into the IR at ``xconv.ir.OPSET``; write the IR back atomically."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+
+from xconv.errors import InvalidModelError
+from xconv.ir import OPSET
+
+logger = logging.getLogger(__name__)
+
+#: Protobuf cannot serialise a message over 2 GiB; larger models keep weights beside the file.
+_PROTO_LIMIT = 2**31 - 2**20
+
+
+def _default_opset(proto: onnx.ModelProto) -> int | None:
+    for op in proto.opset_import:
+        if op.domain in ("", "ai.onnx"):
+            return op.version
+    return None
+
+
+def upgrade(proto: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
+    """Bring a model's default-domain opset up to ``target`` with the ONNX version converter.
+
+    Models already at or above ``target`` are returned unchanged: opsets newer than the IR's
+    are kept (backends dispatch handlers by opset) rather than lossily downgraded. When the
+    converter has no adapter for some op of an old model, the model keeps its own opset and a
+    warning says so; handlers are versioned, so it still runs.
+    """
+    version = _default_opset(proto)
+    if version is None or version >= target:
+        return proto
+    try:
+        from onnx import version_converter
+
+        return version_converter.convert_version(proto, target)
+    except Exception as e:  # the converter raises bare RuntimeErrors from C++
+        logger.warning("kept opset %d: the ONNX version converter failed (%s)", version, e)
+        return proto
+
+
+def load(source: str | os.PathLike | bytes | onnx.ModelProto | ir.Model) -> ir.Model:
+    """Load a model into the IR, upgrading its opset to ``xconv.ir.OPSET``.
+
+    Args:
+        source: A path to an ``.onnx`` file (external data beside it is read), serialized
+            bytes, a ``ModelProto`` or an ``onnx_ir.Model``.
+
+    Returns:
+        The model as an ``onnx_ir.Model``.
+
+    Raises:
+        InvalidModelError: The input is missing, truncated, corrupt or not an ONNX model.
+    """
+    if isinstance(source, ir.Model):
+        version = source.opset_imports.get("", None)
+        if version is not None and version < OPSET:
+            return load(ir.to_proto(source))
+        return source
+    if isinstance(source, onnx.ModelProto):
+        proto = source
+        base_dir = None
+    elif isinstance(source, bytes | bytearray):
+        proto = _parse(bytes(source), "<bytes>")
+        base_dir = None
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise InvalidModelError(f"no such model file: {path}")
+        proto = _parse(path.read_bytes(), str(path))
+        base_dir = path.parent
+    if base_dir is not None and _has_external_data(proto):
+        try:
+            onnx.load_external_data_for_model(proto, str(base_dir))
+        except Exception as e:
+            raise InvalidModelError(f"cannot read the external weights of {source}: {e}") from e
+    if not proto.graph.node and not proto.graph.output:
+        raise InvalidModelError(f"{_describe(source)} holds no graph; is it an ONNX model?")
+    proto = upgrade(proto)
+    try:
+        return ir.serde.deserialize_model(proto)
+    except Exception as e:
+        raise InvalidModelError(f"{_describe(source)} is not a valid ONNX model: {e}") from e
+
+
+def _describe(source) -> str:
+    return str(source) if isinstance(source, str | os.PathLike) else "the model"
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception as e:
+        raise InvalidModelError(f"{where} is corrupt or truncated (not a parsable ONNX file)") from e
+    if not proto.graph.ByteSize() and not proto.opset_import:
+        raise InvalidModelError(f"{where} is empty or not an ONNX model")
+    return proto
+
+
+def _has_external_data(proto: onnx.ModelProto) -> bool:
+    return any(
+        t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer
+    )
+
+
+def save(model: ir.Model, path: str | os.PathLike, *, check: bool = True) -> Path:
+    """Write the IR to ``path`` atomically, checked by ``onnx.checker``.
+
+    Weights go to ``<name>.data`` beside the file when the model is over 2 GB. Nothing is
+    left behind at ``path`` if writing or checking fails.
+
+    Returns:
+        The path written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    proto = ir.serde.serialize_model(model)
+    large = proto.ByteSize() > _PROTO_LIMIT if proto.ByteSize() >= 0 else True
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        tmp_path = Path(tmp) / path.name
+        data_name = f"{path.name}.data"
+        if large:
+            ir.save(model, tmp_path, external_data=data_name)
+        else:
+            tmp_path.write_bytes(proto.SerializeToString())
+        if check:
+            try:
+                onnx.checker.check_model(str(tmp_path), full_check=False)
+            except Exception as e:
+                raise InvalidModelError(f"the model fails onnx.checker: {e}") from e
+        if large:
+            os.replace(Path(tmp) / data_name, path.parent / data_name)
+        os.replace(tmp_path, path)
+    return path

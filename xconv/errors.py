@@ -1,0 +1,156 @@
+"""The xconv error tree.
+
+Every error names what went wrong, where (op, node, scope, source line when known) and what
+to do next. The CLI maps each class to its own exit code (``EXIT_CODES``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class ConversionError(Exception):
+    """Base of every error xconv raises on purpose.
+
+    Args:
+        message: What went wrong and what to do next.
+        op: The op type involved, if any.
+        node: The node name involved, if any.
+        scope: The source module scope (``xconv.scope``), if known.
+        source_line: The user's source line, if the framework recorded one.
+    """
+
+    exit_code = 10
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str | None = None,
+        node: str | None = None,
+        scope: str | None = None,
+        source_line: str | None = None,
+    ) -> None:
+        self.message = message
+        self.op = op
+        self.node = node
+        self.scope = scope
+        self.source_line = source_line
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = []
+        if self.op:
+            where.append(f"op {self.op}")
+        if self.node:
+            where.append(f"node {self.node!r}")
+        if self.scope:
+            where.append(f"scope {self.scope!r}")
+        if self.source_line:
+            where.append(f"at {self.source_line}")
+        prefix = f"[{', '.join(where)}] " if where else ""
+        return prefix + self.message
+
+
+class InvalidModelError(ConversionError):
+    """The input file or object is not a valid model (corrupt, truncated, wrong kind)."""
+
+    exit_code = 3
+
+
+class UnsupportedAttributeError(ConversionError):
+    """A node carries an attribute, or attribute value, the handler does not implement."""
+
+    exit_code = 5
+
+
+class StaticValueError(ConversionError):
+    """A value that must be known at trace time (a shape, an axis list) is data-dependent."""
+
+    exit_code = 5
+
+
+class WeightsError(ConversionError):
+    """Weights do not match the model: missing, unexpected or mis-shaped keys."""
+
+    exit_code = 6
+
+
+class MissingFrameworkError(ConversionError):
+    """An optional framework needed for this conversion is not installed."""
+
+    exit_code = 7
+
+
+class ParityError(ConversionError):
+    """Source and converted model disagree beyond the tolerance policy."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class MissingOp:
+    """One op type a backend lacks, as found by a whole-graph scan."""
+
+    op_type: str
+    domain: str
+    count: int
+    first_node: str | None = None
+    first_scope: str | None = None
+    source_line: str | None = None
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.domain}::{self.op_type}" if self.domain else self.op_type
+
+
+class UnsupportedOpError(ConversionError):
+    """The graph uses ops the target backend has no handler for; lists all of them at once."""
+
+    exit_code = 4
+
+    def __init__(self, backend: str, missing: Sequence[MissingOp]) -> None:
+        self.backend = backend
+        self.missing = tuple(missing)
+        lines = [f"the {backend} backend has no handler for {len(self.missing)} op type(s):"]
+        for m in self.missing:
+            where = f", first at node {m.first_node!r}" if m.first_node else ""
+            if m.first_scope:
+                where += f" (scope {m.first_scope!r})"
+            if m.source_line:
+                where += f" [{m.source_line}]"
+            lines.append(f"  - {m.qualified_name} x{m.count}{where}")
+        lines.append(
+            "Register a handler for each with "
+            f"xconv.converters.{backend}.registry.register(op_type, domain=...) "
+            "before converting."
+        )
+        super().__init__("\n".join(lines))
+
+
+def require(module: str, extra: str):
+    """Import an optional framework module or raise MissingFrameworkError naming the extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingFrameworkError(
+            f"{module} is not installed; install it with: pip install 'xconv[{extra}]' ({e})"
+        ) from e
+
+
+EXIT_CODES: dict[type[ConversionError], int] = {
+    cls: cls.exit_code
+    for cls in (
+        ConversionError,
+        InvalidModelError,
+        UnsupportedOpError,
+        UnsupportedAttributeError,
+        StaticValueError,
+        WeightsError,
+        MissingFrameworkError,
+        ParityError,
+    )
+}
