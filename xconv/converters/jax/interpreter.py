@@ -149,7 +149,7 @@ class Interpreter:
         return outputs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class JaxFunction:
     """The converted function: ``fn(params, *inputs, rng=None) -> tuple of outputs``.
 
@@ -214,9 +214,9 @@ def to_jax(model: ir.Model, *, registry: Registry | None = None) -> tuple[JaxFun
     Raises:
         UnsupportedOpError: naming every op the backend lacks, before any work.
     """
-    from xconv.converters.jax import registry as default_registry
+    from xconv.converters.jax.registry import registry as default_registry
 
-    reg = registry or default_registry.registry
+    reg = registry or default_registry
     reg.check_supported(model)
     graph = model.graph
     annotated = any(ROLE in v.metadata_props for v in graph.initializers.values())
