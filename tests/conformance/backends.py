@@ -80,10 +80,21 @@ def jax_backend(model: onnx.ModelProto) -> Runner:
 
     def run(inputs: list[Any]) -> list[Any]:
         with jax.enable_x64(True) if x64 else contextlib.nullcontext():
-            outs = fn(params, *inputs)
+            # Inputs go in as JAX arrays (run-time data), as users pass them.
+            outs = fn(params, *(_to_device(x) for x in inputs))
             return [_to_numpy(o) for o in outs]
 
     return run
+
+
+def _to_device(x: Any) -> Any:
+    import jax.numpy as jnp
+
+    if isinstance(x, np.ndarray) and x.dtype.kind not in "OSU":
+        return jnp.asarray(x)
+    if isinstance(x, list):
+        return [_to_device(v) for v in x]
+    return x
 
 
 def _to_numpy(x: Any) -> Any:

@@ -15,12 +15,16 @@ from xconv.ir.metadata import SOURCE_LINE, get_scope
 
 
 def is_static(value: Any) -> bool:
-    """True when a value is known at trace time (not a JAX tracer)."""
-    if value is None or isinstance(value, np.ndarray | np.generic | int | float | bool):
+    """True for values held as numpy (constants, shape arithmetic): folded at trace time.
+
+    JAX arrays, concrete or traced, are run-time data; ``JaxContext.static`` still reads a
+    concrete one when a handler needs its value.
+    """
+    if value is None or isinstance(value, np.ndarray | np.generic | int | float | bool | str):
         return True
     if isinstance(value, list):
         return all(is_static(v) for v in value)
-    return not isinstance(value, jax.core.Tracer)
+    return False
 
 
 @dataclass
@@ -66,7 +70,9 @@ class JaxContext:
         """
         if value is None:
             raise self.error(f"{what} is required")
-        if not is_static(value):
+        if isinstance(value, jax.core.Tracer) or (
+            isinstance(value, list) and any(isinstance(v, jax.core.Tracer) for v in value)
+        ):
             raise StaticValueError(
                 f"{what} must be known at trace time under jax.jit, but it is computed from "
                 "run-time data; run the function without jit or make the value constant",
