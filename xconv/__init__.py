@@ -40,8 +40,8 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from xconv.converters.jax.interpreter import to_jax
-    from xconv.converters.onnx.io import load, save
+    from xconv.converters.jax.interpreter import to_jax  # noqa: F401
+    from xconv.converters.onnx.io import load, save  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

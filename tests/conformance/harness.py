@@ -124,10 +124,20 @@ def _as_array(x: Any) -> Any:
 def _data_sets_from_dir(model_dir: str) -> list[tuple[list[Any], list[Any]]]:
     sets = []
     for d in sorted(glob.glob(os.path.join(model_dir, "test_data_set_*"))):
-        ins = [_load_proto(p) for p in sorted(glob.glob(os.path.join(d, "input_*.pb")),
-                                                key=lambda p: int(Path(p).stem.split("_")[1]))]
-        outs = [_load_proto(p) for p in sorted(glob.glob(os.path.join(d, "output_*.pb")),
-                                                 key=lambda p: int(Path(p).stem.split("_")[1]))]
+        ins = [
+            _load_proto(p)
+            for p in sorted(
+                glob.glob(os.path.join(d, "input_*.pb")),
+                key=lambda p: int(Path(p).stem.split("_")[1]),
+            )
+        ]
+        outs = [
+            _load_proto(p)
+            for p in sorted(
+                glob.glob(os.path.join(d, "output_*.pb")),
+                key=lambda p: int(Path(p).stem.split("_")[1]),
+            )
+        ]
         sets.append((ins, outs))
     return sets
 
@@ -151,8 +161,9 @@ def load_cases(kinds: Iterable[str] = KINDS, *, pattern: str | None = None) -> l
                 continue
             if t.model is not None:
                 model = t.model
-                data = [([_as_array(x) for x in i], [_as_array(x) for x in o])
-                        for i, o in t.data_sets]
+                data = [
+                    ([_as_array(x) for x in i], [_as_array(x) for x in o]) for i, o in t.data_sets
+                ]
             else:
                 model = onnx.load(os.path.join(t.model_dir, "model.onnx"))
                 data = _data_sets_from_dir(t.model_dir)
@@ -163,7 +174,9 @@ def load_cases(kinds: Iterable[str] = KINDS, *, pattern: str | None = None) -> l
 def _compare(expected: Any, actual: Any, rtol: float, atol: float, where: str) -> None:
     if isinstance(expected, list):
         if not isinstance(actual, list | tuple) or len(actual) != len(expected):
-            raise AssertionError(f"{where}: expected a sequence of {len(expected)}, got {actual!r:.80}")
+            raise AssertionError(
+                f"{where}: expected a sequence of {len(expected)}, got {actual!r:.80}"
+            )
         for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
             _compare(e, a, rtol, atol, f"{where}[{i}]")
         return
@@ -177,7 +190,8 @@ def _compare(expected: Any, actual: Any, rtol: float, atol: float, where: str) -
     actual = np.asarray(actual)
     if expected.dtype.kind in "OSU":
         if actual.shape != expected.shape or not all(
-            str(a) == str(e) for a, e in zip(actual.ravel().tolist(), expected.ravel().tolist(), strict=True)
+            str(a) == str(e)
+            for a, e in zip(actual.ravel().tolist(), expected.ravel().tolist(), strict=True)
         ):
             raise AssertionError(f"{where}: string values differ")
         return
@@ -221,8 +235,9 @@ def run_case(prepare: Prepare, case: Case, *, timeout: float = 60.0) -> Result:
     start = time.perf_counter()
 
     def result(status: str, message: str = "") -> Result:
-        return Result(case.name, case.kind, status, message[:500],
-                      time.perf_counter() - start, case.op_types)
+        return Result(
+            case.name, case.kind, status, message[:500], time.perf_counter() - start, case.op_types
+        )
 
     try:
         with _time_limit(timeout), warnings.catch_warnings():
@@ -277,9 +292,16 @@ def write_coverage(reports: Sequence[Report], path: str | os.PathLike) -> None:
     ]
     for r in reports:
         c = r.counts
-        lines.append(f"| {r.backend} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} | {len(r.results)} |")
-    lines += ["", "## By kind", "", "| kind | " + " | ".join(names) + " |",
-              "| --- |" + " ---: |" * len(names)]
+        lines.append(
+            f"| {r.backend} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} | {len(r.results)} |"
+        )
+    lines += [
+        "",
+        "## By kind",
+        "",
+        "| kind | " + " | ".join(names) + " |",
+        "| --- |" + " ---: |" * len(names),
+    ]
     kinds = list(dict.fromkeys(res.kind for r in reports for res in r.results))
     for kind in kinds:
         cells = []
@@ -287,8 +309,13 @@ def write_coverage(reports: Sequence[Report], path: str | os.PathLike) -> None:
             sel = [x for x in r.results if x.kind == kind]
             cells.append(f"{sum(x.status == 'pass' for x in sel)}/{len(sel)}")
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
-    lines += ["", "## Node cases by op type", "", "| op | " + " | ".join(names) + " |",
-              "| --- |" + " ---: |" * len(names)]
+    lines += [
+        "",
+        "## Node cases by op type",
+        "",
+        "| op | " + " | ".join(names) + " |",
+        "| --- |" + " ---: |" * len(names),
+    ]
     per_op: dict[str, dict[str, list[int]]] = {}
     for r in reports:
         for res in r.results:

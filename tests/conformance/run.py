@@ -1,7 +1,7 @@
 """Run the ONNX backend conformance suite against xconv backends.
 
-    python -m tests.conformance.run --backend jax --backend onnxruntime --write-docs
-    python -m tests.conformance.run --backend jax --pattern conv --failures
+python -m tests.conformance.run --backend jax --backend onnxruntime --write-docs
+python -m tests.conformance.run --backend jax --pattern conv --failures
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--backend", action="append", choices=sorted(BACKENDS), help="repeatable")
     p.add_argument("--kind", action="append", choices=KINDS, help="repeatable; default all")
     p.add_argument("--pattern", help="only cases whose name contains this")
@@ -42,9 +44,13 @@ def main(argv: list[str] | None = None) -> int:
                 if r.status != "pass":
                     print(f"  {r.status:5} {r.case}: {r.message[:200]}")
     if args.json:
-        args.json.write_text(json.dumps(
-            {r.backend: {x.case: [x.status, x.message] for x in r.results} for r in reports},
-            indent=1, sort_keys=True))
+        args.json.write_text(
+            json.dumps(
+                {r.backend: {x.case: [x.status, x.message] for x in r.results} for r in reports},
+                indent=1,
+                sort_keys=True,
+            )
+        )
     if args.write_docs:
         write_coverage(reports, ROOT / "docs" / "coverage.md")
     return 0

@@ -80,7 +80,7 @@ def attribute_value(attr: ir.Attr) -> Any:
     """Convert an ``ir.Attr`` to a plain value: int, float, str, tuple, ndarray, ir.Graph."""
     t = attr.type
     value = attr.value
-    if isinstance(attr, ir.RefAttr):
+    if attr.is_ref():
         raise UnsupportedAttributeError(
             f"reference attribute {attr.name!r} is only valid inside a function body"
         )
@@ -199,7 +199,7 @@ def iter_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
     for node in graph:
         yield node
         for attr in node.attributes.values():
-            if isinstance(attr, ir.RefAttr):
+            if attr.is_ref():
                 continue
             if attr.type == ir.AttributeType.GRAPH:
                 yield from iter_nodes(attr.value)

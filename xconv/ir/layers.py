@@ -37,13 +37,32 @@ LAYER_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "dense": (("in_features", "out_features", "use_bias"), ()),
     # padding: [[lo, hi], ...] per spatial dim; ndim: number of spatial dims
     "conv": (
-        ("ndim", "in_channels", "out_channels", "kernel_size", "strides", "padding",
-         "dilations", "groups", "use_bias"),
+        (
+            "ndim",
+            "in_channels",
+            "out_channels",
+            "kernel_size",
+            "strides",
+            "padding",
+            "dilations",
+            "groups",
+            "use_bias",
+        ),
         ("padding_mode",),
     ),
     "conv_transpose": (
-        ("ndim", "in_channels", "out_channels", "kernel_size", "strides", "padding",
-         "dilations", "groups", "use_bias", "output_padding"),
+        (
+            "ndim",
+            "in_channels",
+            "out_channels",
+            "kernel_size",
+            "strides",
+            "padding",
+            "dilations",
+            "groups",
+            "use_bias",
+            "output_padding",
+        ),
         (),
     ),
     "batch_norm": (("num_features", "epsilon", "momentum", "affine", "track_running_stats"), ()),
@@ -57,17 +76,46 @@ LAYER_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("kdim", "vdim", "dropout", "causal"),
     ),
     "max_pool": (("ndim", "kernel_size", "strides", "padding", "dilations", "ceil_mode"), ()),
-    "avg_pool": (("ndim", "kernel_size", "strides", "padding", "ceil_mode", "count_include_pad"), ()),
-    "lstm": (("input_size", "hidden_size", "num_layers", "bidirectional", "batch_first", "use_bias"), ()),
-    "gru": (("input_size", "hidden_size", "num_layers", "bidirectional", "batch_first", "use_bias"), ()),
+    "avg_pool": (
+        ("ndim", "kernel_size", "strides", "padding", "ceil_mode", "count_include_pad"),
+        (),
+    ),
+    "lstm": (
+        ("input_size", "hidden_size", "num_layers", "bidirectional", "batch_first", "use_bias"),
+        (),
+    ),
+    "gru": (
+        ("input_size", "hidden_size", "num_layers", "bidirectional", "batch_first", "use_bias"),
+        (),
+    ),
 }
 
 #: Framework-neutral weight roles. Recurrent and attention layers use their own roles
 #: (``in_proj_kernel``, ``weight_ih_l0``, ...) named after the source parameter.
 ROLES = frozenset(
-    {"kernel", "bias", "scale", "mean", "var", "num_batches", "embedding", "in_proj_kernel",
-     "in_proj_bias", "out_proj_kernel", "out_proj_bias", "q_kernel", "k_kernel", "v_kernel",
-     "q_bias", "k_bias", "v_bias", "weight_ih", "weight_hh", "bias_ih", "bias_hh"}
+    {
+        "kernel",
+        "bias",
+        "scale",
+        "mean",
+        "var",
+        "num_batches",
+        "embedding",
+        "in_proj_kernel",
+        "in_proj_bias",
+        "out_proj_kernel",
+        "out_proj_bias",
+        "q_kernel",
+        "k_kernel",
+        "v_kernel",
+        "q_bias",
+        "k_bias",
+        "v_bias",
+        "weight_ih",
+        "weight_hh",
+        "bias_ih",
+        "bias_hh",
+    }
 )
 
 

@@ -24,7 +24,7 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     paths = {name: split_path(name) for name in flat}
     taken: dict[tuple[str, ...], str] = {}
     prefixes: set[tuple[str, ...]] = set()
-    for name, p in paths.items():
+    for p in paths.values():
         for i in range(1, len(p)):
             prefixes.add(p[:i])
     tree: dict[str, Any] = {}

@@ -27,8 +27,15 @@ logger = logging.getLogger(__name__)
 
 #: Ops never folded at trace time, even with constant inputs: their results vary per call.
 _STATEFUL = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-     "Multinomial", "Dropout"}
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Bernoulli",
+        "Multinomial",
+        "Dropout",
+    }
 )
 
 

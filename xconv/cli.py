@@ -1,0 +1,107 @@
+"""The ``xconv`` command line: parse, call the library, print, map errors to exit codes."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+import xconv
+from xconv.errors import ConversionError
+
+
+def _console(stderr: bool = False) -> Console:
+    # Built per call so the terminal width (COLUMNS) is read when the command runs.
+    return Console(stderr=stderr, highlight=False)
+
+
+class _Group(click.Group):
+    """Turns every ConversionError into a one-line message and its class's exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ConversionError as e:
+            first, *rest = str(e).splitlines() or [type(e).__name__]
+            err = _console(stderr=True)
+            err.print(f"[bold red]error:[/] {first}", markup=True, soft_wrap=True)
+            for line in rest:
+                err.print(line, markup=False, soft_wrap=True)
+            sys.exit(e.exit_code)
+
+
+@click.group(cls=_Group)
+@click.version_option(xconv.__version__, prog_name="xconv")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """Translate models between PyTorch, JAX/Flax, TensorFlow and ONNX, with parity proof."""
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--top", default=0, help="Show only the N most frequent ops (0: all).")
+def inspect(model: Path, top: int) -> None:
+    """Print opset, inputs/outputs, op histogram, parameters and backend coverage of MODEL."""
+    from xconv.inspect import summarize
+
+    _print_summary(summarize(xconv.load(model)), top, title=str(model))
+
+
+def _print_summary(s, top: int = 0, title: str = "") -> None:
+    console = _console()
+    console.print(f"[bold]{title}[/]  opset " + ", ".join(f"{d} {v}" for d, v in s.opset.items()))
+    io = Table(title="inputs / outputs", show_edge=False)
+    for col in ("", "name", "dtype", "shape"):
+        io.add_column(col)
+    for kind, rows in (("in", s.inputs), ("out", s.outputs)):
+        for name, dtype, shape in rows:
+            io.add_row(kind, name, dtype, shape)
+    console.print(io)
+    ops = Table(title=f"ops ({sum(n for _, n in s.op_histogram)} nodes)", show_edge=False)
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for op, n in s.op_histogram[: top or None]:
+        ops.add_row(op, str(n))
+    console.print(ops)
+    params = Table(title=f"parameters ({s.total_params:,})", show_edge=False)
+    params.add_column("scope")
+    params.add_column("count", justify="right")
+    for scope, n in s.params_by_scope:
+        params.add_row(scope, f"{n:,}")
+    console.print(params)
+    for backend, missing in s.missing_by_backend.items():
+        if missing is None:
+            console.print(f"backend {backend}: not importable")
+        elif not missing:
+            console.print(f"backend {backend}: [green]all ops supported[/]")
+        else:
+            names = ", ".join(f"{m.qualified_name} x{m.count}" for m in missing)
+            console.print(f"backend {backend}: [yellow]lacks[/] {names}")
+
+
+@main.command()
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where to write the demo's outputs (default: a temporary folder).",
+)
+def demo(out: Path | None) -> None:
+    """Run xconv on a bundled model and show what it does."""
+    from xconv.demo import build_demo_model
+
+    model = build_demo_model()
+    from xconv.inspect import summarize
+
+    _print_summary(summarize(model), title="bundled demo CNN")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
