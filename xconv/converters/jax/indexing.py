@@ -1,0 +1,257 @@
+"""JAX handlers for indexing ops: Slice, Gather*, Scatter*, OneHot, NonZero, Unique, ...
+
+Indices that are run-time data stay traced (negative ones wrap with ``jnp.where``); slice
+bounds and other shape-like values are read with ``ctx.static`` and clamped with numpy, so
+INT64_MAX-style sentinels never pass through JAX (which would wrap them with x64 off).
+Ops whose output shape depends on data (NonZero, Unique, Compress) need concrete inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from xconv.converters.jax.registry import builtin
+from xconv.converters.jax.shape import normalize_axis, static_ints, xp_of
+from xconv.errors import UnsupportedAttributeError
+
+_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _wrap(xp: Any, idx: Any, dim: int) -> Any:
+    """ONNX index semantics: negative indices count from the end of the axis."""
+    if xp is np:
+        idx = np.asarray(idx)
+        return np.where(idx < 0, idx + dim, idx).astype(np.int64)
+    idx = jnp.asarray(idx)
+    return jnp.where(idx < 0, idx + dim, idx)
+
+
+def _grid(xp: Any, shape: tuple[int, ...], axis: int) -> Any:
+    """An arange along ``axis``, shaped to broadcast against ``shape``."""
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+    return xp.arange(shape[axis]).reshape(view)
+
+
+def _scatter(xp: Any, x: Any, index: tuple, updates: Any, reduction: str) -> Any:
+    if xp is np:
+        out = np.array(x, copy=True)
+        updates = np.asarray(updates, dtype=out.dtype)
+        if reduction == "none":
+            out[index] = updates
+        else:
+            ufunc = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}[
+                reduction
+            ]
+            ufunc.at(out, index, updates)
+        return out
+    ref = jnp.asarray(x).at[index]
+    updates = jnp.asarray(updates, dtype=x.dtype)
+    if reduction == "none":
+        return ref.set(updates)
+    return {"add": ref.add, "mul": ref.multiply, "max": ref.max, "min": ref.min}[reduction](updates)
+
+
+def _check_reduction(ctx, reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise UnsupportedAttributeError(
+            f"reduction {reduction!r} not supported; supported: {list(_REDUCTIONS)}",
+            op=ctx.node.op_type,
+            node=ctx.node.name,
+        )
+
+
+# -- slicing and gathering ------------------------------------------------------------------
+
+
+@builtin("Slice", since=1, attrs={"starts": None, "ends": None, "axes": None})
+def slice_(
+    ctx, x, starts_in=None, ends_in=None, axes_in=None, steps_in=None, *, starts, ends, axes
+):
+    """Slice(data, starts, ends, axes?, steps?) -> output: strided slices along axes."""
+    src_starts = starts_in if starts_in is not None else starts
+    src_ends = ends_in if ends_in is not None else ends
+    src_axes = axes_in if axes_in is not None else axes
+    begin = static_ints(ctx, src_starts, "starts")
+    end = static_ints(ctx, src_ends, "ends")
+    rank = np.ndim(x)
+    ax = static_ints(ctx, src_axes, "axes") if src_axes is not None else list(range(len(begin)))
+    steps = static_ints(ctx, steps_in, "steps") if steps_in is not None else [1] * len(begin)
+    if not len(begin) == len(end) == len(ax) == len(steps):
+        raise ctx.error("starts, ends, axes and steps must have the same length")
+    index = [slice(None)] * rank
+    in_shape = np.shape(x)
+    for b, e, a, s in zip(begin, end, ax, steps, strict=True):
+        if s == 0:
+            raise ctx.error("slice step cannot be 0")
+        a = normalize_axis(ctx, a, rank)
+        # slice.indices clamps like ONNX: [0, dim] forward, [-1, dim-1] backward.
+        start, stop, step = slice(b, e, s).indices(in_shape[a])
+        index[a] = slice(start, stop if stop >= 0 else None, step)
+    return x[tuple(index)]
+
+
+@builtin("Gather", since=1, attrs={"axis": 0})
+def gather(ctx, x, indices, *, axis):
+    """Gather(data, indices) -> output: entries of `axis` picked by indices (may be < 0)."""
+    axis = normalize_axis(ctx, axis, np.ndim(x))
+    xp = xp_of(x, indices)
+    idx = _wrap(xp_of(indices), indices, np.shape(x)[axis])
+    if xp is np:
+        return np.take(x, idx, axis=axis)
+    return jnp.take(x, idx, axis=axis)
+
+
+@builtin("GatherElements", since=11, attrs={"axis": 0})
+def gather_elements(ctx, x, indices, *, axis):
+    """GatherElements(data, indices) -> output: out[..i..] = data[..indices[..i..]..]."""
+    rank = np.ndim(x)
+    axis = normalize_axis(ctx, axis, rank)
+    xp = xp_of(x, indices)
+    shape = tuple(np.shape(indices))
+    index = tuple(
+        _wrap(xp, indices, np.shape(x)[axis]) if d == axis else _grid(xp, shape, d)
+        for d in range(rank)
+    )
+    return x[index]
+
+
+@builtin("GatherND", since=11, attrs={"batch_dims": 0})
+def gather_nd(ctx, x, indices, *, batch_dims):
+    """GatherND(data, indices) -> output: slices of data addressed by index tuples."""
+    xp = xp_of(x, indices)
+    d_shape, i_shape = tuple(np.shape(x)), tuple(np.shape(indices))
+    b = batch_dims
+    k = i_shape[-1]
+    if d_shape[:b] != i_shape[:b] or b + k > len(d_shape):
+        raise ctx.error(f"indices {i_shape} do not fit data {d_shape} with batch_dims={b}")
+    nb = math.prod(d_shape[:b])
+    inner = i_shape[b:-1]
+    data = xp.reshape(x, (nb, *d_shape[b:]))
+    idx = xp.reshape(indices, (nb, *inner, k))
+    comps = tuple(_wrap(xp, idx[..., j], d_shape[b + j]) for j in range(k))
+    batch = xp.arange(nb).reshape((nb,) + (1,) * len(inner))
+    out = data[(batch, *comps)]
+    return xp.reshape(out, d_shape[:b] + inner + d_shape[b + k :])
+
+
+# -- scattering ----------------------------------------------------------------------------
+
+
+def _scatter_elements(ctx, x, indices, updates, axis, reduction):
+    _check_reduction(ctx, reduction)
+    rank = np.ndim(x)
+    axis = normalize_axis(ctx, axis, rank)
+    xp = xp_of(x, indices, updates)
+    shape = tuple(np.shape(indices))
+    index = tuple(
+        _wrap(xp, indices, np.shape(x)[axis]) if d == axis else _grid(xp, shape, d)
+        for d in range(rank)
+    )
+    return _scatter(xp, x, index, updates, reduction)
+
+
+@builtin("ScatterElements", since=11, attrs={"axis": 0, "reduction": "none"})
+def scatter_elements(ctx, x, indices, updates, *, axis, reduction):
+    """ScatterElements(data, indices, updates) -> output: element-wise scatter (+ reduction)."""
+    return _scatter_elements(ctx, x, indices, updates, axis, reduction)
+
+
+@builtin("Scatter", since=9, attrs={"axis": 0})
+def scatter(ctx, x, indices, updates, *, axis):
+    """Scatter(data, indices, updates) -> output: deprecated alias of ScatterElements."""
+    return _scatter_elements(ctx, x, indices, updates, axis, "none")
+
+
+@builtin("ScatterND", since=11, attrs={"reduction": "none"})
+def scatter_nd(ctx, x, indices, updates, *, reduction):
+    """ScatterND(data, indices, updates) -> output: writes slices addressed by index tuples."""
+    _check_reduction(ctx, reduction)
+    xp = xp_of(x, indices, updates)
+    k = np.shape(indices)[-1]
+    d_shape = np.shape(x)
+    index = tuple(_wrap(xp, indices[..., j], d_shape[j]) for j in range(k))
+    return _scatter(xp, x, index, updates, reduction)
+
+
+# -- construction from indices --------------------------------------------------------------
+
+
+@builtin("OneHot", since=9, attrs={"axis": -1})
+def one_hot(ctx, indices, depth, values, *, axis):
+    """OneHot(indices, depth, values) -> output: values[1] where index matches, else values[0]."""
+    n = int(np.asarray(ctx.static(depth, "depth")).reshape(-1)[0])
+    rank = np.ndim(indices) + 1
+    axis = normalize_axis(ctx, axis, rank)
+    xp = xp_of(indices, values)
+    idx = indices
+    if np.dtype(idx.dtype).kind == "f":
+        idx = idx.astype(np.int64) if xp is np else idx.astype(jnp.int_)
+    idx = xp.where(idx < 0, idx + n, idx)
+    view = [1] * rank
+    view[axis] = n
+    hot = xp.expand_dims(idx, axis) == xp.arange(n).reshape(view)
+    return xp.where(hot, values[1], values[0]).astype(values.dtype)
+
+
+@builtin("Compress", since=9, attrs={"axis": None})
+def compress(ctx, x, condition, *, axis):
+    """Compress(input, condition) -> output: the slices along axis where condition is true."""
+    keep = np.nonzero(np.asarray(ctx.static(condition, "condition")).reshape(-1))[0]
+    xp = xp_of(x)
+    if axis is None:
+        return xp.take(xp.reshape(x, (-1,)), keep)
+    axis = normalize_axis(ctx, axis, np.ndim(x))
+    if keep.size and keep[-1] >= np.shape(x)[axis]:
+        raise ctx.error("condition selects past the end of the axis")
+    return xp.take(x, keep, axis=axis)
+
+
+@builtin("NonZero", since=9)
+def non_zero(ctx, x):
+    """NonZero(X) -> Y: int64 indices (rank, count) of the non-zero elements."""
+    value = ctx.static(x, "NonZero input (its output shape depends on the data)")
+    return np.array(np.nonzero(value), dtype=np.int64).reshape(np.ndim(value), -1)
+
+
+@builtin("Unique", since=11, attrs={"axis": None, "sorted": 1})
+def unique(ctx, x, *, axis, sorted):  # noqa: A002 - the ONNX attribute name
+    """Unique(X) -> (Y, indices, inverse_indices, counts): unique values or slices."""
+    value = ctx.static(x, "Unique input (its output shape depends on the data)")
+    kwargs = {} if axis is None else {"axis": normalize_axis(ctx, axis, value.ndim)}
+    y, first, inverse, counts = np.unique(
+        value, return_index=True, return_inverse=True, return_counts=True, **kwargs
+    )
+    inverse = inverse.reshape(-1)
+    if not sorted:
+        order = np.argsort(first, kind="stable")
+        rank_of = np.empty_like(order)
+        rank_of[order] = np.arange(order.size)
+        first, counts, inverse = first[order], counts[order], rank_of[inverse]
+        y = np.take(value, first, axis=kwargs.get("axis"))
+    as64 = [np.asarray(v, dtype=np.int64) for v in (first, inverse, counts)]
+    return (y, *as64)[: len(ctx.output_values)]
+
+
+@builtin("ReverseSequence", since=10, attrs={"batch_axis": 1, "time_axis": 0})
+def reverse_sequence(ctx, x, sequence_lens, *, batch_axis, time_axis):
+    """ReverseSequence(input, sequence_lens) -> Y: reverses the first lens[b] steps of batch b."""
+    rank = np.ndim(x)
+    batch_axis = normalize_axis(ctx, batch_axis, rank)
+    time_axis = normalize_axis(ctx, time_axis, rank)
+    xp = xp_of(x, sequence_lens)
+    n_time = np.shape(x)[time_axis]
+    t = xp.arange(n_time)[None, :]
+    lens = xp.reshape(sequence_lens, (-1, 1))
+    src = xp.where(t < lens, lens - 1 - t, t)  # (batch, time)
+    if batch_axis > time_axis:
+        src = src.T
+    view = [1] * rank
+    view[batch_axis] = np.shape(x)[batch_axis]
+    view[time_axis] = n_time
+    src = xp.broadcast_to(xp.reshape(src, view), np.shape(x))
+    return xp.take_along_axis(x, src.astype(np.int32) if xp is jnp else src, axis=time_axis)

@@ -1,0 +1,670 @@
+"""JAX handlers for shape, layout and construction ops (Reshape, Concat, Pad, Resize, ...).
+
+Shape-like inputs (shapes, axes, pads, repeats, sizes) are read with ``ctx.static`` so they
+are known at trace time under ``jax.jit``. When every input of a node is numpy (constants,
+folded shape arithmetic) the handlers compute with numpy, so 64-bit shape values keep their
+dtype and their value even with JAX's 64-bit types off.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import onnx_ir as ir
+
+from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.errors import UnsupportedAttributeError
+
+
+def xp_of(*arrays: Any) -> Any:
+    """numpy when every given array is numpy (static), else jax.numpy."""
+    if all(a is None or isinstance(a, np.ndarray | np.generic) for a in arrays):
+        return np
+    return jnp
+
+
+def static_ints(ctx, value: Any, what: str) -> list[int]:
+    """A static 0-d or 1-d integer input as a list of Python ints."""
+    return [int(v) for v in np.asarray(ctx.static(value, what)).reshape(-1)]
+
+
+def normalize_axis(ctx, axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ctx.error(f"axis {axis} is out of range for a tensor of rank {rank}")
+    return axis % rank if rank else 0
+
+
+def _onnx_dtype(code: int) -> np.dtype:
+    return np.dtype(ir.DataType(code).numpy())
+
+
+# -- identity and constants -------------------------------------------------------------
+
+
+@builtin("Identity", since=1)
+def identity(ctx, x):
+    """Identity(input) -> output: a copy of the input (tensor, sequence or optional)."""
+    return x
+
+
+@builtin(
+    "Constant",
+    since=1,
+    attrs={
+        "value": None,
+        "value_float": None,
+        "value_floats": None,
+        "value_int": None,
+        "value_ints": None,
+        "value_string": None,
+        "value_strings": None,
+        "sparse_value": None,
+    },
+)
+def constant(
+    ctx,
+    *,
+    value,
+    value_float,
+    value_floats,
+    value_int,
+    value_ints,
+    value_string,
+    value_strings,
+    sparse_value,
+):
+    """Constant() -> output: the tensor held by exactly one value_* attribute."""
+    if sparse_value is not None:
+        raise UnsupportedAttributeError(
+            "sparse_value is not supported; store the constant as a dense 'value' tensor",
+            op="Constant",
+            node=ctx.node.name,
+        )
+    if value is not None:
+        return np.asarray(value)
+    if value_float is not None:
+        return np.array(value_float, dtype=np.float32)
+    if value_floats is not None:
+        return np.array(value_floats, dtype=np.float32)
+    if value_int is not None:
+        return np.array(value_int, dtype=np.int64)
+    if value_ints is not None:
+        return np.array(value_ints, dtype=np.int64)
+    if value_string is not None:
+        return np.array(value_string, dtype=object)
+    if value_strings is not None:
+        return np.array(value_strings, dtype=object)
+    raise ctx.error(
+        "Constant needs one of the value, value_float(s), value_int(s) or "
+        "value_string(s) attributes"
+    )
+
+
+@builtin("ConstantOfShape", since=9, attrs={"value": None})
+def constant_of_shape(ctx, shape, *, value):
+    """ConstantOfShape(input) -> output: a tensor of the given shape filled with `value`."""
+    dims = static_ints(ctx, shape, "shape")
+    fill = np.zeros((1,), np.float32) if value is None else np.asarray(value).reshape(-1)
+    return np.full(dims, fill[0], dtype=fill.dtype)
+
+
+@builtin("Shape", since=1, attrs={"start": 0, "end": None})
+def shape(ctx, x, *, start, end):
+    """Shape(data) -> shape: the int64 shape, optionally sliced to [start, end)."""
+    dims = tuple(np.shape(x))
+    return np.array(dims[slice(start, end)], dtype=np.int64)
+
+
+@builtin("Size", since=1)
+def size(ctx, x):
+    """Size(data) -> size: the int64 number of elements."""
+    return np.array(math.prod(np.shape(x)), dtype=np.int64)
+
+
+# -- reshaping --------------------------------------------------------------------------
+
+
+@builtin("Reshape", since=1, attrs={"allowzero": 0, "shape": None})
+def reshape(ctx, x, shape_in=None, *, allowzero, shape):
+    """Reshape(data, shape) -> reshaped: 0 copies the input dim (unless allowzero), -1 infers."""
+    dims = static_ints(ctx, shape_in if shape_in is not None else shape, "shape")
+    in_shape = np.shape(x)
+    if not allowzero:
+        dims = [in_shape[i] if d == 0 else d for i, d in enumerate(dims)]
+    if dims.count(-1) > 1:
+        raise ctx.error(f"shape {dims} has more than one -1")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        total = math.prod(in_shape)
+        dims[dims.index(-1)] = total // known if known else 0
+    return xp_of(x).reshape(x, dims)
+
+
+@builtin("Flatten", since=1, attrs={"axis": 1})
+def flatten(ctx, x, *, axis):
+    """Flatten(input) -> output: a 2-D tensor (prod(dims[:axis]), prod(dims[axis:]))."""
+    in_shape = np.shape(x)
+    rank = len(in_shape)
+    if axis < 0:
+        axis += rank
+    if not 0 <= axis <= rank:
+        raise ctx.error(f"axis {axis} is out of range for rank {rank}")
+    return xp_of(x).reshape(x, (math.prod(in_shape[:axis]), math.prod(in_shape[axis:])))
+
+
+@builtin("Squeeze", since=1, attrs={"axes": None})
+def squeeze(ctx, x, axes_in=None, *, axes):
+    """Squeeze(data, axes?) -> squeezed: drops the given (or every) size-1 dimension."""
+    in_shape = np.shape(x)
+    src = axes_in if axes_in is not None else axes
+    if src is None:
+        drop = tuple(i for i, d in enumerate(in_shape) if d == 1)
+    else:
+        drop = tuple(
+            sorted(normalize_axis(ctx, a, len(in_shape)) for a in static_ints(ctx, src, "axes"))
+        )
+        if any(in_shape[a] != 1 for a in drop):
+            raise ctx.error(f"cannot squeeze axes {drop} of shape {in_shape}")
+    return xp_of(x).squeeze(x, axis=drop) if drop else x
+
+
+@builtin("Unsqueeze", since=1, attrs={"axes": None})
+def unsqueeze(ctx, x, axes_in=None, *, axes):
+    """Unsqueeze(data, axes) -> expanded: inserts size-1 dims at `axes` of the output."""
+    src = axes_in if axes_in is not None else axes
+    values = static_ints(ctx, src, "axes")
+    out_rank = np.ndim(x) + len(values)
+    norm = sorted(normalize_axis(ctx, a, out_rank) for a in values)
+    if len(set(norm)) != len(norm):
+        raise ctx.error(f"axes {values} repeat an axis")
+    dims = list(np.shape(x))
+    for a in norm:
+        dims.insert(a, 1)
+    return xp_of(x).reshape(x, dims)
+
+
+@builtin("Transpose", since=1, attrs={"perm": None})
+def transpose(ctx, x, *, perm):
+    """Transpose(data) -> transposed: permutes axes by `perm` (default: reversed)."""
+    if perm is None:
+        perm = tuple(reversed(range(np.ndim(x))))
+    return xp_of(x).transpose(x, perm)
+
+
+@builtin("Concat", since=1, attrs={"axis": REQUIRED})
+def concat(ctx, *inputs, axis):
+    """Concat(inputs...) -> concat_result: joins tensors along `axis`."""
+    arrays = [a for a in inputs if a is not None]
+    if not arrays:
+        raise ctx.error("Concat needs at least one input")
+    axis = normalize_axis(ctx, axis, np.ndim(arrays[0]))
+    return xp_of(*arrays).concatenate(arrays, axis=axis)
+
+
+@builtin("Split", since=1, attrs={"axis": 0, "split": None, "num_outputs": None})
+def split(ctx, x, split_in=None, *, axis, split, num_outputs):
+    """Split(input, split?) -> outputs...: pieces along `axis` of the given or equal sizes."""
+    axis = normalize_axis(ctx, axis, np.ndim(x))
+    dim = np.shape(x)[axis]
+    src = split_in if split_in is not None else split
+    n_out = len(ctx.output_values)
+    if src is not None and np.size(src) > 0:
+        sizes = static_ints(ctx, src, "split")
+        if sum(sizes) != dim:
+            raise ctx.error(f"split sizes {sizes} do not add up to dimension {dim}")
+    else:
+        n = num_outputs or n_out
+        chunk = -(-dim // n)
+        sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+        if sizes[-1] < 0:
+            raise ctx.error(f"cannot split dimension {dim} into {n} parts")
+    xp = xp_of(x)
+    bounds = np.cumsum(sizes)[:-1].tolist()
+    return tuple(xp.split(x, bounds, axis=axis))
+
+
+@builtin("Expand", since=8)
+def expand(ctx, x, shape):
+    """Expand(input, shape) -> output: broadcasts the input to `shape` (bidirectionally)."""
+    dims = static_ints(ctx, shape, "shape")
+    out = np.broadcast_shapes(np.shape(x), tuple(dims))
+    return xp_of(x).broadcast_to(x, out)
+
+
+@builtin("Tile", since=6)
+def tile(ctx, x, repeats):
+    """Tile(input, repeats) -> output: repeats the input `repeats[i]` times along axis i."""
+    reps = static_ints(ctx, repeats, "repeats")
+    if len(reps) != np.ndim(x):
+        raise ctx.error(f"repeats {reps} must have one entry per axis of rank {np.ndim(x)}")
+    return xp_of(x).tile(x, reps)
+
+
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+
+
+@builtin("Pad", since=1, attrs={"mode": "constant", "pads": None, "paddings": None, "value": 0.0})
+def pad(ctx, x, pads_in=None, constant_value=None, axes=None, *, mode, pads, paddings, value):
+    """Pad(data, pads, constant_value?, axes?) -> output: pads (or crops, when negative)."""
+    if mode not in _PAD_MODES:
+        raise UnsupportedAttributeError(
+            f"mode {mode!r} not supported; supported modes: {sorted(_PAD_MODES)}",
+            op="Pad",
+            node=ctx.node.name,
+        )
+    src = pads_in if pads_in is not None else (pads if pads is not None else paddings)
+    raw = static_ints(ctx, src, "pads")
+    rank = np.ndim(x)
+    if axes is not None:
+        ax = [normalize_axis(ctx, a, rank) for a in static_ints(ctx, axes, "axes")]
+    else:
+        ax = list(range(rank))
+    if len(raw) != 2 * len(ax):
+        raise ctx.error(f"pads {raw} must hold two entries per padded axis ({len(ax)})")
+    width = [[0, 0] for _ in range(rank)]
+    for i, a in enumerate(ax):
+        width[a] = [raw[i], raw[len(ax) + i]]
+    xp = xp_of(x, constant_value)
+    # Negative pads crop first; the rest pads.
+    crop = tuple(
+        slice(-b if b < 0 else 0, (np.shape(x)[i] + e) if e < 0 else None)
+        for i, (b, e) in enumerate(width)
+    )
+    y = x[crop] if any(b < 0 or e < 0 for b, e in width) else x
+    pos = [(max(b, 0), max(e, 0)) for b, e in width]
+    if not any(b or e for b, e in pos):
+        return y
+    if mode == "constant":
+        if constant_value is not None and np.size(constant_value) > 0:
+            fill = constant_value.reshape(()) if np.ndim(constant_value) else constant_value
+        else:
+            fill = value
+        if xp is np:
+            return np.pad(y, pos, mode="constant", constant_values=np.asarray(fill))
+        return jnp.pad(y, pos, mode="constant", constant_values=jnp.asarray(fill, y.dtype))
+    return xp.pad(y, pos, mode=_PAD_MODES[mode])
+
+
+@builtin("Range", since=11)
+def range_(ctx, start, limit, delta):
+    """Range(start, limit, delta) -> output: start + i*delta while before limit."""
+    s = ctx.static(start, "start")
+    lim = ctx.static(limit, "limit")
+    d = ctx.static(delta, "delta")
+    return np.arange(s, lim, d, dtype=np.asarray(s).dtype)
+
+
+@builtin("EyeLike", since=9, attrs={"dtype": None, "k": 0})
+def eye_like(ctx, x, *, dtype, k):
+    """EyeLike(input) -> output: a 2-D identity-like tensor with ones on diagonal k."""
+    if np.ndim(x) != 2:
+        raise ctx.error(f"EyeLike needs a 2-D input, got rank {np.ndim(x)}")
+    out_dtype = _onnx_dtype(dtype) if dtype is not None else np.dtype(x.dtype)
+    n, m = np.shape(x)
+    return np.eye(n, m, k, dtype=out_dtype)
+
+
+@builtin("Trilu", since=14, attrs={"upper": 1})
+def trilu(ctx, x, k=None, *, upper):
+    """Trilu(input, k?) -> output: the upper (or lower) triangle from diagonal k."""
+    kk = static_ints(ctx, k, "k")[0] if k is not None else 0
+    xp = xp_of(x)
+    return xp.triu(x, kk) if upper else xp.tril(x, kk)
+
+
+@builtin("DepthToSpace", since=1, attrs={"blocksize": REQUIRED, "mode": "DCR"})
+def depth_to_space(ctx, x, *, blocksize, mode):
+    """DepthToSpace(input) -> output: moves depth blocks into spatial blocks (DCR or CRD)."""
+    n, c, h, w = np.shape(x)
+    b = blocksize
+    xp = xp_of(x)
+    if mode == "DCR":
+        y = xp.reshape(x, (n, b, b, c // (b * b), h, w))
+        y = xp.transpose(y, (0, 3, 4, 1, 5, 2))
+    elif mode == "CRD":
+        y = xp.reshape(x, (n, c // (b * b), b, b, h, w))
+        y = xp.transpose(y, (0, 1, 4, 2, 5, 3))
+    else:
+        raise UnsupportedAttributeError(
+            f"mode {mode!r} not supported; use 'DCR' or 'CRD'",
+            op="DepthToSpace",
+            node=ctx.node.name,
+        )
+    return xp.reshape(y, (n, c // (b * b), h * b, w * b))
+
+
+@builtin("SpaceToDepth", since=1, attrs={"blocksize": REQUIRED})
+def space_to_depth(ctx, x, *, blocksize):
+    """SpaceToDepth(input) -> output: moves spatial blocks into depth."""
+    n, c, h, w = np.shape(x)
+    b = blocksize
+    xp = xp_of(x)
+    y = xp.reshape(x, (n, c, h // b, b, w // b, b))
+    y = xp.transpose(y, (0, 3, 5, 1, 2, 4))
+    return xp.reshape(y, (n, c * b * b, h // b, w // b))
+
+
+@builtin("CenterCropPad", since=18, attrs={"axes": None})
+def center_crop_pad(ctx, x, shape, *, axes):
+    """CenterCropPad(input_data, shape) -> output_data: center crop or zero-pad to shape."""
+    target = static_ints(ctx, shape, "shape")
+    rank = np.ndim(x)
+    ax = [normalize_axis(ctx, a, rank) for a in axes] if axes is not None else range(rank)
+    crop = [slice(None)] * rank
+    width = [(0, 0)] * rank
+    for a, t in zip(ax, target, strict=False):
+        dim = np.shape(x)[a]
+        if t < dim:
+            start = (dim - t) // 2
+            crop[a] = slice(start, start + t)
+        elif t > dim:
+            before = (t - dim) // 2
+            width[a] = (before, t - dim - before)
+    y = x[tuple(crop)]
+    return xp_of(x).pad(y, width) if any(b or e for b, e in width) else y
+
+
+# -- Resize / Upsample --------------------------------------------------------------------
+
+
+def _source_coords(
+    mode: str, y: np.ndarray, scale: float, in_size: int, out_size: int, roi: Sequence[float] | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Output pixel indices -> input coordinates (float64), and the extrapolated mask."""
+    out_width = scale * in_size
+    outside = None
+    if mode == "align_corners":
+        x = np.zeros_like(y) if out_width == 1 else y * (in_size - 1) / (out_width - 1)
+    elif mode == "asymmetric":
+        x = y / scale
+    elif mode == "tf_crop_and_resize":
+        lo, hi = roi
+        if out_width == 1:
+            x = np.full_like(y, (hi - lo) * (in_size - 1) / 2)
+        else:
+            x = y * (hi - lo) * (in_size - 1) / (out_width - 1)
+        x = x + lo * (in_size - 1)
+        outside = (x < 0) | (x > in_size - 1)
+    elif mode == "pytorch_half_pixel":
+        x = np.full_like(y, -0.5) if out_width == 1 else (y + 0.5) / scale - 0.5
+    elif mode == "half_pixel":
+        x = (y + 0.5) / scale - 0.5
+    elif mode == "half_pixel_symmetric":
+        offset = in_size / 2 * (1 - out_size / out_width)
+        x = offset + (y + 0.5) / scale - 0.5
+    else:
+        raise ValueError(mode)
+    return x, outside
+
+
+def _nearest_index(x: np.ndarray, mode: str, downsample: bool) -> np.ndarray:
+    fl = np.floor(x)
+    frac = x - fl
+    if mode == "round_prefer_floor":
+        idx = np.where(frac <= 0.5, fl, fl + 1)
+    elif mode == "round_prefer_ceil":
+        idx = np.where(frac < 0.5, fl, fl + 1)
+    elif mode == "floor":
+        idx = fl
+    elif mode == "ceil":
+        idx = np.ceil(x)
+    elif mode == "simple":  # Upsample and Resize-10: floor when upsampling, ceil when down.
+        idx = np.ceil(x) if downsample else fl
+    else:
+        raise ValueError(mode)
+    return idx.astype(np.int64)
+
+
+def _cubic_kernel(t: np.ndarray, a: float) -> np.ndarray:
+    t = np.abs(t)
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+    return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+
+
+def _interp_weights(
+    x: np.ndarray,
+    in_size: int,
+    scale: float,
+    mode: str,
+    cubic_a: float,
+    antialias: bool,
+    exclude_outside: bool,
+) -> np.ndarray:
+    """Dense (out, in) weights of 1-D linear or cubic interpolation at coordinates x."""
+    fl = np.floor(x)
+    # The left neighbour is preferred: an integer coordinate has ratio 1, not 0.
+    ratio = np.where(x == fl, 1.0, x - fl)
+    if antialias and scale < 1:
+        support = 1.0 if mode == "linear" else 2.0
+        start = int(np.floor(-support / scale) + 1)
+        taps = np.arange(start, 2 - start)
+    else:
+        scale = 1.0
+        taps = np.arange(-1, 3) if mode == "cubic" else np.arange(0, 2)
+    # Offsets from the left neighbour floor(x) (or x-1 when x is an integer).
+    left = np.where(x == fl, fl - 1, fl)
+    dist = (taps[None, :] - ratio[:, None]) * scale
+    coeffs = np.clip(1 - np.abs(dist), 0, 1) if mode == "linear" else _cubic_kernel(dist, cubic_a)
+    if antialias:
+        coeffs = coeffs / coeffs.sum(axis=1, keepdims=True)
+    idx = left[:, None].astype(np.int64) + taps[None, :]
+    if exclude_outside:
+        coeffs = np.where((idx < 0) | (idx >= in_size), 0.0, coeffs)
+        total = coeffs.sum(axis=1, keepdims=True)
+        coeffs = coeffs / np.where(total == 0, 1.0, total)
+    weights = np.zeros((x.shape[0], in_size), np.float64)
+    rows = np.broadcast_to(np.arange(x.shape[0])[:, None], idx.shape)
+    np.add.at(weights, (rows, np.clip(idx, 0, in_size - 1)), coeffs)
+    return weights
+
+
+def _resize(
+    ctx,
+    x,
+    *,
+    scales: list[float],
+    sizes: list[int],
+    roi: list[float] | None,
+    mode: str,
+    coord_mode: str,
+    nearest_mode: str,
+    cubic_a: float,
+    antialias: bool,
+    exclude_outside: bool,
+    extrapolation_value: float,
+):
+    """Separable resize: one static gather (nearest) or weight matrix (linear/cubic) per axis."""
+    xp = xp_of(x)
+    in_shape = np.shape(x)
+    rank = len(in_shape)
+    dtype = np.dtype(x.dtype)
+    if mode != "nearest":
+        compute = dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+        y = x.astype(compute)
+    else:
+        y = x
+    outside_any = None
+    for axis in range(rank):
+        in_size, out_size, scale = in_shape[axis], sizes[axis], scales[axis]
+        axis_roi = None if roi is None else (roi[axis], roi[axis + rank])
+        identity_roi = axis_roi is None or (
+            math.isclose(axis_roi[0], 0.0) and math.isclose(axis_roi[1], 1.0)
+        )
+        if math.isclose(scale, 1.0) and out_size == in_size and identity_roi:
+            continue
+        if coord_mode == "tf_crop_and_resize" and axis_roi is None:
+            raise ctx.error("coordinate_transformation_mode 'tf_crop_and_resize' needs roi")
+        pos = np.arange(out_size, dtype=np.float64)
+        coords, outside = _source_coords(coord_mode, pos, scale, in_size, out_size, axis_roi)
+        if mode == "nearest":
+            idx = np.clip(_nearest_index(coords, nearest_mode, scale < 1), 0, in_size - 1)
+            y = xp.take(y, idx.astype(np.int32), axis=axis)
+        else:
+            w = _interp_weights(
+                coords, in_size, scale, mode, cubic_a, antialias, exclude_outside
+            ).astype(y.dtype)
+            y = xp.moveaxis(xp.tensordot(y, w, axes=([axis], [1])), -1, axis)
+        if outside is not None and outside.any():
+            mask = outside.reshape((1,) * axis + (-1,) + (1,) * (rank - axis - 1))
+            outside_any = mask if outside_any is None else (outside_any | mask)
+    if outside_any is not None:
+        y = xp.where(outside_any, xp.asarray(extrapolation_value, y.dtype), y)
+    if y.dtype != dtype:
+        if np.issubdtype(dtype, np.integer):
+            info = np.iinfo(dtype)
+            y = xp.clip(xp.round(y), info.min, info.max)
+        y = y.astype(dtype)
+    return y
+
+
+_RESIZE_MODES = ("nearest", "linear", "cubic")
+_COORD_MODES = (
+    "half_pixel",
+    "half_pixel_symmetric",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
+)
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def _check_choice(ctx, name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise UnsupportedAttributeError(
+            f"{name} {value!r} not supported; supported: {list(choices)}",
+            op=ctx.node.op_type,
+            node=ctx.node.name,
+        )
+
+
+@builtin(
+    "Resize",
+    since=10,
+    attrs={
+        "antialias": 0,
+        "axes": None,
+        "coordinate_transformation_mode": "half_pixel",
+        "cubic_coeff_a": -0.75,
+        "exclude_outside": 0,
+        "extrapolation_value": 0.0,
+        "keep_aspect_ratio_policy": "stretch",
+        "mode": "nearest",
+        "nearest_mode": "round_prefer_floor",
+    },
+)
+def resize(
+    ctx,
+    x,
+    roi=None,
+    scales=None,
+    sizes=None,
+    *,
+    antialias,
+    axes,
+    coordinate_transformation_mode,
+    cubic_coeff_a,
+    exclude_outside,
+    extrapolation_value,
+    keep_aspect_ratio_policy,
+    mode,
+    nearest_mode,
+):
+    """Resize(X, roi?, scales?, sizes?) -> Y: nearest, linear or cubic resampling."""
+    legacy = ctx.opset < 11
+    if legacy:  # Resize-10 is Resize(X, scales) with asymmetric coordinates.
+        roi, scales = None, roi
+        coordinate_transformation_mode, nearest_mode = "asymmetric", "simple"
+    else:
+        _check_choice(
+            ctx, "coordinate_transformation_mode", coordinate_transformation_mode, _COORD_MODES
+        )
+        _check_choice(ctx, "nearest_mode", nearest_mode, _NEAREST_MODES)
+    _check_choice(ctx, "mode", mode, _RESIZE_MODES)
+    _check_choice(
+        ctx,
+        "keep_aspect_ratio_policy",
+        keep_aspect_ratio_policy,
+        ("stretch", "not_larger", "not_smaller"),
+    )
+    if antialias and mode == "nearest":
+        raise UnsupportedAttributeError(
+            "antialias is only defined for linear and cubic modes", op="Resize", node=ctx.node.name
+        )
+    in_shape = np.shape(x)
+    rank = len(in_shape)
+    ax = [normalize_axis(ctx, a, rank) for a in axes] if axes is not None else list(range(rank))
+    roi_v = None
+    if roi is not None and np.size(roi) > 0:
+        given = [float(v) for v in np.asarray(ctx.static(roi, "roi")).reshape(-1)]
+        roi_v = [0.0] * rank + [1.0] * rank
+        for i, a in enumerate(ax):
+            roi_v[a] = given[i]
+            roi_v[rank + a] = given[len(ax) + i]
+    has_scales = scales is not None and np.size(scales) > 0
+    has_sizes = sizes is not None and np.size(sizes) > 0
+    if has_scales == has_sizes:
+        raise ctx.error("Resize needs exactly one of 'scales' and 'sizes'")
+    if has_scales:
+        given = [float(v) for v in np.asarray(ctx.static(scales, "scales")).reshape(-1)]
+        scale_v = [1.0] * rank
+        for i, a in enumerate(ax):
+            scale_v[a] = given[i]
+        size_v = [int(s * d) for s, d in zip(scale_v, in_shape, strict=True)]
+    else:
+        given_sizes = static_ints(ctx, sizes, "sizes")
+        size_v = list(in_shape)
+        for i, a in enumerate(ax):
+            size_v[a] = given_sizes[i]
+        scale_v = [s / d for s, d in zip(size_v, in_shape, strict=True)]
+        if keep_aspect_ratio_policy != "stretch":
+            pick = min if keep_aspect_ratio_policy == "not_larger" else max
+            common = pick(scale_v[a] for a in ax)
+            scale_v = [common if i in ax else 1.0 for i in range(rank)]
+            size_v = [
+                int(common * in_shape[i] + 0.5) if i in ax else in_shape[i] for i in range(rank)
+            ]
+    return _resize(
+        ctx,
+        x,
+        scales=scale_v,
+        sizes=size_v,
+        roi=roi_v,
+        mode=mode,
+        coord_mode=coordinate_transformation_mode,
+        nearest_mode=nearest_mode,
+        cubic_a=cubic_coeff_a,
+        antialias=bool(antialias),
+        exclude_outside=bool(exclude_outside),
+        extrapolation_value=extrapolation_value,
+    )
+
+
+@builtin("Upsample", since=7, attrs={"mode": "nearest", "scales": None})
+def upsample(ctx, x, scales_in=None, *, mode, scales):
+    """Upsample(X, scales) -> Y: nearest or (bi)linear upsampling, asymmetric coordinates."""
+    _check_choice(ctx, "mode", mode, ("nearest", "linear", "bilinear"))
+    src = scales_in if scales_in is not None else scales
+    if src is None:
+        raise ctx.error("Upsample needs scales")
+    scale_v = [float(v) for v in np.asarray(ctx.static(src, "scales")).reshape(-1)]
+    size_v = [int(s * d) for s, d in zip(scale_v, np.shape(x), strict=True)]
+    return _resize(
+        ctx,
+        x,
+        scales=scale_v,
+        sizes=size_v,
+        roi=None,
+        mode="nearest" if mode == "nearest" else "linear",
+        coord_mode="asymmetric",
+        nearest_mode="simple",
+        cubic_a=-0.75,
+        antialias=False,
+        exclude_outside=False,
+        extrapolation_value=0.0,
+    )
