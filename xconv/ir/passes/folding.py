@@ -1,0 +1,206 @@
+"""Constant folding and static shape folding.
+
+Exporters leave shape bookkeeping behind (``Shape -> Gather -> Concat -> Reshape``). On
+static shapes it is all known before run time: these passes turn it into constants, so a
+``Reshape`` ends up with a literal shape. Symbolic dimensions (a dynamic batch) stay symbolic.
+Weights (initializers carrying ``xconv.role``) are never folded into other tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from xconv.ir.passes._utils import constant_of, is_annotated, replace_with_constants
+
+logger = logging.getLogger(__name__)
+
+#: Ops whose results vary per call or depend on training state: never folded.
+NON_FOLDABLE = frozenset(
+    {
+        "RandomNormal",
+        "RandomUniform",
+        "RandomNormalLike",
+        "RandomUniformLike",
+        "Bernoulli",
+        "Multinomial",
+        "Dropout",
+        "Constant",
+    }
+)
+
+#: Fold only results up to this many elements: larger ones would bloat the model.
+MAX_FOLDED_ELEMENTS = 1 << 20
+
+
+def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    """Run one node on numpy inputs with the ONNX reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    node_proto = ir.serde.serialize_node(node)
+    in_names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)]
+    out_names = [f"out{i}" if o.name else "" for i, o in enumerate(node.outputs)]
+    del node_proto.input[:]
+    node_proto.input.extend(in_names)
+    del node_proto.output[:]
+    node_proto.output.extend(out_names)
+    graph_inputs = [
+        onnx.helper.make_tensor_value_info(
+            n, onnx.helper.np_dtype_to_tensor_dtype(np.asarray(x).dtype), np.asarray(x).shape
+        )
+        for n, x in zip(in_names, inputs, strict=True)
+        if n
+    ]
+    graph_outputs = [onnx.helper.make_empty_tensor_value_info(n) for n in out_names if n]
+    graph = onnx.helper.make_graph([node_proto], "fold", graph_inputs, graph_outputs)
+    model = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10
+    )
+    feeds = {n: np.asarray(x) for n, x in zip(in_names, inputs, strict=True) if n}
+    results = ReferenceEvaluator(model).run(None, feeds)
+    return [np.asarray(r) for r in results]
+
+
+class ConstantFoldingPass(ir.passes.InPlacePass):
+    """Evaluate nodes whose inputs are all constants and replace them with ``Constant`` nodes.
+
+    Weights stay weights: a node reading an initializer with ``xconv.role`` (or, in a model
+    without roles, any floating-point initializer of rank >= 1) is not folded.
+    """
+
+    def __init__(self, max_elements: int = MAX_FOLDED_ELEMENTS) -> None:
+        super().__init__()
+        self.max_elements = max_elements
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        graph = model.graph
+        annotated = is_annotated(graph)
+        opset = model.opset_imports.get("", 1)
+        modified = False
+        for node in list(graph):
+            if not self._foldable(node):
+                continue
+            args = []
+            ok = True
+            for v in node.inputs:
+                if v is None or not v.name:
+                    args.append(None)
+                    continue
+                c = constant_of(v, annotated)
+                if c is None:
+                    ok = False
+                    break
+                args.append(c)
+            if not ok:
+                continue
+            try:
+                results = evaluate_node(node, args, node.version or opset)
+            except Exception as e:  # the evaluator raises many kinds; folding is optional
+                logger.debug("not folding %s (%s): %s", node.name, node.op_type, e)
+                continue
+            if any(r.size > self.max_elements for r in results):
+                continue
+            results = [self._keep_dtype(r, o) for r, o in zip(results, node.outputs, strict=False)]
+            replace_with_constants(graph, node, results)
+            modified = True
+        return ir.passes.PassResult(model, modified=modified)
+
+    @staticmethod
+    def _foldable(node: ir.Node) -> bool:
+        if node.domain not in ("", "ai.onnx") or node.op_type in NON_FOLDABLE:
+            return False
+        if any(
+            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+            for a in node.attributes.values()
+            if not a.is_ref()
+        ):
+            return False
+        return all(o.name for o in node.outputs)
+
+    @staticmethod
+    def _keep_dtype(result: np.ndarray, value: ir.Value) -> np.ndarray:
+        if value.dtype is not None:
+            want = value.dtype.numpy()
+            if result.dtype != want:
+                return result.astype(want)
+        return result
+
+
+class ShapeFoldingPass(ir.passes.InPlacePass):
+    """Replace ``Shape``/``Size`` of statically shaped values by constants.
+
+    Also folds ``Gather(Shape(x), i)`` when the gathered dimensions are static even if other
+    dimensions of ``x`` are symbolic. Runs ONNX shape inference first.
+    """
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        from onnx_ir.passes.common import ShapeInferencePass
+
+        ShapeInferencePass()(model)
+        graph = model.graph
+        annotated = is_annotated(graph)
+        modified = False
+        for node in list(graph):
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            folded = None
+            if node.op_type == "Shape":
+                folded = _fold_shape(node)
+            elif node.op_type == "Size":
+                dims = _dims(node.inputs[0])
+                if dims is not None and all(isinstance(d, int) for d in dims):
+                    folded = np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+            elif node.op_type == "Gather":
+                folded = _fold_gather_of_shape(node, annotated)
+            if folded is not None:
+                replace_with_constants(graph, node, [folded])
+                modified = True
+        return ir.passes.PassResult(model, modified=modified)
+
+
+def _dims(value: ir.Value | None) -> list[int | None] | None:
+    if value is None or value.shape is None:
+        return None
+    return [d if isinstance(d, int) else None for d in value.shape]
+
+
+def _shape_slice(node: ir.Node) -> list[int | None] | None:
+    dims = _dims(node.inputs[0])
+    if dims is None:
+        return None
+    rank = len(dims)
+    start = node.attributes.get("start")
+    end = node.attributes.get("end")
+    s = start.value if start is not None else 0
+    e = end.value if end is not None else rank
+    s = min(max(s + rank if s < 0 else s, 0), rank)
+    e = min(max(e + rank if e < 0 else e, 0), rank)
+    return dims[s:e]
+
+
+def _fold_shape(node: ir.Node) -> np.ndarray | None:
+    dims = _shape_slice(node)
+    if dims is None or any(d is None for d in dims):
+        return None
+    return np.array(dims, dtype=np.int64)
+
+
+def _fold_gather_of_shape(node: ir.Node, annotated: bool) -> np.ndarray | None:
+    data = node.inputs[0]
+    producer = data.producer() if data is not None else None
+    if producer is None or producer.op_type != "Shape" or producer.domain not in ("", "ai.onnx"):
+        return None
+    axis = node.attributes.get("axis")
+    if axis is not None and axis.value != 0:
+        return None
+    indices = constant_of(node.inputs[1], annotated)
+    dims = _shape_slice(producer)
+    if indices is None or dims is None:
+        return None
+    picked = np.take(np.array([-1 if d is None else d for d in dims], dtype=np.int64), indices)
+    if np.any(picked < 0):
+        return None
+    return picked.astype(np.int64)
