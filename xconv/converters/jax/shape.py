@@ -337,14 +337,21 @@ def depth_to_space(ctx, x, *, blocksize, mode):
     return xp.reshape(y, (n, c // (b * b), h * b, w * b))
 
 
-@builtin("SpaceToDepth", since=1, attrs={"blocksize": REQUIRED})
-def space_to_depth(ctx, x, *, blocksize):
-    """SpaceToDepth(input) -> output: moves spatial blocks into depth."""
+@builtin("SpaceToDepth", since=1, attrs={"blocksize": REQUIRED, "mode": "DCR"})
+def space_to_depth(ctx, x, *, blocksize, mode):
+    """SpaceToDepth(input) -> output: moves spatial blocks into depth (DCR or CRD order)."""
     n, c, h, w = np.shape(x)
     b = blocksize
+    perms = {"DCR": (0, 3, 5, 1, 2, 4), "CRD": (0, 1, 3, 5, 2, 4)}
+    if mode not in perms:
+        raise UnsupportedAttributeError(
+            f"mode {mode!r} not supported; use 'DCR' or 'CRD'",
+            op="SpaceToDepth",
+            node=ctx.node.name,
+        )
     xp = xp_of(x)
     y = xp.reshape(x, (n, c, h // b, b, w // b, b))
-    y = xp.transpose(y, (0, 3, 5, 1, 2, 4))
+    y = xp.transpose(y, perms[mode])
     return xp.reshape(y, (n, c * b * b, h // b, w // b))
 
 
