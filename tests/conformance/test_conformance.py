@@ -1,0 +1,92 @@
+"""The ONNX backend conformance suite as tests.
+
+The default run checks the corpus, the harness, and a fixed sample of cases on every backend;
+``pytest -m slow`` runs the full sweeps with the floors the backends must keep.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conformance import harness
+from tests.conformance.backends import BACKENDS
+
+#: Cases onnxruntime passes but the xconv round trip may not, each with its reason.
+ROUNDTRIP_KNOWN = {
+    # The ONNX version converter upgrades Scan-8 (explicit batch axis) to Scan-9 without
+    # removing the batch axis from the body's inputs.
+    "test_scan_sum": "onnx version converter: Scan 8 -> 9 keeps the batch axis",
+}
+FLOORS = {"roundtrip": 1680, "jax": 1550}
+SAMPLE_EVERY = 9
+
+
+@pytest.fixture(scope="module")
+def cases() -> list[harness.Case]:
+    return harness.load_cases()
+
+
+def _sample(cases):
+    return cases[::SAMPLE_EVERY]
+
+
+def test_corpus_is_complete(cases):
+    kinds = {k: sum(c.kind == k for c in cases) for k in harness.KINDS}
+    assert kinds["node"] >= 1884 and len(cases) >= 2024, kinds
+
+
+def test_harness_refuses_a_short_corpus(monkeypatch):
+    import onnx.backend.test.loader as loader
+
+    real = loader.load_model_tests
+    monkeypatch.setattr(loader, "load_model_tests", lambda kind: real(kind=kind)[:10])
+    with pytest.raises(RuntimeError, match="short corpus"):
+        harness.load_cases(["node"])
+
+
+def test_harness_records_every_status(cases):
+    by_name = {c.name: c for c in cases}
+
+    def prepare(model):
+        if model.graph.name == "test_abs":
+            raise harness.SkipCase("declined")
+        return lambda inputs: [i * 0 + 1 for i in inputs]
+
+    picks = [by_name["test_abs"], by_name["test_relu"], by_name["test_add"]]
+    report = harness.run_backend("fake", prepare, picks)
+    statuses = {r.case: r.status for r in report.results}
+    assert statuses["test_abs"] == "skip"
+    assert statuses["test_relu"] == "fail"  # wrong numbers
+    assert statuses["test_add"] == "fail"  # one output for two inputs, wrong numbers
+    report = harness.run_backend("boom", lambda m: 1 / 0, picks[:1])
+    assert report.results[0].status == "error" and "ZeroDivisionError" in report.results[0].message
+
+
+def test_roundtrip_loses_nothing_on_a_sample(cases):
+    sample = _sample(cases)
+    ort = harness.run_backend("onnxruntime", BACKENDS["onnxruntime"](), sample).by_case()
+    rt = harness.run_backend("roundtrip", BACKENDS["roundtrip"](), sample).by_case()
+    lost = [
+        f"{name}: {rt[name].message}"
+        for name, r in ort.items()
+        if r.status == "pass" and rt[name].status != "pass" and name not in ROUNDTRIP_KNOWN
+    ]
+    assert not lost, lost
+    assert sum(r.status == "pass" for r in rt.values()) >= 0.8 * len(sample)
+
+
+def test_jax_backend_on_a_sample(cases):
+    pytest.importorskip("jax")
+    sample = _sample(cases)
+    report = harness.run_backend("jax", BACKENDS["jax"](), sample)
+    # The full sweep floor (FLOORS["jax"] of 2,024) scaled to the sample.
+    floor = int(FLOORS["jax"] / 2024 * len(sample)) - 5
+    assert report.passed >= floor, report.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", sorted(FLOORS))
+def test_full_sweep_meets_floor(cases, backend):
+    pytest.importorskip("jax") if backend == "jax" else None
+    report = harness.run_backend(backend, BACKENDS[backend](), cases)
+    assert report.passed >= FLOORS[backend], report.summary()
