@@ -1,0 +1,221 @@
+"""Localisation: find the first module scope whose output parts from the reference.
+
+Both sides are reduced to a :class:`~xconv.parity.adapters.Trace`: scope name -> the
+arrays leaving the scope (and entering it), in the order scopes complete. Torch fills it
+with forward hooks on named modules, Flax with ``nn.intercept_methods``, and an IR-backed
+side (``xconv.to_jax`` functions, ONNX models) from its node values: the nodes whose
+``xconv.scope`` starts with a scope form its group, and the values that leave the group
+are its outputs. Scopes are matched by name (``.`` and ``/`` both separate path parts).
+
+The first divergence is the first scope, in completion order, whose output is out of
+tolerance while its inputs are within it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from xconv.parity.metrics import Metrics, compare
+from xconv.parity.policies import Policy
+
+if TYPE_CHECKING:
+    from xconv.parity.adapters import Trace
+
+_SEP = re.compile(r"[./]")
+
+
+def canonical_scope(name: str) -> str:
+    """``Block_0/Conv_0`` and ``Block_0.Conv_0`` name the same scope."""
+    return ".".join(p for p in _SEP.split(name) if p)
+
+
+@dataclass
+class ScopeGroup:
+    """The nodes of one scope (and its sub-scopes): value names leaving and entering it."""
+
+    name: str
+    outputs: list[str]
+    inputs: list[str]
+    end: int
+
+
+def scope_groups(graph: Any) -> list[ScopeGroup]:
+    """Every scope prefix of the graph's nodes, ordered by where its last output is made.
+
+    The last value that leaves a scope's node group (used outside it, or a graph output)
+    is the scope's main output and is listed last in ``outputs``.
+    """
+    from xconv.ir.metadata import get_scope
+
+    nodes = list(graph)
+    members: dict[str, set[int]] = {}
+    for i, node in enumerate(nodes):
+        scope = get_scope(node)
+        if not scope:
+            continue
+        parts = [p for p in _SEP.split(scope) if p]
+        for j in range(1, len(parts) + 1):
+            members.setdefault(".".join(parts[:j]), set()).add(i)
+    index = {id(n): i for i, n in enumerate(nodes)}
+    groups = []
+    for name, idx in members.items():
+        outputs: list[tuple[int, str]] = []
+        inputs: list[str] = []
+        for i in sorted(idx):
+            node = nodes[i]
+            for v in node.outputs:
+                if not v.name:
+                    continue
+                escapes = v.is_graph_output() or any(
+                    index.get(id(u.node)) not in idx for u in v.uses()
+                )
+                if escapes:
+                    outputs.append((i, v.name))
+            for v in node.inputs:
+                if v is None or not v.name or v.is_initializer() or v.const_value is not None:
+                    continue
+                prod = v.producer()
+                if prod is not None and (index.get(id(prod)) in idx or prod.op_type == "Constant"):
+                    continue
+                if v.name not in inputs:
+                    inputs.append(v.name)
+        if outputs:
+            groups.append(ScopeGroup(name, [n for _, n in outputs], inputs, outputs[-1][0]))
+    groups.sort(key=lambda g: (g.end, -len(g.name)))
+    return groups
+
+
+@dataclass
+class ScopeResult:
+    """How one scope's output compares (candidate vs reference, oracle-judged if available).
+
+    Attributes:
+        name: The scope (``layer1.0.conv1``).
+        index: Position in completion order.
+        output: Metrics of the scope's output.
+        inputs_ok: Whether its inputs are within tolerance (None: not comparable).
+        status: ``ok``, ``diverged`` (first out of tolerance with good inputs), ``propagated``
+            (out of tolerance, inputs already off) or ``incomparable``.
+    """
+
+    name: str
+    index: int
+    output: Metrics
+    inputs_ok: bool | None = None
+    status: str = "ok"
+    input_metrics: list[Metrics] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "index": self.index,
+            "status": self.status,
+            "inputs_ok": self.inputs_ok,
+            "output": self.output.to_dict(),
+        }
+
+
+def _pick(
+    cands: list[np.ndarray], refs: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """The pair to compare: main outputs, else the first same-shaped pair."""
+    if not cands or not refs:
+        return None
+    # Torch hooks list a module's outputs in return order (main first); IR groups list
+    # escaping values in graph order (main last). Try the natural pairings, then any.
+    for c in (cands[-1], cands[0]):
+        for ri, r in enumerate(refs):
+            if c.shape == r.shape:
+                return c, r, ri
+    return None
+
+
+def _pairs(cands: list[np.ndarray], refs: list[np.ndarray]) -> list[tuple[int, int]]:
+    """Match inputs by position when shapes agree, else greedily by shape."""
+    if len(cands) == len(refs) and all(
+        c.shape == r.shape for c, r in zip(cands, refs, strict=True)
+    ):
+        return [(i, i) for i in range(len(cands))]
+    used: set[int] = set()
+    out = []
+    for i, c in enumerate(cands):
+        for j, r in enumerate(refs):
+            if j not in used and c.shape == r.shape:
+                used.add(j)
+                out.append((i, j))
+                break
+    return out
+
+
+def _oracle_for(oracle: Trace | None, name: str, r: np.ndarray, which: str) -> np.ndarray | None:
+    if oracle is None:
+        return None
+    arrays = (oracle.outputs if which == "out" else oracle.inputs).get(name) or []
+    for a in reversed(arrays) if which == "out" else arrays:
+        if a.shape == r.shape:
+            return a
+    return None
+
+
+def localize(
+    ref: Trace,
+    cand: Trace,
+    policy: Policy,
+    oracle: Trace | None = None,
+) -> tuple[list[ScopeResult], str | None, str | None]:
+    """Compare scope outputs; return ``(results, first divergent scope, note)``."""
+    common = [s for s in ref.order if s in cand.outputs]
+    if not common:
+        return [], None, "no module scope is shared by both sides; cannot localise"
+    results = []
+    first = None
+    first_bad = None
+    for i, name in enumerate(common):
+        picked = _pick(cand.outputs[name], ref.outputs[name])
+        if picked is None:
+            shapes = [a.shape for a in cand.outputs[name]]
+            m = Metrics(name=name, passed=False, shape=shapes[-1] if shapes else (), dtype="?")
+            m.error = "no output of the same shape on both sides"
+            results.append(ScopeResult(name, i, m, None, "incomparable"))
+            continue
+        c, r, ri = picked
+        o = None
+        if oracle is not None:
+            outs = oracle.outputs.get(name) or []
+            o = (
+                outs[ri]
+                if ri < len(outs) and outs[ri].shape == r.shape
+                else _oracle_for(oracle, name, r, "out")
+            )
+        m = compare(name, c, r, policy, o)
+        in_metrics = []
+        for ci, rj in _pairs(cand.inputs.get(name, []), ref.inputs.get(name, [])):
+            rin = ref.inputs[name][rj]
+            oin = None
+            if oracle is not None:
+                olist = oracle.inputs.get(name) or []
+                oin = olist[rj] if rj < len(olist) and olist[rj].shape == rin.shape else None
+            in_metrics.append(compare(f"{name}<in{ci}>", cand.inputs[name][ci], rin, policy, oin))
+        inputs_ok = all(x.passed for x in in_metrics) if in_metrics else None
+        status = "ok"
+        if not m.passed:
+            status = "propagated" if inputs_ok is False else "diverged"
+            if first_bad is None:
+                first_bad = name
+            if first is None and inputs_ok is not False:
+                first = name
+            elif status == "diverged" and inputs_ok is None:
+                # Inputs unknown, downstream of the first divergence: assume propagation.
+                status = "propagated"
+        results.append(ScopeResult(name, i, m, inputs_ok, status, in_metrics))
+    note = None
+    if first is None and first_bad is not None:
+        note = (
+            f"outputs part outside every matched scope: the first scope out of tolerance, "
+            f"{first_bad!r}, already receives inputs out of tolerance"
+        )
+    return results, first, note
