@@ -1,0 +1,906 @@
+"""JAX handlers for the neural-network ops: convolution, pooling, normalisation, dropout and
+the sampling ops (GridSample, AffineGrid, RoiAlign, DeformConv, Col2Im).
+
+All spatial ops keep ONNX's channels-first layout (``N, C, D1, ..., Dn``) and read their
+geometry (kernel, strides, pads) statically, so they trace under ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.errors import UnsupportedAttributeError
+
+_AUTO_PADS = ("NOTSET", "", "SAME_UPPER", "SAME_LOWER", "VALID")
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+def _ints(value, n: int, default: int) -> tuple[int, ...]:
+    return tuple(int(v) for v in value) if value else (default,) * n
+
+
+def _check_auto_pad(ctx, auto_pad: str) -> None:
+    if auto_pad not in _AUTO_PADS:
+        raise UnsupportedAttributeError(
+            f"auto_pad={auto_pad!r}; supported: NOTSET, SAME_UPPER, SAME_LOWER, VALID",
+            op=ctx.node.op_type,
+            node=ctx.node.name,
+        )
+
+
+def _same_split(total: int, auto_pad: str) -> tuple[int, int]:
+    """Split a total padding: the odd element goes last for SAME_UPPER, first for SAME_LOWER."""
+    small = total // 2
+    return (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
+
+
+def _conv_padding(ctx, auto_pad, spatial, kernel, strides, dilations, pads):
+    """Per-dimension ``(low, high)`` padding of a convolution."""
+    _check_auto_pad(ctx, auto_pad)
+    n = len(spatial)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = []
+        for i, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
+            o = -(-i // s)
+            out.append(_same_split(max(0, (o - 1) * s + (k - 1) * d + 1 - i), auto_pad))
+        return out
+    if auto_pad == "VALID" or not pads:
+        return [(0, 0)] * n
+    return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
+
+
+def _bias_shape(b, ndim: int):
+    return jnp.reshape(b, (1, -1) + (1,) * (ndim - 2))
+
+
+# --------------------------------------------------------------------------- convolution
+
+
+_CONV_ATTRS = {
+    "auto_pad": "NOTSET",
+    "dilations": None,
+    "group": 1,
+    "kernel_shape": None,
+    "pads": None,
+    "strides": None,
+}
+
+
+@builtin("Conv", attrs=_CONV_ATTRS)
+def conv(ctx, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides):
+    """Conv(X, W, B?) -> Y: N-d cross-correlation, NC[spatial] layout, grouped."""
+    x, w = jnp.asarray(x), jnp.asarray(w)
+    n = x.ndim - 2
+    kernel = tuple(w.shape[2:])
+    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
+    padding = _conv_padding(ctx, auto_pad, x.shape[2:], kernel, s, d, pads)
+    y = lax.conv_general_dilated(
+        x, w.astype(x.dtype), s, padding, rhs_dilation=d, feature_group_count=int(group)
+    )
+    if b is not None:
+        y = y + _bias_shape(b, y.ndim).astype(y.dtype)
+    return y
+
+
+@builtin("ConvTranspose", attrs={**_CONV_ATTRS, "output_padding": None, "output_shape": None})
+def conv_transpose(
+    ctx,
+    x,
+    w,
+    b=None,
+    *,
+    auto_pad,
+    dilations,
+    group,
+    kernel_shape,
+    output_padding,
+    output_shape,
+    pads,
+    strides,
+):
+    """ConvTranspose(X, W, B?) -> Y: the gradient of Conv; W is (C_in, C_out/group, k...)."""
+    _check_auto_pad(ctx, auto_pad)
+    x, w = jnp.asarray(x), jnp.asarray(w).astype(x.dtype)
+    n = x.ndim - 2
+    g = int(group)
+    spatial = x.shape[2:]
+    kernel = tuple(w.shape[2:])
+    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
+    op = _ints(output_padding, n, 0)
+    full = [
+        si * (i - 1) + op_i + (k - 1) * di + 1
+        for i, k, si, di, op_i in zip(spatial, kernel, s, d, op, strict=True)
+    ]
+    if output_shape:
+        target = [int(v) for v in output_shape][-n:]
+        if pads and auto_pad in ("NOTSET", ""):
+            lo_hi = [
+                (int(pads[i]), f - int(pads[i]) - t)
+                for i, (f, t) in enumerate(zip(full, target, strict=True))
+            ]
+        else:
+            mode = "SAME_UPPER" if auto_pad == "SAME_UPPER" else "SAME_LOWER"
+            lo_hi = [_same_split(f - t, mode) for f, t in zip(full, target, strict=True)]
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        lo_hi = [
+            _same_split(f - i * si, auto_pad) for f, i, si in zip(full, spatial, s, strict=True)
+        ]
+    elif auto_pad == "VALID" or not pads:
+        lo_hi = [(0, 0)] * n
+    else:
+        lo_hi = [(int(pads[i]), int(pads[i + n])) for i in range(n)]
+    # (C_in, C_out/g, k...) -> (C_out, C_in/g, k...), spatially flipped.
+    c_in, c_out_g = w.shape[0], w.shape[1]
+    wt = w.reshape((g, c_in // g, c_out_g) + kernel)
+    wt = jnp.swapaxes(wt, 1, 2).reshape((g * c_out_g, c_in // g) + kernel)
+    wt = jnp.flip(wt, axis=tuple(range(2, n + 2)))
+    padding = [
+        ((k - 1) * di - lo, (k - 1) * di - hi + op_i)
+        for k, di, (lo, hi), op_i in zip(kernel, d, lo_hi, op, strict=True)
+    ]
+    y = lax.conv_general_dilated(
+        x, wt, (1,) * n, padding, lhs_dilation=s, rhs_dilation=d, feature_group_count=g
+    )
+    if b is not None:
+        y = y + _bias_shape(b, y.ndim).astype(y.dtype)
+    return y
+
+
+def _gather_nd_points(data, coords, dims, mode: str):
+    """Values of ``data`` (N, G, Cg, P) at integer points ``coords`` (list of (N, G, M)).
+
+    ``mode`` is ``zeros`` (outside reads 0), ``border`` (clamped) or an index already valid.
+    Returns (N, G, Cg, M).
+    """
+    valid = None
+    flat = 0
+    for c, size in zip(coords, dims, strict=True):
+        inside = (c >= 0) & (c < size)
+        valid = inside if valid is None else valid & inside
+        flat = flat * size + jnp.clip(c, 0, size - 1)
+    vals = jnp.take_along_axis(data, flat[:, :, None, :], axis=3)
+    if mode == "zeros":
+        vals = jnp.where(valid[:, :, None, :], vals, jnp.zeros((), data.dtype))
+    return vals
+
+
+@builtin(
+    "DeformConv",
+    attrs={
+        "dilations": None,
+        "group": 1,
+        "kernel_shape": None,
+        "offset_group": 1,
+        "pads": None,
+        "strides": None,
+    },
+)
+def deform_conv(
+    ctx,
+    x,
+    w,
+    offset,
+    b=None,
+    mask=None,
+    *,
+    dilations,
+    group,
+    kernel_shape,
+    offset_group,
+    pads,
+    strides,
+):
+    """DeformConv(X, W, offset, B?, mask?) -> Y: conv sampling at learned offsets (bilinear)."""
+    x, w, offset = jnp.asarray(x), jnp.asarray(w), jnp.asarray(offset)
+    n = x.ndim - 2
+    nb, c = x.shape[:2]
+    spatial = x.shape[2:]
+    out_sp = offset.shape[2:]
+    kernel = tuple(w.shape[2:])
+    kk = int(np.prod(kernel))
+    mo = int(np.prod(out_sp))
+    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
+    p = _ints(pads, 2 * n, 0)
+    og, g = int(offset_group), int(group)
+    off = offset.reshape((nb, og, kk, n, mo)).astype(x.dtype)
+    # Base sampling positions per dimension: (K, M).
+    kpos = np.stack(np.meshgrid(*[np.arange(k) for k in kernel], indexing="ij"), 0).reshape(n, kk)
+    opos = np.stack(np.meshgrid(*[np.arange(o) for o in out_sp], indexing="ij"), 0).reshape(n, mo)
+    base = [
+        (opos[i][None, :] * s[i] - p[i] + kpos[i][:, None] * d[i]).astype(np.float32)
+        for i in range(n)
+    ]
+    pos = [base[i].astype(x.dtype) + off[:, :, :, i, :] for i in range(n)]  # (N, og, K, M)
+    data = x.reshape((nb, og, c // og, int(np.prod(spatial))))
+    lo = [jnp.floor(q) for q in pos]
+    frac = [q - f for q, f in zip(pos, lo, strict=True)]
+    lo = [f.astype(jnp.int32) for f in lo]
+    cols = 0
+    for corner in itertools.product((0, 1), repeat=n):
+        weight = 1
+        coords = []
+        for i, bit in enumerate(corner):
+            weight = weight * (frac[i] if bit else 1 - frac[i])
+            coords.append((lo[i] + bit).reshape(nb, og, kk * mo))
+        vals = _gather_nd_points(data, coords, spatial, "zeros")
+        cols = cols + vals.reshape(nb, og, c // og, kk, mo) * weight[:, :, None]
+    if mask is not None:
+        cols = cols * jnp.asarray(mask).reshape(nb, og, 1, kk, mo).astype(x.dtype)
+    cols = cols.reshape(nb, g, c // g, kk, mo)
+    wg = w.reshape((g, w.shape[0] // g, c // g, kk)).astype(x.dtype)
+    y = jnp.einsum("ngckm,gock->ngom", cols, wg).reshape((nb, w.shape[0]) + tuple(out_sp))
+    if b is not None:
+        y = y + _bias_shape(b, y.ndim).astype(y.dtype)
+    return y
+
+
+@builtin("Col2Im", attrs={"dilations": None, "pads": None, "strides": None})
+def col2im(ctx, x, image_shape, block_shape, *, dilations, pads, strides):
+    """Col2Im(input, image_shape, block_shape) -> output: sum sliding blocks into an image."""
+    x = jnp.asarray(x)
+    image = [int(v) for v in ctx.static(image_shape, "image_shape")]
+    block = [int(v) for v in ctx.static(block_shape, "block_shape")]
+    n = len(image)
+    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
+    p = _ints(pads, 2 * n, 0)
+    counts = [
+        (image[i] + p[i] + p[i + n] - ((block[i] - 1) * d[i] + 1)) // s[i] + 1 for i in range(n)
+    ]
+    # Flat image index for every (kernel offset, block position); out-of-image -> a dump slot.
+    total = int(np.prod(image))
+    index = np.zeros((int(np.prod(block)), int(np.prod(counts))), dtype=np.int64)
+    valid = np.ones_like(index, dtype=bool)
+    kgrid = np.stack(np.meshgrid(*[np.arange(b) for b in block], indexing="ij"), 0)
+    lgrid = np.stack(np.meshgrid(*[np.arange(c) for c in counts], indexing="ij"), 0)
+    for i in range(n):
+        pos = lgrid[i].reshape(1, -1) * s[i] - p[i] + kgrid[i].reshape(-1, 1) * d[i]
+        valid &= (pos >= 0) & (pos < image[i])
+        index = index * image[i] + np.clip(pos, 0, image[i] - 1)
+    index = np.where(valid, index, total).reshape(-1)
+    nb, ck, _ = x.shape
+    c = ck // int(np.prod(block))
+    vals = x.reshape(nb, c, -1)
+    out = jnp.zeros((nb, c, total + 1), x.dtype).at[:, :, index].add(vals)
+    return out[:, :, :total].reshape((nb, c, *image))
+
+
+# --------------------------------------------------------------------------- pooling
+
+
+def _pool_geometry(ctx, auto_pad, spatial, kernel, strides, dilations, pads, ceil_mode):
+    """Output sizes, explicit ``(low, high)`` pads and the extra high padding of ceil mode."""
+    _check_auto_pad(ctx, auto_pad)
+    n = len(spatial)
+    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-i // s) for i, s in zip(spatial, strides, strict=True)]
+        lo_hi = [
+            _same_split(max(0, (o - 1) * s + e - i), auto_pad)
+            for o, s, e, i in zip(out, strides, eff, spatial, strict=True)
+        ]
+    elif auto_pad == "VALID":
+        out = [(i - e) // s + 1 for i, e, s in zip(spatial, eff, strides, strict=True)]
+        lo_hi = [(0, 0)] * n
+    else:
+        lo_hi = [(int(pads[i]), int(pads[i + n])) for i in range(n)] if pads else [(0, 0)] * n
+        out = []
+        for i, e, s, (lo, hi) in zip(spatial, eff, strides, lo_hi, strict=True):
+            span = i + lo + hi - e
+            if ceil_mode:
+                o = -(-span // s) + 1
+                if (o - 1) * s >= i + lo:
+                    o -= 1
+            else:
+                o = span // s + 1
+            out.append(o)
+    extra = [
+        max(0, (o - 1) * s + e - (i + lo + hi))
+        for o, s, e, i, (lo, hi) in zip(out, strides, eff, spatial, lo_hi, strict=True)
+    ]
+    return out, lo_hi, extra
+
+
+def _window(x, init, op, kernel, strides, dilations, lo_hi, extra, out):
+    padding = ((0, 0), (0, 0)) + tuple(
+        (lo, hi + e) for (lo, hi), e in zip(lo_hi, extra, strict=True)
+    )
+    y = lax.reduce_window(
+        x,
+        init,
+        op,
+        (1, 1) + tuple(kernel),
+        (1, 1) + tuple(strides),
+        padding,
+        window_dilation=(1, 1) + tuple(dilations),
+    )
+    crop = (slice(None), slice(None)) + tuple(slice(0, o) for o in out)
+    return tuple(v[crop] for v in y) if isinstance(y, tuple | list) else y[crop]
+
+
+def _lowest(dtype):
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iub":
+        return np.array(np.iinfo(dtype).min if dtype.kind != "b" else False, dtype)
+    return np.array(-np.inf, dtype)
+
+
+def _pool_setup(ctx, x, kernel_shape, strides, dilations):
+    x = jnp.asarray(x)
+    n = x.ndim - 2
+    kernel = _ints(kernel_shape, n, 1)
+    return x, n, kernel, _ints(strides, n, 1), _ints(dilations, n, 1)
+
+
+_POOL_ATTRS = {
+    "auto_pad": "NOTSET",
+    "ceil_mode": 0,
+    "dilations": None,
+    "kernel_shape": REQUIRED,
+    "pads": None,
+    "strides": None,
+}
+
+
+@builtin("MaxPool", attrs={**_POOL_ATTRS, "storage_order": 0})
+def max_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides):
+    """MaxPool(X) -> (Y, Indices?): Indices are flat over N x C x D1 x ... (row- or column-major)."""
+    x, n, kernel, s, d = _pool_setup(ctx, x, kernel_shape, strides, dilations)
+    spatial = x.shape[2:]
+    out, lo_hi, extra = _pool_geometry(ctx, auto_pad, spatial, kernel, s, d, pads, ceil_mode)
+    want_indices = len(ctx.output_values) > 1 and ctx.output_values[1].name != ""
+    if not want_indices:
+        return _window(x, _lowest(x.dtype), lax.max, kernel, s, d, lo_hi, extra, out)
+    size = int(np.prod(spatial))
+    flat = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32).reshape(spatial), x.shape)
+
+    def pick(a, b):
+        take_a = (a[0] > b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
+        return jnp.where(take_a, a[0], b[0]), jnp.where(take_a, a[1], b[1])
+
+    y, idx = _window(
+        (x, flat),
+        (_lowest(x.dtype), np.array(np.iinfo(np.int32).max, np.int32)),
+        pick,
+        kernel,
+        s,
+        d,
+        lo_hi,
+        extra,
+        out,
+    )
+    if storage_order:
+        # Row-major flat index -> column-major (first spatial axis fastest).
+        coords = np.unravel_index(np.arange(size), spatial)
+        strides_cm = np.cumprod((1,) + tuple(spatial[:-1]))
+        col = sum(c * st for c, st in zip(coords, strides_cm, strict=True))
+        idx = jnp.asarray(col, jnp.int32)[idx]
+    out_dtype = ctx.output_dtype(1) or np.int64
+    base = (jnp.arange(x.shape[0] * x.shape[1], dtype=out_dtype) * size).reshape(
+        x.shape[:2] + (1,) * n
+    )
+    return y, idx.astype(out_dtype) + base
+
+
+def _window_counts(spatial, kernel, strides, dilations, lo_hi, out, include_pad):
+    """How many window elements count for an average: an (out...) numpy array."""
+    counts = np.ones((), np.int64)
+    for i, k, s, d, (lo, hi), o in zip(
+        spatial, kernel, strides, dilations, lo_hi, out, strict=True
+    ):
+        pos = np.arange(o)[:, None] * s + np.arange(k)[None, :] * d
+        ok = pos < i + lo + hi if include_pad else (pos >= lo) & (pos < lo + i)
+        counts = np.multiply.outer(counts, ok.sum(1))
+    return counts
+
+
+@builtin("AveragePool", attrs={**_POOL_ATTRS, "count_include_pad": 0})
+def average_pool(
+    ctx, x, *, auto_pad, ceil_mode, count_include_pad, dilations, kernel_shape, pads, strides
+):
+    """AveragePool(X) -> Y; padding counts in the divisor only with count_include_pad."""
+    x, n, kernel, s, d = _pool_setup(ctx, x, kernel_shape, strides, dilations)
+    spatial = x.shape[2:]
+    out, lo_hi, extra = _pool_geometry(ctx, auto_pad, spatial, kernel, s, d, pads, ceil_mode)
+    total = _window(x, np.array(0, x.dtype), lax.add, kernel, s, d, lo_hi, extra, out)
+    counts = _window_counts(spatial, kernel, s, d, lo_hi, out, bool(count_include_pad))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return total / counts.astype(x.dtype)
+
+
+@builtin("LpPool", attrs={**_POOL_ATTRS, "p": 2})
+def lp_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, p, pads, strides):
+    """LpPool(X) -> Y = (sum over the window of |x|^p)^(1/p)."""
+    x, n, kernel, s, d = _pool_setup(ctx, x, kernel_shape, strides, dilations)
+    out, lo_hi, extra = _pool_geometry(ctx, auto_pad, x.shape[2:], kernel, s, d, pads, ceil_mode)
+    p = float(p)
+    total = _window(jnp.abs(x) ** p, np.array(0, x.dtype), lax.add, kernel, s, d, lo_hi, extra, out)
+    return (total ** (1.0 / p)).astype(x.dtype)
+
+
+@builtin("GlobalAveragePool")
+def global_average_pool(ctx, x):
+    """GlobalAveragePool(X) -> Y: mean over all spatial axes, kept as size 1."""
+    x = jnp.asarray(x)
+    return jnp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+@builtin("GlobalMaxPool")
+def global_max_pool(ctx, x):
+    """GlobalMaxPool(X) -> Y: max over all spatial axes, kept as size 1."""
+    x = jnp.asarray(x)
+    return jnp.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
+
+
+@builtin("GlobalLpPool", attrs={"p": 2})
+def global_lp_pool(ctx, x, *, p):
+    """GlobalLpPool(X) -> Y: the p-norm over all spatial axes, kept as size 1."""
+    x = jnp.asarray(x)
+    p = float(p)
+    total = jnp.sum(jnp.abs(x) ** p, axis=tuple(range(2, x.ndim)), keepdims=True)
+    return (total ** (1.0 / p)).astype(x.dtype)
+
+
+@builtin("MaxUnpool", attrs={"kernel_shape": REQUIRED, "pads": None, "strides": None})
+def max_unpool(ctx, x, indices, output_shape=None, *, kernel_shape, pads, strides):
+    """MaxUnpool(X, I, output_shape?) -> Y: scatter X to the flat positions I, zeros elsewhere."""
+    x = jnp.asarray(x)
+    n = x.ndim - 2
+    s = _ints(strides, n, 1)
+    p = _ints(pads, 2 * n, 0)
+    inferred = list(x.shape[:2]) + [
+        (x.shape[i + 2] - 1) * s[i] - (p[i] + p[i + n]) + int(kernel_shape[i]) for i in range(n)
+    ]
+    flat = jnp.zeros((int(np.prod(inferred)),), x.dtype)
+    flat = flat.at[jnp.asarray(indices).reshape(-1)].set(x.reshape(-1), mode="drop")
+    y = flat.reshape(inferred)
+    if output_shape is None:
+        return y
+    shape = [int(v) for v in ctx.static(output_shape, "output_shape")]
+    pad = [(0, max(0, t - i)) for t, i in zip(shape, inferred, strict=True)]
+    return jnp.pad(y, pad)[tuple(slice(0, t) for t in shape)]
+
+
+@builtin("MaxRoiPool", attrs={"pooled_shape": REQUIRED, "spatial_scale": 1.0})
+def max_roi_pool(ctx, x, rois, *, pooled_shape, spatial_scale):
+    """MaxRoiPool(X, rois) -> Y: Caffe-style max pooling over each (batch, x1, y1, x2, y2) roi."""
+    x, rois = jnp.asarray(x), jnp.asarray(rois)
+    _, _, h, w = x.shape
+    ph, pw = (int(v) for v in pooled_shape)
+    batch = rois[:, 0].astype(jnp.int32)
+    box = jnp.round(rois[:, 1:] * spatial_scale).astype(jnp.int32)
+    x1, y1, x2, y2 = box[:, 0], box[:, 1], box[:, 2], box[:, 3]
+
+    def bins(start, end, pooled, size):
+        length = jnp.maximum(end - start + 1, 1).astype(x.dtype)
+        step = length / pooled
+        k = jnp.arange(pooled, dtype=x.dtype)
+        lo = jnp.clip(
+            jnp.floor(k[None] * step[:, None]).astype(jnp.int32) + start[:, None], 0, size
+        )
+        hi = jnp.clip(
+            jnp.ceil((k[None] + 1) * step[:, None]).astype(jnp.int32) + start[:, None], 0, size
+        )
+        r = jnp.arange(size)
+        return (r[None, None] >= lo[..., None]) & (r[None, None] < hi[..., None])  # (R, P, size)
+
+    mh, mw = bins(y1, y2, ph, h), bins(x1, x2, pw, w)
+    xb = x[batch]  # (R, C, H, W)
+    low = _lowest(x.dtype)
+    t = jnp.max(jnp.where(mw[:, None, None, :, :], xb[:, :, :, None, :], low), axis=-1)
+    y = jnp.max(jnp.where(mh[:, None, :, :, None], t[:, :, None, :, :], low), axis=-2)
+    empty = ~(jnp.any(mh, -1)[:, :, None] & jnp.any(mw, -1)[:, None, :])
+    return jnp.where(empty[:, None], jnp.zeros((), x.dtype), y)
+
+
+@builtin(
+    "RoiAlign",
+    attrs={
+        "coordinate_transformation_mode": "half_pixel",
+        "mode": "avg",
+        "output_height": 1,
+        "output_width": 1,
+        "sampling_ratio": 0,
+        "spatial_scale": 1.0,
+    },
+)
+def roi_align(
+    ctx,
+    x,
+    rois,
+    batch_indices,
+    *,
+    coordinate_transformation_mode,
+    mode,
+    output_height,
+    output_width,
+    sampling_ratio,
+    spatial_scale,
+):
+    """RoiAlign(X, rois, batch_indices) -> Y: bilinear samples averaged (or maxed) per bin."""
+    if mode not in ("avg", "max"):
+        raise ctx.error(f"mode={mode!r}; supported: avg, max")
+    x, rois = jnp.asarray(x), jnp.asarray(rois)
+    _, _, h, w = x.shape
+    ph, pw = int(output_height), int(output_width)
+    half = coordinate_transformation_mode == "half_pixel"
+    if ctx.opset < 16 and "coordinate_transformation_mode" not in ctx.node.attributes:
+        half = False
+    off = 0.5 if half else 0.0
+    box = rois.astype(x.dtype) * spatial_scale - off
+    start_w, start_h = box[:, 0], box[:, 1]
+    roi_w, roi_h = box[:, 2] - start_w, box[:, 3] - start_h
+    if not half:
+        roi_w, roi_h = jnp.maximum(roi_w, 1.0), jnp.maximum(roi_h, 1.0)
+    bin_h, bin_w = roi_h / ph, roi_w / pw
+    if sampling_ratio > 0:
+        grid_h = jnp.full(rois.shape[:1], int(sampling_ratio))
+        grid_w = grid_h
+        gh = gw = int(sampling_ratio)
+    else:
+        grid_h = jnp.ceil(roi_h / ph).astype(jnp.int32)
+        grid_w = jnp.ceil(roi_w / pw).astype(jnp.int32)
+        gh = max(1, int(np.max(ctx.static(grid_h, "RoiAlign sampling grid"), initial=1)))
+        gw = max(1, int(np.max(ctx.static(grid_w, "RoiAlign sampling grid"), initial=1)))
+
+    def axis_samples(start, bin_size, grid, pooled, g, size):
+        """(R, pooled, g) sample low index, high index, low/high weights and usable flag."""
+        k = jnp.arange(pooled, dtype=x.dtype)[None, :, None]
+        i = jnp.arange(g, dtype=x.dtype)[None, None, :]
+        gr = jnp.maximum(grid, 1).astype(x.dtype)[:, None, None]
+        c = (
+            start[:, None, None]
+            + k * bin_size[:, None, None]
+            + (i + 0.5) * bin_size[:, None, None] / gr
+        )
+        outside = (c < -1.0) | (c > size)
+        c = jnp.maximum(c, 0.0)
+        low = jnp.floor(c).astype(jnp.int32)
+        at_end = low >= size - 1
+        low = jnp.where(at_end, size - 1, low)
+        high = jnp.where(at_end, size - 1, low + 1)
+        c = jnp.where(at_end, low.astype(x.dtype), c)
+        frac = c - low
+        wl = jnp.where(outside, 0.0, 1.0 - frac)
+        wh = jnp.where(outside, 0.0, frac)
+        used = jnp.arange(g)[None, None, :] < grid[:, None, None]
+        return low, high, wl.astype(x.dtype), wh.astype(x.dtype), used
+
+    yl, yh, wyl, wyh, uy = axis_samples(start_h, bin_h, grid_h, ph, gh, h)
+    xl, xh, wxl, wxh, ux = axis_samples(start_w, bin_w, grid_w, pw, gw, w)
+    xb = x[jnp.asarray(batch_indices).astype(jnp.int32)]  # (R, C, H, W)
+    r = jnp.arange(rois.shape[0])[:, None, None, None, None]
+
+    def at(yi, xi):  # -> (R, ph, pw, gh, gw, C)
+        return xb[r, :, yi[:, :, None, :, None], xi[:, None, :, None, :]]
+
+    def wt(wy, wx):
+        return (wy[:, :, None, :, None] * wx[:, None, :, None, :])[..., None]
+
+    terms = [
+        wt(wyl, wxl) * at(yl, xl),
+        wt(wyl, wxh) * at(yl, xh),
+        wt(wyh, wxl) * at(yh, xl),
+        wt(wyh, wxh) * at(yh, xh),
+    ]
+    used = (uy[:, :, None, :, None] & ux[:, None, :, None, :])[..., None]
+    if mode == "avg":
+        count = jnp.maximum(grid_h * grid_w, 1).astype(x.dtype)[:, None, None, None]
+        y = jnp.sum(jnp.where(used, sum(terms), 0), axis=(3, 4)) / count
+    else:
+        best = jnp.maximum(jnp.maximum(terms[0], terms[1]), jnp.maximum(terms[2], terms[3]))
+        y = jnp.max(jnp.where(used, best, _lowest(x.dtype)), axis=(3, 4))
+    return jnp.moveaxis(y, -1, 1).astype(x.dtype)
+
+
+# --------------------------------------------------------------------------- normalisation
+
+
+def _stash(x, stash_type: int):
+    """The dtype statistics are computed in: float32 for stash_type 1 (never below x's)."""
+    if stash_type == 1 and jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.promote_types(x.dtype, jnp.float32)
+    return x.dtype
+
+
+@builtin(
+    "BatchNormalization",
+    attrs={
+        "epsilon": 1e-5,
+        "momentum": 0.9,
+        "training_mode": 0,
+        "spatial": 1,
+        "is_test": 0,
+        "consumed_inputs": None,
+    },
+)
+def batch_normalization(
+    ctx,
+    x,
+    scale,
+    b,
+    mean,
+    var,
+    *,
+    epsilon,
+    momentum,
+    training_mode,
+    spatial,
+    is_test,
+    consumed_inputs,
+):
+    """BatchNormalization(X, scale, B, input_mean, input_var) -> (Y, running_mean?, running_var?).
+
+    Opsets 9-14 train when the node asks for more than one output, and then also return the
+    saved (batch) mean and variance.
+    """
+    x = jnp.asarray(x)
+    outputs = [v for v in ctx.output_values if v.name]
+    training = bool(training_mode) if ctx.opset >= 15 else (len(outputs) > 1 and not is_test)
+    if not spatial and ctx.opset < 9:
+        raise ctx.error("spatial=0 is not supported; use spatial=1 (per-channel statistics)")
+
+    def bc(v):
+        return _bias_shape(jnp.asarray(v), x.ndim).astype(x.dtype)
+
+    if not training:
+        inv = jax.lax.rsqrt(bc(var) + jnp.asarray(epsilon, x.dtype))
+        return (x - bc(mean)) * inv * bc(scale) + bc(b)
+    axes = (0,) + tuple(range(2, x.ndim))
+    batch_mean = jnp.mean(x, axis=axes)
+    batch_var = jnp.var(x, axis=axes)
+    inv = jax.lax.rsqrt(bc(batch_var) + jnp.asarray(epsilon, x.dtype))
+    y = (x - bc(batch_mean)) * inv * bc(scale) + bc(b)
+    run_mean = jnp.asarray(mean) * momentum + batch_mean.astype(mean.dtype) * (1 - momentum)
+    run_var = jnp.asarray(var) * momentum + batch_var.astype(var.dtype) * (1 - momentum)
+    run_mean, run_var = (
+        run_mean.astype(jnp.asarray(mean).dtype),
+        run_var.astype(jnp.asarray(var).dtype),
+    )
+    if ctx.opset >= 15:
+        return y, run_mean, run_var
+    return y, run_mean, run_var, batch_mean, batch_var
+
+
+@builtin("InstanceNormalization", attrs={"epsilon": 1e-5})
+def instance_normalization(ctx, x, scale, b, *, epsilon):
+    """InstanceNormalization(input, scale, B) -> output: normalise each (n, c) over space."""
+    x = jnp.asarray(x)
+    axes = tuple(range(2, x.ndim))
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.var(x, axis=axes, keepdims=True)
+    y = (x - mean) * lax.rsqrt(var + jnp.asarray(epsilon, x.dtype))
+    return y * _bias_shape(scale, x.ndim).astype(x.dtype) + _bias_shape(b, x.ndim).astype(x.dtype)
+
+
+@builtin("LayerNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1})
+def layer_normalization(ctx, x, scale, b=None, *, axis, epsilon, stash_type):
+    """LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?) over axes [axis, rank)."""
+    x = jnp.asarray(x)
+    axis = axis % x.ndim
+    axes = tuple(range(axis, x.ndim))
+    xs = x.astype(_stash(x, stash_type))
+    mean = jnp.mean(xs, axis=axes, keepdims=True)
+    diff = xs - mean
+    inv = lax.rsqrt(jnp.mean(diff * diff, axis=axes, keepdims=True) + epsilon)
+    y = (diff * inv).astype(x.dtype) * jnp.asarray(scale).astype(x.dtype)
+    if b is not None:
+        y = y + jnp.asarray(b).astype(x.dtype)
+    stat_dtype = ctx.output_dtype(1) if len(ctx.output_values) > 1 else None
+    stat_dtype = stat_dtype or xs.dtype
+    return y, mean.astype(stat_dtype), inv.astype(stat_dtype)
+
+
+@builtin("GroupNormalization", attrs={"epsilon": 1e-5, "num_groups": REQUIRED, "stash_type": 1})
+def group_normalization(ctx, x, scale, b, *, epsilon, num_groups, stash_type):
+    """GroupNormalization(X, scale, bias) -> Y; scale/bias per channel (opset 21) or per group
+    (opset 18)."""
+    x = jnp.asarray(x)
+    g = int(num_groups)
+    nb, c = x.shape[:2]
+    xs = x.astype(_stash(x, stash_type)).reshape((nb, g, -1))
+    mean = jnp.mean(xs, axis=-1, keepdims=True)
+    diff = xs - mean
+    inv = lax.rsqrt(jnp.mean(diff * diff, axis=-1, keepdims=True) + epsilon)
+    y = (diff * inv).reshape(x.shape).astype(x.dtype)
+    scale, b = jnp.asarray(scale), jnp.asarray(b)
+    if ctx.opset < 21 and scale.shape[0] == g and g != c:
+        scale, b = jnp.repeat(scale, c // g), jnp.repeat(b, c // g)
+    return y * _bias_shape(scale, x.ndim).astype(x.dtype) + _bias_shape(b, x.ndim).astype(x.dtype)
+
+
+@builtin("RMSNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1})
+def rms_normalization(ctx, x, scale, *, axis, epsilon, stash_type):
+    """RMSNormalization(X, scale) -> Y = X / sqrt(mean(X^2 over [axis, rank)) + eps) * scale."""
+    x = jnp.asarray(x)
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    xs = x.astype(_stash(x, stash_type))
+    inv = lax.rsqrt(jnp.mean(xs * xs, axis=axes, keepdims=True) + epsilon)
+    return (xs * inv).astype(x.dtype) * jnp.asarray(scale).astype(x.dtype)
+
+
+@builtin("LRN", attrs={"alpha": 1e-4, "beta": 0.75, "bias": 1.0, "size": REQUIRED})
+def lrn(ctx, x, *, alpha, beta, bias, size):
+    """LRN(X) -> Y = X / (bias + alpha / size * sum of X^2 over nearby channels)^beta."""
+    x = jnp.asarray(x)
+    size = int(size)
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    sq = lax.reduce_window(
+        x * x,
+        np.array(0, x.dtype),
+        lax.add,
+        (1, size) + (1,) * (x.ndim - 2),
+        (1,) * x.ndim,
+        ((0, 0), (lo, hi)) + ((0, 0),) * (x.ndim - 2),
+    )
+    return x / (bias + alpha / size * sq) ** beta
+
+
+@builtin("LpNormalization", attrs={"axis": -1, "p": 2})
+def lp_normalization(ctx, x, *, axis, p):
+    """LpNormalization(input) -> output: divide by the L1 or L2 norm along axis."""
+    x = jnp.asarray(x)
+    if p == 1:
+        norm = jnp.sum(jnp.abs(x), axis=axis, keepdims=True)
+    elif p == 2:
+        norm = jnp.sqrt(jnp.sum(x * x, axis=axis, keepdims=True))
+    else:
+        raise ctx.error(f"p={p}; supported: 1, 2")
+    return x / norm
+
+
+@builtin("MeanVarianceNormalization", attrs={"axes": (0, 2, 3)})
+def mean_variance_normalization(ctx, x, *, axes):
+    """MeanVarianceNormalization(X) -> Y = (X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9)."""
+    x = jnp.asarray(x)
+    axes = tuple(int(a) for a in axes)
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(x * x, axis=axes, keepdims=True) - mean * mean
+    return (x - mean) / (jnp.sqrt(var) + jnp.asarray(1e-9, x.dtype))
+
+
+# --------------------------------------------------------------------------- dropout
+
+
+@builtin("Dropout", attrs={"seed": None, "ratio": 0.5, "is_test": 0, "consumed_inputs": None})
+def dropout(ctx, x, *inputs, seed, ratio, is_test, consumed_inputs):
+    """Dropout(data, ratio?, training_mode?) -> (output, mask?): identity unless training.
+
+    Opset 12+ takes ratio and training_mode as inputs; older opsets carry ratio as an
+    attribute and train only when is_test=0 (opset < 7).
+    """
+    x = jnp.asarray(x)
+    if ctx.opset >= 12:
+        rate = inputs[0] if inputs and inputs[0] is not None else 0.5
+        flag = inputs[1] if len(inputs) > 1 else None
+        training = flag is not None and bool(ctx.static(flag, "training_mode"))
+    else:
+        rate = ratio
+        training = ctx.opset < 7 and not is_test
+    mask_dtype = (ctx.output_dtype(1) if len(ctx.output_values) > 1 else None) or np.bool_
+    if not training:
+        return x, jnp.ones(x.shape, dtype=mask_dtype)
+    rate = jnp.asarray(rate, jnp.float32)
+    keep = jax.random.uniform(ctx.key(seed), x.shape) >= rate
+    scale = jnp.where(rate < 1, 1.0 / (1.0 - rate), 0.0).astype(x.dtype)
+    return jnp.where(keep, x * scale, jnp.zeros((), x.dtype)), keep.astype(mask_dtype)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def _reflect(c, lo: float, hi: float):
+    """Reflect coordinates into [lo, hi] by the nearer border, repeatedly (as ONNX does)."""
+    span = hi - lo
+    if span <= 0:
+        return jnp.full_like(c, lo)
+    below = lo - c
+    nb = jnp.floor(below / span)
+    rb = below - nb * span
+    refl_lo = jnp.where(jnp.mod(nb, 2) == 0, lo + rb, hi - rb)
+    above = c - hi
+    na = jnp.floor(above / span)
+    ra = above - na * span
+    refl_hi = jnp.where(jnp.mod(na, 2) == 0, hi - ra, lo + ra)
+    return jnp.where(c < lo, refl_lo, jnp.where(c > hi, refl_hi, c))
+
+
+def _cubic_coeffs(t):
+    a = -0.75
+    t1, t2 = t + 1, 1 - t
+    return [
+        ((a * t1 - 5 * a) * t1 + 8 * a) * t1 - 4 * a,
+        ((a + 2) * t - (a + 3)) * t * t + 1,
+        ((a + 2) * t2 - (a + 3)) * t2 * t2 + 1,
+        ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a,
+    ]
+
+
+@builtin("GridSample", attrs={"align_corners": 0, "mode": "linear", "padding_mode": "zeros"})
+def grid_sample(ctx, x, grid, *, align_corners, mode, padding_mode):
+    """GridSample(X, grid) -> Y: sample X at normalised grid points ([-1, 1], last axis x, y, ...)."""
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    if mode not in ("linear", "nearest", "cubic"):
+        raise ctx.error(f"mode={mode!r}; supported: linear, nearest, cubic (bilinear, bicubic)")
+    if padding_mode not in ("zeros", "border", "reflection"):
+        raise ctx.error(f"padding_mode={padding_mode!r}; supported: zeros, border, reflection")
+    x, grid = jnp.asarray(x), jnp.asarray(grid)
+    n = x.ndim - 2
+    nb, c = x.shape[:2]
+    dims = x.shape[2:]
+    out_sp = grid.shape[1:-1]
+    m = int(np.prod(out_sp))
+    g = grid.reshape(nb, m, n).astype(x.dtype)
+    coords, borders = [], []
+    for i, size in enumerate(dims):
+        u = g[:, :, n - 1 - i]  # the grid's last axis lists the innermost dimension first
+        if align_corners:
+            coords.append((u + 1) / 2 * (size - 1))
+            borders.append((0.0, size - 1.0))
+        else:
+            coords.append(((u + 1) * size - 1) / 2)
+            borders.append((-0.5, size - 0.5))
+    if mode == "nearest":
+        coords = [jnp.round(q) for q in coords]  # half to even, like PyTorch
+    if padding_mode == "border":
+        coords = [jnp.clip(q, 0, size - 1) for q, size in zip(coords, dims, strict=True)]
+    elif padding_mode == "reflection":
+        coords = [_reflect(q, *bd) for q, bd in zip(coords, borders, strict=True)]
+    data = x.reshape(nb, 1, c, -1)
+
+    def fetch(index):  # integer coords per dim (N, M) -> (N, C, M)
+        fixed = []
+        for q, size, bd in zip(index, dims, borders, strict=True):
+            if padding_mode == "border":
+                q = jnp.clip(q, 0, size - 1)
+            elif padding_mode == "reflection":
+                q = jnp.trunc(_reflect(q.astype(x.dtype), *bd)).astype(jnp.int32)
+                q = jnp.clip(q, 0, size - 1)
+            fixed.append(q[:, None, :])
+        return _gather_nd_points(data, fixed, dims, "zeros")[:, 0]
+
+    if mode == "nearest":
+        y = fetch([q.astype(jnp.int32) for q in coords])
+    else:
+        taps = (0, 1) if mode == "linear" else (-1, 0, 1, 2)
+        base = [jnp.floor(q) for q in coords]
+        frac = [q - b0 for q, b0 in zip(coords, base, strict=True)]
+        if mode == "linear":
+            weights = [[1 - f, f] for f in frac]
+        else:
+            weights = [_cubic_coeffs(f) for f in frac]
+        base = [b0.astype(jnp.int32) for b0 in base]
+        y = 0
+        for combo in itertools.product(range(len(taps)), repeat=n):
+            w = 1
+            for i, t in enumerate(combo):
+                w = w * weights[i][t]
+            y = y + w[:, None, :] * fetch([b0 + taps[t] for b0, t in zip(base, combo, strict=True)])
+    return y.reshape((nb, c) + tuple(out_sp)).astype(x.dtype)
+
+
+@builtin("AffineGrid", attrs={"align_corners": 0})
+def affine_grid(ctx, theta, size, *, align_corners):
+    """AffineGrid(theta, size) -> grid: normalised sampling points theta @ (x, y[, z], 1)."""
+    theta = jnp.asarray(theta)
+    shape = [int(v) for v in ctx.static(size, "size")]
+    spatial = shape[2:]
+    axes = []
+    for s in spatial:
+        if align_corners:
+            axes.append(np.linspace(-1.0, 1.0, s) if s > 1 else np.zeros(1))
+        else:
+            axes.append((np.arange(s) * 2.0 + 1.0) / s - 1.0)
+    mesh = np.meshgrid(*axes, indexing="ij")
+    # Homogeneous points ordered innermost dimension first: (x, y[, z], 1).
+    pts = np.stack([*mesh[::-1], np.ones_like(mesh[0])], axis=-1).reshape(-1, len(spatial) + 1)
+    pts = jnp.asarray(pts, theta.dtype)
+    grid = jnp.einsum("pk,njk->npj", pts, theta)
+    return grid.reshape((theta.shape[0], *spatial, len(spatial)))
