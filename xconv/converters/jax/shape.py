@@ -608,7 +608,8 @@ def resize(
     ax = [normalize_axis(ctx, a, rank) for a in axes] if axes is not None else list(range(rank))
     roi_v = None
     if roi is not None and np.size(roi) > 0:
-        given = [float(v) for v in np.asarray(ctx.static(roi, "roi")).reshape(-1)]
+        # Kept as numpy scalars of roi's dtype: the reference does roi arithmetic in it.
+        given = list(np.asarray(ctx.static(roi, "roi")).reshape(-1))
         roi_v = [0.0] * rank + [1.0] * rank
         for i, a in enumerate(ax):
             roi_v[a] = given[i]
