@@ -1,0 +1,176 @@
+"""Flax emitter: structure, numbers (vs onnxruntime), validity, gradients; linen and nnx."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import uuid
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+import xconv
+from tests.converters.jax.flax_models import resnet_block
+from xconv.errors import UnsupportedOpError
+
+APIS = ["linen", "nnx"]
+
+
+def ort_run(model: ir.Model, *inputs: np.ndarray) -> list[np.ndarray]:
+    sess = ort.InferenceSession(
+        ir.to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    names = [i.name for i in sess.get_inputs()]
+    return sess.run(None, dict(zip(names, inputs, strict=True)))
+
+
+def import_generated(out_dir):
+    name = f"xconv_generated_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(name, out_dir / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_generated(out_dir, api, *inputs, jit=True):
+    mod = import_generated(out_dir)
+    if api == "linen":
+        model, variables = mod.load(out_dir)
+
+        def fn(v, *x):
+            return model.apply(v, *x)
+
+        fn = jax.jit(fn) if jit else fn
+        return fn(variables, *inputs), (mod, model, variables)
+    model = mod.load(out_dir)
+    if jit:
+        from flax import nnx
+
+        out = nnx.jit(lambda m, *x: m(*x))(model, *inputs)
+    else:
+        out = model(*inputs)
+    return out, (mod, model, None)
+
+
+def check_grads(api, handle, *inputs):
+    """jax.grad reaches every parameter (each gets a non-zero gradient)."""
+    _, model, variables = handle
+    if api == "linen":
+
+        def loss(params):
+            v = {**variables, "params": params}
+            return jnp.sum(model.apply(v, *inputs) ** 2)
+
+        grads = jax.grad(loss)(variables["params"])
+    else:
+        from flax import nnx
+
+        grads = nnx.grad(lambda m: jnp.sum(m(*inputs) ** 2))(model)
+        grads = nnx.to_pure_dict(nnx.state(grads, nnx.Param))
+    leaves = jax.tree_util.tree_leaves_with_path(grads)
+    assert leaves
+    for path, g in leaves:
+        assert np.all(np.isfinite(g)), path
+        assert np.any(np.asarray(g) != 0), f"no gradient reaches {jax.tree_util.keystr(path)}"
+    return len(leaves)
+
+
+def ruff_ok(path):
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "check",
+            "--isolated",
+            "--select",
+            "E,F,W,I,B,UP",
+            "--ignore",
+            "E501",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    return res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_resnet_block(tmp_path, api):
+    model = resnet_block()
+    x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    (expected,) = ort_run(model, x)
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    src = (out / "model.py").read_text()
+    # structure: native layers, one transpose in and one out
+    for layer in ("Conv(", "BatchNorm(", "Dense(" if api == "linen" else "Linear("):
+        assert layer in src
+    assert src.count("jnp.transpose(") == 2
+    assert "self.conv1" in src and "# bn1" in src
+    assert "Shape" not in src and "np.take" not in src  # the flatten chain was folded
+    # numbers, under jit
+    got, handle = run_generated(out, api, x)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)
+    # validity: ruff, determinism
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+    again = xconv.to_flax(model, tmp_path / "again", api=api)
+    assert (again / "model.py").read_bytes() == (out / "model.py").read_bytes()
+    assert (again / "variables.msgpack").read_bytes() == (out / "variables.msgpack").read_bytes()
+    assert check_grads(api, handle, x) == 14 - 4  # 10 trainable params (BN stats are not)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_resnet_block_dynamic_batch(tmp_path, api):
+    model = resnet_block("N")
+    x = np.random.default_rng(2).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    (expected,) = ort_run(model, x)
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    got, _ = run_generated(out, api, x)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_variables_use_flax_conventions(tmp_path):
+    model = resnet_block()
+    out = xconv.to_flax(model, tmp_path / "out", api="linen")
+    _, variables = import_generated(out).load(out)
+    w = model.graph.initializers["conv1.weight"].const_value.numpy()
+    np.testing.assert_array_equal(variables["params"]["conv1"]["kernel"], w.transpose(2, 3, 1, 0))
+    fc = model.graph.initializers["fc.weight"].const_value.numpy()
+    np.testing.assert_array_equal(variables["params"]["fc"]["kernel"], fc.T)
+    assert set(variables["batch_stats"]["bn1"]) == {"mean", "var"}
+
+
+def test_batchnorm_train_updates_stats(tmp_path):
+    out = xconv.to_flax(resnet_block(), tmp_path / "out", api="linen")
+    model, variables = import_generated(out).load(out)
+    x = np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    _, updates = model.apply(variables, x, train=True, mutable=["batch_stats"])
+    before = variables["batch_stats"]["bn1"]["mean"]
+    assert not np.allclose(updates["batch_stats"]["bn1"]["mean"], before)
+
+
+def test_unsupported_ops_listed_before_writing(tmp_path):
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 3])
+    y = h.make_tensor_value_info("y", T.FLOAT, None)
+    nodes = [
+        h.make_node("Hardmax", ["x"], ["a"]),
+        h.make_node("Hardmax", ["a"], ["b"]),
+        h.make_node("Det", ["b"], ["y"]),
+    ]
+    model = ir.serde.deserialize_model(
+        h.make_model(h.make_graph(nodes, "g", [x], [y]), opset_imports=[h.make_opsetid("", 23)])
+    )
+    with pytest.raises(UnsupportedOpError) as info:
+        xconv.to_flax(model, tmp_path / "out")
+    assert "Hardmax x2" in str(info.value) and "Det x1" in str(info.value)
+    assert not (tmp_path / "out").exists()
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,681 @@
+"""IR -> Flax source: a self-contained ``model.py`` (linen or nnx) and its variables.
+
+Node groups whose anchor carries ``xconv.layer`` become native Flax layers (``nn.Conv``,
+``nn.BatchNorm``, ...); every other node is one jnp / lax statement (``flax_ops.py``) with its
+source scope in a trailing comment. Activations stay channels-last through runs of
+conv / pool / norm / elementwise ops (``layout.py``); the model keeps the source's interface.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import keyword
+import os
+import re
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from xconv.converters.jax import layout
+from xconv.converters.jax.flax_ops import (
+    HELPERS,
+    TEMPLATES,
+    OpCall,
+    array_literal,
+    dtype_expr,
+    scalar_literal,
+)
+from xconv.converters.registry import REQUIRED, attribute_value
+from xconv.errors import ConversionError, MissingOp, UnsupportedAttributeError, UnsupportedOpError
+from xconv.ir.metadata import LAYOUT, ROLE, SOURCE_LINE, get_layer, get_scope
+from xconv.ir.passes import canonicalize
+from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
+from xconv.weights.flax_names import (
+    DROPPED_ROLES,
+    FLAX_VARIABLES,
+    module_name,
+    raw_param_name,
+    to_flax_kernel,
+)
+
+#: Constants up to this many elements are written inline; larger ones are stored variables.
+INLINE_LIMIT = 64
+
+_RESERVED = frozenset(
+    {
+        "jnp",
+        "np",
+        "nn",
+        "nnx",
+        "jax",
+        "lax",
+        "math",
+        "serialization",
+        "Path",
+        "self",
+        "train",
+        "rngs",
+        "Model",
+        "Constant",
+        "load",
+        "_SAVED",
+    }
+    | set(dir(builtins))
+    | set(keyword.kwlist)
+)
+
+
+class Namespace:
+    """Unique, readable identifiers that never shadow builtins (after torch.fx's)."""
+
+    def __init__(self, reserved: frozenset[str] = _RESERVED) -> None:
+        self._used: set[str] = set(reserved)
+
+    def new(self, hint: str | None) -> str:
+        base = re.sub(r"\W", "_", hint or "v").strip("_") or "v"
+        base = re.sub(r"_+", "_", base)
+        if base[0].isdigit():
+            base = f"v_{base}"
+        name, i = base, 0
+        while name in self._used or name.startswith("_") and name[1:] in HELPERS:
+            i += 1
+            name = f"{base}_{i}"
+        self._used.add(name)
+        return name
+
+
+@dataclass
+class LayerPlan:
+    kind: str
+    hyper: dict[str, Any]
+    anchor: ir.Node
+    body: list[ir.Node]
+    scope: str | None
+    input: ir.Value
+    output: ir.Value
+    weights: dict[str, ir.Value]
+
+
+@dataclass
+class _Var:
+    collection: str
+    path: tuple[str, ...]
+    value: np.ndarray
+
+
+@dataclass
+class _Source:
+    setup: list[tuple[str, str]] = field(default_factory=list)  # (linen line, nnx line)
+    body: list[str] = field(default_factory=list)
+    variables: list[_Var] = field(default_factory=list)
+    helpers: set[str] = field(default_factory=set)
+
+
+def _copy(model: ir.Model) -> ir.Model:
+    return ir.from_proto(ir.to_proto(model))
+
+
+class _Emitter:
+    def __init__(self, model: ir.Model, api: str) -> None:
+        self.model = model
+        self.api = api
+        self.graph = model.graph
+        self.annotated = is_annotated(self.graph)
+        self.ns = Namespace()
+        self.src = _Source()
+        self.env: dict[ir.Value, dict[layout.Perm, str]] = {}
+        self.native: dict[ir.Value, layout.Perm] = {}
+        self.static: set[ir.Value] = set()
+        self.raw: dict[ir.Value, str] = {}
+        self.plans: dict[ir.Node, LayerPlan] = {}
+        self.has_constants = False
+
+    # ------------------------------------------------------------ planning
+
+    def plan_layers(self) -> None:
+        by_scope: dict[str, list[ir.Node]] = {}
+        for node in self.graph:
+            scope = get_scope(node)
+            if scope:
+                by_scope.setdefault(scope, []).append(node)
+        for node in self.graph:
+            meta = get_layer(node)
+            if not meta or node in self.plans:
+                continue
+            scope = get_scope(node)
+            body = by_scope.get(scope, [node]) if scope else [node]
+            plan = self._plan(node, meta, body, scope)
+            if plan is not None:
+                for n in body:
+                    self.plans[n] = plan
+
+    def _plan(self, anchor, meta, body, scope) -> LayerPlan | None:
+        kind = meta.pop("kind")
+        if kind not in FLAX_VARIABLES and kind != "dropout":
+            return None
+        body_set = set(body)
+        inputs, weights, outputs = [], {}, []
+        for n in body:
+            for v in n.inputs:
+                if v is None or not v.name or v.producer() in body_set:
+                    continue
+                if is_weight(v, self.annotated):
+                    role = v.metadata_props.get(ROLE)
+                    if role is None:
+                        return None
+                    weights[role] = v
+                elif constant_of(v, self.annotated) is None and v not in inputs:
+                    inputs.append(v)
+            for o in n.outputs:
+                outside = any(u.node not in body_set for u in o.uses())
+                if outside or o.is_graph_output():
+                    outputs.append(o)
+        if len(inputs) != 1 or len(outputs) != 1:
+            return None
+        order = {n: i for i, n in enumerate(self.graph)}
+        if any(order[n] > order[outputs[0].producer()] for n in body):
+            return None
+        plan = LayerPlan(kind, meta, anchor, body, scope, inputs[0], outputs[0], weights)
+        return plan if self._plan_ok(plan) else None
+
+    def _plan_ok(self, p: LayerPlan) -> bool:
+        roles = set(p.weights) - DROPPED_ROLES
+        known = set(FLAX_VARIABLES.get(p.kind, {}))
+        if not roles <= known:
+            return False
+        h = p.hyper
+        if p.kind == "dense":
+            return "kernel" in roles and ("bias" in roles) == bool(h["use_bias"])
+        if p.kind == "conv":
+            return (
+                "kernel" in roles
+                and ("bias" in roles) == bool(h["use_bias"])
+                and h.get("padding_mode", "zeros") in (None, "zeros")
+                and 1 <= h["ndim"] <= 3
+            )
+        if p.kind == "batch_norm":
+            return {"mean", "var"} <= roles and bool(h["track_running_stats"])
+        if p.kind == "layer_norm":
+            return len(h["normalized_shape"]) == 1
+        if p.kind in ("group_norm", "rms_norm"):
+            return True
+        if p.kind == "embedding":
+            return "embedding" in roles
+        return p.kind == "dropout"
+
+    def check_supported(self) -> None:
+        counts: Counter[str] = Counter()
+        first: dict[str, ir.Node] = {}
+        for node in self.graph:
+            if node in self.plans or node.op_type == "Constant":
+                continue
+            if node.domain not in ("", "ai.onnx") or node.op_type not in TEMPLATES:
+                key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+                counts[key] += 1
+                first.setdefault(key, node)
+        if counts:
+            raise UnsupportedOpError(
+                "jax",
+                [
+                    MissingOp(
+                        op_type=first[k].op_type,
+                        domain=first[k].domain,
+                        count=n,
+                        first_node=first[k].name,
+                        first_scope=get_scope(first[k]),
+                        source_line=first[k].metadata_props.get(SOURCE_LINE),
+                    )
+                    for k, n in sorted(counts.items())
+                ],
+            )
+
+    # ------------------------------------------------------------ values
+
+    def bind(self, value: ir.Value, name: str, perm: layout.Perm, static: bool = False) -> None:
+        self.env[value] = {perm: name}
+        self.native[value] = perm
+        if static:
+            self.static.add(value)
+
+    def rank(self, value: ir.Value) -> int | None:
+        return None if value.shape is None else len(value.shape)
+
+    def get(self, value: ir.Value, perm: layout.Perm) -> str:
+        names = self.env[value]
+        if perm in names:
+            return names[perm]
+        src = self.native[value]
+        rank = len(src or perm)
+        t = layout.conversion(src, perm, rank)
+        suffix = "nhwc" if perm == layout.channels_last(rank) else "nchw" if perm is None else "t"
+        name = self.ns.new(f"{names[src]}_{suffix}")
+        xp = "np" if value in self.static else "jnp"
+        self.src.body.append(f"{name} = {xp}.transpose({names[src]}, {t})")
+        names[perm] = name
+        return name
+
+    def weight(self, value: ir.Value) -> str:
+        if value not in self.raw:
+            attr = self.ns.new(raw_param_name(value.name))
+            arr = value.const_value.numpy()
+            shape, dt = tuple(arr.shape), dtype_expr(value.dtype)
+            self.src.setup.append(
+                (
+                    f'self.{attr} = self.param("{attr}", nn.initializers.zeros_init(), '
+                    f"{shape}, {dt})",
+                    f"self.{attr} = nnx.Param(jnp.zeros({shape}, {dt}))",
+                )
+            )
+            self.src.variables.append(_Var("params", (attr,), arr))
+            self.raw[value] = f"self.{attr}[...]"
+        return self.raw[value]
+
+    def constant(
+        self, value: ir.Value, arr: np.ndarray, perm: layout.Perm, rank: int | None, bare: bool
+    ) -> str:
+        if perm is not None and rank is not None:
+            arr = layout.permute_constant(arr, perm, rank)
+        if arr.size <= INLINE_LIMIT:
+            return array_literal(arr, bare_scalar=bare)
+        key = (value, perm)
+        if key not in self.raw:
+            self.has_constants = True
+            attr = self.ns.new(f"{raw_param_name(value.name or 'const')}")
+            shape, dt = tuple(arr.shape), dtype_expr(ir.DataType.from_numpy(arr.dtype))
+            self.src.setup.append(
+                (
+                    f'self.{attr} = self.variable("constants", "{attr}", jnp.zeros, '
+                    f"{shape}, {dt}).value",
+                    f"self.{attr} = Constant(jnp.zeros({shape}, {dt}))",
+                )
+            )
+            self.src.variables.append(_Var("constants", (attr,), arr))
+            self.raw[key] = f"self.{attr}[...]"
+        return self.raw[key]
+
+    # ------------------------------------------------------------ emission
+
+    def emit(self) -> None:
+        self.inputs = []
+        for v in self.graph.inputs:
+            if v.is_initializer():
+                continue
+            name = self.ns.new(v.name)
+            self.inputs.append(name)
+            self.bind(v, name, None)
+        for node in self.graph:
+            plan = self.plans.get(node)
+            if plan is not None:
+                if node is plan.output.producer():
+                    self.emit_layer(plan)
+                continue
+            if node.op_type == "Constant":
+                continue
+            self.emit_node(node)
+        self.outputs = []
+        for v in self.graph.outputs:
+            c = constant_of(v, self.annotated)
+            if c is not None:
+                self.outputs.append(f"jnp.asarray({self.constant(v, c, None, None, False)})")
+            elif v.is_initializer():
+                self.outputs.append(self.weight(v))
+            else:
+                self.outputs.append(self.get(v, None))
+
+    def _comment(self, node: ir.Node, scope: str | None = None) -> str:
+        scope = scope or get_scope(node)
+        return f"  # {scope}" if scope else ""
+
+    def emit_layer(self, p: LayerPlan) -> None:
+        h, kind = p.hyper, p.kind
+        rank = self.rank(p.input)
+        if kind in ("conv", "group_norm") or (kind == "batch_norm" and rank is not None):
+            perm = layout.channels_last(rank) if rank is not None else None
+        elif kind == "dropout":
+            perm = self.native[p.input]
+        else:
+            perm = None
+        x = self.get(p.input, perm)
+        attr = self.ns.new(module_name(p.scope or p.anchor.name or kind))
+        w = {r: v.const_value.numpy() for r, v in p.weights.items() if r not in DROPPED_ROLES}
+        pdt = ""
+        if "kernel" in p.weights and p.weights["kernel"].dtype != ir.DataType.FLOAT:
+            pdt = f", param_dtype={dtype_expr(p.weights['kernel'].dtype)}"
+        call = f"self.{attr}({x})"
+        if kind == "dense":
+            lay = p.weights["kernel"].metadata_props.get(LAYOUT) or self._dense_layout(p)
+            w["kernel"] = to_flax_kernel(w["kernel"], lay) if lay == "OI" else w["kernel"]
+            use_bias = bool(h["use_bias"])
+            linen = f"nn.Dense(features={h['out_features']}, use_bias={use_bias}{pdt})"
+            nnx_ = (
+                f"nnx.Linear({h['in_features']}, {h['out_features']}, use_bias={use_bias}"
+                f"{pdt}, rngs=rngs)"
+            )
+        elif kind == "conv":
+            n = h["ndim"]
+            lay = p.weights["kernel"].metadata_props.get(LAYOUT) or "OI" + "DHW"[-n:]
+            w["kernel"] = to_flax_kernel(w["kernel"], lay)
+            k, s = tuple(h["kernel_size"]), tuple(h["strides"])
+            pad = tuple(tuple(int(x) for x in pp) for pp in h["padding"])
+            d, g, b = tuple(h["dilations"]), h["groups"], bool(h["use_bias"])
+            common = (
+                f"kernel_size={k}, strides={s}, padding={pad}, kernel_dilation={d}, "
+                f"feature_group_count={g}, use_bias={b}{pdt}"
+            )
+            linen = f"nn.Conv(features={h['out_channels']}, {common})"
+            nnx_ = f"nnx.Conv({h['in_channels']}, {h['out_channels']}, {common}, rngs=rngs)"
+        elif kind == "batch_norm":
+            m = 1.0 - float(h["momentum"] if h["momentum"] is not None else 0.1)
+            aff = bool(h["affine"])
+            common = (
+                f"momentum={scalar_literal(m)}, epsilon={scalar_literal(h['epsilon'])}, "
+                f"use_scale={aff}, use_bias={aff}"
+            )
+            linen = f"nn.BatchNorm({common})"
+            nnx_ = f"nnx.BatchNorm({h['num_features']}, {common}, rngs=rngs)"
+            call = f"self.{attr}({x}, use_running_average=not train)"
+        elif kind == "layer_norm":
+            aff = bool(h["elementwise_affine"])
+            common = (
+                f"epsilon={scalar_literal(h['epsilon'])}, use_scale={aff}, "
+                f"use_bias={aff and bool(h['use_bias'])}"
+            )
+            linen = f"nn.LayerNorm({common})"
+            nnx_ = f"nnx.LayerNorm({h['normalized_shape'][0]}, {common}, rngs=rngs)"
+        elif kind == "group_norm":
+            aff = bool(h["affine"])
+            common = (
+                f"num_groups={h['num_groups']}, epsilon={scalar_literal(h['epsilon'])}, "
+                f"use_scale={aff}, use_bias={aff}"
+            )
+            linen = f"nn.GroupNorm({common})"
+            nnx_ = f"nnx.GroupNorm({h['num_channels']}, {common}, rngs=rngs)"
+        elif kind == "rms_norm":
+            aff = bool(h["elementwise_affine"])
+            common = f"epsilon={scalar_literal(h['epsilon'])}, use_scale={aff}"
+            linen = f"nn.RMSNorm({common})"
+            nnx_ = f"nnx.RMSNorm({h['normalized_shape'][-1]}, {common}, rngs=rngs)"
+        elif kind == "embedding":
+            linen = f"nn.Embed(num_embeddings={h['num_embeddings']}, features={h['features']})"
+            nnx_ = f"nnx.Embed({h['num_embeddings']}, {h['features']}, rngs=rngs)"
+        else:  # dropout
+            linen = f"nn.Dropout(rate={scalar_literal(h['rate'])})"
+            nnx_ = f"nnx.Dropout({scalar_literal(h['rate'])}, rngs=rngs)"
+            call = f"self.{attr}({x}, deterministic=not train)"
+        self.src.setup.append((f"self.{attr} = {linen}", f"self.{attr} = {nnx_}"))
+        for role, arr in sorted(w.items()):
+            collection, var = FLAX_VARIABLES[kind][role]
+            self.src.variables.append(_Var(collection, (attr, var), arr))
+        out = self.ns.new(p.output.name)
+        self.src.body.append(f"{out} = {call}{self._comment(p.anchor, p.scope)}")
+        out_perm = perm if kind != "embedding" else None
+        self.bind(p.output, out, out_perm)
+
+    def _dense_layout(self, p: LayerPlan) -> str:
+        if p.anchor.op_type == "Gemm":
+            tb = p.anchor.attributes.get("transB")
+            return "OI" if tb is not None and tb.value else "IO"
+        return "IO"
+
+    def emit_node(self, node: ir.Node) -> None:
+        tpl = TEMPLATES[node.op_type]
+        attrs = _parse_attrs(node, tpl.attrs)
+        ins = list(node.inputs)
+        consts = [None if v is None or not v.name else constant_of(v, self.annotated) for v in ins]
+        data = [
+            v for v, c in zip(ins, consts, strict=True) if v is not None and v.name and c is None
+        ]
+        out_rank = self.rank(node.outputs[0]) if node.outputs else None
+        perm = self._choose_perm(tpl.layout, node, data, out_rank)
+        static = node.op_type in ("Shape", "Size") or (
+            tpl.static_ok and all(v in self.static for v in data)
+        )
+        xp = "np" if static else "jnp"
+        bare = tpl.layout in ("unary", "binary")
+        args: list[str | None] = []
+        for v, c in zip(ins, consts, strict=True):
+            if v is None or not v.name:
+                args.append(None)
+            elif c is not None:
+                cperm = perm if tpl.layout in ("binary", "axis") else None
+                args.append(self.constant(v, c, cperm, out_rank, bare))
+            elif is_weight(v, self.annotated) or (v.is_initializer() and v.const_value is not None):
+                args.append(self.weight(v))
+            elif tpl.layout in ("binary", "axis") and self.rank(v) != out_rank:
+                args.append(self.get(v, None))
+            else:
+                args.append(self.get(v, perm if tpl.layout != "plain" else None))
+        shapes = [
+            None
+            if v is None or v.shape is None
+            else tuple(d if isinstance(d, int) else None for d in v.shape)
+            for v in ins
+        ]
+        call = OpCall(node, args, consts, shapes, attrs, xp=xp, perm=perm)
+        expr = tpl.fn(call)
+        self.src.helpers |= call.helpers
+        outs = []
+        for o in node.outputs:
+            if o.name and (o.uses() or o.is_graph_output()):
+                outs.append(self.ns.new(o.name))
+            else:
+                outs.append("_")
+        target = outs[0] if len(outs) == 1 else ", ".join(outs)
+        self.src.body.append(f"{target} = {expr}{self._comment(node)}")
+        out_perm = perm
+        if tpl.layout == "reduce":
+            out_perm = self._reduce_perm(node, attrs, consts, perm)
+        elif tpl.layout == "plain":
+            out_perm = None
+        for o, name in zip(node.outputs, outs, strict=True):
+            if name != "_":
+                self.bind(o, name, out_perm if o is node.outputs[0] else None, static)
+
+    def _choose_perm(
+        self, kind: str, node: ir.Node, data: list[ir.Value], out_rank: int | None
+    ) -> layout.Perm:
+        if kind == "plain" or not data:
+            return None
+        if kind == "channels_last":
+            r = self.rank(data[0])
+            return layout.channels_last(r) if r is not None else None
+        if kind in ("unary", "reduce"):
+            return self.native[data[0]]
+        if out_rank is None:
+            return None
+        perms = [self.native[v] for v in data if self.rank(v) == out_rank]
+        for v in data:
+            if self.rank(v) != out_rank and self.native[v] is not None:
+                return None
+        if kind == "axis":
+            return perms[0] if perms else None
+        if any(self.rank(v) != out_rank for v in data):
+            return None
+        chosen = [p for p in perms if p is not None]
+        return chosen[0] if chosen else None
+
+    def _reduce_perm(self, node, attrs, consts, perm) -> layout.Perm:
+        if perm is None or attrs["keepdims"]:
+            return perm
+        axes = consts[1] if len(consts) > 1 and consts[1] is not None else attrs.get("axes")
+        if axes is None or len(np.asarray(axes).reshape(-1)) == 0:
+            return None
+        rank = len(perm)
+        ax = [int(a) + rank if a < 0 else int(a) for a in np.asarray(axes).reshape(-1)]
+        return layout.after_reduce(perm, ax, rank)
+
+
+def _parse_attrs(node: ir.Node, spec: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(node.attributes) - set(spec))
+    if unknown:
+        raise UnsupportedAttributeError(
+            f"attribute(s) {unknown} not supported by the Flax emitter; it understands "
+            f"{sorted(spec) or 'no attributes'}",
+            op=node.op_type,
+            node=node.name,
+            scope=get_scope(node),
+        )
+    out = {}
+    for name, default in spec.items():
+        attr = node.attributes.get(name)
+        if attr is None:
+            if default is REQUIRED:
+                raise UnsupportedAttributeError(
+                    f"required attribute {name!r} is missing", op=node.op_type, node=node.name
+                )
+            out[name] = default
+        else:
+            out[name] = attribute_value(attr)
+    return out
+
+
+# ---------------------------------------------------------------- source assembly
+
+
+def _imports(text: str, api: str) -> list[str]:
+    std = ["from pathlib import Path"]
+    if re.search(r"\bmath\.", text):
+        std.insert(0, "import math")
+    third = []
+    if api == "linen" or re.search(r"\bnn\.", text):
+        third.append("import flax.linen as nn")
+    if re.search(r"\bjax\.", text):
+        third.append("import jax")
+    third.append("import jax.numpy as jnp")
+    if re.search(r"\bnp\.", text):
+        third.append("import numpy as np")
+    third.append(
+        "from flax import nnx, serialization" if api == "nnx" else "from flax import serialization"
+    )
+    if re.search(r"\blax\.", text):
+        third.append("from jax import lax")
+    return [*std, "", *third]
+
+
+def _indent(lines: list[str], n: int) -> list[str]:
+    return [(" " * n + line) if line else "" for line in lines]
+
+
+def render(em: _Emitter, name: str) -> str:
+    api = em.api
+    doc = f'"""Flax ({api}) model generated by xconv from {name!r}. Regenerate, do not edit."""'
+    ret = em.outputs[0] if len(em.outputs) == 1 else "(" + ", ".join(em.outputs) + ")"
+    body = [*em.src.body, f"return {ret}"]
+    args = ", ".join([*em.inputs, "train: bool = False"])
+    cls: list[str] = []
+    if api == "linen":
+        cls += ["class Model(nn.Module):", '    """The converted model; see ``load``."""', ""]
+        cls += ["    def setup(self):"]
+        setup = [a for a, _ in em.src.setup] or ["pass"]
+    else:
+        if em.has_constants:
+            cls += [
+                "class Constant(nnx.Variable):",
+                '    """A non-trainable tensor the source model stores (a buffer)."""',
+                "",
+                "",
+            ]
+        cls += ["class Model(nnx.Module):", '    """The converted model; see ``load``."""', ""]
+        cls += ["    def __init__(self, *, rngs: nnx.Rngs):"]
+        setup = [b for _, b in em.src.setup] or ["pass"]
+    cls += _indent(setup, 8) + [""]
+    cls += [f"    def __call__(self, {args}):"] + _indent(body, 8)
+    if api == "linen":
+        load = [
+            "def load(out_dir=None):",
+            '    """Return ``(model, variables)``; run with ``model.apply(variables, *inputs)``."""',
+            '    path = Path(out_dir or Path(__file__).parent) / "variables.msgpack"',
+            "    variables = serialization.msgpack_restore(path.read_bytes())",
+            "    return Model(), jax.tree_util.tree_map(jnp.asarray, variables)",
+        ]
+    else:
+        saved = "nnx.Param, nnx.BatchStat" + (", Constant" if em.has_constants else "")
+        load = [
+            "def load(out_dir=None):",
+            '    """Return the model with its variables loaded; call ``model(*inputs)``."""',
+            '    path = Path(out_dir or Path(__file__).parent) / "variables.msgpack"',
+            "    model = Model(rngs=nnx.Rngs(0))",
+            f"    state = nnx.state(model, nnx.Any({saved}))",
+            "    nnx.replace_by_pure_dict(state, serialization.msgpack_restore(path.read_bytes()))",
+            "    nnx.update(model, state)",
+            "    return model",
+        ]
+    helpers = [HELPERS[h].strip("\n") for h in sorted(em.src.helpers)]
+    code_parts = [*helpers, "\n".join(cls), "\n".join(load)]
+    text = "\n\n\n".join(code_parts)
+    imports = _imports(text, api)
+    return doc + "\n\n" + "\n".join(imports) + "\n\n\n" + text + "\n"
+
+
+def variables_tree(em: _Emitter) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for var in em.src.variables:
+        path = (var.collection, *var.path) if em.api == "linen" else var.path
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = np.asarray(var.value)
+    return _sorted(tree)
+
+
+def _sorted(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _sorted(tree[k]) for k in sorted(tree)}
+    return tree
+
+
+def generate(model: ir.Model, *, api: str = "linen") -> tuple[str, dict[str, Any]]:
+    """Return ``(model.py source, variables tree)`` without writing anything."""
+    if api not in ("linen", "nnx"):
+        raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
+    model = canonicalize(_copy(model))
+    em = _Emitter(model, api)
+    em.plan_layers()
+    em.check_supported()
+    em.emit()
+    return render(em, model.graph.name or "model"), variables_tree(em)
+
+
+def to_flax(model: ir.Model, out_dir: str | os.PathLike, *, api: str = "linen") -> Path:
+    """Write a Flax module for ``model``: ``out_dir/model.py`` and ``variables.msgpack``.
+
+    Args:
+        model: The IR model (not modified; canonicalised on a copy).
+        out_dir: Directory to create (replaced atomically when it exists).
+        api: ``"linen"`` (``load`` returns ``(model, variables)``) or ``"nnx"`` (a ready model).
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    Raises:
+        UnsupportedOpError: ops without a Flax template, all listed, before writing anything.
+    """
+    from flax import serialization
+
+    source, variables = generate(model, api=api)
+    data = serialization.msgpack_serialize(variables)
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        (tmp / "model.py").write_text(source)
+        (tmp / "variables.msgpack").write_bytes(data)
+        (tmp / "xconv.json").write_text(json.dumps({"api": api, "format": 1}, sort_keys=True))
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
