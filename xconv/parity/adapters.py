@@ -973,12 +973,22 @@ def _guess_framework(fn: Callable[..., Any]) -> str | None:
     if code is None:
         return None
     found = set()
-    for name in code.co_names:
-        mod = glb.get(name)
-        modname = getattr(mod, "__name__", None) or getattr(type(mod), "__module__", "")
+    refs = [glb.get(name) for name in code.co_names]
+    refs += [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _has_contents(c)]
+    for obj in refs:
+        modname = getattr(obj, "__name__", None) if isinstance(obj, type(sys)) else None
+        modname = modname or getattr(type(obj), "__module__", "") or ""
         if isinstance(modname, str):
             found.add(modname.split(".")[0])
     for root, fw in (("torch", "torch"), ("jax", "jax"), ("tensorflow", "tf")):
         if root in found:
             return fw
     return None
+
+
+def _has_contents(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True

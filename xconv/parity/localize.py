@@ -98,8 +98,9 @@ class ScopeResult:
         index: Position in completion order.
         output: Metrics of the scope's output.
         inputs_ok: Whether its inputs are within tolerance (None: not comparable).
-        status: ``ok``, ``diverged`` (first out of tolerance with good inputs), ``propagated``
-            (out of tolerance, inputs already off) or ``incomparable``.
+        status: ``ok``, ``diverged`` (out of tolerance with inputs within it), ``contains``
+            (an enclosing scope of the first divergence), ``propagated`` (out of tolerance,
+            inputs already off) or ``incomparable``.
     """
 
     name: str
@@ -191,7 +192,7 @@ def localize(
                 if ri < len(outs) and outs[ri].shape == r.shape
                 else _oracle_for(oracle, name, r, "out")
             )
-        m = compare(name, c, r, policy, o)
+        m = compare(name, c, r, policy, o, logits=False)
         in_metrics = []
         for ci, rj in _pairs(cand.inputs.get(name, []), ref.inputs.get(name, [])):
             rin = ref.inputs[name][rj]
@@ -199,7 +200,9 @@ def localize(
             if oracle is not None:
                 olist = oracle.inputs.get(name) or []
                 oin = olist[rj] if rj < len(olist) and olist[rj].shape == rin.shape else None
-            in_metrics.append(compare(f"{name}<in{ci}>", cand.inputs[name][ci], rin, policy, oin))
+            in_metrics.append(
+                compare(f"{name}<in{ci}>", cand.inputs[name][ci], rin, policy, oin, logits=False)
+            )
         inputs_ok = all(x.passed for x in in_metrics) if in_metrics else None
         status = "ok"
         if not m.passed:
@@ -212,6 +215,10 @@ def localize(
                 # Inputs unknown, downstream of the first divergence: assume propagation.
                 status = "propagated"
         results.append(ScopeResult(name, i, m, inputs_ok, status, in_metrics))
+    if first is not None:
+        for r in results:
+            if r.status != "ok" and r.name != first and first.startswith(r.name + "."):
+                r.status = "contains"
     note = None
     if first is None and first_bad is not None:
         note = (

@@ -96,6 +96,8 @@ def compare(
     ref: np.ndarray,
     policy: Policy,
     oracle: np.ndarray | None = None,
+    *,
+    logits: bool = True,
 ) -> Metrics:
     """Compare one candidate array with the reference under ``policy``.
 
@@ -129,7 +131,7 @@ def compare(
     both_nan = np.isnan(c64) & np.isnan(r64)
     diff = np.where(both_nan, 0.0, diff)
     _fill_diff_stats(m, diff, r64, cand, ref)
-    if c64.ndim >= 2 and c64.shape[-1] >= 2 and c64.size:
+    if logits and c64.ndim >= 2 and c64.shape[-1] >= 2 and c64.size:
         _fill_logit_agreement(m, c64, r64)
 
     if policy.uses_oracle and oracle is not None:
