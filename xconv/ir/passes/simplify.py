@@ -117,7 +117,8 @@ class TransposeCancellationPass(ir.passes.InPlacePass):
             )
             copy_provenance(node, fused)
             out = node.outputs[0]
-            fused.outputs[0].dtype = out.dtype
+            if out.type is not None:
+                fused.outputs[0].type = out.type
             fused.outputs[0].shape = out.shape
             graph.insert_before(node, fused)
             name = out.name
