@@ -14,12 +14,16 @@ HANDLER_MODULES = (
     "nn",
     "linalg",
     "reduce",
+    "attention",
     "shape",
     "indexing",
     "control",
     "sequence",
     "random",
     "misc",
+    "signal",
+    "text",
+    "ml",
 )
 
 for _name in HANDLER_MODULES:
