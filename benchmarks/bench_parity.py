@@ -1,0 +1,102 @@
+"""Cost of ``xconv.check_parity`` versus running both sides plus the float64 oracle once.
+
+Fixture: a small CNN (torch reference) and its IR conversion run by ``xconv.to_jax``.
+Everything is warmed up first (compile and first-call costs excluded); times are medians.
+The budget is: a passing check costs at most 3x (reference + candidate + oracle). The cost
+of a failing check (which also traces every scope on the three sides) is printed too.
+
+    python benchmarks/bench_parity.py [--repeats 5] [--blocks 6] [--size 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _median(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> float:
+    import jax
+    import torch
+
+    import xconv
+    from tests.parity.models import SmallCNN, cnn_ir
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--blocks", type=int, default=6)
+    p.add_argument("--channels", type=int, default=16)
+    p.add_argument("--size", type=int, default=32)
+    p.add_argument("--batch", type=int, default=4)
+    args = p.parse_args(argv)
+
+    torch.manual_seed(0)
+    net = SmallCNN(c=args.channels, blocks=args.blocks)
+    shape = (args.batch, 3, args.size, args.size)
+    x = np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32)
+    fn, params = xconv.to_jax(cnn_ir(net, shape))
+    net64 = copy.deepcopy(net).double()
+    xt, xt64 = torch.from_numpy(x), torch.from_numpy(x.astype(np.float64))
+
+    def run_ref():
+        with torch.no_grad():
+            net(xt).numpy()
+
+    def run_oracle():
+        with torch.no_grad():
+            net64(xt64).numpy()
+
+    def run_cand():
+        jax.block_until_ready(fn(params, x))
+
+    def check():
+        report = xconv.check_parity(net, (fn, params), x, devices="cpu")
+        if not report.passed:
+            raise SystemExit("benchmark fixture unexpectedly fails parity:\n" + report.summary())
+
+    bad_fn, bad_params = xconv.to_jax(cnn_ir(net, shape, bn_eps={"blocks.1.bn": 1e-3}))
+
+    def check_failing():
+        report = xconv.check_parity(net, (bad_fn, bad_params), x, devices="cpu")
+        if report.first_divergence != "blocks.1.bn":
+            raise SystemExit("localisation failed:\n" + report.summary())
+
+    for f in (run_ref, run_oracle, run_cand, check, check_failing):
+        f()  # warm-up
+    t_ref = _median(run_ref, args.repeats)
+    t_oracle = _median(run_oracle, args.repeats)
+    t_cand = _median(run_cand, args.repeats)
+    t_check = _median(check, args.repeats)
+    t_fail = _median(check_failing, max(1, args.repeats // 2))
+    baseline = t_ref + t_oracle + t_cand
+    ratio = t_check / baseline
+    print(f"fixture: SmallCNN c={args.channels} blocks={args.blocks} input={list(shape)}")
+    print(f"reference (torch fp32)   {t_ref * 1e3:8.1f} ms")
+    print(f"oracle    (torch fp64)   {t_oracle * 1e3:8.1f} ms")
+    print(f"candidate (xconv jax)    {t_cand * 1e3:8.1f} ms")
+    print(f"baseline (sum)           {baseline * 1e3:8.1f} ms")
+    print(f"check_parity (passing)   {t_check * 1e3:8.1f} ms")
+    print(f"check_parity (failing, localised) {t_fail * 1e3:8.1f} ms "
+          f"({t_fail / baseline:.2f}x baseline)")
+    print(f"ratio check/baseline = {ratio:.2f}x (budget 3x): {'OK' if ratio <= 3 else 'OVER'}")
+    return ratio
+
+
+if __name__ == "__main__":
+    main()
