@@ -234,25 +234,44 @@ def _to_e8m0(x, saturate: bool, round_mode: str):
     return jax.lax.bitcast_convert_type(exponent.astype(jnp.uint8), ml_dtypes.float8_e8m0fnu)
 
 
+_SUB_BYTE_INTS = {
+    ir.DataType.INT4: (4, True),
+    ir.DataType.UINT4: (4, False),
+    ir.DataType.INT2: (2, True),
+    ir.DataType.UINT2: (2, False),
+}
+
+
+def _is_builtin_numpy(dtype: np.dtype) -> bool:
+    """A dtype numpy itself implements (not one of ml_dtypes' extension types)."""
+    return dtype.kind in "biuf" and dtype.type.__module__ == "numpy"
+
+
 def cast_array(ctx, x, to: ir.DataType, saturate: int, round_mode: str):
-    """Cast ``x`` to ONNX type ``to``; numpy in, numpy out (strings need numpy)."""
+    """Cast ``x`` to ONNX type ``to``; static inputs give numpy (strings need numpy)."""
     if to == ir.DataType.STRING:
         return np.asarray(ctx.static(x, "Cast input (to string)")).astype(np.str_)
-    target = to.numpy()
-    if not is_static(x) and getattr(x, "dtype", None) is not None:
-        source_is_string = False
-    else:
+    target = np.dtype(to.numpy())
+    if is_static(x):
         x = np.asarray(x)
-        source_is_string = x.dtype.kind in "OSUT"
-    if source_is_string:
-        x = x.astype(np.float32) if to in _FLOAT8 or to == ir.DataType.FLOAT8E8M0 else x
-        return x.astype(target)
+        if x.dtype.kind in "OSUT":
+            x = x.astype(target if _is_builtin_numpy(target) else np.float32)
+        if _is_builtin_numpy(target) and _is_builtin_numpy(x.dtype):
+            with np.errstate(all="ignore"):
+                return x.astype(target)
     x = jnp.asarray(x)
     if to == ir.DataType.FLOAT8E8M0:
         return _to_e8m0(x, bool(saturate), round_mode)
     if to in _FLOAT8 and saturate and jnp.issubdtype(x.dtype, jnp.floating):
         info = ml_dtypes.finfo(target)
         x = jnp.clip(x, float(info.min), float(info.max))
+    if to in _SUB_BYTE_INTS:
+        # Sub-byte integers wrap around (two's complement), like the wider integer casts.
+        bits, signed = _SUB_BYTE_INTS[to]
+        v = x.astype(jnp.int32) if x.dtype != jnp.bool_ else x.astype(jnp.int32)
+        half = 1 << (bits - 1)
+        v = ((v + half) & ((1 << bits) - 1)) - half if signed else v & ((1 << bits) - 1)
+        return v.astype(target)
     return x.astype(target)
 
 
