@@ -1,0 +1,328 @@
+"""PyTorch -> IR: ``torch.export`` then torch.onnx's exporter, then xconv annotations.
+
+Route (reasons in ``docs/design.md``): the module is traced by ``torch.export.export``
+(non-strict) into an ``ExportedProgram``, which ``torch.onnx.export(..., dynamo=True,
+optimize=False, opset_version=23)`` translates into an ``onnx_ir.Model``. At opset 23 the
+exporter keeps ``scaled_dot_product_attention`` as one ``Attention`` node,
+``layer_norm``/``group_norm``/``rms_norm`` as single normalisation nodes and ``gelu`` as
+``Gelu`` with its ``approximate`` attribute. ``optimize=False`` matters: the onnxscript
+optimizer folds BatchNormalization into the preceding Conv, which loses the source weights.
+
+The exporter's per-node torch metadata (``pkg.torch.onnx.name_scopes``, ``class_hierarchy``,
+``stack_trace``) is turned into ``xconv.scope``, ``xconv.module`` and ``xconv.source_line``
+and then dropped; standard layers get ``xconv.layer`` and weights ``xconv.role`` /
+``xconv.layout`` (see :mod:`xconv.converters.torch.layers`).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import onnx_ir as ir
+import torch
+from onnx_ir.passes.common import RemoveUnusedNodesPass
+from onnx_ir.tensor_adapters import TorchTensor
+from torch import nn
+
+from xconv.converters.torch import layers
+from xconv.errors import ConversionError
+from xconv.ir import OPSET
+from xconv.ir.metadata import MODULE, SCOPE, SOURCE_LINE
+
+logger = logging.getLogger(__name__)
+
+_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+_CLASS_HIERARCHY = "pkg.torch.onnx.class_hierarchy"
+_STACK_TRACE = "pkg.torch.onnx.stack_trace"
+#: Model-level metadata: JSON ``{module path: class}`` for every module the graph passes through.
+MODULES = "xconv.modules"
+#: The symbolic name given to the batch dimension with ``dynamic_batch=True``.
+BATCH_DIM = "batch"
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def from_torch(
+    module: nn.Module | torch.export.ExportedProgram | torch.jit.ScriptModule,
+    example_inputs: Any = None,
+    *,
+    dynamic_batch: bool = False,
+) -> ir.Model:
+    """Convert a PyTorch module to the IR.
+
+    The module is exported in eval mode (inference semantics: dropout off, batch norm on
+    running statistics); its training flag is restored afterwards.
+
+    Args:
+        module: An ``nn.Module``, an ``ExportedProgram`` (e.g. from ``torch.export.load``) or
+            a TorchScript module.
+        example_inputs: A tensor or a tuple of positional inputs used to trace the module.
+            Optional for an ``ExportedProgram`` (its own example inputs are used).
+        dynamic_batch: Make dimension 0 of every tensor input a symbolic ``batch`` dim so the
+            converted model runs at any batch size.
+
+    Returns:
+        The model as an ``onnx_ir.Model`` at opset ``xconv.ir.OPSET``, annotated with
+        ``xconv.scope`` / ``xconv.module`` / ``xconv.source_line`` on nodes, ``xconv.layer`` on
+        the anchor node of each standard layer and ``xconv.role`` / ``xconv.layout`` on weights
+        (initializers named by their ``state_dict`` keys).
+
+    Raises:
+        ConversionError: The module cannot be traced or translated, or ``dynamic_batch`` was
+            asked for but the batch dimension is fixed by the model.
+    """
+    args = _as_args(example_inputs)
+    if isinstance(module, torch.export.ExportedProgram):
+        program = module
+        if dynamic_batch:
+            _check_batch_dynamic_in_program(program)
+        modules: dict[str, nn.Module] = {}
+        state = dict(program.state_dict)
+    elif isinstance(module, torch.jit.ScriptModule):
+        program = _from_torchscript(module, args)
+        modules = {}
+        state = dict(program.state_dict)
+    elif isinstance(module, nn.Module):
+        if args is None:
+            raise ConversionError(
+                "example_inputs are required to trace an nn.Module: pass a tensor or a tuple "
+                "of the forward's positional inputs"
+            )
+        was_training = module.training
+        module.eval()
+        try:
+            program = _export(module, args, dynamic_batch)
+        finally:
+            module.train(was_training)
+        modules = dict(module.named_modules(remove_duplicate=False))
+        state = module.state_dict(keep_vars=False)
+    else:
+        raise ConversionError(
+            f"from_torch takes an nn.Module, an ExportedProgram or a TorchScript module, got "
+            f"{type(module).__name__}"
+        )
+    model = _to_ir(program)
+    annotate(model, modules, state, dynamic_batch=dynamic_batch)
+    return model
+
+
+def annotate(
+    model: ir.Model,
+    modules: Mapping[str, nn.Module],
+    state: Mapping[str, torch.Tensor],
+    *,
+    dynamic_batch: bool = False,
+) -> None:
+    """Turn the exporter's torch metadata into xconv metadata, in place."""
+    graph = model.graph
+    classes = _annotate_nodes(graph)
+    model.metadata_props[MODULES] = json.dumps(classes, sort_keys=True)
+    model.metadata_props["xconv.source"] = "torch"
+    if modules:
+        layers.drop_zero_conv_bias(graph, modules)
+    RemoveUnusedNodesPass()(model)
+    _add_missing_state(graph, state)
+    for value in graph.initializers.values():
+        _drop_torch_metadata(value.metadata_props)
+    layers.annotate_weights(graph, list(state), modules)
+    if modules:
+        layers.annotate_layers(graph, modules)
+    if dynamic_batch:
+        _rename_batch_dim(graph)
+
+
+def _as_args(example_inputs: Any) -> tuple[Any, ...] | None:
+    if example_inputs is None:
+        return None
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    return (example_inputs,)
+
+
+def _export(module: nn.Module, args: tuple[Any, ...], dynamic_batch: bool):
+    dynamic_shapes = None
+    if dynamic_batch:
+        batch = torch.export.Dim(BATCH_DIM)
+        dynamic_shapes = tuple(
+            {0: batch} if isinstance(a, torch.Tensor) and a.dim() >= 1 else None for a in args
+        )
+    try:
+        program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as e:
+        hint = ""
+        if dynamic_batch:
+            hint = (
+                " With dynamic_batch=True the example batch must be >= 2 and the model must not "
+                "fix the batch size (e.g. a reshape with a literal batch)."
+            )
+        raise ConversionError(
+            f"torch.export could not trace {type(module).__name__}: {_first_line(e)}.{hint}"
+        ) from e
+    if dynamic_batch:
+        _check_batch_dynamic_in_program(program)
+    return program
+
+
+def _check_batch_dynamic_in_program(program) -> None:
+    for spec in program.graph_signature.input_specs:
+        if spec.kind != torch.export.graph_signature.InputKind.USER_INPUT:
+            continue
+        node = next((n for n in program.graph.nodes if n.name == spec.arg.name), None)
+        val = node.meta.get("val") if node is not None else None
+        if isinstance(val, torch.Tensor) and val.dim() >= 1 and isinstance(val.shape[0], int):
+            raise ConversionError(
+                f"dynamic_batch=True but input {spec.arg.name!r} has a fixed batch size "
+                f"{val.shape[0]} in the exported program; export it with a torch.export.Dim "
+                "for dimension 0"
+            )
+
+
+def _from_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...] | None):
+    if args is None:
+        raise ConversionError("example_inputs are required to convert a TorchScript module")
+    try:
+        from torch._export.converter import TS2EPConverter
+
+        return TS2EPConverter(module, args).convert()
+    except Exception as e:
+        raise ConversionError(
+            f"cannot convert the TorchScript module to an ExportedProgram: {_first_line(e)}"
+        ) from e
+
+
+def _to_ir(program) -> ir.Model:
+    try:
+        # The exporter prints progress lines; the library never prints.
+        with contextlib.redirect_stdout(io.StringIO()):
+            onnx_program = torch.onnx.export(
+                program, (), dynamo=True, optimize=False, opset_version=OPSET, verbose=False
+            )
+    except Exception as e:
+        raise ConversionError(
+            f"torch.onnx could not translate the exported program: {_first_line(e)}"
+        ) from e
+    model = onnx_program.model
+    version = model.opset_imports.get("", OPSET)
+    if version < OPSET:
+        from xconv.converters.onnx.io import load
+
+        model = load(model)
+    return model
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:500]
+
+
+def _parse_list(raw: str | None) -> list[str] | None:
+    if not raw:
+        return None
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return None
+    return [str(v) for v in value] if isinstance(value, list | tuple) else None
+
+
+def source_line(stack_trace: str | None) -> str | None:
+    """``file:line`` of the innermost frame outside torch itself (the user's call)."""
+    if not stack_trace:
+        return None
+    frames = _FRAME.findall(stack_trace)
+    for path, line in reversed(frames):
+        if not path.startswith(_TORCH_DIR):
+            return f"{path}:{line}"
+    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else None
+
+
+def _annotate_nodes(graph: ir.Graph) -> dict[str, str]:
+    """Set scope/module/source_line on every node; return ``{module path: class}``."""
+    classes: dict[str, str] = {}
+    for node in graph.all_nodes():
+        props = node.metadata_props
+        scopes = _parse_list(props.get(_NAME_SCOPES))
+        hierarchy = _parse_list(props.get(_CLASS_HIERARCHY))
+        line = source_line(props.get(_STACK_TRACE))
+        _drop_torch_metadata(props)
+        if scopes and hierarchy and len(scopes) == len(hierarchy) and len(scopes) >= 2:
+            # The last entry is the aten op itself; the ones before are the module chain.
+            for path, cls in zip(scopes[:-1], hierarchy[:-1], strict=True):
+                classes.setdefault(path, cls)
+            if scopes[-2]:
+                props[SCOPE] = scopes[-2]
+            props[MODULE] = hierarchy[-2]
+        if line:
+            props[SOURCE_LINE] = line
+    return dict(sorted(classes.items()))
+
+
+def _drop_torch_metadata(props: dict[str, str]) -> None:
+    for key in [k for k in props if k.startswith("pkg.torch.") or k == "namespace"]:
+        del props[key]
+
+
+def _add_missing_state(graph: ir.Graph, state: Mapping[str, torch.Tensor]) -> None:
+    """Carry state_dict entries the graph never reads (``num_batches_tracked``, unused params).
+
+    Tied weights (one tensor under two keys) are not duplicated: the graph keeps one name.
+    """
+    present = {
+        t.data_ptr() for name, t in state.items() if name in graph.initializers and t.numel()
+    }
+    for name, tensor in state.items():
+        if name in graph.initializers or not isinstance(tensor, torch.Tensor):
+            continue
+        if tensor.numel() and tensor.data_ptr() in present:
+            logger.debug("%s is tied to another weight; not duplicated", name)
+            continue
+        data = TorchTensor(tensor.detach().cpu().contiguous(), name=name)
+        value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(data.dtype))
+        value.const_value = data
+        graph.register_initializer(value)
+
+
+def _rename_batch_dim(graph: ir.Graph) -> None:
+    """Name the symbolic batch dimension ``batch`` wherever torch.export called it ``s0``."""
+    names = set()
+    for value in graph.inputs:
+        if value.shape is not None and len(value.shape) >= 1:
+            dim = value.shape[0]
+            if isinstance(dim, ir.SymbolicDim) and dim.value:
+                names.add(dim.value)
+    names.discard(BATCH_DIM)
+    if not names:
+        return
+    values: list[ir.Value] = [*graph.inputs]
+    for node in graph.all_nodes():
+        values.extend(node.outputs)
+    for value in values:
+        shape = value.shape
+        if shape is None:
+            continue
+        dims = [
+            ir.SymbolicDim(BATCH_DIM) if isinstance(d, ir.SymbolicDim) and d.value in names else d
+            for d in shape.dims
+        ]
+        if dims != list(shape.dims):
+            value.shape = ir.Shape(dims)
+
+
+def module_classes(model: ir.Model) -> dict[str, str]:
+    """The ``{module path: class}`` map an import recorded (empty if none)."""
+    raw = model.metadata_props.get(MODULES)
+    return json.loads(raw) if raw else {}
+
+
+__all__: Sequence[str] = ["BATCH_DIM", "MODULES", "annotate", "from_torch", "module_classes"]

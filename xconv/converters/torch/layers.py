@@ -1,0 +1,360 @@
+"""Recognise standard ``torch.nn`` layers in an exported graph and annotate them.
+
+After export every node carries ``xconv.scope`` (its module path). For each module of a known
+class this module:
+
+* marks the layer's *anchor* node with ``xconv.layer`` (kind and hyper-parameters read from
+  the module instance, schema in :mod:`xconv.ir.layers`), and
+* gives every weight (initializer named by its ``state_dict`` key) an ``xconv.role`` and
+  ``xconv.layout``.
+
+Roles and layouts (torch's own layouts; biases and norm vectors are 1-D):
+
+=====================  =========================================  ==========================
+layer                  parameter -> role                          layout
+=====================  =========================================  ==========================
+Linear                 weight -> kernel, bias -> bias             OI, O
+ConvNd                 weight -> kernel, bias -> bias             OIW / OIHW / OIDHW, O
+ConvTransposeNd        weight -> kernel, bias -> bias             IOW / IOHW / IODHW, O
+BatchNormNd            weight/bias/running_mean/running_var ->    C
+                       scale/bias/mean/var; num_batches_tracked
+                       -> num_batches
+LayerNorm/GroupNorm/   weight -> scale, bias -> bias              C (normalized dims for LN)
+RMSNorm
+Embedding              weight -> embedding                        VD (vocabulary, features)
+MultiheadAttention     in_proj_weight/bias -> in_proj_kernel/bias  OI, O
+                       q/k/v_proj_weight -> q/k/v_kernel, out_proj
+                       .weight/.bias -> out_proj_kernel/bias
+LSTM / GRU             the parameter's own name (weight_ih_l0,    OI (gates stacked in torch
+                       bias_hh_l1_reverse, ...) so (scope, role)  order: LSTM i,f,g,o; GRU
+                       stays unique per layer and direction       r,z,n), O
+anything else          the parameter's own name                   none
+=====================  =========================================  ==========================
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import onnx_ir as ir
+import torch
+from torch import nn
+
+from xconv.ir.layers import mark_layer, mark_weight
+from xconv.ir.metadata import LAYER, SCOPE
+
+logger = logging.getLogger(__name__)
+
+#: The op types that can anchor each layer kind, in order of preference.
+ANCHOR_OPS: dict[str, tuple[str, ...]] = {
+    "dense": ("Gemm", "MatMul"),
+    "conv": ("Conv",),
+    "conv_transpose": ("ConvTranspose",),
+    "batch_norm": ("BatchNormalization",),
+    "layer_norm": ("LayerNormalization",),
+    "group_norm": ("GroupNormalization", "InstanceNormalization"),
+    "rms_norm": ("RMSNormalization",),
+    "embedding": ("Gather",),
+    "dropout": ("Dropout", "Identity"),
+    # The input projection: the node that consumes the layer's main weight.
+    "attention": ("MatMul", "Gemm"),
+    "lstm": ("LSTM",),
+    "gru": ("GRU",),
+    "max_pool": ("MaxPool",),
+    "avg_pool": ("AveragePool",),
+}
+
+
+def layer_kind(module: nn.Module) -> str | None:
+    """The ``xconv.layer`` kind of a torch module, or None for modules that are not layers."""
+    if isinstance(module, nn.Linear):
+        return "dense"
+    if isinstance(module, nn.modules.conv._ConvTransposeNd):
+        return "conv_transpose"
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return "conv"
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return "batch_norm"
+    if isinstance(module, nn.LayerNorm):
+        return "layer_norm"
+    if isinstance(module, nn.GroupNorm):
+        return "group_norm"
+    if isinstance(module, nn.RMSNorm):
+        return "rms_norm"
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    if isinstance(module, nn.modules.dropout._DropoutNd):
+        return "dropout"
+    if isinstance(module, nn.MultiheadAttention):
+        return "attention"
+    if isinstance(module, nn.LSTM):
+        return "lstm"
+    if isinstance(module, nn.GRU):
+        return "gru"
+    if isinstance(module, nn.MaxPool1d | nn.MaxPool2d | nn.MaxPool3d):
+        return "max_pool"
+    if isinstance(module, nn.AvgPool1d | nn.AvgPool2d | nn.AvgPool3d):
+        return "avg_pool"
+    return None
+
+
+def _tuple(value: Any, n: int) -> list[int]:
+    if isinstance(value, int):
+        return [value] * n
+    return [int(v) for v in value]
+
+
+def _conv_ndim(module: nn.Module) -> int:
+    return module.weight.dim() - 2
+
+
+def _conv_padding(module: nn.Module, anchor: ir.Node | None, ndim: int) -> list[list[int]]:
+    if isinstance(module.padding, str):
+        # 'same' / 'valid': the exporter wrote the resolved pads on the Conv node.
+        pads = _node_ints(anchor, "pads") if anchor is not None else None
+        if pads is None:
+            pads = [0] * (2 * ndim)
+        return [[pads[i], pads[i + ndim]] for i in range(ndim)]
+    pad = _tuple(module.padding, ndim)
+    return [[p, p] for p in pad]
+
+
+def _node_ints(node: ir.Node, name: str) -> list[int] | None:
+    attr = node.attributes.get(name)
+    return [int(v) for v in attr.value] if attr is not None else None
+
+
+def _node_float(node: ir.Node | None, name: str) -> float | None:
+    if node is None:
+        return None
+    attr = node.attributes.get(name)
+    return float(attr.value) if attr is not None else None
+
+
+def layer_params(kind: str, module: nn.Module, anchor: ir.Node | None) -> dict[str, Any]:
+    """Hyper-parameters of ``module`` for ``xconv.layer`` (schema: ``xconv.ir.layers``)."""
+    if kind == "dense":
+        return {
+            "in_features": module.in_features,
+            "out_features": module.out_features,
+            "use_bias": module.bias is not None,
+        }
+    if kind in ("conv", "conv_transpose"):
+        ndim = _conv_ndim(module)
+        params = {
+            "ndim": ndim,
+            "in_channels": module.in_channels,
+            "out_channels": module.out_channels,
+            "kernel_size": _tuple(module.kernel_size, ndim),
+            "strides": _tuple(module.stride, ndim),
+            "padding": _conv_padding(module, anchor, ndim),
+            "dilations": _tuple(module.dilation, ndim),
+            "groups": module.groups,
+            "use_bias": module.bias is not None,
+        }
+        if kind == "conv_transpose":
+            params["output_padding"] = _tuple(module.output_padding, ndim)
+        elif module.padding_mode != "zeros":
+            params["padding_mode"] = module.padding_mode
+        return params
+    if kind == "batch_norm":
+        return {
+            "num_features": module.num_features,
+            "epsilon": float(module.eps),
+            "momentum": None if module.momentum is None else float(module.momentum),
+            "affine": module.affine,
+            "track_running_stats": module.track_running_stats,
+        }
+    if kind == "layer_norm":
+        return {
+            "normalized_shape": list(module.normalized_shape),
+            "epsilon": float(module.eps),
+            "elementwise_affine": module.elementwise_affine,
+            "use_bias": module.bias is not None,
+        }
+    if kind == "group_norm":
+        return {
+            "num_groups": module.num_groups,
+            "num_channels": module.num_channels,
+            "epsilon": float(module.eps),
+            "affine": module.affine,
+        }
+    if kind == "rms_norm":
+        eps = module.eps
+        if eps is None:  # torch uses the input dtype's machine epsilon; the node has it
+            eps = _node_float(anchor, "epsilon")
+            if eps is None:
+                eps = float(torch.finfo(torch.float32).eps)
+        return {
+            "normalized_shape": list(module.normalized_shape),
+            "epsilon": float(eps),
+            "elementwise_affine": module.elementwise_affine,
+        }
+    if kind == "embedding":
+        params = {"num_embeddings": module.num_embeddings, "features": module.embedding_dim}
+        if module.padding_idx is not None:
+            params["padding_idx"] = module.padding_idx
+        return params
+    if kind == "dropout":
+        return {"rate": float(module.p)}
+    if kind == "attention":
+        return {
+            "embed_dim": module.embed_dim,
+            "num_heads": module.num_heads,
+            "use_bias": module.in_proj_bias is not None,
+            "batch_first": module.batch_first,
+            "kdim": module.kdim,
+            "vdim": module.vdim,
+            "dropout": float(module.dropout),
+        }
+    if kind in ("lstm", "gru"):
+        return {
+            "input_size": module.input_size,
+            "hidden_size": module.hidden_size,
+            "num_layers": module.num_layers,
+            "bidirectional": module.bidirectional,
+            "batch_first": module.batch_first,
+            "use_bias": module.bias,
+        }
+    if kind in ("max_pool", "avg_pool"):
+        ndim = {
+            nn.MaxPool1d: 1,
+            nn.MaxPool2d: 2,
+            nn.MaxPool3d: 3,
+            nn.AvgPool1d: 1,
+            nn.AvgPool2d: 2,
+            nn.AvgPool3d: 3,
+        }[type(module)]
+        kernel = _tuple(module.kernel_size, ndim)
+        stride = module.stride if module.stride not in (None, (), []) else kernel
+        params = {
+            "ndim": ndim,
+            "kernel_size": kernel,
+            "strides": _tuple(stride, ndim),
+            "padding": [[p, p] for p in _tuple(module.padding, ndim)],
+            "ceil_mode": bool(module.ceil_mode),
+        }
+        if kind == "max_pool":
+            params["dilations"] = _tuple(module.dilation, ndim)
+        else:
+            params["count_include_pad"] = bool(module.count_include_pad)
+        return params
+    raise ValueError(f"no hyper-parameter reader for layer kind {kind!r}")
+
+
+def weight_spec(kind: str | None, module: nn.Module | None, leaf: str) -> tuple[str, str | None]:
+    """``(role, layout)`` of the parameter or buffer ``leaf`` of a module of ``kind``."""
+    if kind == "dense":
+        return {"weight": ("kernel", "OI"), "bias": ("bias", "O")}.get(leaf, (leaf, None))
+    if kind in ("conv", "conv_transpose"):
+        ndim = _conv_ndim(module) if module is not None else 2
+        spatial = {1: "W", 2: "HW", 3: "DHW"}.get(ndim, "")
+        kernel = ("OI" if kind == "conv" else "IO") + spatial
+        return {"weight": ("kernel", kernel), "bias": ("bias", "O")}.get(leaf, (leaf, None))
+    if kind == "batch_norm":
+        return {
+            "weight": ("scale", "C"),
+            "bias": ("bias", "C"),
+            "running_mean": ("mean", "C"),
+            "running_var": ("var", "C"),
+            "num_batches_tracked": ("num_batches", None),
+        }.get(leaf, (leaf, None))
+    if kind in ("layer_norm", "group_norm", "rms_norm"):
+        return {"weight": ("scale", "C"), "bias": ("bias", "C")}.get(leaf, (leaf, None))
+    if kind == "embedding":
+        return {"weight": ("embedding", "VD")}.get(leaf, (leaf, None))
+    if kind == "attention":
+        return {
+            "in_proj_weight": ("in_proj_kernel", "OI"),
+            "in_proj_bias": ("in_proj_bias", "O"),
+            "q_proj_weight": ("q_kernel", "OI"),
+            "k_proj_weight": ("k_kernel", "OI"),
+            "v_proj_weight": ("v_kernel", "OI"),
+            "out_proj.weight": ("out_proj_kernel", "OI"),
+            "out_proj.bias": ("out_proj_bias", "O"),
+        }.get(leaf, (leaf, None))
+    if kind in ("lstm", "gru"):
+        return leaf, ("OI" if leaf.startswith("weight_") else "O")
+    return leaf, None
+
+
+def _owner(name: str, modules: Mapping[str, nn.Module]) -> tuple[str, str]:
+    """Split a state_dict key into (owning layer path, leaf) — MHA owns its ``out_proj``."""
+    path, _, leaf = name.rpartition(".")
+    parent, _, child = path.rpartition(".")
+    if child == "out_proj" and isinstance(modules.get(parent), nn.MultiheadAttention):
+        return parent, f"out_proj.{leaf}"
+    return path, leaf
+
+
+def annotate_weights(
+    graph: ir.Graph, names: Iterable[str], modules: Mapping[str, nn.Module]
+) -> None:
+    """Give each initializer named in ``names`` (state_dict keys) its role and layout."""
+    for name in names:
+        value = graph.initializers.get(name)
+        if value is None:
+            continue
+        path, leaf = _owner(name, modules)
+        module = modules.get(path)
+        kind = layer_kind(module) if module is not None else None
+        role, layout = weight_spec(kind, module, leaf)
+        mark_weight(value, role, layout)
+
+
+def annotate_layers(graph: ir.Graph, modules: Mapping[str, nn.Module]) -> dict[str, int]:
+    """Mark the anchor node of every recognised layer; returns a count per kind."""
+    bodies: dict[str, list[ir.Node]] = {}
+    for node in graph:
+        scope = node.metadata_props.get(SCOPE)
+        if scope:
+            bodies.setdefault(scope, []).append(node)
+    counts: dict[str, int] = {}
+    for path, module in modules.items():
+        kind = layer_kind(module)
+        body = bodies.get(path)
+        if kind is None or not body:
+            continue
+        anchor = find_anchor(kind, body)
+        if anchor is None:
+            logger.debug("no %s anchor among the %d nodes of %r", kind, len(body), path)
+            continue
+        mark_layer(anchor, kind, **layer_params(kind, module, anchor))
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def find_anchor(kind: str, body: list[ir.Node]) -> ir.Node | None:
+    """The first body node (graph order) of the most preferred anchor op for ``kind``."""
+    for op_type in ANCHOR_OPS.get(kind, ()):
+        for node in body:
+            if (
+                node.op_type == op_type
+                and node.domain in ("", "ai.onnx")
+                and LAYER not in node.metadata_props
+            ):
+                return node
+    return None
+
+
+def drop_zero_conv_bias(graph: ir.Graph, modules: Mapping[str, nn.Module]) -> int:
+    """Remove the zero bias the exporter builds for bias-free convolutions.
+
+    For ``bias=None`` the exporter materialises a zero bias from the weight's shape
+    (``Shape -> Expand -> CastLike -> Expand``) and feeds it to ``Conv``; ONNX's bias input is
+    optional, so the node loses it and the bookkeeping becomes dead code.
+    """
+    dropped = 0
+    for node in graph:
+        if node.op_type not in ("Conv", "ConvTranspose") or len(node.inputs) < 3:
+            continue
+        module = modules.get(node.metadata_props.get(SCOPE, ""))
+        if module is None or layer_kind(module) not in ("conv", "conv_transpose"):
+            continue
+        bias = node.inputs[2]
+        if module.bias is None and bias is not None and not bias.is_initializer():
+            node.resize_inputs(2)
+            dropped += 1
+    return dropped
