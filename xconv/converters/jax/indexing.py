@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -190,7 +191,11 @@ def one_hot(ctx, indices, depth, values, *, axis):
     xp = xp_of(indices, values)
     idx = indices
     if np.dtype(idx.dtype).kind == "f":
-        idx = idx.astype(np.int64) if xp is np else idx.astype(jnp.int_)
+        idx = (
+            idx.astype(np.int64)
+            if xp is np
+            else idx.astype(jax.dtypes.canonicalize_dtype(np.int64))
+        )
     idx = xp.where(idx < 0, idx + n, idx)
     view = [1] * rank
     view[axis] = n
