@@ -1,0 +1,173 @@
+"""NonMaxSuppression and the ai.onnx.preview.training optimizer ops (Adagrad, Adam, Momentum)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from xconv.converters.jax.registry import REQUIRED, builtin
+
+TRAINING = "ai.onnx.preview.training"
+
+
+# ------------------------------------------------------------------------ NonMaxSuppression
+
+
+def _corners(boxes: np.ndarray, center_point_box: int) -> np.ndarray:
+    """Boxes as [x_min, y_min, x_max, y_max] from either ONNX box format."""
+    if center_point_box:
+        cx, cy, w, h = (boxes[..., i] for i in range(4))
+        return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)
+    y1, x1, y2, x2 = (boxes[..., i] for i in range(4))
+    return np.stack(
+        [np.minimum(x1, x2), np.minimum(y1, y2), np.maximum(x1, x2), np.maximum(y1, y2)],
+        axis=-1,
+    )
+
+
+def _iou_exceeds(box: np.ndarray, others: np.ndarray, threshold: float) -> np.ndarray:
+    ix = np.minimum(box[2], others[:, 2]) - np.maximum(box[0], others[:, 0])
+    iy = np.minimum(box[3], others[:, 3]) - np.maximum(box[1], others[:, 1])
+    inter = np.where((ix > 0) & (iy > 0), ix * iy, 0.0)
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
+    union = area + areas - inter
+    valid = (inter > 0) & (area > 0) & (areas > 0) & (union > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iou = np.where(valid, inter / np.where(union > 0, union, 1), 0.0)
+    return valid & (iou > threshold)
+
+
+@builtin("NonMaxSuppression", since=10, attrs={"center_point_box": 0})
+def non_max_suppression(
+    ctx,
+    boxes,
+    scores,
+    max_output_boxes_per_class=None,
+    iou_threshold=None,
+    score_threshold=None,
+    *,
+    center_point_box,
+):
+    """NonMaxSuppression(boxes, scores, max_boxes?, iou?, score?) -> [n, 3] int64 indices.
+
+    The number of selected boxes depends on the data, so every input must be concrete.
+    """
+    boxes = ctx.static(boxes, "boxes").astype(np.float64)
+    scores = ctx.static(scores, "scores").astype(np.float64)
+    max_out = 0
+    if max_output_boxes_per_class is not None:
+        m = ctx.static(max_output_boxes_per_class, "max_output_boxes_per_class").reshape(-1)
+        max_out = max(int(m[0]), 0) if m.size else 0
+    iou = 0.0
+    if iou_threshold is not None and np.size(iou_threshold):
+        iou = float(ctx.static(iou_threshold, "iou_threshold").reshape(-1)[0])
+    score_min = None
+    if score_threshold is not None and np.size(score_threshold):
+        score_min = float(ctx.static(score_threshold, "score_threshold").reshape(-1)[0])
+    corners = _corners(boxes, center_point_box)
+    selected = []
+    for b in range(scores.shape[0]):
+        for c in range(scores.shape[1]):
+            s = scores[b, c]
+            candidates = np.arange(s.shape[0])
+            if score_min is not None:
+                candidates = candidates[s[candidates] > score_min]
+            # Highest score first; ties keep the lower box index first (stable sort).
+            order = candidates[np.argsort(-s[candidates], kind="stable")]
+            kept: list[int] = []
+            for idx in order:
+                if len(kept) >= max_out:
+                    break
+                if kept and _iou_exceeds(corners[b, idx], corners[b, kept], iou).any():
+                    continue
+                kept.append(int(idx))
+                selected.append((b, c, int(idx)))
+    return np.array(selected, dtype=np.int64).reshape(-1, 3)
+
+
+# ---------------------------------------------------------------- ai.onnx.preview.training
+
+
+def _groups(ctx, data, n_groups: int):
+    if len(data) < 2 or (len(data) - 2) % n_groups:
+        raise ctx.error(
+            f"expected R, T and {n_groups} equally long groups of tensors, got {len(data)} inputs"
+        )
+    r, t = (jnp.asarray(v).reshape(()) for v in data[:2])
+    n = (len(data) - 2) // n_groups
+    return r, t, [data[2 + k * n : 2 + (k + 1) * n] for k in range(n_groups)]
+
+
+@builtin(
+    "Adagrad",
+    domain=TRAINING,
+    since=1,
+    attrs={"decay_factor": 0.0, "epsilon": 0.0, "norm_coefficient": 0.0},
+)
+def adagrad(ctx, *data, decay_factor, epsilon, norm_coefficient):
+    """Adagrad(R, T, X..., G..., H...) -> (X_new..., H_new...)."""
+    r, t, (xs, gs, hs) = _groups(ctx, data, 3)
+    rate = r / (1 + t * decay_factor)
+    new_x, new_h = [], []
+    for x, g, h in zip(xs, gs, hs, strict=True):
+        g_reg = norm_coefficient * x + g
+        h_new = h + g_reg * g_reg
+        x_new = x - rate * g_reg / (jnp.sqrt(h_new) + epsilon)
+        new_x.append(jnp.asarray(x_new).astype(jnp.asarray(x).dtype))
+        new_h.append(jnp.asarray(h_new).astype(jnp.asarray(h).dtype))
+    return (*new_x, *new_h)
+
+
+@builtin(
+    "Adam",
+    domain=TRAINING,
+    since=1,
+    attrs={
+        "alpha": 0.9,
+        "beta": 0.999,
+        "epsilon": 0.0,
+        "norm_coefficient": 0.0,
+        "norm_coefficient_post": 0.0,
+    },
+)
+def adam(ctx, *data, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
+    """Adam(R, T, X..., G..., V..., H...) -> (X_new..., V_new..., H_new...)."""
+    r, t, (xs, gs, vs, hs) = _groups(ctx, data, 4)
+    tf = t.astype(jnp.float32)
+    # Bias correction only after the first step (T > 0).
+    corrected = r * jnp.sqrt(1 - beta**tf) / (1 - alpha**tf)
+    rate = jnp.where(t > 0, corrected, r)
+    new_x, new_v, new_h = [], [], []
+    for x, g, v, h in zip(xs, gs, vs, hs, strict=True):
+        g_reg = norm_coefficient * x + g
+        v_new = alpha * v + (1 - alpha) * g_reg
+        h_new = beta * h + (1 - beta) * (g_reg * g_reg)
+        x_new = (1 - norm_coefficient_post) * (x - rate * (v_new / (jnp.sqrt(h_new) + epsilon)))
+        new_x.append(jnp.asarray(x_new).astype(jnp.asarray(x).dtype))
+        new_v.append(jnp.asarray(v_new).astype(jnp.asarray(v).dtype))
+        new_h.append(jnp.asarray(h_new).astype(jnp.asarray(h).dtype))
+    return (*new_x, *new_v, *new_h)
+
+
+@builtin(
+    "Momentum",
+    domain=TRAINING,
+    since=1,
+    attrs={"alpha": REQUIRED, "beta": REQUIRED, "mode": REQUIRED, "norm_coefficient": REQUIRED},
+)
+def momentum(ctx, *data, alpha, beta, mode, norm_coefficient):
+    """Momentum(R, T, X..., G..., V...) -> (X_new..., V_new...); mode standard | nesterov."""
+    if mode not in ("standard", "nesterov"):
+        raise ctx.error(f"mode must be 'standard' or 'nesterov', got {mode!r}")
+    r, t, (xs, gs, vs) = _groups(ctx, data, 3)
+    # The gradient's coefficient is 1 at the first step (T == 0).
+    beta_t = jnp.where(t > 0, beta, 1.0)
+    new_x, new_v = [], []
+    for x, g, v in zip(xs, gs, vs, strict=True):
+        g_reg = norm_coefficient * x + g
+        v_new = alpha * v + beta_t * g_reg
+        step = v_new if mode == "standard" else g_reg + alpha * v_new
+        new_x.append(jnp.asarray(x - r * step).astype(jnp.asarray(x).dtype))
+        new_v.append(jnp.asarray(v_new).astype(jnp.asarray(v).dtype))
+    return (*new_x, *new_v)
