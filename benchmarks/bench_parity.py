@@ -92,8 +92,10 @@ def main(argv: list[str] | None = None) -> float:
     print(f"candidate (xconv jax)    {t_cand * 1e3:8.1f} ms")
     print(f"baseline (sum)           {baseline * 1e3:8.1f} ms")
     print(f"check_parity (passing)   {t_check * 1e3:8.1f} ms")
-    print(f"check_parity (failing, localised) {t_fail * 1e3:8.1f} ms "
-          f"({t_fail / baseline:.2f}x baseline)")
+    print(
+        f"check_parity (failing, localised) {t_fail * 1e3:8.1f} ms "
+        f"({t_fail / baseline:.2f}x baseline)"
+    )
     print(f"ratio check/baseline = {ratio:.2f}x (budget 3x): {'OK' if ratio <= 3 else 'OVER'}")
     return ratio
 

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
     from xconv.parity.report import ParityReport
 
 
-def assert_parity(reference: Any, candidate: Any, inputs: Any = None, **kwargs: Any) -> ParityReport:
+def assert_parity(
+    reference: Any, candidate: Any, inputs: Any = None, **kwargs: Any
+) -> ParityReport:
     """Check parity and raise AssertionError (with the report summary) when it fails.
 
     Takes the arguments of :func:`xconv.check_parity`; returns the report when it passes.

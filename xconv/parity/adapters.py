@@ -551,6 +551,12 @@ class NnxAdapter(JaxAdapter):
     def trace(self, inputs, device):
         return None
 
+    def grads(self, inputs, cotangents, device):
+        g = super().grads(inputs, cotangents, device)
+        # nnx state leaves sit under ".value": "fc.kernel.value" -> "fc.kernel".
+        params = {k.removesuffix(".value"): v for k, v in g.params.items()}
+        return Grads(g.inputs, params)
+
 
 # --------------------------------------------------------------------------- TF
 

@@ -1,0 +1,107 @@
+"""Metrics, policies and the adapters for Flax nnx, TF and plain functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import xconv
+from xconv.parity import Policy, compare, resolve_policy
+from xconv.parity.metrics import ulp_p99
+
+
+def test_ulp_distance_counts_representable_steps():
+    a = np.ones(1000, np.float32)
+    b = a.copy()
+    b[:] = np.nextafter(a, np.float32(2))  # one ULP above
+    b[:3] = np.nextafter(np.nextafter(np.nextafter(a[:3], 2), 2), 2)  # three ULPs
+    assert ulp_p99(b, a) == 1.0  # 3 of 1000 elements at 3 ULP sit above the 99th percentile
+    assert ulp_p99(b[:100], a[:100]) == pytest.approx(3.0, abs=0.1)
+    assert ulp_p99(a, a) == 0
+    neg = np.float32([-0.0, 0.0])
+    assert ulp_p99(neg, neg[::-1].copy()) == 0  # -0 and +0 are the same value
+    c = np.float32([np.nextafter(np.float32(0), np.float32(-1))])  # tiniest negative
+    assert ulp_p99(c, np.float32([np.nextafter(np.float32(0), np.float32(1))])) == 2
+
+
+def test_logit_agreement_and_mismatch_location():
+    ref = np.array([[0.1, 0.9, 0.0, 0.3], [0.5, 0.2, 0.1, 0.05]], np.float32)
+    cand = ref.copy()
+    cand[1, 1] = 0.7  # argmax of row 1 flips
+    m = compare("logits", cand, ref, Policy(kind="dtype"))
+    assert not m.passed
+    assert m.argmax_agree == 0.5
+    assert m.mismatches == 1 and m.first_mismatch == (1, 1)
+    assert m.max_abs == pytest.approx(0.5)
+    assert m.cosine < 1
+
+
+def test_oracle_rule_separates_noise_from_bugs():
+    rng = np.random.default_rng(0)
+    oracle = rng.normal(size=1000)
+    ref = (oracle + rng.normal(scale=1e-6, size=1000)).astype(np.float32)
+    noisy = (oracle + rng.normal(scale=2e-6, size=1000)).astype(np.float32)  # 2x ref noise
+    buggy = (oracle * 1.0005).astype(np.float32)
+    pol = Policy()
+    assert compare("y", noisy, ref, pol, oracle).passed
+    m = compare("y", buggy, ref, pol, oracle)
+    assert not m.passed and m.ratio > 4
+    # the bound is k x ref error + floor
+    assert m.bound == pytest.approx(
+        4 * m.ref_err + 8 * np.finfo(np.float32).eps * np.abs(oracle).max()
+    )
+
+
+def test_dtype_defaults_and_integer_outputs():
+    assert Policy(kind="dtype").tolerances(np.float16) == (1e-3, 1e-5)
+    assert Policy(kind="dtype").tolerances("bfloat16") == (1.6e-2, 1e-5)
+    assert resolve_policy("oracle", rtol=1e-3).kind == "explicit"
+    ints = compare("ids", np.array([1, 2, 3]), np.array([1, 2, 4]), Policy())
+    assert not ints.passed and ints.first_mismatch == (2,)
+    shape = compare("y", np.zeros((2, 3)), np.zeros((3, 2)), Policy())
+    assert not shape.passed and "shape" in shape.error
+
+
+def _linear():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3).eval()
+    return lin, lin.weight.detach().numpy(), lin.bias.detach().numpy()
+
+
+def test_nnx_module_and_grads_by_name():
+    from flax import nnx
+
+    lin, w, b = _linear()
+
+    class M(nnx.Module):
+        def __init__(self, scale=1.0):
+            self.fc = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+            self.fc.kernel.value = w.T * scale
+            self.fc.bias.value = b
+
+        def __call__(self, x):
+            return self.fc(x)
+
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    r = xconv.check_parity(lin, M(), x, grads=True)
+    assert r.passed, r.summary()
+    assert not xconv.check_parity(lin, M(1.001), x).passed
+
+
+def test_plain_jax_function_and_tf_function():
+    import jax.numpy as jnp
+
+    lin, w, b = _linear()
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    assert xconv.check_parity(
+        lin, (lambda p, x: jnp.dot(x, p["w"].T) + p["b"], {"w": w, "b": b}), x
+    ).passed
+    tf = pytest.importorskip("tensorflow")
+
+    @tf.function
+    def bad(x):
+        return tf.matmul(x, tf.constant(w.T)) + b + 1e-3
+
+    report = xconv.check_parity(lin, bad, x)
+    assert not report.passed and report.matrix[0].framework == "tf"
