@@ -174,3 +174,37 @@ def test_unsupported_ops_listed_before_writing(tmp_path):
     assert "Hardmax x2" in str(info.value) and "Det x1" in str(info.value)
     assert not (tmp_path / "out").exists()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_tiny_transformer(tmp_path, api):
+    from tests.converters.jax.flax_models import tiny_transformer
+
+    model = tiny_transformer()
+    ids = np.random.default_rng(4).integers(0, 11, size=(3, 5)).astype(np.int64)
+    (expected,) = ort_run(model, ids)
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    src = (out / "model.py").read_text()
+    for layer in ("Embed(", "LayerNorm(", "RMSNorm(", "Dropout("):
+        assert layer in src
+    assert ("nn.Dense(" if api == "linen" else "nnx.Linear(") in src
+    assert "approximate=True" in src and "approximate=False" in src and "lax.erf(" in src
+    got, handle = run_generated(out, api, ids)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-5)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+    # 14 layer weights + the raw positional table
+    assert check_grads(api, handle, ids) == 15
+
+
+def test_dropout_follows_train(tmp_path):
+    from tests.converters.jax.flax_models import tiny_transformer
+
+    out = xconv.to_flax(tiny_transformer(), tmp_path / "out", api="linen")
+    model, variables = import_generated(out).load(out)
+    ids = np.arange(10, dtype=np.int64).reshape(2, 5) % 11
+    a = model.apply(variables, ids)
+    b = model.apply(variables, ids, train=True, rngs={"dropout": jax.random.key(0)})
+    c = model.apply(variables, ids, train=True, rngs={"dropout": jax.random.key(0)})
+    assert not np.allclose(a, b)
+    np.testing.assert_array_equal(b, c)

@@ -487,12 +487,12 @@ class _Emitter:
             r = self.rank(data[0])
             return layout.channels_last(r) if r is not None else None
         if kind in ("unary", "reduce"):
-            return self.native[data[0]]
+            return self.native.get(data[0])
         if out_rank is None:
             return None
-        perms = [self.native[v] for v in data if self.rank(v) == out_rank]
+        perms = [self.native.get(v) for v in data if self.rank(v) == out_rank]
         for v in data:
-            if self.rank(v) != out_rank and self.native[v] is not None:
+            if self.rank(v) != out_rank and self.native.get(v) is not None:
                 return None
         if kind == "axis":
             return perms[0] if perms else None
@@ -541,20 +541,20 @@ def _parse_attrs(node: ir.Node, spec: dict[str, Any]) -> dict[str, Any]:
 
 def _imports(text: str, api: str) -> list[str]:
     std = ["from pathlib import Path"]
-    if re.search(r"\bmath\.", text):
+    if re.search(r"(?<![\w.])math\.", text):
         std.insert(0, "import math")
     third = []
-    if api == "linen" or re.search(r"\bnn\.", text):
+    if api == "linen" or re.search(r"(?<![\w.])nn\.", text):
         third.append("import flax.linen as nn")
-    if re.search(r"\bjax\.", text):
+    if re.search(r"(?<![\w.])jax\.", text):
         third.append("import jax")
     third.append("import jax.numpy as jnp")
-    if re.search(r"\bnp\.", text):
+    if re.search(r"(?<![\w.])np\.", text):
         third.append("import numpy as np")
     third.append(
         "from flax import nnx, serialization" if api == "nnx" else "from flax import serialization"
     )
-    if re.search(r"\blax\.", text):
+    if re.search(r"(?<![\w.])lax\.", text):
         third.append("from jax import lax")
     return [*std, "", *third]
 
