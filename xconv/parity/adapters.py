@@ -415,22 +415,45 @@ class JaxAdapter(Adapter):
             float_idx = [i for i, x in enumerate(xs) if np.issubdtype(x.dtype, np.floating)]
             cts = [None if c is None else jax.numpy.asarray(c) for c in cotangents]
 
-            def loss(p, fx):
+            # Differentiate float weights only (integer buffers such as step counters ride along).
+            leaves, treedef = jax.tree_util.tree_flatten(params)
+            fidx = [
+                i for i, v in enumerate(leaves) if jax.numpy.issubdtype(v.dtype, jax.numpy.floating)
+            ]
+
+            def loss(fp, fx):
+                full_p = list(leaves)
+                for i, v in zip(fidx, fp, strict=True):
+                    full_p[i] = v
                 full = list(xs)
                 for i, v in zip(float_idx, fx, strict=True):
                     full[i] = v
-                outs = jax.tree_util.tree_leaves(self._call(p, full))
+                outs = jax.tree_util.tree_leaves(
+                    self._call(jax.tree_util.tree_unflatten(treedef, full_p), full)
+                )
                 total = 0.0
                 for o, c in zip(outs, cts, strict=False):
                     if c is not None and jax.numpy.issubdtype(o.dtype, jax.numpy.floating):
                         total = total + jax.numpy.sum(o * c.astype(o.dtype))
                 return total
 
-            gp, gx = jax.grad(loss, argnums=(0, 1))(params, [xs[i] for i in float_idx])
+            gfp, gx = jax.grad(loss, argnums=(0, 1))(
+                [leaves[i] for i in fidx], [xs[i] for i in float_idx]
+            )
+            gleaves = [None] * len(leaves)
+            for i, g in zip(fidx, gfp, strict=True):
+                gleaves[i] = g
+            named = list(
+                flatten_tree(
+                    jax.tree_util.tree_unflatten(treedef, list(range(len(leaves))))
+                ).items()
+            )
             gin: list[np.ndarray | None] = [None] * len(xs)
             for i, g in zip(float_idx, gx, strict=True):
                 gin[i] = np.asarray(g)
-            return Grads(gin, {k: np.asarray(v) for k, v in flatten_tree(gp).items()})
+            return Grads(
+                gin, {k: np.asarray(gleaves[j]) for k, j in named if gleaves[j] is not None}
+            )
 
 
 def flatten_tree(tree: Any) -> dict[str, Any]:
