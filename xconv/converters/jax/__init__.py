@@ -12,6 +12,7 @@ HANDLER_MODULES = (
     "elementwise",
     "math",
     "nn",
+    "rnn",
     "linalg",
     "reduce",
     "attention",

@@ -753,7 +753,9 @@ def lp_normalization(ctx, x, *, axis, p):
         norm = jnp.sqrt(jnp.sum(x * x, axis=axis, keepdims=True))
     else:
         raise ctx.error(f"p={p}; supported: 1, 2")
-    return x / norm
+    zero = norm == 0
+    # A zero norm gives 0, not NaN (as the ONNX reference does).
+    return jnp.where(zero, jnp.zeros((), x.dtype), x / jnp.where(zero, 1, norm).astype(x.dtype))
 
 
 @builtin("MeanVarianceNormalization", attrs={"axes": (0, 2, 3)})
