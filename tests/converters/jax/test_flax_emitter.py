@@ -208,3 +208,49 @@ def test_dropout_follows_train(tmp_path):
     c = model.apply(variables, ids, train=True, rngs={"dropout": jax.random.key(0)})
     assert not np.allclose(a, b)
     np.testing.assert_array_equal(b, c)
+
+
+def _torch_net():
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+            self.bn1 = torch.nn.BatchNorm2d(8)
+            self.conv2 = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1)
+            self.pool = torch.nn.MaxPool2d(3, 2, 1)
+            self.fc = torch.nn.Linear(8, 4)
+            self.ln = torch.nn.LayerNorm(4)
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = self.pool(self.conv2(y) + y[:, :, ::2, ::2])
+            y = torch.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)
+            y = torch.nn.functional.gelu(self.fc(y), approximate="tanh")
+            return self.ln(y).softmax(-1)
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    with torch.no_grad():
+        net.bn1.running_mean.uniform_(-0.5, 0.5)
+        net.bn1.running_var.uniform_(0.5, 1.5)
+    return torch, net
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_torch_exported_unannotated(tmp_path, api):
+    """A dynamo export without layer metadata: raw ops, weights as top-level params."""
+    torch, net = _torch_net()
+    x = torch.randn(2, 3, 16, 16)
+    onnx_program = torch.onnx.export(net, (x,), dynamo=True, optimize=False, verbose=False)
+    model = xconv.load(onnx_program.model_proto)
+    with torch.no_grad():
+        expected = net(x).numpy()
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    src = (out / "model.py").read_text()
+    assert "CastLike" not in src and "broadcast_to" not in src  # exporter bookkeeping folded
+    got, _ = run_generated(out, api, x.numpy())
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-5)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg

@@ -438,7 +438,7 @@ class _Emitter:
             tpl.static_ok and all(v in self.static for v in data)
         )
         xp = "np" if static else "jnp"
-        bare = tpl.layout in ("unary", "binary")
+        bare = tpl.layout == "binary"
         args: list[str | None] = []
         for v, c in zip(ins, consts, strict=True):
             if v is None or not v.name:

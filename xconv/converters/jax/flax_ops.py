@@ -135,6 +135,9 @@ def scalar_literal(v: Any) -> str:
     if isinstance(v, np.integer | int):
         return repr(int(v))
     f = float(v)
+    if np.isfinite(f) and float(np.float32(f)) == f:
+        # A float32 value: its shortest float32 spelling reads better and rounds back exactly.
+        f = float(str(np.float32(f)))
     if math.isnan(f):
         return 'float("nan")'
     if math.isinf(f):
@@ -389,9 +392,15 @@ def _conv(c: OpCall) -> str:
         f"padding={_spatial_pads(c, n)}, rhs_dilation={dil}, dimension_numbers={dn}, "
         f"feature_group_count={c.attrs['group']})"
     )
-    if c.has(2):
-        out += f" + {c.args[2]}.reshape((-1,{' 1,' * n}))"
+    bias = c.consts[2] if len(c.consts) > 2 else None
+    if c.has(2) and not (bias is not None and not bias.any()):  # exporters add zero biases
+        out += f" + {c.args[2]}.reshape({_channel_shape(n)})"
     return out
+
+
+def _channel_shape(n: int) -> str:
+    """``(-1, 1, 1)``: a per-channel vector broadcast over ``n`` spatial dims."""
+    return "(" + ", ".join(["-1"] + ["1"] * n) + ("," if n == 0 else "") + ")"
 
 
 def _pool_pads(c: OpCall, n: int, kernel, strides) -> list[tuple[int, int]]:
@@ -481,8 +490,7 @@ def _batch_norm(c: OpCall) -> str:
     if c.attrs["training_mode"]:
         raise c.fail("training_mode=1 outside a recognised batch_norm layer")
     x, scale, bias, mean, var = c.args[:5]
-    n = c.rank() - 2
-    shape = f"(-1,{' 1,' * n})" if n > 0 else "(-1,)"
+    shape = _channel_shape(c.rank() - 2)
     eps = scalar_literal(c.attrs["epsilon"])
     return (
         f"({x} - {mean}.reshape({shape})) * lax.rsqrt({var}.reshape({shape}) + {eps}) "

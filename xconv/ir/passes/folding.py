@@ -83,6 +83,12 @@ class ConstantFoldingPass(ir.passes.InPlacePass):
         for node in list(graph):
             if not self._foldable(node):
                 continue
+            if node.op_type == "CastLike":
+                folded = _fold_cast_like(node, annotated)
+                if folded is not None:
+                    replace_with_constants(graph, node, [folded])
+                    modified = True
+                continue
             args = []
             ok = True
             for v in node.inputs:
@@ -204,3 +210,15 @@ def _fold_gather_of_shape(node: ir.Node, annotated: bool) -> np.ndarray | None:
     if np.any(picked < 0):
         return None
     return picked.astype(np.int64)
+
+
+def _fold_cast_like(node: ir.Node, annotated: bool) -> np.ndarray | None:
+    """``CastLike(c, x)`` only reads ``x``'s dtype: fold it when ``c`` is constant."""
+    c = constant_of(node.inputs[0], annotated)
+    target = node.inputs[1].dtype if node.inputs[1] is not None else None
+    if c is None or target is None:
+        return None
+    try:
+        return c.astype(target.numpy())
+    except (TypeError, ValueError):
+        return None
