@@ -254,3 +254,22 @@ def test_torch_exported_unannotated(tmp_path, api):
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-5)
     ok, msg = ruff_ok(out / "model.py")
     assert ok, msg
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("which", ["resnet_block", "tiny_transformer"])
+def test_matches_to_jax(tmp_path, api, which):
+    """The generated module and the IR interpreter (xconv.to_jax), both under jit, agree."""
+    from tests.converters.jax import flax_models
+
+    model = getattr(flax_models, which)()
+    rng = np.random.default_rng(5)
+    if which == "resnet_block":
+        x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    else:
+        x = rng.integers(0, 11, size=(2, 5)).astype(np.int64)
+    fn, params = xconv.to_jax(model)
+    (expected,) = jax.jit(fn)(params, x)
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    got, _ = run_generated(out, api, x)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-5)
