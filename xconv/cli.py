@@ -94,13 +94,37 @@ def _print_summary(s, top: int = 0, title: str = "") -> None:
     help="Where to write the demo's outputs (default: a temporary folder).",
 )
 def demo(out: Path | None) -> None:
-    """Run xconv on a bundled model and show what it does."""
-    from xconv.demo import build_demo_model
+    """Convert a bundled PyTorch CNN to Flax and print the parity summary."""
+    import tempfile
 
-    model = build_demo_model()
-    from xconv.inspect import summarize
+    from xconv.convert import ConvertOptions, convert
+    from xconv.demo import build_demo_torch
+    from xconv.errors import ParityError
 
-    _print_summary(summarize(model), title="bundled demo CNN")
+    console = _console()
+    module, inputs = build_demo_torch()
+    console.print("[bold]xconv demo[/]: a small ResNet-style PyTorch CNN -> Flax (linen)")
+    with tempfile.TemporaryDirectory() as tmp:
+        target = out or Path(tmp) / "demo_flax"
+        with console.status("converting") as status:
+            result = convert(
+                module,
+                source_kind="torch",
+                target="flax",
+                out_dir=target,
+                options=ConvertOptions(),
+                example_inputs=inputs,
+                progress=lambda msg: status.update(msg + " ..."),
+            )
+        console.print(
+            f"[green]wrote[/] {result.out_dir}/: " + ", ".join(p.name for p in result.files)
+        )
+        source = (result.out_dir / "model.py").read_text().splitlines()
+        console.print(f"model.py ({len(source)} lines), first lines:")
+        console.print("\n".join(source[:25]), markup=False, soft_wrap=True)
+        console.print(result.parity)
+    if not result.passed:
+        raise ParityError("the demo conversion does not match torch")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -78,3 +78,52 @@ def build_demo_model(seed: int = 0) -> ir.Model:
     )
     mark_layer(y.producer(), "dense", in_features=8, out_features=4, use_bias=True)
     return b.build([y])
+
+
+def build_demo_torch(seed: int = 0):
+    """A small ResNet-style torch CNN (conv, batch norm, residual, pooling, dense), eval mode.
+
+    Returns:
+        ``(module, example_inputs)``.
+    """
+    from xconv.errors import require
+
+    torch = require("torch", "torch")
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, c: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(c)
+            self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+            self.bn2 = nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(x + self.bn2(self.conv2(y)))
+
+    class DemoNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(3, 16, 3, stride=2, padding=1)
+            self.bn = nn.BatchNorm2d(16)
+            self.pool = nn.MaxPool2d(2)
+            self.block1 = Block(16)
+            self.block2 = Block(16)
+            self.head = nn.Linear(16, 10)
+
+        def forward(self, x):
+            x = self.pool(torch.relu(self.bn(self.stem(x))))
+            x = self.block2(self.block1(x))
+            return self.head(x.mean(dim=(2, 3)))
+
+    torch.manual_seed(seed)
+    module = DemoNet()
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.3, 0.3)
+                m.running_var.uniform_(0.6, 1.4)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed + 1))
+    return module.eval(), (x,)

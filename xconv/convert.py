@@ -1,0 +1,327 @@
+"""One conversion, end to end: import -> IR -> emit -> parity check -> files.
+
+``convert`` is what every ``xconv <source>-to-<target>`` command calls. It writes into a
+staging folder beside ``out_dir`` and moves it into place only when every file is written, so
+a failed run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from xconv.errors import ConversionError
+
+logger = logging.getLogger(__name__)
+
+SOURCES = ("torch", "onnx")
+TARGETS = ("flax", "jax", "onnx")
+APIS = ("linen", "nnx")
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Everything a conversion can be told; passed down the call chain, never global.
+
+    Attributes:
+        api: Flax API of the generated module: ``"linen"`` or ``"nnx"``.
+        check: Run the parity check against the source model.
+        policy: Parity policy (``"oracle"``, ``"dtype"``).
+        devices: Devices the parity check runs the candidate on (``"all"``, ``"cpu"``).
+        dynamic_batch: Give the converted model a symbolic batch dimension.
+        module_factory: ``"pkg.mod:factory"`` building the module a state_dict loads into.
+        trust_pickle: Allow unpickling a full torch module (runs code from the file).
+        input_shapes: Example input shapes (``"2,3,224,224"``, optionally ``":int64"``).
+        input_dtypes: Their dtypes (one for all, or one each).
+        inputs_npz: Example inputs from an ``.npz`` file instead.
+    """
+
+    api: str = "linen"
+    check: bool = True
+    policy: str = "oracle"
+    devices: str = "all"
+    dynamic_batch: bool = False
+    module_factory: str | None = None
+    trust_pickle: bool = False
+    input_shapes: tuple[str, ...] = ()
+    input_dtypes: tuple[str, ...] = ("float32",)
+    inputs_npz: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.api not in APIS:
+            raise ConversionError(f"unknown Flax api {self.api!r}; choose one of {list(APIS)}")
+
+
+@dataclass
+class ConversionResult:
+    """What a conversion wrote, and its parity report (None with ``check=False``)."""
+
+    out_dir: Path
+    model: ir.Model
+    files: list[Path] = field(default_factory=list)
+    parity: Any = None
+
+    @property
+    def passed(self) -> bool:
+        return self.parity is None or bool(self.parity.passed)
+
+
+@dataclass
+class _Imported:
+    model: ir.Model
+    reference: Any  # what the parity check runs as ground truth
+    inputs: Sequence[Any] | None
+    description: str
+
+
+Progress = Callable[[str], None]
+
+
+def convert(
+    source: Any,
+    *,
+    source_kind: str,
+    target: str,
+    out_dir: str | os.PathLike,
+    options: ConvertOptions | None = None,
+    example_inputs: Sequence[Any] | None = None,
+    progress: Progress | None = None,
+) -> ConversionResult:
+    """Convert ``source`` to ``target`` and write the result to ``out_dir``.
+
+    Args:
+        source: A model file path, or an in-memory model of ``source_kind`` (an
+            ``nn.Module`` for torch, a ``ModelProto``/``onnx_ir.Model`` for onnx).
+        source_kind: One of ``SOURCES``.
+        target: One of ``TARGETS``: ``flax`` (model.py + variables.msgpack), ``jax``
+            (model.py loading the function + params.msgpack), ``onnx`` (model.onnx).
+        out_dir: Output folder; replaced as a whole when the conversion succeeds.
+        options: See :class:`ConvertOptions`.
+        example_inputs: Inputs to trace and check with (in-memory sources); files get
+            theirs from ``options`` or from the file itself.
+        progress: Called with a short description as each step starts.
+
+    Returns:
+        A :class:`ConversionResult`. Every target also gets ``model.onnx`` (the IR, viewable
+        in Netron) and, when checked, ``parity.json`` and ``parity.html``.
+    """
+    options = options or ConvertOptions()
+    say = progress or (lambda msg: logger.info(msg))
+    if source_kind not in SOURCES:
+        raise ConversionError(f"unknown source {source_kind!r}; choose one of {list(SOURCES)}")
+    if target not in TARGETS:
+        raise ConversionError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
+    out = Path(out_dir)
+    say(f"importing {source_kind} model")
+    imported = _IMPORTERS[source_kind](source, options, example_inputs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parent = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.staging."))
+    try:
+        stage = parent / out.name
+        say(f"writing {target} output")
+        candidate_loader = _EMITTERS[target](imported.model, stage, options)
+        from xconv.converters.onnx.io import save
+
+        save(imported.model, stage / "model.onnx")
+        report = None
+        if options.check:
+            say("checking parity against the source model")
+            report = _check(imported, candidate_loader(stage), options)
+            report.to_json(stage / "parity.json")
+            report.to_html(stage / "parity.html")
+        _replace_dir(stage, out)
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    return ConversionResult(out, imported.model, files, report)
+
+
+# --- importers -------------------------------------------------------------------------
+
+
+def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:
+    from xconv.converters.torch.files import example_inputs, load_torch_model
+    from xconv.converters.torch.importer import from_torch
+
+    inputs = (
+        given
+        if given is not None
+        else example_inputs(
+            list(options.input_shapes) or None, list(options.input_dtypes), npz=options.inputs_npz
+        )
+    )
+    if isinstance(source, str | os.PathLike):
+        module, file_inputs = load_torch_model(
+            source, module_factory=options.module_factory, trust_pickle=options.trust_pickle
+        )
+        description = str(source)
+    else:
+        module, file_inputs = source, None
+        description = type(source).__name__
+    inputs = inputs if inputs is not None else file_inputs
+    if inputs is None and not _is_exported_program(module):
+        raise ConversionError(
+            "no example inputs: give --input-shape (e.g. 1,3,224,224, repeatable) or --inputs "
+            "FILE.npz; a .pt2 file carries its own"
+        )
+    model = from_torch(module, inputs, dynamic_batch=options.dynamic_batch)
+    reference = module.module() if _is_exported_program(module) else module
+    if inputs is None:
+        inputs = _exported_example_inputs(module)
+    return _Imported(model, reference, inputs, description)
+
+
+def _is_exported_program(obj: Any) -> bool:
+    mod = sys.modules.get("torch.export")
+    return mod is not None and isinstance(obj, mod.ExportedProgram)
+
+
+def _exported_example_inputs(program: Any) -> Sequence[Any] | None:
+    example = getattr(program, "example_inputs", None)
+    if example is None:
+        return None
+    args, _kwargs = example
+    return tuple(args)
+
+
+def _import_onnx(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:
+    from xconv.converters.onnx.io import load
+
+    model = load(source)
+    inputs = given
+    if inputs is None and (options.input_shapes or options.inputs_npz):
+        inputs = _numpy_inputs(options)
+    description = str(source) if isinstance(source, str | os.PathLike) else "ONNX model"
+    # The reference is the original file run by onnxruntime, not the upgraded IR.
+    reference = str(source) if isinstance(source, str | os.PathLike) else source
+    return _Imported(model, reference, inputs, description)
+
+
+def _numpy_inputs(options: ConvertOptions) -> tuple[Any, ...]:
+    import numpy as np
+
+    if options.inputs_npz:
+        with np.load(options.inputs_npz, allow_pickle=False) as data:
+            return tuple(np.array(data[k]) for k in data.files)
+    rng = np.random.default_rng(0)
+    dtypes = list(options.input_dtypes)
+    if len(dtypes) == 1:
+        dtypes = dtypes * len(options.input_shapes)
+    out = []
+    for spec, dtype in zip(options.input_shapes, dtypes, strict=True):
+        shape_text, _, dt = spec.partition(":")
+        shape = tuple(int(d) for d in shape_text.split(",") if d.strip())
+        dt = np.dtype(dt or dtype)
+        out.append(rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt))
+    return tuple(out)
+
+
+_IMPORTERS: dict[str, Callable[[Any, ConvertOptions, Sequence[Any] | None], _Imported]] = {
+    "torch": _import_torch,
+    "onnx": _import_onnx,
+}
+
+# --- emitters: write the target into the staging folder, return how to load it back -----
+
+Loader = Callable[[Path], Any]
+
+
+def _emit_flax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
+    from xconv.converters.jax.flax_emitter import to_flax
+
+    to_flax(model, stage, api=options.api)
+    return lambda where: _load_generated(where / "model.py").load(where)
+
+
+_JAX_LOADER = '''"""JAX function converted by xconv: ``fn(params, *inputs) -> tuple of outputs``.
+
+Load with ``fn, params = load()``; ``params`` nests the weights by source scope path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flax import serialization
+
+import xconv
+
+
+def load(out_dir=None):
+    out_dir = Path(out_dir) if out_dir is not None else Path(__file__).parent
+    fn, _ = xconv.to_jax(xconv.load(out_dir / "model.onnx"))
+    params = serialization.msgpack_restore((out_dir / "params.msgpack").read_bytes())
+    return fn, params
+'''
+
+
+def _emit_jax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
+    from flax import serialization
+
+    from xconv.converters.jax.interpreter import to_jax
+
+    _fn, params = to_jax(model)
+    stage.mkdir(parents=True, exist_ok=True)
+    (stage / "params.msgpack").write_bytes(serialization.msgpack_serialize(params))
+    (stage / "model.py").write_text(_JAX_LOADER)
+    return lambda where: _load_generated(where / "model.py").load(where)
+
+
+def _emit_onnx(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
+    stage.mkdir(parents=True, exist_ok=True)
+    return lambda where: str(where / "model.onnx")
+
+
+_EMITTERS: dict[str, Callable[[ir.Model, Path, ConvertOptions], Loader]] = {
+    "flax": _emit_flax,
+    "jax": _emit_jax,
+    "onnx": _emit_onnx,
+}
+
+
+def _load_generated(path: Path):
+    """Import a generated ``model.py`` under a unique module name."""
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    name = f"xconv_generated_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConversionError(f"cannot import the generated module {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check(imported: _Imported, candidate: Any, options: ConvertOptions):
+    from xconv.parity.checker import check_parity
+
+    return check_parity(
+        imported.reference,
+        candidate,
+        imported.inputs,
+        policy=options.policy,
+        devices=options.devices,
+    )
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst``, replacing an existing ``dst`` only once ``src`` is complete."""
+    if dst.exists():
+        if not dst.is_dir():
+            raise ConversionError(f"{dst} exists and is not a folder")
+        old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.old."))
+        os.replace(dst, old / dst.name)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
