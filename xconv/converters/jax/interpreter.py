@@ -133,7 +133,18 @@ class Interpreter:
             return self.run_graph(graph, env, sub_inputs, rng)
 
         ctx = JaxContext(node, version, run_subgraph, rng, index)
-        static = node.op_type not in _STATEFUL and all(is_static(a) for a in args)
+        # A subgraph may read run-time values of the enclosing scope, so a node with one
+        # (If/Loop/Scan/SequenceMap) is never folded as a whole; its inner nodes still are.
+        has_subgraph = any(
+            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+            for a in node.attributes.values()
+            if not a.is_ref()
+        )
+        static = (
+            node.op_type not in _STATEFUL
+            and not has_subgraph
+            and all(is_static(a) for a in args)
+        )
         try:
             if static:
                 with jax.ensure_compile_time_eval():
