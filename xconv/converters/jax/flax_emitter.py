@@ -425,6 +425,8 @@ class _Emitter:
         return "IO"
 
     def emit_node(self, node: ir.Node) -> None:
+        if node.op_type in ("Shape", "Size") and self._emit_shape(node):
+            return
         tpl = TEMPLATES[node.op_type]
         attrs = _parse_attrs(node, tpl.attrs)
         ins = list(node.inputs)
@@ -477,6 +479,24 @@ class _Emitter:
         for o, name in zip(node.outputs, outs, strict=True):
             if name != "_":
                 self.bind(o, name, out_perm if o is node.outputs[0] else None, static)
+
+    def _emit_shape(self, node: ir.Node) -> bool:
+        """Shape/Size read a channels-last value directly, without transposing it back."""
+        x = node.inputs[0]
+        perm = self.native.get(x)
+        if perm is None or x not in self.env or node.attributes:
+            return False
+        name = self.env[x][perm]
+        out = node.outputs[0]
+        target = self.ns.new(out.name)
+        if node.op_type == "Size":
+            expr = f"np.asarray({name}.size, dtype=np.int64)"
+        else:
+            dims = ", ".join(f"{name}.shape[{perm.index(a)}]" for a in range(len(perm)))
+            expr = f"np.asarray([{dims}], dtype=np.int64)"
+        self.src.body.append(f"{target} = {expr}{self._comment(node)}")
+        self.bind(out, target, None, static=True)
+        return True
 
     def _choose_perm(
         self, kind: str, node: ir.Node, data: list[ir.Value], out_rank: int | None

@@ -403,6 +403,48 @@ def _channel_shape(n: int) -> str:
     return "(" + ", ".join(["-1"] + ["1"] * n) + ("," if n == 0 else "") + ")"
 
 
+@template(
+    "ConvTranspose",
+    auto_pad="NOTSET",
+    dilations=None,
+    group=1,
+    kernel_shape=None,
+    output_padding=None,
+    output_shape=None,
+    pads=None,
+    strides=None,
+)
+def _conv_transpose(c: OpCall) -> str:
+    w_shape = c.shapes[1]
+    if w_shape is None:
+        raise c.fail("ConvTranspose with a kernel of unknown shape")
+    n = len(w_shape) - 2
+    if c.attrs["group"] != 1 or c.attrs["output_shape"] is not None or n > 3:
+        raise c.fail("grouped ConvTranspose or output_shape; supported: group=1, explicit pads")
+    k = [int(d) for d in w_shape[2:]]
+    strides = tuple(c.attrs["strides"] or (1,) * n)
+    dil = tuple(c.attrs["dilations"] or (1,) * n)
+    opad = c.attrs["output_padding"] or (0,) * n
+    pads = _spatial_pads(c, n)
+    # The gradient of a convolution: dilate the input by the strides, convolve with the
+    # spatially flipped kernel whose in/out channels are swapped.
+    padding = [
+        (dil[i] * (k[i] - 1) - pads[i][0], dil[i] * (k[i] - 1) - pads[i][1] + int(opad[i]))
+        for i in range(n)
+    ]
+    spatial = "DHW"[-n:]
+    dn = (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
+    flip = ", ".join([":", ":"] + ["::-1"] * n)
+    w = f"jnp.swapaxes({c.args[1]}, 0, 1)[{flip}]"
+    out = (
+        f"lax.conv_general_dilated({c.args[0]}, {w}, window_strides={(1,) * n}, "
+        f"padding={padding}, lhs_dilation={strides}, rhs_dilation={dil}, dimension_numbers={dn})"
+    )
+    if c.has(2):
+        out += f" + {c.args[2]}.reshape({_channel_shape(n)})"
+    return out
+
+
 def _pool_pads(c: OpCall, n: int, kernel, strides) -> list[tuple[int, int]]:
     pads = _spatial_pads(c, n)
     if c.attrs.get("ceil_mode"):
