@@ -92,3 +92,24 @@ def test_broken_conversion_localised(setup, case):
     report = xconv.check_parity(net, (fn, params), x)
     assert not report.passed
     assert report.first_divergence == scope, report.summary()
+
+
+def test_emitted_flax_module_localised_against_torch(setup, tmp_path):
+    """to_flax output (NHWC, modules named blocks_0_conv) is matched to torch scopes."""
+    pytest.importorskip("xconv.converters.jax.flax_emitter")
+    import jax
+
+    net, x, proto = setup
+    out = xconv.to_flax(ir.from_proto(proto), tmp_path / "flax")
+    from xconv.parity import check_files
+    from xconv.parity.checker import _load_flax_dir
+
+    with pytest.raises(xconv.InvalidModelError, match="trust_code"):
+        check_files(out, out, x)
+    module, variables = _load_flax_dir(out)
+    assert xconv.check_parity(net, (module, variables), x).passed
+    bad = jax.tree_util.tree_map(lambda a: a, variables)
+    bad["params"]["blocks_1_conv"]["kernel"] = bad["params"]["blocks_1_conv"]["kernel"] * 1.001
+    report = xconv.check_parity(net, (module, bad), x)
+    assert not report.passed
+    assert report.first_divergence == "blocks.1.conv", report.summary()

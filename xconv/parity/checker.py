@@ -346,14 +346,51 @@ def check_files(
     reference_path: str | os.PathLike,
     candidate_path: str | os.PathLike,
     inputs: Any = None,
+    *,
+    trust_code: bool = False,
     **kwargs: Any,
 ) -> ParityReport:
     """Check two saved models (for ``xconv check``).
 
-    Each path may be a ``.onnx`` file or a directory holding exactly one (a converted output
-    directory). Other keyword arguments go to :func:`check_parity`.
+    Each path may be a ``.onnx`` file, a directory holding exactly one, or an
+    ``xconv.to_flax`` output directory (``model.py`` + ``variables.msgpack``). Loading the
+    latter runs its generated Python, so it needs ``trust_code=True``. Other keyword
+    arguments go to :func:`check_parity`.
     """
-    return check_parity(_model_file(reference_path), _model_file(candidate_path), inputs, **kwargs)
+    return check_parity(
+        _load_side(reference_path, trust_code),
+        _load_side(candidate_path, trust_code),
+        inputs,
+        **kwargs,
+    )
+
+
+def _load_side(path: str | os.PathLike, trust_code: bool) -> Any:
+    p = Path(path)
+    if p.is_dir() and (p / "model.py").is_file() and (p / "xconv.json").is_file():
+        if not trust_code:
+            raise InvalidModelError(
+                f"{p} is a generated Flax module; checking it imports and runs its model.py. "
+                "Pass trust_code=True (CLI: --trust-code) if you trust that directory."
+            )
+        return _load_flax_dir(p)
+    return _model_file(p)
+
+
+def _load_flax_dir(p: Path) -> Any:
+    import importlib.util
+    import json
+
+    api = json.loads((p / "xconv.json").read_text()).get("api", "linen")
+    spec = importlib.util.spec_from_file_location(
+        f"xconv_generated_{abs(hash(str(p)))}", p / "model.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    loaded = module.load(str(p))
+    if api == "linen" and not (isinstance(loaded, tuple) and len(loaded) == 2):
+        raise InvalidModelError(f"{p / 'model.py'}: load() should return (module, variables)")
+    return loaded
 
 
 def _model_file(path: str | os.PathLike) -> str:
@@ -362,13 +399,15 @@ def _model_file(path: str | os.PathLike) -> str:
         found = sorted(p.glob("*.onnx"))
         if len(found) != 1:
             raise InvalidModelError(
-                f"{p} holds {len(found)} .onnx files; point at the model file itself"
+                f"{p} holds {len(found)} .onnx files and no generated Flax module; "
+                "point at the model file itself"
             )
         return str(found[0])
     if not p.is_file():
         raise InvalidModelError(f"no such model file: {p}")
     if p.suffix != ".onnx":
         raise InvalidModelError(
-            f"cannot check {p}: xconv check reads .onnx files (or a directory holding one)"
+            f"cannot check {p}: xconv check reads .onnx files, or a directory holding one or "
+            "an xconv.to_flax output"
         )
     return str(p)

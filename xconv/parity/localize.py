@@ -120,32 +120,68 @@ class ScopeResult:
         }
 
 
+def to_ref_layout(c: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``c`` as an array of ``shape``: itself, or moved from channels-last (Flax, Keras) to
+    channels-first (torch, the IR) when that is what makes the shapes agree."""
+    if c.shape == shape:
+        return c
+    if c.ndim >= 3 and c.ndim == len(shape):
+        moved = np.moveaxis(c, -1, 1)
+        if moved.shape == shape:
+            return moved
+    return None
+
+
 def _pick(
     cands: list[np.ndarray], refs: list[np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """The pair to compare: main outputs, else the first same-shaped pair."""
+    """The pair to compare: main outputs, else the first pair whose shapes agree."""
     if not cands or not refs:
         return None
     # Torch hooks list a module's outputs in return order (main first); IR groups list
     # escaping values in graph order (main last). Try the natural pairings, then any.
     for c in (cands[-1], cands[0]):
         for ri, r in enumerate(refs):
-            if c.shape == r.shape:
-                return c, r, ri
+            moved = to_ref_layout(c, r.shape)
+            if moved is not None:
+                return moved, r, ri
     return None
 
 
+def _loose(name: str) -> str:
+    """Emitted Flax modules flatten ``blocks.0.conv`` to ``blocks_0_conv``."""
+    return name.replace("_", ".")
+
+
+def match_scopes(ref: Trace, cand: Trace) -> dict[str, str]:
+    """Reference scope -> candidate scope: by canonical name, then with ``_`` as a separator."""
+    out = {s: s for s in ref.order if s in cand.outputs}
+    loose: dict[str, str | None] = {}
+    for s in cand.outputs:
+        if s not in out.values():
+            key = _loose(s)
+            loose[key] = None if key in loose else s  # ambiguous names match nothing
+    for s in ref.order:
+        if s not in out:
+            hit = loose.get(_loose(s))
+            if hit is not None:
+                out[s] = hit
+    return out
+
+
 def _pairs(cands: list[np.ndarray], refs: list[np.ndarray]) -> list[tuple[int, int]]:
-    """Match inputs by position when shapes agree, else greedily by shape."""
-    if len(cands) == len(refs) and all(
-        c.shape == r.shape for c, r in zip(cands, refs, strict=True)
-    ):
+    """Match inputs by position when shapes agree (up to channels-last), else greedily."""
+
+    def fits(c: np.ndarray, r: np.ndarray) -> bool:
+        return to_ref_layout(c, r.shape) is not None
+
+    if len(cands) == len(refs) and all(fits(c, r) for c, r in zip(cands, refs, strict=True)):
         return [(i, i) for i in range(len(cands))]
     used: set[int] = set()
     out = []
     for i, c in enumerate(cands):
         for j, r in enumerate(refs):
-            if j not in used and c.shape == r.shape:
+            if j not in used and fits(c, r):
                 used.add(j)
                 out.append((i, j))
                 break
@@ -169,16 +205,18 @@ def localize(
     oracle: Trace | None = None,
 ) -> tuple[list[ScopeResult], str | None, str | None]:
     """Compare scope outputs; return ``(results, first divergent scope, note)``."""
-    common = [s for s in ref.order if s in cand.outputs]
+    mapping = match_scopes(ref, cand)
+    common = [s for s in ref.order if s in mapping]
     if not common:
         return [], None, "no module scope is shared by both sides; cannot localise"
     results = []
     first = None
     first_bad = None
     for i, name in enumerate(common):
-        picked = _pick(cand.outputs[name], ref.outputs[name])
+        cname = mapping[name]
+        picked = _pick(cand.outputs[cname], ref.outputs[name])
         if picked is None:
-            shapes = [a.shape for a in cand.outputs[name]]
+            shapes = [a.shape for a in cand.outputs[cname]]
             m = Metrics(name=name, passed=False, shape=shapes[-1] if shapes else (), dtype="?")
             m.error = "no output of the same shape on both sides"
             results.append(ScopeResult(name, i, m, None, "incomparable"))
@@ -194,14 +232,22 @@ def localize(
             )
         m = compare(name, c, r, policy, o, logits=False)
         in_metrics = []
-        for ci, rj in _pairs(cand.inputs.get(name, []), ref.inputs.get(name, [])):
+        cins = cand.inputs.get(cname, [])
+        for ci, rj in _pairs(cins, ref.inputs.get(name, [])):
             rin = ref.inputs[name][rj]
             oin = None
             if oracle is not None:
                 olist = oracle.inputs.get(name) or []
                 oin = olist[rj] if rj < len(olist) and olist[rj].shape == rin.shape else None
             in_metrics.append(
-                compare(f"{name}<in{ci}>", cand.inputs[name][ci], rin, policy, oin, logits=False)
+                compare(
+                    f"{name}<in{ci}>",
+                    to_ref_layout(cins[ci], rin.shape),
+                    rin,
+                    policy,
+                    oin,
+                    logits=False,
+                )
             )
         inputs_ok = all(x.passed for x in in_metrics) if in_metrics else None
         status = "ok"
