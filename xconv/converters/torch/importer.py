@@ -47,6 +47,8 @@ MODULES = "xconv.modules"
 #: The symbolic name given to the batch dimension with ``dynamic_batch=True``.
 BATCH_DIM = "batch"
 
+#: Scope the exporter gives nodes whose module stack torch.export did not record.
+_NO_STACK = "_empty_nn_module_stack"
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
@@ -242,9 +244,9 @@ def source_line(stack_trace: str | None) -> str | None:
         return None
     frames = _FRAME.findall(stack_trace)
     for path, line in reversed(frames):
-        if not path.startswith(_TORCH_DIR):
+        if not (path.startswith(_TORCH_DIR) or path.startswith("torch/") or path.startswith("<")):
             return f"{path}:{line}"
-    return f"{frames[-1][0]}:{frames[-1][1]}" if frames else None
+    return None
 
 
 def _annotate_nodes(graph: ir.Graph) -> dict[str, str]:
@@ -256,7 +258,12 @@ def _annotate_nodes(graph: ir.Graph) -> dict[str, str]:
         hierarchy = _parse_list(props.get(_CLASS_HIERARCHY))
         line = source_line(props.get(_STACK_TRACE))
         _drop_torch_metadata(props)
-        if scopes and hierarchy and len(scopes) == len(hierarchy) and len(scopes) >= 2:
+        if (
+            scopes
+            and hierarchy
+            and len(scopes) == len(hierarchy) >= 2
+            and not any(p.startswith(_NO_STACK) for p in scopes)
+        ):
             # The last entry is the aten op itself; the ones before are the module chain.
             for path, cls in zip(scopes[:-1], hierarchy[:-1], strict=True):
                 classes.setdefault(path, cls)

@@ -1,0 +1,325 @@
+"""Read PyTorch model files and example inputs, never executing untrusted code by default.
+
+Supported model files (:func:`load_torch_model`):
+
+* ``.pt2``: a ``torch.export`` archive (``torch.export.load``); carries its example inputs.
+* TorchScript archives (``torch.jit.save``), any suffix: detected by their ``code/`` entries.
+* state_dicts: ``.pt`` / ``.pth`` / ``.bin`` read with ``torch.load(weights_only=True)``,
+  ``.safetensors`` with safetensors; a ``module_factory`` (``"pkg.mod:factory"``) builds the
+  module the weights are loaded into.
+* a fully pickled ``nn.Module`` (``torch.save(module)``), only with ``trust_pickle=True``:
+  unpickling runs arbitrary code from the file.
+
+Example inputs come from the ``.pt2`` archive, from shape specs (``"2,3,224,224"`` plus a
+dtype, or ``"2,16:int64"``) or from an ``.npz`` file (:func:`example_inputs`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from xconv.errors import ConversionError, InvalidModelError, WeightsError
+
+#: Suffixes read as a state_dict by ``torch.load(weights_only=True)``.
+STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+#: Seed of the random example inputs built from shape specs.
+SPEC_SEED = 0
+
+Factory = str | Callable[[], Any]
+
+
+def load_torch_model(
+    path: str | os.PathLike,
+    *,
+    module_factory: Factory | None = None,
+    trust_pickle: bool = False,
+) -> tuple[nn.Module | torch.export.ExportedProgram | torch.jit.ScriptModule, tuple | None]:
+    """Load a PyTorch model file.
+
+    Args:
+        path: A ``.pt2``, TorchScript, state_dict (``.pt``/``.pth``/``.bin``/
+            ``.safetensors``) or pickled-module file.
+        module_factory: For state_dict files: ``"pkg.mod:factory"`` or a callable returning
+            the ``nn.Module`` (or ``(module, example_inputs)``) to load the weights into.
+        trust_pickle: Allow unpickling a full module (runs code from the file).
+
+    Returns:
+        ``(module_or_exported_program, example_inputs_or_None)``; the module is in eval mode.
+
+    Raises:
+        InvalidModelError: The file is missing, corrupt or of no known kind.
+        WeightsError: The state_dict does not fit the module the factory builds.
+        ConversionError: A state_dict without a factory, or a pickled module without
+            ``trust_pickle``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidModelError(f"no such model file: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".pt2":
+        return _load_pt2(path)
+    if suffix == ".safetensors":
+        return _with_factory(path, _read_safetensors(path), module_factory)
+    if _is_torchscript(path):
+        try:
+            module = torch.jit.load(str(path), map_location="cpu")
+        except Exception as e:
+            raise InvalidModelError(f"{path} is a corrupt TorchScript archive: {_line(e)}") from e
+        return module.eval(), None
+    if zipfile.is_zipfile(path) and _is_export_archive(path):
+        return _load_pt2(path)
+    return _load_torch_pickle(path, module_factory, trust_pickle)
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:300]
+
+
+def _zip_names(path: Path) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return zf.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return []
+
+
+def _is_torchscript(path: Path) -> bool:
+    names = _zip_names(path)
+    return any(n.endswith("/constants.pkl") for n in names) and any("/code/" in n for n in names)
+
+
+def _is_export_archive(path: Path) -> bool:
+    return any("/models/" in n or n.endswith("archive_format") for n in _zip_names(path))
+
+
+def _load_pt2(path: Path):
+    try:
+        program = torch.export.load(str(path))
+    except Exception as e:
+        raise InvalidModelError(f"{path} is not a readable torch.export archive: {_line(e)}") from e
+    inputs = None
+    if program.example_inputs is not None:
+        args, kwargs = program.example_inputs
+        if kwargs:
+            raise ConversionError(
+                f"{path}: example inputs with keyword arguments ({sorted(kwargs)}) are not "
+                "supported; export the program with positional inputs"
+            )
+        inputs = tuple(args)
+    return program, inputs
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        from safetensors.torch import load_file
+    except ImportError as e:
+        raise ConversionError(
+            "reading .safetensors needs the safetensors package: pip install 'xconv[safetensors]'"
+        ) from e
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as e:
+        raise InvalidModelError(f"{path} is not a readable safetensors file: {_line(e)}") from e
+
+
+def _load_torch_pickle(path: Path, module_factory: Factory | None, trust_pickle: bool):
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # weights_only refuses any class but tensors and plain containers: a pickled module.
+        if "Unsupported global" not in str(e):
+            raise InvalidModelError(f"{path} is corrupt or not a PyTorch file") from e
+        if not trust_pickle:
+            raise ConversionError(
+                f"{path} holds a pickled Python object (likely a whole nn.Module), not a "
+                "state_dict. Loading it runs code from the file; re-run with --trust-pickle "
+                "(trust_pickle=True) only if you trust its source, or save a state_dict / "
+                ".pt2 instead"
+            ) from e
+        obj = _unpickle(path)
+    except Exception as e:
+        raise InvalidModelError(f"{path} is not a readable PyTorch file: {_line(e)}") from e
+    if isinstance(obj, nn.Module):
+        return obj.eval(), None
+    state = _find_state_dict(obj)
+    if state is None:
+        raise InvalidModelError(
+            f"{path} holds a {type(obj).__name__}, neither a state_dict nor an nn.Module"
+        )
+    return _with_factory(path, state, module_factory)
+
+
+def _unpickle(path: Path) -> Any:
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise InvalidModelError(f"{path} could not be unpickled: {_line(e)}") from e
+
+
+def _find_state_dict(obj: Any) -> dict[str, torch.Tensor] | None:
+    """A flat ``{name: tensor}``; checkpoints often nest it under ``state_dict``/``model``."""
+    if isinstance(obj, Mapping):
+        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            return dict(obj)
+        for key in ("state_dict", "model_state_dict", "model", "module"):
+            inner = obj.get(key)
+            if isinstance(inner, Mapping):
+                found = _find_state_dict(inner)
+                if found is not None:
+                    return found
+    return None
+
+
+def resolve_factory(factory: Factory) -> Callable[[], Any]:
+    """``"pkg.mod:factory"`` -> the callable (callables pass through)."""
+    if callable(factory):
+        return factory
+    module_name, sep, attr = str(factory).partition(":")
+    if not sep or not module_name or not attr:
+        raise ConversionError(
+            f"module factory {factory!r} must look like 'package.module:function'"
+        )
+    try:
+        mod = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConversionError(f"cannot import {module_name!r} for the module factory: {e}") from e
+    obj = mod
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ConversionError(f"{module_name!r} has no attribute {attr!r}")
+    if not callable(obj):
+        raise ConversionError(f"module factory {factory!r} is not callable")
+    return obj
+
+
+def _with_factory(path: Path, state: dict[str, torch.Tensor], factory: Factory | None):
+    if factory is None:
+        raise ConversionError(
+            f"{path} is a state_dict (weights only); pass a module factory "
+            "('package.module:function' returning the nn.Module) to build the module"
+        )
+    built = resolve_factory(factory)()
+    inputs = None
+    if isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], nn.Module):
+        built, inputs = built
+        inputs = tuple(inputs) if isinstance(inputs, list | tuple) else (inputs,)
+    if not isinstance(built, nn.Module):
+        raise ConversionError(
+            f"module factory {factory!r} returned {type(built).__name__}, not an nn.Module"
+        )
+    expected = built.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    mis_shaped = sorted(
+        k for k in set(expected) & set(state) if tuple(expected[k].shape) != tuple(state[k].shape)
+    )
+    if missing or unexpected or mis_shaped:
+        parts = []
+        for label, keys in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("mis-shaped", mis_shaped),
+        ):
+            if keys:
+                more = f" (+{len(keys) - 5} more)" if len(keys) > 5 else ""
+                parts.append(f"{label}: {keys[:5]}{more}")
+        raise WeightsError(f"{path} does not fit the module from the factory: {'; '.join(parts)}")
+    built.load_state_dict(state, strict=True)
+    return built.eval(), inputs
+
+
+_DTYPES = {
+    "float32": torch.float32, "float": torch.float32, "f32": torch.float32,
+    "float16": torch.float16, "half": torch.float16, "f16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float64": torch.float64, "double": torch.float64, "f64": torch.float64,
+    "int64": torch.int64, "long": torch.int64, "i64": torch.int64,
+    "int32": torch.int32, "int": torch.int32, "i32": torch.int32,
+    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}  # fmt: skip
+
+
+def input_from_spec(spec: str, dtype: str = "float32", *, seed: int = SPEC_SEED) -> torch.Tensor:
+    """``"2,3,224,224"`` (optionally ``"2,16:int64"``) -> a deterministic example tensor.
+
+    Floating inputs are standard normal from a fixed seed; integer inputs are zeros (valid
+    token ids for any vocabulary); booleans are all True.
+    """
+    shape_text, _, dtype_text = spec.partition(":")
+    dtype_name = (dtype_text or dtype).strip().lower()
+    if dtype_name not in _DTYPES:
+        raise ConversionError(f"unknown dtype {dtype_name!r}; known: {sorted(_DTYPES)}")
+    try:
+        shape = tuple(int(d) for d in shape_text.replace("x", ",").split(",") if d.strip())
+    except ValueError:
+        raise ConversionError(
+            f"bad input shape {spec!r}: write comma-separated sizes, e.g. '2,3,224,224'"
+        ) from None
+    if any(d < 0 for d in shape):
+        raise ConversionError(f"bad input shape {spec!r}: sizes must be >= 0")
+    torch_dtype = _DTYPES[dtype_name]
+    if torch_dtype.is_floating_point:
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(torch_dtype)
+    if torch_dtype == torch.bool:
+        return torch.ones(shape, dtype=torch.bool)
+    return torch.zeros(shape, dtype=torch_dtype)
+
+
+def inputs_from_npz(path: str | os.PathLike) -> tuple[torch.Tensor, ...]:
+    """The arrays of an ``.npz`` file, in file order, as tensors (positional inputs)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidModelError(f"no such inputs file: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return tuple(torch.from_numpy(np.array(data[k])) for k in data.files)
+    except Exception as e:
+        raise InvalidModelError(f"{path} is not a readable .npz file: {_line(e)}") from e
+
+
+def example_inputs(
+    specs: Sequence[str] | None = None,
+    dtypes: str | Sequence[str] = "float32",
+    *,
+    npz: str | os.PathLike | None = None,
+) -> tuple[torch.Tensor, ...] | None:
+    """Example inputs from shape specs (one per input, with a dtype each or one for all) or
+    from an ``.npz`` file; None when neither is given."""
+    if npz is not None:
+        if specs:
+            raise ConversionError("give example inputs either as shapes or as an .npz, not both")
+        return inputs_from_npz(npz)
+    if not specs:
+        return None
+    if isinstance(dtypes, str):
+        dtypes = [dtypes] * len(specs)
+    if len(dtypes) == 1:
+        dtypes = list(dtypes) * len(specs)
+    if len(dtypes) != len(specs):
+        raise ConversionError(f"{len(specs)} input shape(s) but {len(dtypes)} dtype(s)")
+    return tuple(
+        input_from_spec(s, d, seed=SPEC_SEED + i)
+        for i, (s, d) in enumerate(zip(specs, dtypes, strict=True))
+    )
+
+
+__all__ = [
+    "example_inputs",
+    "input_from_spec",
+    "inputs_from_npz",
+    "load_torch_model",
+    "resolve_factory",
+]
