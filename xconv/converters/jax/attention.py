@@ -16,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 from jax import lax
 
+from xconv.converters.jax.linalg import reference_sum
 from xconv.converters.jax.registry import builtin
 
 _NEG_INF = -np.inf
@@ -47,7 +48,7 @@ def _masked_softmax(x):
     mx = jnp.max(x, axis=-1, keepdims=True)
     safe = lax.stop_gradient(jnp.where(jnp.isneginf(mx), jnp.zeros((), x.dtype), mx))
     e = jnp.exp(x - safe)
-    s = jnp.sum(e, axis=-1, keepdims=True)
+    s = reference_sum(e, -1)
     return e / jnp.where(s == 0, jnp.ones((), s.dtype), s)
 
 

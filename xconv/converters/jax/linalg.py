@@ -174,6 +174,23 @@ def topk(ctx, x, k, *, axis, largest, sorted):  # noqa: A002 - the ONNX attribut
 # Softmax family
 
 
+def reference_sum(x, axis: int):
+    """Sum along ``axis`` keeping the dimension, accumulating as the ONNX reference does.
+
+    bfloat16 accumulates in bfloat16 (numpy's ml_dtypes loop rounds after every add), where
+    ``jnp.sum`` would accumulate in float32 and round differently; other types use jnp.sum.
+    """
+    if x.dtype == jnp.bfloat16:
+        out = lax.reduce(x, jnp.zeros((), x.dtype), lax.add, (axis % x.ndim,))
+        return jnp.expand_dims(out, axis)
+    return jnp.sum(x, axis=axis, keepdims=True)
+
+
+def _softmax(x, axis: int):
+    e = jnp.exp(x - lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True)))
+    return e / reference_sum(e, axis)
+
+
 def _hardmax(x, axis: int):
     idx = jnp.argmax(x, axis=axis)
     return jax.nn.one_hot(idx, x.shape[axis], axis=axis, dtype=x.dtype)
@@ -195,7 +212,7 @@ def _softmax_like(ctx, x, axis, fn):
 @builtin("Softmax", since=1, attrs={"axis": None})
 def softmax(ctx, x, *, axis):
     """Softmax(input) -> output: exp(x - max) / sum along ``axis``."""
-    return _softmax_like(ctx, x, axis, lambda v, ax: jax.nn.softmax(v, axis=ax))
+    return _softmax_like(ctx, x, axis, _softmax)
 
 
 @builtin("LogSoftmax", since=1, attrs={"axis": None})
