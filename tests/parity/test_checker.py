@@ -237,3 +237,16 @@ def test_generated_inputs_are_deterministic_and_respect_vocab():
     assert all(np.array_equal(p, q) for p, q in zip(a, b, strict=True))
     assert a[0].dtype == np.int64 and a[0].min() >= 0 and a[0].max() < 7
     assert a[1].dtype == np.float32 and a[1].min() >= 0 and a[1].max() < 1
+
+
+def test_jax_conversion_as_reference_with_its_own_float64_oracle(net, x):
+    import copy
+
+    fn, params = xconv.to_jax(cnn_ir(net))
+    report = xconv.check_parity((fn, params), net, x)
+    assert report.passed, report.summary()
+    assert report.outputs[0].bound is not None and not report.notes  # x64 oracle ran
+    bad = copy.deepcopy(net)
+    bad.blocks[1].bn.eps = 1e-3
+    broken = xconv.check_parity((fn, params), bad, x)
+    assert broken.first_divergence == "blocks.1.bn", broken.summary()

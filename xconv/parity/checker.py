@@ -183,7 +183,7 @@ def check_parity(
         oracle, why = ref.oracle()
         if oracle is not None:
             try:
-                oracle.prepare("cpu")
+                oracle.prepare(_cpu(oracle))
                 oracle_out, timings["oracle"] = _timed(oracle.run, to_float64(arrays), _cpu(oracle))
             except Exception as e:
                 oracle, why = None, f"{why}; it failed to run ({type(e).__name__}: {e})"
