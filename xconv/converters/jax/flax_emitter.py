@@ -72,6 +72,46 @@ _RESERVED = frozenset(
 )
 
 
+#: Names a submodule or variable attribute must not take: linen / nnx Module members.
+_MODULE_MEMBERS = frozenset(
+    {
+        "apply",
+        "bind",
+        "clone",
+        "copy",
+        "eval",
+        "get_variable",
+        "has_rng",
+        "has_variable",
+        "init",
+        "init_with_output",
+        "is_initializing",
+        "is_mutable_collection",
+        "iter_children",
+        "iter_modules",
+        "lazy_init",
+        "make_rng",
+        "module_paths",
+        "name",
+        "param",
+        "parent",
+        "path",
+        "perturb",
+        "put_variable",
+        "scope",
+        "set_attributes",
+        "setup",
+        "sow",
+        "tabulate",
+        "train",
+        "unbind",
+        "variable",
+        "variables",
+        "rngs",
+    }
+)
+
+
 class Namespace:
     """Unique, readable identifiers that never shadow builtins (after torch.fx's)."""
 
@@ -128,7 +168,8 @@ class _Emitter:
         self.api = api
         self.graph = model.graph
         self.annotated = is_annotated(self.graph)
-        self.ns = Namespace()
+        self.ns = Namespace()  # local variables of __call__
+        self.attrs = Namespace(_RESERVED | _MODULE_MEMBERS)  # self.<attribute> names
         self.src = _Source()
         self.env: dict[ir.Value, dict[layout.Perm, str]] = {}
         self.native: dict[ir.Value, layout.Perm] = {}
@@ -191,6 +232,8 @@ class _Emitter:
         if not roles <= known:
             return False
         h = p.hyper
+        if p.kind in ("conv", "batch_norm", "group_norm") and p.input.shape is None:
+            return False  # the channel axis must be known to move it last
         if p.kind == "dense":
             return "kernel" in roles and ("bias" in roles) == bool(h["use_bias"])
         if p.kind == "conv":
@@ -263,7 +306,7 @@ class _Emitter:
 
     def weight(self, value: ir.Value) -> str:
         if value not in self.raw:
-            attr = self.ns.new(raw_param_name(value.name))
+            attr = self.attrs.new(raw_param_name(value.name))
             arr = value.const_value.numpy()
             shape, dt = tuple(arr.shape), dtype_expr(value.dtype)
             self.src.setup.append(
@@ -287,7 +330,7 @@ class _Emitter:
         key = (value, perm)
         if key not in self.raw:
             self.has_constants = True
-            attr = self.ns.new(f"{raw_param_name(value.name or 'const')}")
+            attr = self.attrs.new(raw_param_name(value.name or "const"))
             shape, dt = tuple(arr.shape), dtype_expr(ir.DataType.from_numpy(arr.dtype))
             self.src.setup.append(
                 (
@@ -343,7 +386,7 @@ class _Emitter:
         else:
             perm = None
         x = self.get(p.input, perm)
-        attr = self.ns.new(module_name(p.scope or p.anchor.name or kind))
+        attr = self.attrs.new(module_name(p.scope or p.anchor.name or kind))
         w = {r: v.const_value.numpy() for r, v in p.weights.items() if r not in DROPPED_ROLES}
         pdt = ""
         if "kernel" in p.weights and p.weights["kernel"].dtype != ir.DataType.FLOAT:
