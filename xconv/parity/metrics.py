@@ -207,12 +207,13 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float | None:
     b = np.asarray(b, dtype=np.float64).reshape(-1)
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         return None
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    # Plain reductions, not BLAS dot/norm: BLAS thread pools oversubscribe busy CPUs.
+    na, nb = float(np.sqrt(np.sum(a * a))), float(np.sqrt(np.sum(b * b)))
     if na == 0 and nb == 0:
         return 1.0
     if na == 0 or nb == 0:
         return 0.0
-    return float(np.dot(a, b) / (na * nb))
+    return float(np.sum(a * b) / (na * nb))
 
 
 _INT_OF = {2: np.int16, 4: np.int32, 8: np.int64}
