@@ -66,7 +66,7 @@ def build_model(case: OpCase) -> onnx.ModelProto:
 def reference(
     model: onnx.ModelProto, data: list[np.ndarray], oracle: str = "reference"
 ) -> list[np.ndarray]:
-    feeds = {f"x{i}": x for i, x in enumerate(data)}
+    feeds = {value.name: x for value, x in zip(model.graph.input, data, strict=True)}
     if oracle == "onnxruntime":
         import onnxruntime as ort
 
@@ -348,3 +348,22 @@ def test_constant_attribute_kinds() -> None:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
         fn, params = xconv.to_jax(xconv.load(model))
         assert_close(fn(params)[0], expected, 0, 0)
+
+
+def test_resize_scales_initializer_under_jit_with_traced_params() -> None:
+    # An unannotated float initializer is a weight, so jit traces it; Resize reads the
+    # initializer's stored value instead of failing.
+    x = f32(1, 1, 3, 4)
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 0.5], np.float32), "scales")
+    graph = helper.make_graph(
+        [helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear")],
+        "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_value_info("y", onnx.TypeProto())],
+        [scales],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    fn, params = xconv.to_jax(xconv.load(model))
+    assert "scales" in params
+    y = jax.jit(fn)(params, jnp.asarray(x))[0]
+    assert_close(y, reference(model, [x])[0], 1e-5, 1e-6)
