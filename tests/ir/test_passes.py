@@ -75,9 +75,31 @@ def test_shape_chain_folds_to_literal_reshape():
 def test_symbolic_batch_stays_symbolic():
     model = flatten_chain("N")
     canonicalize(model)
-    assert "Shape" in ops(model) and "Reshape" in ops(model)
+    # Reshape(x, Concat(Shape(x)[0], -1)) becomes Reshape(x, [0, -1]): 0 copies the batch.
+    assert ops(model) == ["Constant", "Reshape"]
+    np.testing.assert_array_equal(model.graph.node(0).outputs[0].const_value.numpy(), [0, -1])
     x = np.ones((5, 3, 4), np.float32)
     assert run(model, {"x": x})[0].shape == (5, 12)
+
+
+def test_scalar_gather_unsqueeze_chain_becomes_literal():
+    nodes = [
+        h.make_node("Shape", ["x"], ["s"]),
+        h.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        h.make_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+        h.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+        h.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    zero = h.make_tensor("zero", T.INT64, [], [0])
+    model = make(
+        nodes,
+        [vi("x", ["N", 3, 4])],
+        [vi("y", None)],
+        [zero, i64("axes0", [0]), i64("minus1", [-1])],
+    )
+    canonicalize(model)
+    assert ops(model) == ["Constant", "Reshape"]
+    assert run(model, {"x": np.ones((2, 3, 4), np.float32)})[0].shape == (2, 12)
 
 
 def test_gather_of_static_dim_folds_with_symbolic_batch():

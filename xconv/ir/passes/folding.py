@@ -14,7 +14,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from xconv.ir.passes._utils import constant_of, is_annotated, replace_with_constants
+from xconv.ir.passes._utils import (
+    constant_node,
+    constant_of,
+    is_annotated,
+    replace_with_constants,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +144,9 @@ class ShapeFoldingPass(ir.passes.InPlacePass):
     """Replace ``Shape``/``Size`` of statically shaped values by constants.
 
     Also folds ``Gather(Shape(x), i)`` when the gathered dimensions are static even if other
-    dimensions of ``x`` are symbolic. Runs ONNX shape inference first.
+    dimensions of ``x`` are symbolic, and turns ``Reshape(x, Concat(Shape(x)[:1], [-1]))``
+    into ``Reshape(x, [0, -1])`` (0 copies the input's dimension), so a reshape keeps a
+    literal shape under a dynamic batch. Runs ONNX shape inference first.
     """
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -161,6 +168,14 @@ class ShapeFoldingPass(ir.passes.InPlacePass):
                     folded = np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
             elif node.op_type == "Gather":
                 folded = _fold_gather_of_shape(node, annotated)
+            elif node.op_type == "Reshape":
+                literal = _reshape_literal(node, annotated)
+                if literal is not None:
+                    const = constant_node(literal, None, node)
+                    graph.insert_before(node, const)
+                    node.replace_input_with(1, const.outputs[0])
+                    modified = True
+                continue
             if folded is not None:
                 replace_with_constants(graph, node, [folded])
                 modified = True
@@ -222,3 +237,60 @@ def _fold_cast_like(node: ir.Node, annotated: bool) -> np.ndarray | None:
         return c.astype(target.numpy())
     except (TypeError, ValueError):
         return None
+
+
+def _reshape_literal(node: ir.Node, annotated: bool) -> np.ndarray | None:
+    """A literal shape for ``Reshape(x, Concat(...pieces of Shape(x)..., constants))``.
+
+    A piece copying input dimension ``k`` into output position ``k`` becomes 0.
+    """
+    allowzero = node.attributes.get("allowzero")
+    data, shape = node.inputs[0], node.inputs[1]
+    if (allowzero is not None and allowzero.value) or data is None or shape is None:
+        return None
+    concat = shape.producer()
+    if concat is None or concat.op_type != "Concat" or constant_of(shape, annotated) is not None:
+        return None
+    dims: list[int] = []
+    for part in concat.inputs:
+        c = constant_of(part, annotated)
+        if c is not None:
+            dims.extend(int(v) for v in np.asarray(c).reshape(-1))
+            continue
+        copied = _copied_dims(part, data, annotated)
+        if copied is None or copied != list(range(len(dims), len(dims) + len(copied))):
+            return None
+        dims.extend([0] * len(copied))
+    return np.array(dims, dtype=np.int64)
+
+
+def _copied_dims(part: ir.Value | None, data: ir.Value, annotated: bool) -> list[int] | None:
+    """Which input dimensions of ``data`` a ``Shape``-derived 1-D value holds, in order."""
+    p = part.producer() if part is not None else None
+    if p is None:
+        return None
+    if p.op_type == "Gather":
+        src = p.inputs[0].producer() if p.inputs[0] is not None else None
+        idx = constant_of(p.inputs[1], annotated)
+        axis = p.attributes.get("axis")
+        if src is None or idx is None or idx.ndim > 1 or (axis is not None and axis.value):
+            return None
+        base = _copied_dims(p.inputs[0], data, annotated)
+        if base is None:
+            return None
+        try:
+            return [base[int(i)] for i in idx.reshape(-1)]
+        except IndexError:
+            return None
+    if p.op_type == "Unsqueeze" and p.inputs[0] is not None and p.inputs[0].shape is not None:
+        if len(p.inputs[0].shape) == 0:  # a scalar dimension made 1-D for a Concat
+            return _copied_dims(p.inputs[0], data, annotated)
+        return None
+    if p.op_type == "Shape" and p.inputs[0] is data and data.shape is not None:
+        rank = len(data.shape)
+        start = p.attributes.get("start")
+        end = p.attributes.get("end")
+        s = start.value if start is not None else 0
+        e = end.value if end is not None else rank
+        return list(range(rank))[s:e]
+    return None
