@@ -448,3 +448,55 @@ def causal_conv_with_state(ctx, x, weight, bias=None, past_state=None, *, activa
         out = (f * jax.nn.sigmoid(f)).astype(x.dtype)
     present = padded[:, :, padded.shape[2] - (ksize - 1) :]
     return out, present
+
+
+def _flex_softmax_dtype(dtype, softmax_precision):
+    if softmax_precision is not None:
+        return ir.DataType(softmax_precision).numpy()
+    if np.dtype(dtype).itemsize < 4:
+        return np.dtype(np.float32)
+    return np.dtype(dtype)
+
+
+def _run_modifier(ctx, graph, x, what: str):
+    outs = ctx.run_subgraph(graph, [x])
+    if len(outs) != 1:
+        raise ctx.error(f"the {what} subgraph must produce exactly one output, got {len(outs)}")
+    out = jnp.asarray(outs[0]).astype(x.dtype)
+    if out.shape != x.shape:
+        raise ctx.error(f"the {what} subgraph changed the shape {x.shape} to {out.shape}")
+    return out
+
+
+@builtin(
+    "FlexAttention",
+    domain="ai.onnx.preview",
+    since=1,
+    attrs={"scale": None, "score_mod": None, "prob_mod": None, "softmax_precision": None},
+)
+def flex_attention(ctx, q, k, v, *, scale, score_mod, prob_mod, softmax_precision):
+    """FlexAttention(Q, K, V) -> Y (ai.onnx.preview): rank-4 scaled dot-product attention
+    with optional ``score_mod`` (after Q K^T) and ``prob_mod`` (after softmax) subgraphs,
+    computed at ``softmax_precision`` (float32 for narrower inputs)."""
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ctx.error(f"Q, K and V must be rank 4, got {q.ndim}, {k.ndim}, {v.ndim}")
+    q_heads, kv_heads = q.shape[1], k.shape[1]
+    if q_heads != kv_heads:
+        if q_heads % kv_heads:
+            raise ctx.error(f"q heads ({q_heads}) must be a multiple of kv heads ({kv_heads})")
+        k = jnp.repeat(k, q_heads // kv_heads, axis=1)
+        v = jnp.repeat(v, q_heads // kv_heads, axis=1)
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    root = jnp.asarray(np.sqrt(np.float32(scale)), q.dtype)
+    scores = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2))
+    compute = _flex_softmax_dtype(q.dtype, softmax_precision)
+    scores = scores.astype(compute)
+    if score_mod is not None:
+        scores = _run_modifier(ctx, score_mod, scores, "score_mod")
+    e = jnp.exp(scores - lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
+    probs = e / reference_sum(e, -1)
+    if prob_mod is not None:
+        probs = _run_modifier(ctx, prob_mod, probs, "prob_mod")
+    return jnp.matmul(probs, v.astype(compute)).astype(v.dtype)
