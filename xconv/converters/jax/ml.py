@@ -406,26 +406,36 @@ def tfidf_vectorizer(
         raise ctx.error(f"X must have shape [C] or [B, C], got {x.shape}")
     rows = x.reshape(1, -1) if x.ndim < 2 else x
     out_size = max(ngram_indexes) + 1
-    counts = jnp.zeros((rows.shape[0], out_size), jnp.float32)
-    # Enumerate the pool's n-grams: ngram_counts[i] is where the (i+1)-grams start.
-    gram_id = 0
-    bounds = [*ngram_counts, len(pool)]
-    for size, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True), start=1):
-        for start in range(lo, hi - size + 1, size):
-            gram = pool[start : start + size]
-            column = ngram_indexes[gram_id]
-            gram_id += 1
-            if not min_gram_length <= size <= max_gram_length:
+
+    def count(rows):
+        counts = jnp.zeros((rows.shape[0], out_size), jnp.float32)
+        # Enumerate the pool's n-grams: ngram_counts[i] is where the (i+1)-grams start.
+        gram_id = 0
+        bounds = [*ngram_counts, len(pool)]
+        for size, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=True), start=1):
+            n_grams = max(hi - lo, 0) // size
+            grams = pool[lo : lo + n_grams * size].reshape(n_grams, size)
+            columns = np.asarray(ngram_indexes[gram_id : gram_id + n_grams], dtype=np.int64)
+            gram_id += n_grams
+            if not n_grams or not min_gram_length <= size <= max_gram_length:
                 continue
+            per_gram = jnp.zeros((rows.shape[0], n_grams), jnp.float32)
             # Unigrams are counted once; longer grams once per skip distance.
             for dist in range(1, (max_skip_count + 1 if size > 1 else 1) + 1):
                 span = rows.shape[1] - dist * (size - 1)
                 if span <= 0:
                     continue
-                hit = jnp.ones((rows.shape[0], span), bool)
-                for j, token in enumerate(gram):
-                    hit = hit & (rows[:, j * dist : j * dist + span] == token)
-                counts = counts.at[:, column].add(hit.sum(1).astype(jnp.float32))
+                index = np.arange(span)[:, None] + dist * np.arange(size)[None, :]
+                windows = rows[:, index]  # [rows, span, size]
+                hit = (windows[:, :, None, :] == jnp.asarray(grams, rows.dtype)).all(-1)
+                per_gram = per_gram + hit.sum(1).astype(jnp.float32)
+            scatter = np.zeros((n_grams, out_size), np.float32)
+            scatter[np.arange(n_grams), columns] = 1.0
+            counts = counts + per_gram @ jnp.asarray(scatter)
+        return counts
+
+    # One compiled computation instead of dozens of eagerly dispatched small ops.
+    counts = jax.jit(count)(rows)
     w = None if weights is None else jnp.asarray(weights, jnp.float32)
     if mode == "TF":
         out = counts
