@@ -42,6 +42,11 @@ def upgrade(proto: onnx.ModelProto, target: int = OPSET) -> onnx.ModelProto:
         # declared shapes but not from the data, so such models keep their opset.
         logger.warning("kept opset %d: Scan-8 (batched) does not upgrade to Scan-9", version)
         return proto
+    if version < 13 and any(n.op_type == "Hardmax" for n in proto.graph.node):
+        # Hardmax-11 coerces its input to 2-D at `axis`; the converter's 12->13 step keeps
+        # the node as is (Softmax and LogSoftmax get a Flatten), changing the result.
+        logger.warning("kept opset %d: Hardmax-%d does not upgrade to Hardmax-13", version, version)
+        return proto
     try:
         from onnx import version_converter
 
