@@ -325,6 +325,22 @@ def _window(x, init, op, kernel, strides, dilations, lo_hi, extra, out):
     return tuple(v[crop] for v in y) if isinstance(y, tuple | list) else y[crop]
 
 
+def _dilated_max(x, kernel, strides, dilations, lo_hi, extra, out):
+    """Max over dilated windows as a max of strided slices: differentiable, unlike
+    ``reduce_window`` with window dilation, whose VJP JAX does not implement."""
+    pad = ((0, 0), (0, 0)) + tuple((lo, hi + e) for (lo, hi), e in zip(lo_hi, extra, strict=True))
+    xp = jnp.pad(x, pad, constant_values=_lowest(x.dtype))
+    y = None
+    for offsets in itertools.product(*[range(k) for k in kernel]):
+        start = (0, 0) + tuple(o * d for o, d in zip(offsets, dilations, strict=True))
+        limit = x.shape[:2] + tuple(
+            st + (o - 1) * s + 1 for st, o, s in zip(start[2:], out, strides, strict=True)
+        )
+        part = lax.slice(xp, start, limit, (1, 1) + tuple(strides))
+        y = part if y is None else jnp.maximum(y, part)
+    return y
+
+
 def _lowest(dtype):
     dtype = np.dtype(dtype)
     if dtype.kind in "iub":
@@ -357,6 +373,8 @@ def max_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, stor
     out, lo_hi, extra = _pool_geometry(ctx, auto_pad, spatial, kernel, s, d, pads, ceil_mode)
     want_indices = len(ctx.output_values) > 1 and ctx.output_values[1].name != ""
     if not want_indices:
+        if any(di > 1 for di in d):
+            return _dilated_max(x, kernel, s, d, lo_hi, extra, out)
         return _window(x, _lowest(x.dtype), lax.max, kernel, s, d, lo_hi, extra, out)
     size = int(np.prod(spatial))
     flat = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32).reshape(spatial), x.shape)
@@ -711,7 +729,9 @@ def group_normalization(ctx, x, scale, b, *, epsilon, num_groups, stash_type):
     inv = lax.rsqrt(jnp.mean(diff * diff, axis=-1, keepdims=True) + epsilon)
     y = (diff * inv).reshape(x.shape).astype(x.dtype)
     scale, b = jnp.asarray(scale), jnp.asarray(b)
-    if ctx.opset < 21 and scale.shape[0] == g and g != c:
+    # Opset 18 scales per group; a model upgraded by the version converter keeps such a
+    # scale, and opset 21 requires one per channel, so the shape tells them apart.
+    if scale.shape[0] == g and g != c:
         scale, b = jnp.repeat(scale, c // g), jnp.repeat(b, c // g)
     return y * _bias_shape(scale, x.ndim).astype(x.dtype) + _bias_shape(b, x.ndim).astype(x.dtype)
 
