@@ -370,3 +370,32 @@ def test_random_like_bernoulli_multinomial():
     assert idx.shape == (2, 4000) and idx.dtype == jnp.int32
     freq = np.stack([np.bincount(np.asarray(r), minlength=3) / 4000 for r in idx])
     np.testing.assert_allclose(freq, probs, atol=0.03)
+
+
+def test_gradient_op_eager_and_jit():
+    training = helper.make_opsetid("ai.onnx.preview.training", 1)
+    nodes = [
+        helper.make_node("Add", ["a", "b"], ["c"]),
+        helper.make_node("Mul", ["c", "a"], ["d"]),
+        helper.make_node(
+            "Gradient",
+            ["a", "b"],
+            ["dd_da", "dd_db"],
+            domain="ai.onnx.preview.training",
+            xs=["a", "b"],
+            y="d",
+        ),
+    ]
+    vi = [helper.make_tensor_value_info(n, F, [3]) for n in ("a", "b")]
+    outs = [helper.make_tensor_value_info(n, F, [3]) for n in ("d", "dd_da", "dd_db")]
+    model = helper.make_model(
+        helper.make_graph(nodes, "grad", vi, outs),
+        opset_imports=[helper.make_opsetid("", 23), training],
+    )
+    fn, params = xconv.to_jax(xconv.load(model))
+    a, b = f32(3), f32(3)
+    for run in (fn, jax.jit(fn)):
+        d, da, db = run(params, jnp.asarray(a), jnp.asarray(b))
+        np.testing.assert_allclose(d, (a + b) * a, rtol=1e-6)
+        np.testing.assert_allclose(da, 2 * a + b, rtol=1e-6)
+        np.testing.assert_allclose(db, a, rtol=1e-6)

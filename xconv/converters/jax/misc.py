@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -171,3 +172,71 @@ def momentum(ctx, *data, alpha, beta, mode, norm_coefficient):
         new_x.append(jnp.asarray(x - r * step).astype(jnp.asarray(x).dtype))
         new_v.append(jnp.asarray(v_new).astype(jnp.asarray(v).dtype))
     return (*new_x, *new_v)
+
+
+@builtin("Gradient", domain=TRAINING, since=1, attrs={"xs": REQUIRED, "y": REQUIRED, "zs": None})
+def gradient(ctx, *inputs, xs, y, zs):
+    """Gradient(xs values..., zs values...) -> d(sum y)/dx for each x in xs.
+
+    The nodes between xs/zs and y (which may read only those values and constants) are
+    re-run under ``jax.vjp`` with a ones cotangent, as the spec's all-ones seed.
+    """
+    from xconv.converters.jax.context import JaxContext
+    from xconv.converters.jax.registry import registry
+
+    names = [*xs, *(zs or ())]
+    if len(inputs) != len(names):
+        raise ctx.error(f"got {len(inputs)} inputs for xs + zs = {names}")
+    graph = ctx.node.graph
+    if graph is None:
+        raise ctx.error("the Gradient node is not attached to a graph")
+    sources = dict(zip(names, ctx.node.inputs, strict=True))
+    producers = {v.name: n for n in graph for v in n.outputs}
+    if y not in producers and y not in sources:
+        raise ctx.error(f"y={y!r} is not computed in this graph")
+    # Nodes that y depends on, stopping at xs/zs and constants.
+    needed, stack = set(), [y]
+    while stack:
+        name = stack.pop()
+        if name in sources or name not in producers or producers[name] in needed:
+            continue
+        node = producers[name]
+        needed.add(node)
+        stack.extend(v.name for v in node.inputs if v is not None and v.name)
+    order = [n for n in graph if n in needed]
+
+    def forward(*x_values):
+        env = {sources[name]: v for name, v in zip(xs, x_values, strict=True)}
+        env.update(
+            {sources[name]: v for name, v in zip(names[len(xs) :], inputs[len(xs) :], strict=True)}
+        )
+        for index, node in enumerate(order):
+            args = []
+            for v in node.inputs:
+                if v is None or not v.name:
+                    args.append(None)
+                elif v in env:
+                    args.append(env[v])
+                elif v.const_value is not None:
+                    args.append(v.const_value.numpy())
+                else:
+                    raise ctx.error(
+                        f"y depends on {v.name!r}, which is neither in xs/zs nor a constant"
+                    )
+            domain = "" if node.domain == "ai.onnx" else node.domain
+            version = node.version or ctx.opset
+            handler, reason = registry.lookup(domain, node.op_type, version)
+            if handler is None:
+                raise ctx.error(reason)
+            sub_ctx = JaxContext(node, version, ctx.run_subgraph, ctx.rng, index)
+            outs = handler.fn(sub_ctx, *args, **handler.parse_attributes(node))
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            env.update(zip(node.outputs, outs, strict=False))
+        target = (
+            sources.get(y) or producers[y].outputs[[v.name for v in producers[y].outputs].index(y)]
+        )
+        return jnp.asarray(env[target])
+
+    x_values = [jnp.asarray(v) for v in inputs[: len(xs)]]
+    out, vjp = jax.vjp(forward, *x_values)
+    return tuple(vjp(jnp.ones_like(out)))
