@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from xconv.converters.torch.files import (  # noqa: E402
     load_torch_model,
 )
 from xconv.errors import ConversionError, InvalidModelError, WeightsError  # noqa: E402
-from xconv.ir.metadata import LAYER, ROLE  # noqa: E402
+from xconv.ir.metadata import LAYER, LAYOUT, ROLE  # noqa: E402
 
 
 @functools.cache
@@ -65,10 +66,14 @@ def test_pt2_with_its_example_inputs(files):
     program, inputs = load_torch_model(files["pt2"])
     assert isinstance(program, torch.export.ExportedProgram)
     assert len(inputs) == 1 and tuple(inputs[0].shape) == (4, 16)
-    model = _check_converts(program, inputs, layers=False)
-    # Without module instances scopes still come from the program's module stack.
+    model = _check_converts(program, inputs)
+    # Without module instances, scopes come from the program's module stack and the layer
+    # hyper-parameters from the graph.
     scopes = {n.metadata_props.get("xconv.scope") for n in model.graph}
     assert {"fc1", "fc2", "fc3"} <= scopes
+    gemm = next(n for n in model.graph if n.metadata_props.get("xconv.scope") == "fc2")
+    assert json.loads(gemm.metadata_props[LAYER]) == {
+        "kind": "dense", "in_features": 32, "out_features": 32, "use_bias": False}  # fmt: skip
 
 
 def test_pt2_without_passing_inputs_uses_its_own(files):
@@ -81,7 +86,10 @@ def test_torchscript(files):
     module, inputs = load_torch_model(files["torchscript"])
     assert isinstance(module, torch.jit.ScriptModule) and inputs is None
     x, _, _ = _reference()
-    _check_converts(module, x, layers=False)
+    model = _check_converts(module, x, layers=False)
+    # TorchScript loses the module stack but keeps class names: weights still get roles.
+    props = model.graph.initializers["fc1.weight"].metadata_props
+    assert (props[ROLE], props[LAYOUT]) == ("kernel", "OI")
 
 
 @pytest.mark.parametrize("kind", ["state_dict", "safetensors"])

@@ -254,6 +254,26 @@ def test_attention_and_gelu_stay_whole():
     assert len([n for n in model.graph if n.op_type == "LayerNormalization"]) == 7
 
 
+@pytest.mark.parametrize("name", ["resnet", "conv_zoo", "norm_zoo"])
+def test_exported_program_gets_the_same_layers(name):
+    """An ExportedProgram has no module instances: layers are read from the graph instead."""
+    module, args, from_module = converted(name)
+    from_program = xconv.from_torch(torch.export.export(module, args))
+
+    def layers_of(model):
+        return {
+            n.metadata_props[SCOPE]: json.loads(n.metadata_props[LAYER])
+            for n in model.graph
+            if LAYER in n.metadata_props
+        }
+
+    def weights_of(model):
+        return {k: dict(v.metadata_props) for k, v in model.graph.initializers.items()}
+
+    assert layers_of(from_program) == layers_of(from_module)
+    assert weights_of(from_program) == weights_of(from_module)
+
+
 def test_training_flag_is_restored():
     module, args = FIXTURES["mlp"]()
     module.train()

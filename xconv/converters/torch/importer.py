@@ -91,7 +91,8 @@ def from_torch(
         state = dict(program.state_dict)
     elif isinstance(module, torch.jit.ScriptModule):
         program = _from_torchscript(module, args)
-        modules = {}
+        # TorchScript keeps each submodule's class name (``original_name``), not its instance.
+        modules = dict(module.named_modules())
         state = dict(program.state_dict)
     elif isinstance(module, nn.Module):
         if args is None:
@@ -129,15 +130,18 @@ def annotate(
     classes = _annotate_nodes(graph)
     model.metadata_props[MODULES] = json.dumps(classes, sort_keys=True)
     model.metadata_props["xconv.source"] = "torch"
-    if modules:
-        layers.drop_zero_conv_bias(graph, modules)
+    layers.drop_zero_conv_bias(graph, modules, classes, state)
     RemoveUnusedNodesPass()(model)
     _add_missing_state(graph, state)
     for value in graph.initializers.values():
         _drop_torch_metadata(value.metadata_props)
-    layers.annotate_weights(graph, list(state), modules)
+    for path, mod in modules.items():
+        if isinstance(mod, torch.jit.ScriptModule):
+            classes.setdefault(path, mod.original_name)
+    layers.annotate_weights(graph, list(state), modules, classes)
     if modules:
         layers.annotate_layers(graph, modules)
+    layers.annotate_layers_from_graph(graph, classes)
     if dynamic_batch:
         _rename_batch_dim(graph)
 

@@ -35,9 +35,10 @@ anything else          the parameter's own name                   none
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 import torch
 from torch import nn
@@ -98,6 +99,38 @@ def layer_kind(module: nn.Module) -> str | None:
     if isinstance(module, nn.AvgPool1d | nn.AvgPool2d | nn.AvgPool3d):
         return "avg_pool"
     return None
+
+
+#: Standard torch.nn classes by name -> layer kind, for modules known only by class name
+#: (an ExportedProgram's module stack, TorchScript's ``original_name``).
+_KIND_BY_CLASS: dict[str, str] = {
+    "Linear": "dense",
+    "NonDynamicallyQuantizableLinear": "dense",
+    **{f"Conv{n}d": "conv" for n in (1, 2, 3)},
+    **{f"ConvTranspose{n}d": "conv_transpose" for n in (1, 2, 3)},
+    **{f"BatchNorm{n}d": "batch_norm" for n in (1, 2, 3)},
+    "SyncBatchNorm": "batch_norm",
+    "LayerNorm": "layer_norm",
+    "GroupNorm": "group_norm",
+    "RMSNorm": "rms_norm",
+    "Embedding": "embedding",
+    "Dropout": "dropout",
+    **{f"Dropout{n}d": "dropout" for n in (1, 2, 3)},
+    "MultiheadAttention": "attention",
+    "LSTM": "lstm",
+    "GRU": "gru",
+    **{f"MaxPool{n}d": "max_pool" for n in (1, 2, 3)},
+    **{f"AvgPool{n}d": "avg_pool" for n in (1, 2, 3)},
+}
+
+
+def kind_from_class(qualname: str | None) -> str | None:
+    """Layer kind of a standard ``torch.nn`` class given by (qualified) name."""
+    if not qualname:
+        return None
+    if "." in qualname and not qualname.startswith("torch.nn."):
+        return None  # a user class that happens to share a torch.nn name
+    return _KIND_BY_CLASS.get(qualname.rsplit(".", 1)[-1])
 
 
 def _tuple(value: Any, n: int) -> list[int]:
@@ -244,13 +277,12 @@ def layer_params(kind: str, module: nn.Module, anchor: ir.Node | None) -> dict[s
     raise ValueError(f"no hyper-parameter reader for layer kind {kind!r}")
 
 
-def weight_spec(kind: str | None, module: nn.Module | None, leaf: str) -> tuple[str, str | None]:
-    """``(role, layout)`` of the parameter or buffer ``leaf`` of a module of ``kind``."""
+def weight_spec(kind: str | None, leaf: str, rank: int | None) -> tuple[str, str | None]:
+    """``(role, layout)`` of the parameter or buffer ``leaf`` (of ``rank``) of a ``kind`` layer."""
     if kind == "dense":
         return {"weight": ("kernel", "OI"), "bias": ("bias", "O")}.get(leaf, (leaf, None))
     if kind in ("conv", "conv_transpose"):
-        ndim = _conv_ndim(module) if module is not None else 2
-        spatial = {1: "W", 2: "HW", 3: "DHW"}.get(ndim, "")
+        spatial = {1: "W", 2: "HW", 3: "DHW"}.get((rank or 4) - 2, "")
         kernel = ("OI" if kind == "conv" else "IO") + spatial
         return {"weight": ("kernel", kernel), "bias": ("bias", "O")}.get(leaf, (leaf, None))
     if kind == "batch_norm":
@@ -280,27 +312,43 @@ def weight_spec(kind: str | None, module: nn.Module | None, leaf: str) -> tuple[
     return leaf, None
 
 
-def _owner(name: str, modules: Mapping[str, nn.Module]) -> tuple[str, str]:
+def _owner(
+    name: str, modules: Mapping[str, nn.Module], classes: Mapping[str, str]
+) -> tuple[str, str]:
     """Split a state_dict key into (owning layer path, leaf) — MHA owns its ``out_proj``."""
     path, _, leaf = name.rpartition(".")
     parent, _, child = path.rpartition(".")
-    if child == "out_proj" and isinstance(modules.get(parent), nn.MultiheadAttention):
+    if child == "out_proj" and (
+        isinstance(modules.get(parent), nn.MultiheadAttention)
+        or kind_from_class(classes.get(parent)) == "attention"
+    ):
         return parent, f"out_proj.{leaf}"
     return path, leaf
 
 
 def annotate_weights(
-    graph: ir.Graph, names: Iterable[str], modules: Mapping[str, nn.Module]
+    graph: ir.Graph,
+    names: Iterable[str],
+    modules: Mapping[str, nn.Module],
+    classes: Mapping[str, str] | None = None,
 ) -> None:
-    """Give each initializer named in ``names`` (state_dict keys) its role and layout."""
+    """Give each initializer named in ``names`` (state_dict keys) its role and layout.
+
+    A layer's kind comes from its module instance when there is one, else from its class name
+    in ``classes`` (``{module path: class}``, e.g. from an ExportedProgram's module stack).
+    """
+    classes = classes or {}
     for name in names:
         value = graph.initializers.get(name)
         if value is None:
             continue
-        path, leaf = _owner(name, modules)
+        path, leaf = _owner(name, modules, classes)
         module = modules.get(path)
-        kind = layer_kind(module) if module is not None else None
-        role, layout = weight_spec(kind, module, leaf)
+        kind = layer_kind(module) if isinstance(module, nn.Module) else None
+        if kind is None:
+            kind = kind_from_class(classes.get(path))
+        rank = len(value.shape) if value.shape is not None else None
+        role, layout = weight_spec(kind, leaf, rank)
         mark_weight(value, role, layout)
 
 
@@ -339,22 +387,220 @@ def find_anchor(kind: str, body: list[ir.Node]) -> ir.Node | None:
     return None
 
 
-def drop_zero_conv_bias(graph: ir.Graph, modules: Mapping[str, nn.Module]) -> int:
+def drop_zero_conv_bias(
+    graph: ir.Graph,
+    modules: Mapping[str, nn.Module],
+    classes: Mapping[str, str],
+    state_names: Iterable[str],
+) -> int:
     """Remove the zero bias the exporter builds for bias-free convolutions.
 
     For ``bias=None`` the exporter materialises a zero bias from the weight's shape
     (``Shape -> Expand -> CastLike -> Expand``) and feeds it to ``Conv``; ONNX's bias input is
-    optional, so the node loses it and the bookkeeping becomes dead code.
+    optional, so the node loses it and the bookkeeping becomes dead code. Only standard
+    ``torch.nn`` conv layers without a bias (per instance, or per state_dict when known only
+    by class name) are touched.
     """
+    names = set(state_names)
     dropped = 0
     for node in graph:
         if node.op_type not in ("Conv", "ConvTranspose") or len(node.inputs) < 3:
             continue
-        module = modules.get(node.metadata_props.get(SCOPE, ""))
-        if module is None or layer_kind(module) not in ("conv", "conv_transpose"):
-            continue
+        scope = node.metadata_props.get(SCOPE, "")
         bias = node.inputs[2]
-        if module.bias is None and bias is not None and not bias.is_initializer():
+        if not scope or bias is None or bias.is_initializer():
+            continue
+        module = modules.get(scope)
+        kind = layer_kind(module) if isinstance(module, nn.Module) else None
+        if kind in ("conv", "conv_transpose"):
+            bias_free = module.bias is None
+        else:
+            kind = kind_from_class(classes.get(scope))
+            bias_free = f"{scope}.bias" not in names
+        if kind in ("conv", "conv_transpose") and bias_free:
             node.resize_inputs(2)
             dropped += 1
     return dropped
+
+
+# -- layers known only by class name: hyper-parameters from the graph --------------------------
+
+#: Kinds whose hyper-parameters the graph fully determines (dropout rates, recurrent and
+#: attention options do not survive export, so those need the module instance).
+GRAPH_KINDS = frozenset(
+    {"dense", "conv", "conv_transpose", "batch_norm", "layer_norm", "group_norm", "rms_norm",
+     "embedding", "max_pool", "avg_pool"}
+)  # fmt: skip
+
+
+def _f32(value: float) -> float:
+    """A float32 attribute as the decimal the user wrote (``1e-05``, not ``9.99999e-06``)."""
+    return float(str(np.float32(value)))
+
+
+def _attr(node: ir.Node, name: str, default: Any = None) -> Any:
+    attr = node.attributes.get(name)
+    if attr is None:
+        return default
+    value = attr.value
+    return (
+        [int(v) for v in value]
+        if isinstance(value, Sequence) and not isinstance(value, str)
+        else value
+    )
+
+
+def _shape(value: ir.Value | None) -> list[int] | None:
+    if value is None or value.shape is None or not value.shape.is_static():
+        return None
+    return [int(d) for d in value.shape]
+
+
+def _pairs(pads: list[int] | None, ndim: int) -> list[list[int]]:
+    pads = pads or [0] * (2 * ndim)
+    return [[pads[i], pads[i + ndim]] for i in range(ndim)]
+
+
+def _pad_of_body(body: list[ir.Node], ndim: int) -> tuple[list[list[int]], str] | None:
+    """Explicit padding a non-zeros ``padding_mode`` conv does with a ``Pad`` node."""
+    modes = {"wrap": "circular", "reflect": "reflect", "edge": "replicate"}
+    for node in body:
+        if node.op_type != "Pad":
+            continue
+        mode = _attr(node, "mode", "constant")
+        pads = node.inputs[1].const_value if len(node.inputs) > 1 and node.inputs[1] else None
+        if pads is None and node.inputs[1] is not None and node.inputs[1].producer() is not None:
+            producer = node.inputs[1].producer()
+            if producer.op_type == "Constant":
+                pads = producer.attributes["value"].value
+        if mode not in modes or pads is None:
+            return None
+        flat = [int(p) for p in np.asarray(pads.numpy()).reshape(-1)]
+        rank = len(flat) // 2
+        if rank < ndim:
+            return None
+        begin, end = flat[rank - ndim : rank], flat[2 * rank - ndim :]
+        return [[b, e] for b, e in zip(begin, end, strict=True)], modes[mode]
+    return None
+
+
+def graph_params(
+    kind: str, path: str, anchor: ir.Node, body: list[ir.Node], graph: ir.Graph
+) -> dict[str, Any] | None:
+    """Hyper-parameters read from the exported graph, or None when it does not determine them."""
+    inits = graph.initializers
+    weight = inits.get(f"{path}.weight")
+    bias = inits.get(f"{path}.bias")
+    w_shape = _shape(weight)
+    if kind == "dense" and w_shape and len(w_shape) == 2:
+        return {"in_features": w_shape[1], "out_features": w_shape[0], "use_bias": bias is not None}
+    if kind in ("conv", "conv_transpose") and w_shape and len(w_shape) >= 3:
+        ndim = len(w_shape) - 2
+        groups = int(_attr(anchor, "group", 1))
+        if kind == "conv":
+            in_ch, out_ch = w_shape[1] * groups, w_shape[0]
+        else:
+            in_ch, out_ch = w_shape[0], w_shape[1] * groups
+        params = {
+            "ndim": ndim,
+            "in_channels": in_ch,
+            "out_channels": out_ch,
+            "kernel_size": w_shape[2:],
+            "strides": _attr(anchor, "strides", [1] * ndim),
+            "padding": _pairs(_attr(anchor, "pads"), ndim),
+            "dilations": _attr(anchor, "dilations", [1] * ndim),
+            "groups": groups,
+            "use_bias": bias is not None,
+        }
+        if kind == "conv_transpose":
+            params["output_padding"] = _attr(anchor, "output_padding", [0] * ndim)
+        else:
+            explicit = _pad_of_body(body, ndim)
+            if explicit is not None:
+                params["padding"], params["padding_mode"] = explicit
+        return params
+    if kind == "batch_norm":
+        mean = inits.get(f"{path}.running_mean")
+        features = _shape(mean) or w_shape or _shape(anchor.inputs[1])
+        if not features:
+            return None
+        return {
+            "num_features": features[0],
+            # ONNX's momentum weighs the running statistic; torch's weighs the new one.
+            "momentum": round(1.0 - float(_attr(anchor, "momentum", 0.9)), 6),
+            "epsilon": _f32(_attr(anchor, "epsilon", 1e-5)),
+            "affine": weight is not None,
+            "track_running_stats": mean is not None,
+        }
+    if kind in ("layer_norm", "rms_norm"):
+        shape = w_shape
+        if shape is None:
+            x = _shape(anchor.inputs[0])
+            axis = int(_attr(anchor, "axis", -1))
+            shape = x[axis:] if x else None
+        if shape is None:
+            return None
+        params = {
+            "normalized_shape": shape,
+            "epsilon": _f32(_attr(anchor, "epsilon", 1e-5)),
+            "elementwise_affine": weight is not None,
+        }
+        if kind == "layer_norm":
+            params["use_bias"] = bias is not None
+        return params
+    if kind == "group_norm":
+        x = _shape(anchor.inputs[0])
+        channels = w_shape[0] if w_shape else (x[1] if x else None)
+        if channels is None or "num_groups" not in anchor.attributes:
+            return None
+        return {
+            "num_groups": int(_attr(anchor, "num_groups")),
+            "num_channels": channels,
+            "epsilon": _f32(_attr(anchor, "epsilon", 1e-5)),
+            "affine": weight is not None,
+        }
+    if kind == "embedding" and w_shape and len(w_shape) == 2:
+        return {"num_embeddings": w_shape[0], "features": w_shape[1]}
+    if kind in ("max_pool", "avg_pool"):
+        kernel = _attr(anchor, "kernel_shape")
+        if not kernel:
+            return None
+        ndim = len(kernel)
+        params = {
+            "ndim": ndim,
+            "kernel_size": kernel,
+            "strides": _attr(anchor, "strides", [1] * ndim),
+            "padding": _pairs(_attr(anchor, "pads"), ndim),
+            "ceil_mode": bool(_attr(anchor, "ceil_mode", 0)),
+        }
+        if kind == "max_pool":
+            params["dilations"] = _attr(anchor, "dilations", [1] * ndim)
+        else:
+            params["count_include_pad"] = bool(_attr(anchor, "count_include_pad", 0))
+        return params
+    return None
+
+
+def annotate_layers_from_graph(graph: ir.Graph, classes: Mapping[str, str]) -> dict[str, int]:
+    """Mark layers known only by class name (no module instance), reading the graph.
+
+    Scopes that already carry an anchor are left alone.
+    """
+    bodies: dict[str, list[ir.Node]] = {}
+    for node in graph:
+        scope = node.metadata_props.get(SCOPE)
+        if scope:
+            bodies.setdefault(scope, []).append(node)
+    counts: dict[str, int] = {}
+    for path, body in bodies.items():
+        kind = kind_from_class(classes.get(path))
+        if kind not in GRAPH_KINDS or any(LAYER in n.metadata_props for n in body):
+            continue
+        anchor = find_anchor(kind, body)
+        params = graph_params(kind, path, anchor, body, graph) if anchor is not None else None
+        if params is None:
+            logger.debug("cannot read the %s hyper-parameters of %r from the graph", kind, path)
+            continue
+        mark_layer(anchor, kind, **params)
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
