@@ -307,9 +307,10 @@ def pad(ctx, x, pads_in=None, constant_value=None, axes=None, *, mode, pads, pad
 @builtin("Range", since=11)
 def range_(ctx, start, limit, delta):
     """Range(start, limit, delta) -> output: start + i*delta while before limit."""
-    s = ctx.static(start, "start")
-    lim = ctx.static(limit, "limit")
-    d = ctx.static(delta, "delta")
+    # Scalars, though some exporters hand over 1-element vectors.
+    s = np.asarray(ctx.static(start, "start")).reshape(())
+    lim = np.asarray(ctx.static(limit, "limit")).reshape(())
+    d = np.asarray(ctx.static(delta, "delta")).reshape(())
     return np.arange(s, lim, d, dtype=np.asarray(s).dtype)
 
 
