@@ -105,3 +105,18 @@ def test_plain_jax_function_and_tf_function():
 
     report = xconv.check_parity(lin, bad, x)
     assert not report.passed and report.matrix[0].framework == "tf"
+
+
+def test_device_selection():
+    from xconv.parity.checker import _select_devices
+
+    avail = ["cpu:0", "cuda:0", "cuda:1"]
+    assert _select_devices(avail, "all") == avail
+    assert _select_devices(avail, "cpu") == ["cpu:0"]
+    assert _select_devices(avail, "cuda") == ["cuda:0", "cuda:1"]
+    assert _select_devices(avail, ["cpu", "cuda:1"]) == ["cpu:0", "cuda:1"]
+    assert _select_devices(["cpu"], "cpu") == ["cpu"]
+    with pytest.raises(ValueError, match="none of the devices"):
+        xconv.check_parity(
+            torch.nn.Identity(), torch.nn.Identity(), np.ones(2, np.float32), devices="tpu"
+        )
