@@ -7,6 +7,7 @@ geometry (kernel, strides, pads) statically, so they trace under ``jax.jit``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -199,7 +200,23 @@ def deform_conv(
     strides,
 ):
     """DeformConv(X, W, offset, B?, mask?) -> Y: conv sampling at learned offsets (bilinear)."""
-    x, w, offset = jnp.asarray(x), jnp.asarray(w), jnp.asarray(offset)
+    n = np.ndim(x) - 2
+    return _deform_conv_impl(
+        jnp.asarray(x),
+        jnp.asarray(w),
+        jnp.asarray(offset),
+        b,
+        mask,
+        s=_ints(strides, n, 1),
+        d=_ints(dilations, n, 1),
+        p=_ints(pads, 2 * n, 0),
+        og=int(offset_group),
+        g=int(group),
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("s", "d", "p", "og", "g"))
+def _deform_conv_impl(x, w, offset, b, mask, *, s, d, p, og, g):
     n = x.ndim - 2
     nb, c = x.shape[:2]
     spatial = x.shape[2:]
@@ -207,9 +224,6 @@ def deform_conv(
     kernel = tuple(w.shape[2:])
     kk = int(np.prod(kernel))
     mo = int(np.prod(out_sp))
-    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
-    p = _ints(pads, 2 * n, 0)
-    og, g = int(offset_group), int(group)
     off = offset.reshape((nb, og, kk, n, mo)).astype(x.dtype)
     # Base sampling positions per dimension: (K, M).
     kpos = np.stack(np.meshgrid(*[np.arange(k) for k in kernel], indexing="ij"), 0).reshape(n, kk)
@@ -489,9 +503,15 @@ def max_unpool(ctx, x, indices, output_shape=None, *, kernel_shape, pads, stride
 @builtin("MaxRoiPool", attrs={"pooled_shape": REQUIRED, "spatial_scale": 1.0})
 def max_roi_pool(ctx, x, rois, *, pooled_shape, spatial_scale):
     """MaxRoiPool(X, rois) -> Y: Caffe-style max pooling over each (batch, x1, y1, x2, y2) roi."""
-    x, rois = jnp.asarray(x), jnp.asarray(rois)
-    _, _, h, w = x.shape
     ph, pw = (int(v) for v in pooled_shape)
+    return _max_roi_pool_impl(
+        jnp.asarray(x), jnp.asarray(rois), ph=ph, pw=pw, spatial_scale=float(spatial_scale)
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("ph", "pw", "spatial_scale"))
+def _max_roi_pool_impl(x, rois, *, ph, pw, spatial_scale):
+    _, _, h, w = x.shape
     batch = rois[:, 0].astype(jnp.int32)
     box = jnp.round(rois[:, 1:] * spatial_scale).astype(jnp.int32)
     x1, y1, x2, y2 = box[:, 0], box[:, 1], box[:, 2], box[:, 3]
@@ -546,11 +566,44 @@ def roi_align(
     if mode not in ("avg", "max"):
         raise ctx.error(f"mode={mode!r}; supported: avg, max")
     x, rois = jnp.asarray(x), jnp.asarray(rois)
-    _, _, h, w = x.shape
     ph, pw = int(output_height), int(output_width)
     half = coordinate_transformation_mode == "half_pixel"
     if ctx.opset < 16 and "coordinate_transformation_mode" not in ctx.node.attributes:
         half = False
+    if sampling_ratio > 0:
+        gh = gw = int(sampling_ratio)
+    else:
+        # The adaptive grid's size depends on the rois: it must be known at trace time.
+        box = ctx.static(rois, "rois (with sampling_ratio=0)").astype(x.dtype)
+        box = box * np.asarray(spatial_scale, x.dtype) - np.asarray(0.5 if half else 0, x.dtype)
+        rh, rw = box[:, 3] - box[:, 1], box[:, 2] - box[:, 0]
+        if not half:
+            rh, rw = np.maximum(rh, 1), np.maximum(rw, 1)
+        gh = max(1, int(np.max(np.ceil(rh / ph), initial=1)))
+        gw = max(1, int(np.max(np.ceil(rw / pw), initial=1)))
+    return _roi_align_impl(
+        x,
+        rois,
+        jnp.asarray(batch_indices),
+        ph=ph,
+        pw=pw,
+        gh=gh,
+        gw=gw,
+        sampling_ratio=int(sampling_ratio),
+        spatial_scale=float(spatial_scale),
+        half=half,
+        mode=mode,
+    )
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("ph", "pw", "gh", "gw", "sampling_ratio", "spatial_scale", "half", "mode"),
+)
+def _roi_align_impl(
+    x, rois, batch_indices, *, ph, pw, gh, gw, sampling_ratio, spatial_scale, half, mode
+):
+    _, _, h, w = x.shape
     off = 0.5 if half else 0.0
     box = rois.astype(x.dtype) * spatial_scale - off
     start_w, start_h = box[:, 0], box[:, 1]
@@ -559,14 +612,10 @@ def roi_align(
         roi_w, roi_h = jnp.maximum(roi_w, 1.0), jnp.maximum(roi_h, 1.0)
     bin_h, bin_w = roi_h / ph, roi_w / pw
     if sampling_ratio > 0:
-        grid_h = jnp.full(rois.shape[:1], int(sampling_ratio))
-        grid_w = grid_h
-        gh = gw = int(sampling_ratio)
+        grid_h = grid_w = jnp.full(rois.shape[:1], sampling_ratio)
     else:
         grid_h = jnp.ceil(roi_h / ph).astype(jnp.int32)
         grid_w = jnp.ceil(roi_w / pw).astype(jnp.int32)
-        gh = max(1, int(np.max(ctx.static(grid_h, "RoiAlign sampling grid"), initial=1)))
-        gw = max(1, int(np.max(ctx.static(grid_w, "RoiAlign sampling grid"), initial=1)))
 
     def axis_samples(start, bin_size, grid, pooled, g, size):
         """(R, pooled, g) sample low index, high index, low/high weights and usable flag."""
@@ -853,7 +902,17 @@ def grid_sample(ctx, x, grid, *, align_corners, mode, padding_mode):
         raise ctx.error(f"mode={mode!r}; supported: linear, nearest, cubic (bilinear, bicubic)")
     if padding_mode not in ("zeros", "border", "reflection"):
         raise ctx.error(f"padding_mode={padding_mode!r}; supported: zeros, border, reflection")
-    x, grid = jnp.asarray(x), jnp.asarray(grid)
+    return _grid_sample_impl(
+        jnp.asarray(x),
+        jnp.asarray(grid),
+        align_corners=bool(align_corners),
+        mode=mode,
+        padding_mode=padding_mode,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("align_corners", "mode", "padding_mode"))
+def _grid_sample_impl(x, grid, *, align_corners, mode, padding_mode):
     n = x.ndim - 2
     nb, c = x.shape[:2]
     dims = x.shape[2:]

@@ -7,6 +7,7 @@ and zeroes its later outputs; the reverse direction runs over each sequence's ow
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -69,14 +70,19 @@ def _activations(ctx, names, alphas, betas, defaults, num_dir):
             a = alphas.pop(0)
         if b is not None and betas:
             b = betas.pop(0)
-        funcs.append(lambda x, fn=fn, a=a, b=b: fn(x, a, b))
+        funcs.append((key, None if a is None else float(a), None if b is None else float(b)))
     k = len(defaults)
-    return [funcs[i * k : (i + 1) * k] for i in range(num_dir)]
+    return tuple(tuple(funcs[i * k : (i + 1) * k]) for i in range(num_dir))
 
 
-def _directions(ctx, direction: str) -> list[bool]:
+def _callables(specs):
+    """Activation specs ``(name, alpha, beta)`` -> functions of x."""
+    return [lambda x, s=spec: _ACTIVATIONS[s[0]][0](x, s[1], s[2]) for spec in specs]
+
+
+def _directions(ctx, direction: str) -> tuple[bool, ...]:
     """Per direction: True when it runs in reverse."""
-    table = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
+    table = {"forward": (False,), "reverse": (True,), "bidirectional": (False, True)}
     if direction not in table:
         raise ctx.error(f"direction={direction!r}; supported: forward, reverse, bidirectional")
     return table[direction]
@@ -163,13 +169,30 @@ def rnn(
     dirs = _directions(ctx, direction)
     hidden = int(hidden_size or np.shape(r)[-1])
     acts = _activations(ctx, activations, activation_alpha, activation_beta, ["Tanh"], len(dirs))
-    x, (h0,), lens = _prepare(ctx, x, [initial_h], sequence_lens, layout, hidden, len(dirs))
+    return _rnn_impl(
+        x,
+        w,
+        r,
+        b,
+        sequence_lens,
+        initial_h,
+        dirs=dirs,
+        hidden=hidden,
+        acts=acts,
+        clip=clip,
+        layout=int(layout),
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("dirs", "hidden", "acts", "clip", "layout"))
+def _rnn_impl(x, w, r, b, sequence_lens, initial_h, *, dirs, hidden, acts, clip, layout):
+    x, (h0,), lens = _prepare(None, x, [initial_h], sequence_lens, layout, hidden, len(dirs))
     w, r = jnp.asarray(w, x.dtype), jnp.asarray(r, x.dtype)
     bias = jnp.zeros((len(dirs), 2 * hidden), x.dtype) if b is None else jnp.asarray(b, x.dtype)
     cl = _clipper(clip)
     ys, hs = [], []
     for d, reverse in enumerate(dirs):
-        (f,) = acts[d]
+        (f,) = _callables(acts[d])
         xw = x @ w[d].T + bias[d, :hidden] + bias[d, hidden:]
         rt = r[d].T
 
@@ -208,13 +231,31 @@ def gru(
     acts = _activations(
         ctx, activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh"], len(dirs)
     )
-    x, (h0,), lens = _prepare(ctx, x, [initial_h], sequence_lens, layout, hidden, len(dirs))
+    return _gru_impl(
+        x,
+        w,
+        r,
+        b,
+        sequence_lens,
+        initial_h,
+        dirs=dirs,
+        hidden=hidden,
+        acts=acts,
+        clip=clip,
+        layout=int(layout),
+        lbr=bool(linear_before_reset),
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("dirs", "hidden", "acts", "clip", "layout", "lbr"))
+def _gru_impl(x, w, r, b, sequence_lens, initial_h, *, dirs, hidden, acts, clip, layout, lbr):
+    x, (h0,), lens = _prepare(None, x, [initial_h], sequence_lens, layout, hidden, len(dirs))
     w, r = jnp.asarray(w, x.dtype), jnp.asarray(r, x.dtype)
     bias = jnp.zeros((len(dirs), 6 * hidden), x.dtype) if b is None else jnp.asarray(b, x.dtype)
     cl = _clipper(clip)
     ys, hs = [], []
     for d, reverse in enumerate(dirs):
-        f, g = acts[d]
+        f, g = _callables(acts[d])
         xw = x @ w[d].T + bias[d, : 3 * hidden]
         rb = bias[d, 3 * hidden :]
         r_zr, r_h = r[d, : 2 * hidden].T, r[d, 2 * hidden :].T
@@ -222,7 +263,7 @@ def gru(
         def step(h, xt, f=f, g=g, rb=rb, r_zr=r_zr, r_h=r_h):
             zr = f(cl(xt[:, : 2 * hidden] + h @ r_zr + rb[: 2 * hidden]))
             z, rr = zr[:, :hidden], zr[:, hidden:]
-            if linear_before_reset:
+            if lbr:
                 pre = xt[:, 2 * hidden :] + rr * (h @ r_h + rb[2 * hidden :])
             else:
                 pre = xt[:, 2 * hidden :] + (rr * h) @ r_h + rb[2 * hidden :]
@@ -265,8 +306,46 @@ def lstm(
     acts = _activations(
         ctx, activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], len(dirs)
     )
+    return _lstm_impl(
+        x,
+        w,
+        r,
+        b,
+        sequence_lens,
+        initial_h,
+        initial_c,
+        p,
+        dirs=dirs,
+        hidden=hidden,
+        acts=acts,
+        clip=clip,
+        layout=int(layout),
+        input_forget=bool(input_forget),
+    )
+
+
+@functools.partial(
+    jax.jit, static_argnames=("dirs", "hidden", "acts", "clip", "layout", "input_forget")
+)
+def _lstm_impl(
+    x,
+    w,
+    r,
+    b,
+    sequence_lens,
+    initial_h,
+    initial_c,
+    p,
+    *,
+    dirs,
+    hidden,
+    acts,
+    clip,
+    layout,
+    input_forget,
+):
     x, (h0, c0), lens = _prepare(
-        ctx, x, [initial_h, initial_c], sequence_lens, layout, hidden, len(dirs)
+        None, x, [initial_h, initial_c], sequence_lens, layout, hidden, len(dirs)
     )
     w, r = jnp.asarray(w, x.dtype), jnp.asarray(r, x.dtype)
     bias = jnp.zeros((len(dirs), 8 * hidden), x.dtype) if b is None else jnp.asarray(b, x.dtype)
@@ -274,7 +353,7 @@ def lstm(
     cl = _clipper(clip)
     ys, hs, cs = [], [], []
     for d, reverse in enumerate(dirs):
-        f, g, hf = acts[d]
+        f, g, hf = _callables(acts[d])
         xw = x @ w[d].T + bias[d, : 4 * hidden] + bias[d, 4 * hidden :]
         rt = r[d].T
         pi, po, pf = peep[d, :hidden], peep[d, hidden : 2 * hidden], peep[d, 2 * hidden :]
