@@ -47,6 +47,16 @@ CASES = [
     ),
     OpCase("gemm_scalar_c", "Gemm", [A34, B45, np.array(3.0, np.float32)], {"beta": 2.0}),
     OpCase(
+        "gemm_int32_fractional",
+        "Gemm",
+        [
+            np.arange(12, dtype=np.int32).reshape(3, 4),
+            np.arange(8, dtype=np.int32).reshape(4, 2),
+            np.array([1, -3], np.int32),
+        ],
+        {"alpha": 0.5, "beta": 1.5},
+    ),
+    OpCase(
         "einsum_batch_matmul",
         "Einsum",
         [rand(2, 3, 4), rand(2, 4, 5)],

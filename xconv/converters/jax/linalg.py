@@ -54,6 +54,14 @@ def gemm(ctx, a, b, c=None, *, alpha, beta, transA, transB, broadcast):
     a = a.T if transA else a
     b = b.T if transB else b
     y = jnp.matmul(a, b)
+    if np.dtype(dtype).kind in "iu" and (alpha != 1.0 or (c is not None and beta != 1.0)):
+        # Integer Gemm with fractional alpha / beta: scale in floating point, then truncate
+        # back to the integer type (as the reference's numpy arithmetic does).
+        real = jax.dtypes.canonicalize_dtype(np.float64)
+        y = y.astype(real) * alpha
+        if c is not None and beta != 0.0:
+            y = y + jnp.asarray(c).astype(real) * beta
+        return y.astype(dtype)
     if alpha != 1.0:
         y = y * jnp.asarray(alpha, dtype)
     if c is not None and beta != 0.0:
