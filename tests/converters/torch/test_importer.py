@@ -370,3 +370,15 @@ def test_transformers_models(name):
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+def test_transformers_dynamic_batch():
+    module, args = _hf_model("gpt2")
+    model = xconv.from_torch(module, args, dynamic_batch=True)
+    assert model.graph.inputs[0].shape[0] == ir.SymbolicDim("batch")
+    bigger = tuple(torch.cat([a, a, a[:1]]) for a in args)
+    want = _hf_outputs(module, bigger)
+    got = run_jax(model, bigger)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
