@@ -457,8 +457,11 @@ def _interp_weights(
     cubic_a: float,
     antialias: bool,
     exclude_outside: bool,
-) -> np.ndarray:
-    """Dense (out, in) weights of 1-D linear or cubic interpolation at coordinates x."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Taps of 1-D linear or cubic interpolation at coordinates x: (out, n) indices, weights.
+
+    Indices are clamped into the axis, which is the edge padding the spec asks for.
+    """
     fl = np.floor(x)
     # The left neighbour is preferred: an integer coordinate has ratio 1, not 0.
     ratio = np.where(x == fl, 1.0, x - fl)
@@ -480,10 +483,7 @@ def _interp_weights(
         coeffs = np.where((idx < 0) | (idx >= in_size), 0.0, coeffs)
         total = coeffs.sum(axis=1, keepdims=True)
         coeffs = coeffs / np.where(total == 0, 1.0, total)
-    weights = np.zeros((x.shape[0], in_size), np.float64)
-    rows = np.broadcast_to(np.arange(x.shape[0])[:, None], idx.shape)
-    np.add.at(weights, (rows, np.clip(idx, 0, in_size - 1)), coeffs)
-    return weights
+    return np.clip(idx, 0, in_size - 1), coeffs
 
 
 def _resize(
@@ -528,10 +528,15 @@ def _resize(
             idx = np.clip(_nearest_index(coords, nearest_mode, scale < 1), 0, in_size - 1)
             y = xp.take(y, idx.astype(np.int32), axis=axis)
         else:
-            w = _interp_weights(
+            idx, coeffs = _interp_weights(
                 coords, in_size, scale, mode, cubic_a, antialias, exclude_outside
-            ).astype(y.dtype)
-            y = xp.moveaxis(xp.tensordot(y, w, axes=([axis], [1])), -1, axis)
+            )
+            # A static gather of n taps per output, then their weighted sum: O(out * n).
+            taps = xp.take(y, idx.reshape(-1).astype(np.int32), axis=axis)
+            lead, trail = np.shape(y)[:axis], np.shape(y)[axis + 1 :]
+            taps = xp.reshape(taps, (*lead, *idx.shape, *trail))
+            w = coeffs.reshape((1,) * axis + coeffs.shape + (1,) * len(trail)).astype(y.dtype)
+            y = xp.sum(taps * w, axis=axis + 1)
         if outside is not None and outside.any():
             mask = outside.reshape((1,) * axis + (-1,) + (1,) * (rank - axis - 1))
             outside_any = mask if outside_any is None else (outside_any | mask)
