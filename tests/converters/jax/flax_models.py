@@ -8,7 +8,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 from xconv.ir.layers import mark_layer, mark_weight
-from xconv.ir.metadata import SCOPE
+from xconv.ir.metadata import LAYER, MODULE, SCOPE
 
 
 def _init(rng, name, shape, scale=0.3, positive=False):
@@ -151,7 +151,9 @@ def resnet_block(batch: int | str = 2) -> ir.Model:
     return model
 
 
-def tiny_transformer(batch: int | str = "B", seq: int = 5, dim: int = 8, heads: int = 2):
+def tiny_transformer(
+    batch: int | str = "B", seq: int = 5, dim: int = 8, heads: int = 2, attention_module=False
+):
     """Embedding + positions, pre-LN attention (manual and ONNX Attention), GELU MLP, head."""
     rng = np.random.default_rng(0)
     dh = dim // heads
@@ -286,6 +288,46 @@ def tiny_transformer(batch: int | str = "B", seq: int = 5, dim: int = 8, heads: 
         ("fc2_mm", 2 * dim, dim),
     ):
         mark_layer(by[name], "dense", in_features=fin, out_features=fout, use_bias=True)
+    if attention_module:
+        # The attention body (heads split, both attention paths, output projection) as one
+        # recognised layer with no native Flax counterpart: a generated submodule.
+        attn = [
+            "split",
+            "q4",
+            "k4",
+            "v4",
+            "qh",
+            "kh",
+            "vh",
+            "kt",
+            "scores",
+            "sqrt_dh",
+            "scaled",
+            "tril",
+            "causal",
+            "masked",
+            "probs",
+            "ctx_manual",
+            "attention_op",
+            "ctx_sum",
+            "ctx",
+            "ctx_t",
+            "merged",
+            "proj_mm",
+            "proj_add",
+        ]
+        for name in attn:
+            by[name].metadata_props[SCOPE] = "attn"
+            by[name].metadata_props.pop(LAYER, None)
+        mark_layer(
+            by["attention_op"],
+            "attention",
+            embed_dim=dim,
+            num_heads=heads,
+            use_bias=True,
+            batch_first=True,
+        )
+        by["attention_op"].metadata_props[MODULE] = "torch.nn.MultiheadAttention"
     mark_layer(by["head"], "dense", in_features=dim, out_features=3, use_bias=True)
     inits_by = g.initializers
     mark_weight(inits_by["embed.weight"], "embedding")
@@ -298,4 +340,7 @@ def tiny_transformer(batch: int | str = "B", seq: int = 5, dim: int = 8, heads: 
         mark_weight(inits_by[f"{name}.bias"], "bias")
     mark_weight(inits_by["head.weight"], "kernel", "OI")
     mark_weight(inits_by["head.bias"], "bias")
+    if attention_module:
+        mark_weight(inits_by["proj.weight"], "out_proj_kernel", "IO")
+        mark_weight(inits_by["proj.bias"], "out_proj_bias")
     return model

@@ -19,6 +19,8 @@ from onnx import helper as h
 import xconv
 from tests.converters.jax.flax_models import resnet_block
 from xconv.errors import UnsupportedOpError
+from xconv.ir.layers import mark_layer, mark_weight
+from xconv.ir.metadata import SCOPE
 
 APIS = ["linen", "nnx"]
 
@@ -273,3 +275,72 @@ def test_matches_to_jax(tmp_path, api, which):
     out = xconv.to_flax(model, tmp_path / "out", api=api)
     got, _ = run_generated(out, api, x)
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_attention_layer_becomes_generated_submodule(tmp_path, api):
+    from tests.converters.jax.flax_models import tiny_transformer
+
+    model = tiny_transformer(attention_module=True)
+    ids = np.random.default_rng(6).integers(0, 11, size=(2, 5)).astype(np.int64)
+    (expected,) = ort_run(model, ids)
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    src = (out / "model.py").read_text()
+    base = "nn.Module" if api == "linen" else "nnx.Module"
+    assert f"class MultiheadAttention({base}):" in src
+    assert "self.attn(qkv)" in src
+    got, handle = run_generated(out, api, ids)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-5)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+    mod = import_generated(out)
+    if api == "linen":
+        _, variables = mod.load(out)
+        assert set(variables["params"]["attn"]) == {"out_proj_kernel", "out_proj_bias"}
+    assert check_grads(api, handle, ids) == 15
+
+
+def _two_blocks() -> ir.Model:
+    """Two structurally identical recognised layers with no native Flax layer."""
+    rng = np.random.default_rng(7)
+    nodes, inits = [], []
+    prev = "x"
+    for i in (1, 2):
+        w = rng.standard_normal((4, 4)).astype(np.float32)
+        inits.append(h.make_tensor(f"blk{i}.w", T.FLOAT, [4, 4], w.reshape(-1).tolist()))
+        nodes += [
+            h.make_node("MatMul", [prev, f"blk{i}.w"], [f"s{i}"], name=f"mm{i}"),
+            h.make_node("Softmax", [f"s{i}"], [f"p{i}"], axis=-1, name=f"sm{i}"),
+            h.make_node("Mul", [f"p{i}", prev], [f"y{i}"], name=f"mul{i}"),
+        ]
+        prev = f"y{i}"
+    graph = h.make_graph(
+        nodes,
+        "two_blocks",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 4])],
+        [h.make_tensor_value_info(prev, T.FLOAT, [2, 4])],
+        inits,
+    )
+    model = ir.serde.deserialize_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 23)]))
+    for n in model.graph:
+        n.metadata_props[SCOPE] = f"blocks.{n.name[-1]}"
+    for i in (1, 2):
+        anchor = next(n for n in model.graph if n.name == f"mm{i}")
+        mark_layer(anchor, "attention", embed_dim=4, num_heads=1, use_bias=False, batch_first=True)
+        mark_weight(model.graph.initializers[f"blk{i}.w"], "q_kernel", "IO")
+    return model
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_identical_layers_share_one_generated_class(tmp_path, api):
+    model = _two_blocks()
+    x = np.random.default_rng(8).standard_normal((2, 4)).astype(np.float32)
+    (expected,) = ort_run(model, x)
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    src = (out / "model.py").read_text()
+    assert src.count("class Attention(") == 1
+    assert "self.blocks_1 = Attention(" in src and "self.blocks_2 = Attention(" in src
+    got, _ = run_generated(out, api, x)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-6)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg

@@ -34,7 +34,7 @@ from xconv.converters.jax.flax_ops import (
 )
 from xconv.converters.registry import REQUIRED, attribute_value
 from xconv.errors import ConversionError, MissingOp, UnsupportedAttributeError, UnsupportedOpError
-from xconv.ir.metadata import LAYOUT, ROLE, SOURCE_LINE, get_layer, get_scope
+from xconv.ir.metadata import LAYOUT, MODULE, ROLE, SOURCE_LINE, get_layer, get_scope
 from xconv.ir.passes import canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
 from xconv.weights.flax_names import (
@@ -138,9 +138,20 @@ class LayerPlan:
     anchor: ir.Node
     body: list[ir.Node]
     scope: str | None
-    input: ir.Value
-    output: ir.Value
+    inputs: list[ir.Value]
+    outputs: list[ir.Value]
     weights: dict[str, ir.Value]
+    #: False: no native Flax layer fits; the body becomes a generated submodule class.
+    native: bool = True
+    last: ir.Node | None = None
+
+    @property
+    def input(self) -> ir.Value:
+        return self.inputs[0]
+
+    @property
+    def output(self) -> ir.Value:
+        return self.outputs[0]
 
 
 @dataclass
@@ -177,6 +188,15 @@ class _Emitter:
         self.raw: dict[ir.Value, str] = {}
         self.plans: dict[ir.Node, LayerPlan] = {}
         self.has_constants = False
+        self.weight_names: dict[ir.Value, str] = {}
+        self.own_scope: str | None = None  # a generated submodule's scope (no comment needed)
+        #: Name locals after their op, not the source's value names, so that identical layers
+        #: generate identical classes (shared, like a torch block class used many times).
+        self.canonical = False
+        self.classes: dict[str, str] = {}  # generated submodule source -> class name
+        self.class_ns = Namespace(_RESERVED | {"Model", "Constant"})
+        self.inputs: list[str] = []
+        self.outputs: list[str] = []
 
     # ------------------------------------------------------------ planning
 
@@ -199,8 +219,6 @@ class _Emitter:
 
     def _plan(self, anchor, meta, body, scope) -> LayerPlan | None:
         kind = meta.pop("kind")
-        if kind not in FLAX_VARIABLES and kind != "dropout":
-            return None
         body_set = set(body)
         inputs, weights, outputs = [], {}, []
         for n in body:
@@ -209,7 +227,7 @@ class _Emitter:
                     continue
                 if is_weight(v, self.annotated):
                     role = v.metadata_props.get(ROLE)
-                    if role is None:
+                    if role is None or weights.get(role, v) is not v:
                         return None
                     weights[role] = v
                 elif constant_of(v, self.annotated) is None and v not in inputs:
@@ -218,13 +236,24 @@ class _Emitter:
                 outside = any(u.node not in body_set for u in o.uses())
                 if outside or o.is_graph_output():
                     outputs.append(o)
-        if len(inputs) != 1 or len(outputs) != 1:
+        if not inputs or not outputs:
             return None
         order = {n: i for i, n in enumerate(self.graph)}
-        if any(order[n] > order[outputs[0].producer()] for n in body):
+        last = max(body, key=order.__getitem__)
+        for o in outputs:
+            if any(u.node not in body_set and order[u.node] < order[last] for u in o.uses()):
+                return None  # a consumer sits between body nodes: keep the ops inline
+        plan = LayerPlan(kind, meta, anchor, body, scope, inputs, outputs, weights, last=last)
+        if len(inputs) == 1 and len(outputs) == 1 and self._plan_ok(plan):
+            return plan
+        plan.native = False
+        if scope is None or any(
+            n.op_type != "Constant"
+            and (n.domain not in ("", "ai.onnx") or n.op_type not in TEMPLATES)
+            for n in body
+        ):
             return None
-        plan = LayerPlan(kind, meta, anchor, body, scope, inputs[0], outputs[0], weights)
-        return plan if self._plan_ok(plan) else None
+        return plan
 
     def _plan_ok(self, p: LayerPlan) -> bool:
         roles = set(p.weights) - DROPPED_ROLES
@@ -304,9 +333,16 @@ class _Emitter:
         names[perm] = name
         return name
 
+    def hint(self, value: ir.Value) -> str | None:
+        """The name hint of a value: its source name, or its op type in generated classes."""
+        producer = value.producer()
+        if self.canonical and producer is not None:
+            return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", producer.op_type).lower()
+        return value.name
+
     def weight(self, value: ir.Value) -> str:
         if value not in self.raw:
-            attr = self.attrs.new(raw_param_name(value.name))
+            attr = self.attrs.new(self.weight_names.get(value) or raw_param_name(value.name))
             arr = value.const_value.numpy()
             shape, dt = tuple(arr.shape), dtype_expr(value.dtype)
             self.src.setup.append(
@@ -356,8 +392,11 @@ class _Emitter:
         for node in self.graph:
             plan = self.plans.get(node)
             if plan is not None:
-                if node is plan.output.producer():
-                    self.emit_layer(plan)
+                if node is plan.last:
+                    if plan.native:
+                        self.emit_layer(plan)
+                    else:
+                        self.emit_submodule(plan)
                 continue
             if node.op_type == "Constant":
                 continue
@@ -374,7 +413,7 @@ class _Emitter:
 
     def _comment(self, node: ir.Node, scope: str | None = None) -> str:
         scope = scope or get_scope(node)
-        return f"  # {scope}" if scope else ""
+        return f"  # {scope}" if scope and scope != self.own_scope else ""
 
     def emit_layer(self, p: LayerPlan) -> None:
         h, kind = p.hyper, p.kind
@@ -456,10 +495,43 @@ class _Emitter:
         for role, arr in sorted(w.items()):
             collection, var = FLAX_VARIABLES[kind][role]
             self.src.variables.append(_Var(collection, (attr, var), arr))
-        out = self.ns.new(p.output.name)
+        out = self.ns.new(self.hint(p.output))
         self.src.body.append(f"{out} = {call}{self._comment(p.anchor, p.scope)}")
         out_perm = perm if kind != "embedding" else None
         self.bind(p.output, out, out_perm)
+
+    def emit_submodule(self, p: LayerPlan) -> None:
+        """A layer with no native Flax counterpart: its body as a generated submodule class."""
+        sub = _Emitter(self.model, self.api)
+        sub.weight_names = {v: raw_param_name(r) for r, v in p.weights.items()}
+        sub.own_scope = p.scope
+        sub.canonical = True
+        sub.inputs = []
+        for v in p.inputs:
+            name = sub.ns.new("x" if len(p.inputs) == 1 else sub.hint(v))
+            sub.inputs.append(name)
+            sub.bind(v, name, None)
+        for node in p.body:
+            if node.op_type != "Constant":
+                sub.emit_node(node)
+        sub.outputs = [sub.get(v, None) for v in p.outputs]
+        self.src.helpers |= sub.src.helpers
+        text = render_class(sub, "{cls}", _class_doc(p))
+        cls = self.classes.get(text)
+        if cls is None:
+            cls = self.class_ns.new(_class_name(p))
+            self.classes[text] = cls
+        attr = self.attrs.new(module_name(p.scope))
+        self.src.setup.append((f"self.{attr} = {cls}()", f"self.{attr} = {cls}(rngs=rngs)"))
+        self.has_constants |= sub.has_constants
+        for var in sub.src.variables:
+            self.src.variables.append(_Var(var.collection, (attr, *var.path), var.value))
+        args = ", ".join(self.get(v, None) for v in p.inputs)
+        outs = ", ".join(self.ns.new(self.hint(v)) for v in p.outputs)
+        comment = self._comment(p.anchor, p.scope)
+        self.src.body.append(f"{outs} = self.{attr}({args}){comment}")
+        for v, name in zip(p.outputs, outs.split(", "), strict=True):
+            self.bind(v, name, None)
 
     def _dense_layout(self, p: LayerPlan) -> str:
         if p.anchor.op_type == "Gemm":
@@ -509,7 +581,7 @@ class _Emitter:
         outs = []
         for o in node.outputs:
             if o.name and (o.uses() or o.is_graph_output()):
-                outs.append(self.ns.new(o.name))
+                outs.append(self.ns.new(self.hint(o)))
             else:
                 outs.append("_")
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
@@ -531,7 +603,7 @@ class _Emitter:
             return False
         name = self.env[x][perm]
         out = node.outputs[0]
-        target = self.ns.new(out.name)
+        target = self.ns.new(self.hint(out))
         if node.op_type == "Size":
             expr = f"np.asarray({name}.size, dtype=np.int64)"
         else:
@@ -626,30 +698,54 @@ def _indent(lines: list[str], n: int) -> list[str]:
     return [(" " * n + line) if line else "" for line in lines]
 
 
+def render_class(em: _Emitter, name: str, doc: str, *, train: bool = False) -> str:
+    """One Module class: setup / __init__ from ``em.src.setup``, __call__ from its body."""
+    ret = em.outputs[0] if len(em.outputs) == 1 else "(" + ", ".join(em.outputs) + ")"
+    body = [*em.src.body, f"return {ret}"]
+    args = ", ".join([*em.inputs, "train: bool = False"] if train else em.inputs)
+    if em.api == "linen":
+        lines = [f"class {name}(nn.Module):", f'    """{doc}"""', "", "    def setup(self):"]
+        setup = [a for a, _ in em.src.setup] or ["pass"]
+    else:
+        lines = [
+            f"class {name}(nnx.Module):",
+            f'    """{doc}"""',
+            "",
+            "    def __init__(self, *, rngs: nnx.Rngs):",
+        ]
+        setup = [b for _, b in em.src.setup] or ["pass"]
+    lines += _indent(setup, 8) + [""]
+    lines += [f"    def __call__(self, {args}):"] + _indent(body, 8)
+    return "\n".join(lines)
+
+
+def _class_name(p: LayerPlan) -> str:
+    module = p.anchor.metadata_props.get(MODULE, "")
+    base = module.rsplit(".", 1)[-1] if module else ""
+    if not base.isidentifier():
+        base = "".join(part.capitalize() for part in p.kind.split("_"))
+    return base
+
+
+def _class_doc(p: LayerPlan) -> str:
+    module = p.anchor.metadata_props.get(MODULE)
+    return f"The source's {p.kind} layer" + (f" ({module})." if module else ".")
+
+
 def render(em: _Emitter, name: str) -> str:
     api = em.api
     doc = f'"""Flax ({api}) model generated by xconv from {name!r}. Regenerate, do not edit."""'
-    ret = em.outputs[0] if len(em.outputs) == 1 else "(" + ", ".join(em.outputs) + ")"
-    body = [*em.src.body, f"return {ret}"]
-    args = ", ".join([*em.inputs, "train: bool = False"])
     cls: list[str] = []
-    if api == "linen":
-        cls += ["class Model(nn.Module):", '    """The converted model; see ``load``."""', ""]
-        cls += ["    def setup(self):"]
-        setup = [a for a, _ in em.src.setup] or ["pass"]
-    else:
-        if em.has_constants:
-            cls += [
-                "class Constant(nnx.Variable):",
-                '    """A non-trainable tensor the source model stores (a buffer)."""',
-                "",
-                "",
-            ]
-        cls += ["class Model(nnx.Module):", '    """The converted model; see ``load``."""', ""]
-        cls += ["    def __init__(self, *, rngs: nnx.Rngs):"]
-        setup = [b for _, b in em.src.setup] or ["pass"]
-    cls += _indent(setup, 8) + [""]
-    cls += [f"    def __call__(self, {args}):"] + _indent(body, 8)
+    if api == "nnx" and em.has_constants:
+        cls += [
+            "class Constant(nnx.Variable):",
+            '    """A non-trainable tensor the source model stores (a buffer)."""',
+            "",
+            "",
+        ]
+    for text, cname in sorted(em.classes.items(), key=lambda kv: kv[1]):
+        cls += [text.replace("{cls}", cname), "", ""]
+    cls += [render_class(em, "Model", "The converted model; see ``load``.", train=True)]
     if api == "linen":
         load = [
             "def load(out_dir=None):",
