@@ -16,8 +16,13 @@ rms_norm
 embedding       embedding                  ``params/<module>/embedding``
 ==============  =========================  ===========================================
 
-A weight outside a recognised layer is one raw parameter ``params/<name>`` where ``<name>`` is
-its initializer name made an identifier (``encoder.pos_embed`` -> ``encoder_pos_embed``).
+A recognised layer Flax has no native layer for (``attention``, or a layer whose body does not
+fit the native one) becomes a generated submodule ``<module>`` holding each weight under its
+role: ``params/<module>/<role>`` (``params/encoder_self_attn/in_proj_kernel``), in the IR's
+layout. A weight outside any recognised layer is one raw parameter ``params/<name>`` where
+``<name>`` is its initializer name made an identifier (``encoder.pos_embed`` ->
+``encoder_pos_embed``). Large non-weight tensors (buffers) go to the ``constants`` collection
+the same way. For nnx the same paths apply without the collection level.
 """
 
 from __future__ import annotations
