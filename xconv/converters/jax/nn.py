@@ -385,11 +385,13 @@ def max_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, stor
     x, n, kernel, s, d = _pool_setup(ctx, x, kernel_shape, strides, dilations)
     spatial = x.shape[2:]
     out, lo_hi, extra = _pool_geometry(ctx, auto_pad, spatial, kernel, s, d, pads, ceil_mode)
-    want_indices = len(ctx.output_values) > 1 and ctx.output_values[1].name != ""
-    if not want_indices:
-        if any(di > 1 for di in d):
-            return _dilated_max(x, kernel, s, d, lo_hi, extra, out)
-        return _window(x, _lowest(x.dtype), lax.max, kernel, s, d, lo_hi, extra, out)
+    if any(di > 1 for di in d):
+        y = _dilated_max(x, kernel, s, d, lo_hi, extra, out)
+    else:
+        y = _window(x, _lowest(x.dtype), lax.max, kernel, s, d, lo_hi, extra, out)
+    if len(ctx.output_values) < 2 or not ctx.output_values[1].name:
+        return y
+    # Indices come from a (value, index) window reduction; Y stays on the differentiable path.
     size = int(np.prod(spatial))
     flat = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32).reshape(spatial), x.shape)
 
@@ -397,7 +399,7 @@ def max_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, stor
         take_a = (a[0] > b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
         return jnp.where(take_a, a[0], b[0]), jnp.where(take_a, a[1], b[1])
 
-    y, idx = _window(
+    _, idx = _window(
         (x, flat),
         (_lowest(x.dtype), np.array(np.iinfo(np.int32).max, np.int32)),
         pick,
