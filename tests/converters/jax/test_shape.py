@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
@@ -33,7 +34,8 @@ class OpCase:
     opset: int = 23
     rtol: float = 1e-5
     atol: float = 1e-6
-    oracle: str = "reference"  # or "onnxruntime", where the reference evaluator lacks a feature
+    # "onnxruntime" where the reference evaluator lacks a feature, or a numpy function.
+    oracle: Any = "reference"
 
 
 def build_model(case: OpCase) -> onnx.ModelProto:
@@ -66,6 +68,8 @@ def build_model(case: OpCase) -> onnx.ModelProto:
 def reference(
     model: onnx.ModelProto, data: list[np.ndarray], oracle: str = "reference"
 ) -> list[np.ndarray]:
+    if callable(oracle):
+        return oracle(*data)
     feeds = {value.name: x for value, x in zip(model.graph.input, data, strict=True)}
     if oracle == "onnxruntime":
         import onnxruntime as ort
@@ -89,11 +93,18 @@ def assert_close(actual: Any, expected: np.ndarray, rtol: float, atol: float) ->
 def run_case(case: OpCase) -> None:
     model = build_model(case)
     expected = reference(model, case.data, case.oracle)
-    fn, params = xconv.to_jax(xconv.load(model))
-    actual = fn(params, *(jnp.asarray(x) for x in case.data))
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected, strict=True):
-        assert_close(a, e, case.rtol, case.atol)
+    ir_models = [xconv.load(model)]
+    if case.opset < 23:
+        # Also at the node's own opset, as when the ONNX version converter cannot upgrade it.
+        native = ir.from_proto(model)
+        assert native.opset_imports[""] == case.opset
+        ir_models.append(native)
+    for ir_model in ir_models:
+        fn, params = xconv.to_jax(ir_model)
+        actual = fn(params, *(jnp.asarray(x) for x in case.data))
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected, strict=True):
+            assert_close(a, e, case.rtol, case.atol)
 
 
 def f32(*shape: int) -> np.ndarray:
@@ -130,6 +141,14 @@ CASES = [
     OpCase("unsqueeze_attr_opset11", "Unsqueeze", [X234], attrs={"axes": [1, 4]}, opset=11),
     OpCase("transpose_default", "Transpose", [X234]),
     OpCase("transpose_perm", "Transpose", [X234], attrs={"perm": [1, 2, 0]}),
+    # Concat-1's axis defaults to 1; neither oracle runs it.
+    OpCase(
+        "concat_default_axis_opset1",
+        "Concat",
+        [X234, f32(2, 3, 4)],
+        opset=1,
+        oracle=lambda a, b: [np.concatenate([a, b], axis=1)],
+    ),
     OpCase("concat_neg_axis", "Concat", [X234, f32(2, 3, 2)], attrs={"axis": -1}),
     OpCase("split_input", "Split", [f32(7, 2)], [i64(3, 4)], n_out=2),
     OpCase("split_num_outputs_uneven", "Split", [f32(7, 2)], attrs={"num_outputs": 3}, n_out=3),
@@ -137,6 +156,15 @@ CASES = [
     OpCase("split_equal", "Split", [f32(2, 6)], attrs={"axis": 1}, n_out=3),
     OpCase("expand_bidirectional", "Expand", [f32(3, 1)], [i64(2, 1, 4)]),
     OpCase("tile", "Tile", [X234], [i64(2, 1, 3)]),
+    # Tile-1: float `tiles` and `axis` inputs; neither oracle runs it.
+    OpCase(
+        "tile_axis_opset1",
+        "Tile",
+        [X234],
+        [np.float32(3), np.float32(-1)],
+        opset=1,
+        oracle=lambda x: [np.tile(x, (1, 1, 3))],
+    ),
     OpCase("pad_constant_value", "Pad", [X234], [i64(1, 0, 2, 0, 3, 1), np.float32(1.5)]),
     # The reference evaluator rejects negative pads; onnxruntime crops.
     OpCase("pad_negative_crops", "Pad", [X234], [i64(0, -1, 1, 0, 0, -2)], oracle="onnxruntime"),
@@ -147,6 +175,13 @@ CASES = [
         "pad_attr_opset2", "Pad", [X234], attrs={"pads": [0, 1, 0, 0, 1, 0], "value": 2.0}, opset=2
     ),
     OpCase("range_float", "Range", [], [np.float32(1), np.float32(3.1), np.float32(0.3)]),
+    OpCase(
+        "range_float16_stash_opset27",
+        "Range",
+        [],
+        [np.float16(1000), np.float16(1100), np.float16(7.3)],
+        opset=27,
+    ),
     OpCase("range_negative_delta", "Range", [], [np.int32(10), np.int32(1), np.int32(-3)]),
     OpCase("eye_like_k", "EyeLike", [f32(3, 5)], attrs={"k": 2}),
     OpCase("eye_like_dtype", "EyeLike", [f32(4, 3)], attrs={"k": -1, "dtype": TensorProto.INT32}),

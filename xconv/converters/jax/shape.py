@@ -143,9 +143,10 @@ def size(ctx, x):
 # -- reshaping --------------------------------------------------------------------------
 
 
-@builtin("Reshape", since=1, attrs={"allowzero": 0, "shape": None})
-def reshape(ctx, x, shape_in=None, *, allowzero, shape):
+@builtin("Reshape", since=1, attrs={"allowzero": 0, "shape": None, "consumed_inputs": None})
+def reshape(ctx, x, shape_in=None, *, allowzero, shape, consumed_inputs):
     """Reshape(data, shape) -> reshaped: 0 copies the input dim (unless allowzero), -1 infers."""
+    del consumed_inputs  # Reshape-1's legacy in-place hint: no effect on the result.
     dims = static_ints(ctx, shape_in if shape_in is not None else shape, "shape")
     in_shape = np.shape(x)
     if not allowzero:
@@ -210,7 +211,8 @@ def transpose(ctx, x, *, perm):
     return xp_of(x).transpose(x, perm)
 
 
-@builtin("Concat", since=1, attrs={"axis": REQUIRED})
+@builtin("Concat", since=4, attrs={"axis": REQUIRED})
+@builtin("Concat", since=1, until=3, attrs={"axis": 1})
 def concat(ctx, *inputs, axis):
     """Concat(inputs...) -> concat_result: joins tensors along `axis`."""
     arrays = [a for a in inputs if a is not None]
@@ -251,9 +253,16 @@ def expand(ctx, x, shape):
 
 
 @builtin("Tile", since=6)
-def tile(ctx, x, repeats):
-    """Tile(input, repeats) -> output: repeats the input `repeats[i]` times along axis i."""
+@builtin("Tile", since=1, until=5)
+def tile(ctx, x, repeats, axis=None):
+    """Tile(input, repeats) -> output: repeats the input `repeats[i]` times along axis i.
+
+    Tile-1 is Tile(input, tiles, axis): a scalar count along one axis.
+    """
     reps = static_ints(ctx, repeats, "repeats")
+    if axis is not None:
+        along = normalize_axis(ctx, static_ints(ctx, axis, "axis")[0], np.ndim(x))
+        reps = [reps[0] if i == along else 1 for i in range(np.ndim(x))]
     if len(reps) != np.ndim(x):
         raise ctx.error(f"repeats {reps} must have one entry per axis of rank {np.ndim(x)}")
     return xp_of(x).tile(x, reps)
@@ -304,14 +313,19 @@ def pad(ctx, x, pads_in=None, constant_value=None, axes=None, *, mode, pads, pad
     return xp.pad(y, pos, mode=_PAD_MODES[mode])
 
 
-@builtin("Range", since=11)
-def range_(ctx, start, limit, delta):
+@builtin("Range", since=11, attrs={"stash_type": 1})
+def range_(ctx, start, limit, delta, *, stash_type):
     """Range(start, limit, delta) -> output: start + i*delta while before limit."""
     # Scalars, though some exporters hand over 1-element vectors.
     s = np.asarray(ctx.static(start, "start")).reshape(())
     lim = np.asarray(ctx.static(limit, "limit")).reshape(())
     d = np.asarray(ctx.static(delta, "delta")).reshape(())
-    return np.arange(s, lim, d, dtype=np.asarray(s).dtype)
+    dtype = s.dtype
+    if ctx.opset >= 27 and dtype.itemsize == 2 and dtype.kind not in "iu" and stash_type != 0:
+        # Range-27 accumulates 16-bit floats in the stash type (float by default).
+        stash = _onnx_dtype(stash_type)
+        return np.arange(s.astype(stash), lim.astype(stash), d.astype(stash)).astype(dtype)
+    return np.arange(s, lim, d, dtype=dtype)
 
 
 @builtin("EyeLike", since=9, attrs={"dtype": None, "k": 0})
@@ -677,11 +691,17 @@ def resize(
     )
 
 
-@builtin("Upsample", since=7, attrs={"mode": "nearest", "scales": None})
-def upsample(ctx, x, scales_in=None, *, mode, scales):
+@builtin(
+    "Upsample",
+    since=1,
+    attrs={"mode": "nearest", "scales": None, "height_scale": None, "width_scale": None},
+)
+def upsample(ctx, x, scales_in=None, *, mode, scales, height_scale, width_scale):
     """Upsample(X, scales) -> Y: nearest or (bi)linear upsampling, asymmetric coordinates."""
     _check_choice(ctx, "mode", mode, ("nearest", "linear", "bilinear"))
     src = scales_in if scales_in is not None else scales
+    if src is None and height_scale is not None and width_scale is not None:
+        src = (1.0, 1.0, height_scale, width_scale)  # Upsample-1: NCHW only.
     if src is None:
         raise ctx.error("Upsample needs scales")
     scale_v = [float(v) for v in np.asarray(static_param(ctx, src, 1, "scales")).reshape(-1)]
