@@ -363,6 +363,11 @@ def test_transformers_models(name):
     ops = {n.op_type for n in model.graph}
     if name in ("bert", "gpt2", "vit"):
         assert {"Attention", "LayerNormalization"} <= ops
+    if name == "gpt2":  # transformers' Conv1D is a dense layer with an (in, out) kernel
+        props = model.graph.initializers["h.0.attn.c_attn.weight"].metadata_props
+        assert (props[ROLE], props[LAYOUT]) == ("kernel", "IO")
+        assert anchor(model, "h.0.attn.c_attn")[1] == {
+            "kind": "dense", "in_features": 32, "out_features": 96, "use_bias": True}  # fmt: skip
     else:
         assert "BatchNormalization" in ops
     want = _hf_outputs(module, args)

@@ -14,6 +14,7 @@ Roles and layouts (torch's own layouts; biases and norm vectors are 1-D):
 layer                  parameter -> role                          layout
 =====================  =========================================  ==========================
 Linear                 weight -> kernel, bias -> bias             OI, O
+transformers Conv1D    weight -> kernel, bias -> bias             IO, O (a dense layer)
 ConvNd                 weight -> kernel, bias -> bias             OIW / OIHW / OIDHW, O
 ConvTransposeNd        weight -> kernel, bias -> bias             IOW / IOHW / IODHW, O
 BatchNormNd            weight/bias/running_mean/running_var ->    C
@@ -68,9 +69,18 @@ ANCHOR_OPS: dict[str, tuple[str, ...]] = {
 }
 
 
+#: transformers' GPT-style ``Conv1D``: a dense layer whose weight is stored (in, out).
+HF_CONV1D = "transformers.pytorch_utils.Conv1D"
+
+
+def _class_name(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def layer_kind(module: nn.Module) -> str | None:
     """The ``xconv.layer`` kind of a torch module, or None for modules that are not layers."""
-    if isinstance(module, nn.Linear):
+    if isinstance(module, nn.Linear) or _class_name(module) == HF_CONV1D:
         return "dense"
     if isinstance(module, nn.modules.conv._ConvTransposeNd):
         return "conv_transpose"
@@ -128,6 +138,8 @@ def kind_from_class(qualname: str | None) -> str | None:
     """Layer kind of a standard ``torch.nn`` class given by (qualified) name."""
     if not qualname:
         return None
+    if qualname == HF_CONV1D:
+        return "dense"
     if "." in qualname and not qualname.startswith("torch.nn."):
         return None  # a user class that happens to share a torch.nn name
     return _KIND_BY_CLASS.get(qualname.rsplit(".", 1)[-1])
@@ -168,6 +180,8 @@ def _node_float(node: ir.Node | None, name: str) -> float | None:
 
 def layer_params(kind: str, module: nn.Module, anchor: ir.Node | None) -> dict[str, Any]:
     """Hyper-parameters of ``module`` for ``xconv.layer`` (schema: ``xconv.ir.layers``)."""
+    if kind == "dense" and _class_name(module) == HF_CONV1D:
+        return {"in_features": module.nx, "out_features": module.nf, "use_bias": True}
     if kind == "dense":
         return {
             "in_features": module.in_features,
@@ -349,6 +363,9 @@ def annotate_weights(
             kind = kind_from_class(classes.get(path))
         rank = len(value.shape) if value.shape is not None else None
         role, layout = weight_spec(kind, leaf, rank)
+        cls = _class_name(module) if isinstance(module, nn.Module) else classes.get(path)
+        if cls == HF_CONV1D and leaf == "weight":
+            layout = "IO"
         mark_weight(value, role, layout)
 
 
@@ -485,7 +502,12 @@ def _pad_of_body(body: list[ir.Node], ndim: int) -> tuple[list[list[int]], str] 
 
 
 def graph_params(
-    kind: str, path: str, anchor: ir.Node, body: list[ir.Node], graph: ir.Graph
+    kind: str,
+    path: str,
+    anchor: ir.Node,
+    body: list[ir.Node],
+    graph: ir.Graph,
+    weight_is_in_out: bool = False,
 ) -> dict[str, Any] | None:
     """Hyper-parameters read from the exported graph, or None when it does not determine them."""
     inits = graph.initializers
@@ -493,6 +515,8 @@ def graph_params(
     bias = inits.get(f"{path}.bias")
     w_shape = _shape(weight)
     if kind == "dense" and w_shape and len(w_shape) == 2:
+        if weight_is_in_out:
+            w_shape = w_shape[::-1]  # stored (in, out)
         return {"in_features": w_shape[1], "out_features": w_shape[0], "use_bias": bias is not None}
     if kind in ("conv", "conv_transpose") and w_shape and len(w_shape) >= 3:
         ndim = len(w_shape) - 2
@@ -597,7 +621,8 @@ def annotate_layers_from_graph(graph: ir.Graph, classes: Mapping[str, str]) -> d
         if kind not in GRAPH_KINDS or any(LAYER in n.metadata_props for n in body):
             continue
         anchor = find_anchor(kind, body)
-        params = graph_params(kind, path, anchor, body, graph) if anchor is not None else None
+        conv1d = classes.get(path) == HF_CONV1D
+        params = graph_params(kind, path, anchor, body, graph, conv1d) if anchor else None
         if params is None:
             logger.debug("cannot read the %s hyper-parameters of %r from the graph", kind, path)
             continue
