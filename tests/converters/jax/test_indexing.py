@@ -232,3 +232,25 @@ def test_constant_one_hot_depth_value_keeps_dtype() -> None:
     y = np.asarray(fn(params, jnp.asarray(case.data[0]))[0])
     assert y.dtype == np.int32
     np.testing.assert_array_equal(y, [[7, 0, 0], [0, 0, 7]])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gather_negative_runtime_indices",
+        "scatter_nd_mul",
+        "reverse_sequence_time0",
+        "slice_negative_step_int64_min",
+        "gather_nd_batch_dims",
+    ],
+)
+def test_vmap_matches_per_example(name: str) -> None:
+    case = next(c for c in CASES if c.name == name)
+    model = build_model(case)
+    fn, params = xconv.to_jax(xconv.load(model))
+    batch = np.stack([case.data[0], 2 * case.data[0] + 1])
+    rest = [jnp.asarray(x) for x in case.data[1:]]
+    y = jax.vmap(lambda x: fn(params, x, *rest)[0])(jnp.asarray(batch))
+    for i in range(2):
+        expected = reference(model, [batch[i], *case.data[1:]], case.oracle)[0]
+        assert_close(y[i], expected, 1e-5, 1e-5)

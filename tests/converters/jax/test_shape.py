@@ -402,3 +402,16 @@ def test_resize_scales_initializer_under_jit_with_traced_params() -> None:
     assert "scales" in params
     y = jax.jit(fn)(params, jnp.asarray(x))[0]
     assert_close(y, reference(model, [x])[0], 1e-5, 1e-6)
+
+
+@pytest.mark.parametrize(
+    "name", ["resize_cubic_exclude_outside", "pad_reflect_axes", "depth_to_space_crd", "tile"]
+)
+def test_vmap_matches_per_example(name: str) -> None:
+    case = next(c for c in CASES if c.name == name)
+    fn, params = xconv.to_jax(xconv.load(build_model(case)))
+    batch = np.stack([case.data[0], 2 * case.data[0] + 1])
+    y = jax.vmap(lambda x: fn(params, x)[0])(jnp.asarray(batch))
+    model = build_model(case)
+    for i in range(2):
+        assert_close(y[i], reference(model, [batch[i]], case.oracle)[0], 1e-5, 1e-5)
