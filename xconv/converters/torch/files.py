@@ -304,6 +304,8 @@ def example_inputs(
         return inputs_from_npz(npz)
     if not specs:
         return None
+    if not dtypes:
+        dtypes = "float32"
     if isinstance(dtypes, str):
         dtypes = [dtypes] * len(specs)
     if len(dtypes) == 1:
