@@ -232,6 +232,29 @@ def test_loop_building_a_sequence():
     check(jax.jit(fn)(params, jnp.asarray(x))[0], expected)
 
 
+def test_loop_with_growing_carried_value_unrolls_under_jit():
+    body = helper.make_graph(
+        [
+            helper.make_node("Concat", ["acc_in", "x"], ["acc_out"], axis=0),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+        ],
+        "body",
+        [vi("i", I64, []), vi("cond_in", B, []), vi("acc_in", F, None)],
+        [vi("cond_out", B, []), vi("acc_out", F, None)],
+    )
+    nodes = [
+        const("M", np.array(3, np.int64)),
+        const("cond", np.array(True)),
+        helper.make_node("Loop", ["M", "cond", "x"], ["y"], body=body),
+    ]
+    m = model(nodes, [vi("x", F, [2])], [vi("y", F, None)])
+    x = RNG.standard_normal(2).astype(np.float32)
+    (expected,) = reference(m, {"x": x})
+    fn, params = convert(m)
+    check(jax.jit(fn)(params, jnp.asarray(x))[0], expected)
+    assert expected.shape == (8,)
+
+
 # --------------------------------------------------------------------------------- Scan
 
 

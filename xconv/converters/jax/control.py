@@ -143,7 +143,7 @@ def _loop_while(ctx, body, m, cond, v_initial):
     except ConversionError:
         raise
     except (TypeError, ValueError) as e:
-        raise ctx.error(
+        raise _CarryMismatch(
             "under jax.jit a Loop lowers to lax.while_loop, whose loop-carried values must "
             f"keep their shapes and dtypes ({e}); use a constant trip count and condition, "
             "or run without jit"
@@ -177,7 +177,7 @@ def _loop_scan(ctx, body, trip: int, v_initial, n_scan):
     except ConversionError:
         raise
     except (TypeError, ValueError) as e:
-        raise ctx.error(
+        raise _CarryMismatch(
             "under jax.jit a Loop with scan outputs lowers to lax.scan, whose loop-carried "
             f"values must keep their shapes and dtypes ({e}); run without jit"
         ) from e
@@ -189,38 +189,46 @@ def _loop_scan(ctx, body, trip: int, v_initial, n_scan):
     return (*values, *scans)
 
 
+class _CarryMismatch(Exception):
+    """lax could not lower a Loop: its carried values change shape or dtype."""
+
+
 @builtin("Loop", since=1, attrs={"body": REQUIRED})
 def loop(ctx, m, cond, *v_initial, body):
     """Loop(M?, cond?, v_initial...) -> (v_final..., scan_outputs...)."""
     n_scan = len(body.outputs) - 1 - len(v_initial)
-    if not is_traced(m) and not is_traced(cond):
-        carried_traced = any(is_traced(v) for v in v_initial)
-        has_sequences = any(isinstance(v, list) for v in v_initial)
-        # Eager (or sequence-carrying) loops run in Python; under jit prefer lax.
-        if not carried_traced or has_sequences:
+    steering_static = not is_traced(m) and not is_traced(cond)
+    has_sequences = any(isinstance(v, list) for v in v_initial)
+    carried_traced = any(is_traced(v) for v in v_initial)
+    # Eager and sequence-carrying loops run in Python; under jit, lax comes first.
+    if steering_static and (has_sequences or not carried_traced):
+        out = _loop_python(ctx, body, m, cond, v_initial, n_scan)
+        if out is not None:
+            return out
+    if has_sequences:
+        raise ctx.error(
+            "a Loop carrying sequences needs a constant trip count and a condition that stays "
+            "constant under jax.jit"
+        )
+    try:
+        if not n_scan:
+            return _loop_while(ctx, body, m, cond, v_initial)
+        if not steering_static or m is None:
+            raise ctx.error(
+                "a Loop with scan outputs needs a constant trip count and condition under "
+                "jax.jit (its output length would depend on run-time data); run without jit"
+            )
+        if cond is not None and not bool(np.asarray(cond)):
+            return _loop_python(ctx, body, m, cond, v_initial, n_scan)
+        return _loop_scan(ctx, body, int(np.asarray(m)), v_initial, n_scan)
+    except _CarryMismatch as e:
+        # Carried values that grow (e.g. a Concat per step) cannot go through lax; with a
+        # constant trip count and condition the loop can still unroll in Python.
+        if steering_static and m is not None:
             out = _loop_python(ctx, body, m, cond, v_initial, n_scan)
             if out is not None:
                 return out
-        elif n_scan:
-            trip = None if m is None else int(np.asarray(m))
-            start = True if cond is None else bool(np.asarray(cond))
-            if trip is not None and start:
-                return _loop_scan(ctx, body, trip, v_initial, n_scan)
-            out = _loop_python(ctx, body, m, cond, v_initial, n_scan)
-            if out is not None:
-                return out
-    if any(isinstance(v, list) for v in v_initial):
-        raise ctx.error(
-            "a Loop carrying sequences needs a constant trip count and condition under jax.jit"
-        )
-    if n_scan:
-        if m is not None and not is_traced(m) and not is_traced(cond):
-            return _loop_scan(ctx, body, int(np.asarray(m)), v_initial, n_scan)
-        raise ctx.error(
-            "a Loop with scan outputs needs a constant trip count and condition under "
-            "jax.jit (its output length would depend on run-time data); run without jit"
-        )
-    return _loop_while(ctx, body, m, cond, v_initial)
+        raise ctx.error(str(e)) from e
 
 
 # ------------------------------------------------------------------------------------- Scan
