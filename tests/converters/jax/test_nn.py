@@ -432,3 +432,15 @@ def test_unsupported_auto_pad_is_an_error() -> None:
     fn, params = xconv.to_jax(xconv.load(build_model(case)))
     with pytest.raises(xconv.errors.ConversionError, match="auto_pad"):
         fn(params, *(jnp.asarray(x) for x in feeds(case)))
+
+
+@pytest.mark.parametrize("name", ["conv2d_pads_strides", "maxpool_ceil_dilated", "gru_batchwise"])
+def test_vmap_over_extra_axis(name: str) -> None:
+    case = next(c for c in CASES if c.name == name)
+    fn, params, _, expected = run_both(case)
+    args = [jnp.asarray(x) for x in feeds(case)]
+    stacked = jnp.stack([args[0], args[0] * 0.5])
+    out = jax.vmap(lambda x0: fn(params, x0, *args[1:])[0])(stacked)
+    np.testing.assert_allclose(np.asarray(out[0]), expected[0], rtol=1e-4, atol=1e-5)
+    half = fn(params, args[0] * 0.5, *args[1:])[0]
+    np.testing.assert_allclose(np.asarray(out[1]), np.asarray(half), rtol=1e-5, atol=1e-6)
