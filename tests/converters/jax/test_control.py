@@ -444,6 +444,19 @@ def test_optional_round_trip_under_jit():
         assert bool(has)
 
 
+def test_sequence_at_runtime_position_under_jit():
+    nodes = [
+        helper.make_node("SplitToSequence", ["x"], ["s"], axis=0, keepdims=0),
+        helper.make_node("SequenceAt", ["s", "pos"], ["y"]),
+    ]
+    m = model(nodes, [vi("x", F, [4, 3]), vi("pos", I64, [])], [vi("y", F, [3])])
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+    fn, params = convert(m)
+    for pos in (2, -1):
+        (expected,) = reference(m, {"x": x, "pos": np.array(pos, np.int64)})
+        check(jax.jit(fn)(params, jnp.asarray(x), jnp.asarray(pos))[0], expected)
+
+
 def test_sequence_output_and_empty_optional():
     nodes = [
         helper.make_node("SplitToSequence", ["x"], ["s"], axis=0),

@@ -7,6 +7,7 @@ must be known at trace time (they decide the list's structure).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -65,6 +66,14 @@ def sequence_erase(ctx, seq, position=None):
 def sequence_at(ctx, seq, position):
     """SequenceAt(input_sequence, position) -> tensor."""
     seq = _sequence(ctx, seq)
+    if isinstance(position, jax.core.Tracer):
+        # A run-time position still works when the elements are alike: index a stack.
+        if not seq or len({(np.shape(s), jnp.asarray(s).dtype) for s in seq}) != 1:
+            raise ctx.error(
+                "under jax.jit a run-time SequenceAt position needs elements of one shape and dtype"
+            )
+        pos = jnp.reshape(position, (-1,))[0]
+        return jnp.stack([jnp.asarray(s) for s in seq])[jnp.where(pos < 0, pos + len(seq), pos)]
     return seq[_position(ctx, position, len(seq), insert=False)]
 
 
