@@ -344,3 +344,36 @@ def test_identical_layers_share_one_generated_class(tmp_path, api):
     np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-6)
     ok, msg = ruff_ok(out / "model.py")
     assert ok, msg
+
+
+def test_torch_exported_transformer_layer(tmp_path):
+    """nn.TransformerEncoderLayer via the dynamo exporter (no layer metadata), linen."""
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(20, 16)
+            self.enc = torch.nn.TransformerEncoderLayer(
+                16, 4, 32, dropout=0.1, batch_first=True, activation="gelu"
+            )
+            self.head = torch.nn.Linear(16, 5)
+
+        def forward(self, ids):
+            return self.head(self.enc(self.emb(ids)).mean(1))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    ids = torch.randint(0, 20, (2, 7))
+    onnx_program = torch.onnx.export(net, (ids,), dynamo=True, optimize=False, verbose=False)
+    model = xconv.load(onnx_program.model_proto)
+    with torch.no_grad():
+        expected = net(ids).numpy()
+    out = xconv.to_flax(model, tmp_path / "out", api="linen")
+    src = (out / "model.py").read_text()
+    assert "jax.nn.softmax(" in src and "_layer_norm(" in src
+    got, handle = run_generated(out, "linen", ids.numpy())
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-5)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+    assert check_grads("linen", handle, ids.numpy()) == 15  # every torch parameter
