@@ -254,3 +254,36 @@ def test_vmap_matches_per_example(name: str) -> None:
     for i in range(2):
         expected = reference(model, [batch[i], *case.data[1:]], case.oracle)[0]
         assert_close(y[i], expected, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize(
+    ("op", "data", "consts", "attrs", "match"),
+    [
+        (
+            "ScatterND",
+            [X, i32(0).reshape(1, 1), f32(1, 4, 5)],
+            [],
+            {"reduction": "avg"},
+            "reduction 'avg' not supported",
+        ),
+        (
+            "Pad",
+            [X],
+            [i64(0, 0, 1, 0, 0, 1)],
+            {"mode": "symmetric"},
+            "mode 'symmetric' not supported",
+        ),
+        (
+            "Resize",
+            [X],
+            [None, np.array([1, 1, 2], np.float32)],
+            {"mode": "area"},
+            "mode 'area' not supported",
+        ),
+    ],
+)
+def test_unsupported_attribute_values_are_named(op, data, consts, attrs, match) -> None:
+    model = build_model(OpCase("bad", op, data, consts, attrs))
+    fn, params = xconv.to_jax(xconv.load(model))
+    with pytest.raises(xconv.UnsupportedAttributeError, match=match):
+        fn(params, *(jnp.asarray(x) for x in data))

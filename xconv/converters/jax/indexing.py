@@ -16,8 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xconv.converters.jax.registry import builtin
-from xconv.converters.jax.shape import normalize_axis, static_ints, xp_of
-from xconv.errors import UnsupportedAttributeError
+from xconv.converters.jax.shape import check_choice, normalize_axis, static_ints, xp_of
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
 
@@ -58,12 +57,7 @@ def _scatter(xp: Any, x: Any, index: tuple, updates: Any, reduction: str) -> Any
 
 
 def _check_reduction(ctx, reduction: str) -> None:
-    if reduction not in _REDUCTIONS:
-        raise UnsupportedAttributeError(
-            f"reduction {reduction!r} not supported; supported: {list(_REDUCTIONS)}",
-            op=ctx.node.op_type,
-            node=ctx.node.name,
-        )
+    check_choice(ctx, "reduction", reduction, _REDUCTIONS)
 
 
 # -- slicing and gathering ------------------------------------------------------------------

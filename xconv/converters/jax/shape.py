@@ -19,6 +19,7 @@ import onnx_ir as ir
 
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.errors import UnsupportedAttributeError
+from xconv.ir.metadata import SOURCE_LINE, get_scope
 
 
 def xp_of(*arrays: Any) -> Any:
@@ -45,6 +46,24 @@ def static_param(ctx, value: Any, index: int, what: str) -> np.ndarray:
         if held is not None and held.const_value is not None:
             return held.const_value.numpy()
     return ctx.static(value, what)
+
+
+def unsupported(ctx, message: str) -> UnsupportedAttributeError:
+    """An UnsupportedAttributeError carrying the node's op, name, scope and source line."""
+    node = ctx.node
+    return UnsupportedAttributeError(
+        message,
+        op=node.op_type,
+        node=node.name,
+        scope=get_scope(node),
+        source_line=node.metadata_props.get(SOURCE_LINE),
+    )
+
+
+def check_choice(ctx, name: str, value: str, choices: Sequence[str]) -> None:
+    """Reject an attribute value outside ``choices``, listing the supported ones."""
+    if value not in choices:
+        raise unsupported(ctx, f"{name} {value!r} not supported; supported: {list(choices)}")
 
 
 def normalize_axis(ctx, axis: int, rank: int) -> int:
@@ -94,10 +113,8 @@ def constant(
 ):
     """Constant() -> output: the tensor held by exactly one value_* attribute."""
     if sparse_value is not None:
-        raise UnsupportedAttributeError(
-            "sparse_value is not supported; store the constant as a dense 'value' tensor",
-            op="Constant",
-            node=ctx.node.name,
+        raise unsupported(
+            ctx, "sparse_value is not supported; store the constant as a dense 'value' tensor"
         )
     if value is not None:
         return np.asarray(value)
@@ -268,18 +285,13 @@ def tile(ctx, x, repeats, axis=None):
     return xp_of(x).tile(x, reps)
 
 
-_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+_PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
 @builtin("Pad", since=1, attrs={"mode": "constant", "pads": None, "paddings": None, "value": 0.0})
 def pad(ctx, x, pads_in=None, constant_value=None, axes=None, *, mode, pads, paddings, value):
     """Pad(data, pads, constant_value?, axes?) -> output: pads (or crops, when negative)."""
-    if mode not in _PAD_MODES:
-        raise UnsupportedAttributeError(
-            f"mode {mode!r} not supported; supported modes: {sorted(_PAD_MODES)}",
-            op="Pad",
-            node=ctx.node.name,
-        )
+    check_choice(ctx, "mode", mode, _PAD_MODES)
     src = pads_in if pads_in is not None else (pads if pads is not None else paddings)
     raw = static_ints(ctx, src, "pads")
     rank = np.ndim(x)
@@ -310,7 +322,7 @@ def pad(ctx, x, pads_in=None, constant_value=None, axes=None, *, mode, pads, pad
         if xp is np:
             return np.pad(y, pos, mode="constant", constant_values=np.asarray(fill))
         return jnp.pad(y, pos, mode="constant", constant_values=jnp.asarray(fill, y.dtype))
-    return xp.pad(y, pos, mode=_PAD_MODES[mode])
+    return xp.pad(y, pos, mode=mode)
 
 
 @builtin("Range", since=11, attrs={"stash_type": 1})
@@ -359,11 +371,7 @@ def depth_to_space(ctx, x, *, blocksize, mode):
         y = xp.reshape(x, (n, c // (b * b), b, b, h, w))
         y = xp.transpose(y, (0, 1, 4, 2, 5, 3))
     else:
-        raise UnsupportedAttributeError(
-            f"mode {mode!r} not supported; use 'DCR' or 'CRD'",
-            op="DepthToSpace",
-            node=ctx.node.name,
-        )
+        raise unsupported(ctx, f"mode {mode!r} not supported; use 'DCR' or 'CRD'")
     return xp.reshape(y, (n, c // (b * b), h * b, w * b))
 
 
@@ -373,12 +381,7 @@ def space_to_depth(ctx, x, *, blocksize, mode):
     n, c, h, w = np.shape(x)
     b = blocksize
     perms = {"DCR": (0, 3, 5, 1, 2, 4), "CRD": (0, 1, 3, 5, 2, 4)}
-    if mode not in perms:
-        raise UnsupportedAttributeError(
-            f"mode {mode!r} not supported; use 'DCR' or 'CRD'",
-            op="SpaceToDepth",
-            node=ctx.node.name,
-        )
+    check_choice(ctx, "mode", mode, sorted(perms))
     xp = xp_of(x)
     y = xp.reshape(x, (n, c, h // b, b, w // b, b))
     y = xp.transpose(y, perms[mode])
@@ -576,15 +579,6 @@ _COORD_MODES = (
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
-def _check_choice(ctx, name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise UnsupportedAttributeError(
-            f"{name} {value!r} not supported; supported: {list(choices)}",
-            op=ctx.node.op_type,
-            node=ctx.node.name,
-        )
-
-
 @builtin(
     "Resize",
     since=10,
@@ -623,21 +617,19 @@ def resize(
         roi, scales = None, roi
         coordinate_transformation_mode, nearest_mode = "asymmetric", "simple"
     else:
-        _check_choice(
+        check_choice(
             ctx, "coordinate_transformation_mode", coordinate_transformation_mode, _COORD_MODES
         )
-        _check_choice(ctx, "nearest_mode", nearest_mode, _NEAREST_MODES)
-    _check_choice(ctx, "mode", mode, _RESIZE_MODES)
-    _check_choice(
+        check_choice(ctx, "nearest_mode", nearest_mode, _NEAREST_MODES)
+    check_choice(ctx, "mode", mode, _RESIZE_MODES)
+    check_choice(
         ctx,
         "keep_aspect_ratio_policy",
         keep_aspect_ratio_policy,
         ("stretch", "not_larger", "not_smaller"),
     )
     if antialias and mode == "nearest":
-        raise UnsupportedAttributeError(
-            "antialias is only defined for linear and cubic modes", op="Resize", node=ctx.node.name
-        )
+        raise unsupported(ctx, "antialias is only defined for linear and cubic modes")
     in_shape = np.shape(x)
     rank = len(in_shape)
     ax = [normalize_axis(ctx, a, rank) for a in axes] if axes is not None else list(range(rank))
@@ -698,7 +690,7 @@ def resize(
 )
 def upsample(ctx, x, scales_in=None, *, mode, scales, height_scale, width_scale):
     """Upsample(X, scales) -> Y: nearest or (bi)linear upsampling, asymmetric coordinates."""
-    _check_choice(ctx, "mode", mode, ("nearest", "linear", "bilinear"))
+    check_choice(ctx, "mode", mode, ("nearest", "linear", "bilinear"))
     src = scales_in if scales_in is not None else scales
     if src is None and height_scale is not None and width_scale is not None:
         src = (1.0, 1.0, height_scale, width_scale)  # Upsample-1: NCHW only.
