@@ -387,3 +387,23 @@ def test_transformers_dynamic_batch():
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL)
+
+
+def test_keyword_inputs():
+    """A dict of example inputs traces forward(**kwargs); graph inputs follow its order."""
+    tf = pytest.importorskip("transformers")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=4, intermediate_size=64)  # fmt: skip
+    module = tf.BertModel(cfg).eval()
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    mask[1, 5:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    model = xconv.from_torch(module, inputs, dynamic_batch=True)
+    assert [v.name for v in model.graph.inputs] == ["input_ids", "attention_mask"]
+    with torch.no_grad():
+        want = module(**inputs).last_hidden_state.numpy()
+    got = run_jax(model, (ids, mask))[0]
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)

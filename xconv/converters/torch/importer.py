@@ -67,8 +67,9 @@ def from_torch(
     Args:
         module: An ``nn.Module``, an ``ExportedProgram`` (e.g. from ``torch.export.load``) or
             a TorchScript module.
-        example_inputs: A tensor or a tuple of positional inputs used to trace the module.
-            Optional for an ``ExportedProgram`` (its own example inputs are used).
+        example_inputs: A tensor, a tuple of positional inputs, or a dict of keyword inputs
+            (``{"input_ids": ..., "attention_mask": ...}``; the graph inputs follow its
+            order) used to trace the module. Optional for an ``ExportedProgram``.
         dynamic_batch: Make dimension 0 of every tensor input a symbolic ``batch`` dim so the
             converted model runs at any batch size.
 
@@ -83,6 +84,8 @@ def from_torch(
             asked for but the batch dimension is fixed by the model.
     """
     args = _as_args(example_inputs)
+    if isinstance(args, dict) and isinstance(module, torch.jit.ScriptModule):
+        raise ConversionError("give a TorchScript module positional example inputs, not a dict")
     if isinstance(module, torch.export.ExportedProgram):
         program = module
         if dynamic_batch:
@@ -146,9 +149,11 @@ def annotate(
         _rename_batch_dim(graph)
 
 
-def _as_args(example_inputs: Any) -> tuple[Any, ...] | None:
+def _as_args(example_inputs: Any) -> tuple[Any, ...] | dict[str, Any] | None:
     if example_inputs is None:
         return None
+    if isinstance(example_inputs, Mapping):
+        return dict(example_inputs)
     if isinstance(example_inputs, tuple):
         return example_inputs
     if isinstance(example_inputs, list):
@@ -156,15 +161,24 @@ def _as_args(example_inputs: Any) -> tuple[Any, ...] | None:
     return (example_inputs,)
 
 
-def _export(module: nn.Module, args: tuple[Any, ...], dynamic_batch: bool):
+def _export(module: nn.Module, args: tuple[Any, ...] | dict[str, Any], dynamic_batch: bool):
+    kwargs = args if isinstance(args, dict) else None
+    args = () if kwargs is not None else args
     dynamic_shapes = None
     if dynamic_batch:
         batch = torch.export.Dim(BATCH_DIM)
-        dynamic_shapes = tuple(
-            {0: batch} if isinstance(a, torch.Tensor) and a.dim() >= 1 else None for a in args
-        )
+
+        def spec(a: Any) -> dict[int, Any] | None:
+            return {0: batch} if isinstance(a, torch.Tensor) and a.dim() >= 1 else None
+
+        if kwargs is not None:
+            dynamic_shapes = {k: spec(v) for k, v in kwargs.items()}
+        else:
+            dynamic_shapes = tuple(spec(a) for a in args)
     try:
-        program = torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+        program = torch.export.export(
+            module, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False
+        )
     except Exception as e:
         hint = ""
         if dynamic_batch:
