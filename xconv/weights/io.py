@@ -152,6 +152,25 @@ def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> F
     return out
 
 
+def checkpoint_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]] | None:
+    """``{name: shape}`` from the headers alone (safetensors); None for formats without one."""
+    p = Path(path)
+    if not p.exists():
+        raise InvalidModelError(f"no such checkpoint: {p}")
+    if detect_format(p) != "safetensors":
+        return None
+    safetensors = require("safetensors", "safetensors")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for shard in safetensors_shards(p):
+        try:
+            with safetensors.safe_open(str(shard), framework="numpy") as f:
+                for name in f.keys():  # noqa: SIM118
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except Exception as e:
+            raise InvalidModelError(f"{shard} is not a readable safetensors file: {e}") from e
+    return shapes
+
+
 def safetensors_shards(path: Path) -> list[Path]:
     """The shard files of a safetensors checkpoint (the file itself when unsharded)."""
     if not path.name.lower().endswith(".json"):
@@ -286,7 +305,7 @@ def write_checkpoint(
             as ``<stem>-00001-of-0000N.safetensors`` plus ``path`` as the index json.
 
     Returns:
-        ``path``.
+        The path written: ``path``, or ``<path>.index.json`` for a sharded safetensors output.
     """
     p = Path(path)
     fmt = format or detect_format(p)
@@ -295,8 +314,9 @@ def write_checkpoint(
     flat = flatten(flat_or_tree)
     p.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors" and (max_shard_bytes or p.name.lower().endswith(".json")):
-        write_sharded_safetensors(iter(_split(flat, max_shard_bytes)), p)
-        return p
+        if not p.name.lower().endswith(".json"):
+            p = p.with_name(p.name + ".index.json")  # model.safetensors.index.json
+        return write_sharded_safetensors(iter(_split(flat, max_shard_bytes)), p)
     if fmt == "orbax":
         _write_orbax(flat, p)
         return p
@@ -403,6 +423,7 @@ _WRITERS: dict[str, Callable[[Flat, Path], None]] = {
 
 __all__ = [
     "FORMATS",
+    "checkpoint_shapes",
     "detect_format",
     "flatten",
     "iter_checkpoint",

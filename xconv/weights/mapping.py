@@ -18,7 +18,7 @@ back, :func:`flax_to_torch` takes that side map; without it the template's value
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +29,10 @@ from xconv.errors import WeightsError
 from xconv.ir.metadata import LAYOUT, ROLE, get_layer, get_scope
 from xconv.weights.flax_names import (
     DROPPED_ROLES,
+    flax_kernel_layout,
     flax_path,
     from_flax_kernel,
+    kernel_permutation,
     module_name,
     raw_param_name,
     to_flax_kernel,
@@ -73,7 +75,8 @@ class Entry:
     def flax_shape(self) -> tuple[int, ...]:
         if not self.layout:
             return self.shape
-        return tuple(self.to_flax(np.empty(self.shape, np.bool_)).shape)
+        perm = kernel_permutation(self.layout, flax_kernel_layout(self.layout))
+        return tuple(self.shape[i] for i in perm)
 
 
 @dataclass
@@ -156,15 +159,26 @@ def _candidates(value: ir.Value, kinds: Mapping[str, str]) -> list[tuple[Path_, 
         # A layer with no native Flax counterpart: a generated submodule, raw role-named params.
         out.append((("params", module_name(scope), raw_param_name(role)), None))
     out.append((("params", raw_param_name(value.name)), None))
+    # A source buffer the emitter stores as a non-trainable constant.
+    out.append((("constants", raw_param_name(value.name)), None))
     return out
 
 
-def build_weight_map(model_ir: ir.Model, *, api: str = "linen") -> WeightMap:
+def build_weight_map(
+    model_ir: ir.Model, *, api: str = "linen", state_keys: Collection[str] | None = None
+) -> WeightMap:
     """Map every weight of ``model_ir`` to the variable the Flax emitter gives it.
 
     The emitter is run on the template (``model_ir`` with its own weights); each weight's
     predicted path (:mod:`xconv.weights.flax_names`) is accepted only when that variable holds
     exactly the weight's (layout-transformed) values.
+
+    Args:
+        model_ir: The IR from ``xconv.from_torch``.
+        api: ``"linen"`` or ``"nnx"``.
+        state_keys: The source module's ``state_dict`` keys. Initializers outside it (a
+            non-persistent buffer) are template constants, not expected in a checkpoint.
+            Default: every initializer is a state_dict entry.
     """
     from xconv.converters.jax.flax_emitter import generate
 
@@ -179,6 +193,8 @@ def build_weight_map(model_ir: ir.Model, *, api: str = "linen") -> WeightMap:
         if value.const_value is None:
             continue
         arr = value.const_value.numpy()
+        if state_keys is not None and name not in state_keys:
+            continue  # not a checkpoint entry: its Flax leaf stays a template constant
         if value.metadata_props.get(ROLE) in DROPPED_ROLES:
             side[name] = np.array(arr)
             continue
