@@ -15,6 +15,7 @@ from tests.converters.jax.test_shape import (
     build_model,
     f32,
     i64,
+    jacobian_from_reference,
     reference,
     run_case,
 )
@@ -287,3 +288,35 @@ def test_unsupported_attribute_values_are_named(op, data, consts, attrs, match) 
     fn, params = xconv.to_jax(xconv.load(model))
     with pytest.raises(xconv.UnsupportedAttributeError, match=match):
         fn(params, *(jnp.asarray(x) for x in data))
+
+
+GRAD_CASES = [
+    c
+    for c in CASES
+    if c.name
+    in {
+        "slice_basic",
+        "slice_negative_step_int64_min",
+        "gather_negative_runtime_indices",
+        "gather_elements_smaller_index",
+        "gather_nd_batch_dims",
+        "scatter_elements_add",
+        "scatter_nd_none",
+        "compress_axis",
+        "reverse_sequence_batch0",
+    }
+]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: c.name)
+def test_grad_matches_reference_jacobian(case: OpCase) -> None:
+    fn, params = xconv.to_jax(xconv.load(build_model(case)))
+    jac = jacobian_from_reference(case)
+    cot = np.random.default_rng(1).standard_normal(jac.shape[0]).astype(np.float32)
+    rest = [jnp.asarray(v) for v in case.data[1:]]
+
+    def loss(x):
+        return jnp.sum(fn(params, x, *rest)[0].ravel() * cot)
+
+    g = jax.jit(jax.grad(loss))(jnp.asarray(case.data[0]))
+    np.testing.assert_allclose(np.asarray(g).ravel(), jac.T @ cot, rtol=1e-4, atol=1e-5)
