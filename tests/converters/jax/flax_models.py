@@ -344,3 +344,103 @@ def tiny_transformer(
         mark_weight(inits_by["proj.weight"], "out_proj_kernel", "IO")
         mark_weight(inits_by["proj.bias"], "out_proj_bias")
     return model
+
+
+def conv1d_norms() -> ir.Model:
+    """Conv1d (grouped, strided) -> GroupNorm -> BatchNorm1d -> mean -> BatchNorm1d on (N, C)."""
+    rng = np.random.default_rng(3)
+    inits = [
+        _init(rng, "conv.weight", [6, 2, 3]),
+        _init(rng, "conv.bias", [6]),
+        _init(rng, "gn.weight", [6], positive=True),
+        _init(rng, "gn.bias", [6]),
+        _init(rng, "bn.weight", [6], positive=True),
+        _init(rng, "bn.bias", [6]),
+        _init(rng, "bn.running_mean", [6]),
+        _init(rng, "bn.running_var", [6], positive=True),
+        _init(rng, "bn2.weight", [6], positive=True),
+        _init(rng, "bn2.bias", [6]),
+        _init(rng, "bn2.running_mean", [6]),
+        _init(rng, "bn2.running_var", [6], positive=True),
+        h.make_tensor("axes", T.INT64, [1], [2]),
+    ]
+    n = h.make_node
+    bn_in = ["bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"]
+    bn2_in = ["bn2.weight", "bn2.bias", "bn2.running_mean", "bn2.running_var"]
+    nodes = [
+        n(
+            "Conv",
+            ["x", "conv.weight", "conv.bias"],
+            ["conv"],
+            group=2,
+            strides=[2],
+            pads=[1, 1],
+            name="conv",
+        ),
+        n(
+            "GroupNormalization",
+            ["conv", "gn.weight", "gn.bias"],
+            ["gn"],
+            num_groups=3,
+            epsilon=1e-5,
+            name="gn",
+        ),
+        n("BatchNormalization", ["gn", *bn_in], ["bn"], epsilon=1e-5, name="bn"),
+        n("Sigmoid", ["bn"], ["sig"], name="sig"),
+        n("ReduceMean", ["sig", "axes"], ["pooled"], keepdims=0, name="pool"),
+        n("BatchNormalization", ["pooled", *bn2_in], ["y"], epsilon=1e-3, name="bn2"),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "conv1d_norms",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 4, 9])],
+        [h.make_tensor_value_info("y", T.FLOAT, [2, 6])],
+        inits,
+    )
+    model = ir.serde.deserialize_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 23)]))
+    by = {nd.name: nd for nd in model.graph}
+    for nd in model.graph:
+        nd.metadata_props[SCOPE] = nd.name
+    mark_layer(
+        by["conv"],
+        "conv",
+        ndim=1,
+        in_channels=4,
+        out_channels=6,
+        kernel_size=[3],
+        strides=[2],
+        padding=[[1, 1]],
+        dilations=[1],
+        groups=2,
+        use_bias=True,
+    )
+    mark_layer(by["gn"], "group_norm", num_groups=3, num_channels=6, epsilon=1e-5, affine=True)
+    mark_layer(
+        by["bn"],
+        "batch_norm",
+        num_features=6,
+        epsilon=1e-5,
+        momentum=0.1,
+        affine=True,
+        track_running_stats=True,
+    )
+    mark_layer(
+        by["bn2"],
+        "batch_norm",
+        num_features=6,
+        epsilon=1e-3,
+        momentum=0.1,
+        affine=True,
+        track_running_stats=True,
+    )
+    inits_by = model.graph.initializers
+    mark_weight(inits_by["conv.weight"], "kernel", "OIW")
+    mark_weight(inits_by["conv.bias"], "bias")
+    mark_weight(inits_by["gn.weight"], "scale")
+    mark_weight(inits_by["gn.bias"], "bias")
+    for b in ("bn", "bn2"):
+        mark_weight(inits_by[f"{b}.weight"], "scale")
+        mark_weight(inits_by[f"{b}.bias"], "bias")
+        mark_weight(inits_by[f"{b}.running_mean"], "mean")
+        mark_weight(inits_by[f"{b}.running_var"], "var")
+    return model

@@ -377,3 +377,22 @@ def test_torch_exported_transformer_layer(tmp_path):
     ok, msg = ruff_ok(out / "model.py")
     assert ok, msg
     assert check_grads("linen", handle, ids.numpy()) == 15  # every torch parameter
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_conv1d_groupnorm_batchnorm1d(tmp_path, api):
+    from tests.converters.jax.flax_models import conv1d_norms
+
+    model = conv1d_norms()
+    x = np.random.default_rng(9).standard_normal((2, 4, 9)).astype(np.float32)
+    (expected,) = ort_run(model, x)
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    src = (out / "model.py").read_text()
+    assert "GroupNorm(" in src and src.count("BatchNorm(") == 2
+    # channels-last from the first conv to the mean over length: one transpose, none back
+    assert src.count("jnp.transpose(") == 1
+    got, handle = run_generated(out, api, x)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-5)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+    assert check_grads(api, handle, x) == 8

@@ -532,7 +532,8 @@ def _batch_norm(c: OpCall) -> str:
     if c.attrs["training_mode"]:
         raise c.fail("training_mode=1 outside a recognised batch_norm layer")
     x, scale, bias, mean, var = c.args[:5]
-    shape = _channel_shape(c.rank() - 2)
+    r = c.rank()
+    shape = _channel_shape(r - 2) if r is not None else f"(-1,) + (1,) * ({x}.ndim - 2)"
     eps = scalar_literal(c.attrs["epsilon"])
     return (
         f"({x} - {mean}.reshape({shape})) * lax.rsqrt({var}.reshape({shape}) + {eps}) "

@@ -153,6 +153,8 @@ class ShapeFoldingPass(ir.passes.InPlacePass):
         from onnx_ir.passes.common import ShapeInferencePass
 
         ShapeInferencePass()(model)
+        if propagate_same_shape(model.graph):
+            ShapeInferencePass()(model)  # carry on past ops ONNX has no inference for
         graph = model.graph
         annotated = is_annotated(graph)
         modified = False
@@ -294,3 +296,59 @@ def _copied_dims(part: ir.Value | None, data: ir.Value, annotated: bool) -> list
         e = end.value if end is not None else rank
         return list(range(rank))[s:e]
     return None
+
+
+#: Ops whose first output has the shape and type of their first input.
+SAME_SHAPE_OPS = frozenset(
+    {
+        "GroupNormalization",
+        "LayerNormalization",
+        "RMSNormalization",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "Dropout",
+        "Identity",
+        "Relu",
+        "Sigmoid",
+        "Tanh",
+        "Gelu",
+        "Erf",
+        "Softmax",
+        "LogSoftmax",
+        "LeakyRelu",
+        "Elu",
+        "Selu",
+        "HardSigmoid",
+        "HardSwish",
+        "Mish",
+        "Softplus",
+        "Softsign",
+        "Abs",
+        "Neg",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Reciprocal",
+        "Clip",
+    }
+)
+
+
+def propagate_same_shape(graph: ir.Graph) -> bool:
+    """Give shape-preserving ops' outputs their input's shape and type where ONNX inferred none.
+
+    ONNX shape inference stops at some function-defined ops (``GroupNormalization``); the
+    emitters need ranks to place channels, so the shape is carried through by hand.
+    """
+    changed = False
+    for node in graph:
+        if node.op_type not in SAME_SHAPE_OPS or node.domain not in ("", "ai.onnx"):
+            continue
+        x, y = node.inputs[0] if node.inputs else None, node.outputs[0]
+        if x is None or x.shape is None or y.shape is not None:
+            continue
+        y.shape = x.shape
+        if y.type is None and x.type is not None:
+            y.type = x.type
+        changed = True
+    return changed
