@@ -407,3 +407,27 @@ def test_keyword_inputs():
         want = module(**inputs).last_hidden_state.numpy()
     got = run_jax(model, (ids, mask))[0]
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
+def test_an_older_exporter_opset_is_upgraded(monkeypatch):
+    from onnx import TensorProto, helper
+
+    from xconv.converters.torch import importer
+
+    node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=0)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    class _Program:
+        model = ir.serde.deserialize_model(proto)
+
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: _Program())
+    model = importer._to_ir(None)
+    assert model.opset_imports[""] == xconv.ir.OPSET
+    (reduce,) = [n for n in model.graph if n.op_type == "ReduceMean"]
+    assert "axes" not in reduce.attributes and len(reduce.inputs) == 2  # opset-18 form
