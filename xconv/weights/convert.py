@@ -84,6 +84,8 @@ class _Template:
     wmap: WeightMap
     #: tied state_dict keys -> the key the IR kept (torch shares one tensor under both).
     aliases: dict[str, str]
+    #: the template module's state_dict keys, in order.
+    order: list[str]
 
 
 def build_template(template_factory: Any, example_inputs: Sequence[Any] | None, api: str):
@@ -114,7 +116,7 @@ def build_template(template_factory: Any, example_inputs: Sequence[Any] | None, 
         for k, t in state.items()
         if k not in wmap.entries and k not in wmap.side and t.numel() and t.data_ptr() in ptrs
     }
-    return _Template(wmap, aliases)
+    return _Template(wmap, aliases, list(state))
 
 
 def convert_weights(
@@ -299,7 +301,7 @@ def _flax_to_torch(path, template, report, out, fmt, strict, trust_pickle, max_s
                 rest[k] = e.to_source(wmap.defaults[e.flax_name])
         yield rest
 
-    order = [*wmap.entries, *wmap.side, *aliases]
+    order = [*template.order, *(k for k in wmap.entries if k not in set(template.order))]
     report.out = _write(converted(), path, out, fmt, max_shard_bytes, order)
 
 

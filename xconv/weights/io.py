@@ -106,11 +106,16 @@ def to_numpy(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    # Not np.ascontiguousarray: it turns 0-d arrays (num_batches_tracked) into shape (1,).
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
 def to_torch(array: np.ndarray):
     """A torch tensor sharing nothing with ``array`` (bfloat16 kept)."""
     import torch
 
-    arr = np.ascontiguousarray(array)
+    arr = _contiguous(np.asarray(array))
     if arr.dtype.name == "bfloat16":
         return torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(arr.copy())
@@ -375,7 +380,7 @@ def _write_safetensors(flat: Flat, tmp: Path) -> None:
         torch_st = require("safetensors.torch", "safetensors")
         torch_st.save_file({k: to_torch(v) for k, v in flat.items()}, str(tmp))
         return
-    numpy_st.save_file({k: np.ascontiguousarray(v) for k, v in flat.items()}, str(tmp))
+    numpy_st.save_file({k: _contiguous(v) for k, v in flat.items()}, str(tmp))
 
 
 def _write_torch(flat: Flat, tmp: Path) -> None:
