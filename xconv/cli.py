@@ -85,6 +85,106 @@ def _print_summary(s, top: int = 0, title: str = "") -> None:
             console.print(f"backend {backend}: [yellow]lacks[/] {names}")
 
 
+@main.group()
+def weights() -> None:
+    """Convert checkpoints between torch and Flax names and layouts (weights only)."""
+
+
+_TEMPLATE_HELP = "pkg.mod:factory building the torch module (or (module, inputs))."
+
+
+def _print_weights_report(report) -> None:
+    console = _console()
+    console.print(str(report).splitlines()[0], markup=False, soft_wrap=True)
+    if report.side_file is not None:
+        console.print(f"torch-only state (num_batches_tracked): {report.side_file}", markup=False)
+
+
+def _template_inputs(input_shape: tuple[str, ...], input_dtype: str):
+    if not input_shape:
+        return None
+    from xconv.converters.torch.files import example_inputs
+
+    return example_inputs(list(input_shape), input_dtype)
+
+
+@weights.command("torch-to-flax")
+@click.argument("checkpoint", type=click.Path(exists=True, path_type=Path))
+@click.option("--template", required=True, help=_TEMPLATE_HELP)
+@click.option("-o", "--out", type=click.Path(path_type=Path), default=None,
+              help="Output (default: CKPT's name with the format's suffix).")  # fmt: skip
+@click.option("--input-shape", multiple=True, help="Example input shape to trace the template.")
+@click.option("--input-dtype", default="float32", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["msgpack", "safetensors", "orbax"]),
+              default="msgpack", show_default=True)  # fmt: skip
+@click.option("--api", type=click.Choice(["linen", "nnx"]), default="linen", show_default=True)
+@click.option("--no-strict", is_flag=True, help="Skip bad keys instead of failing.")
+@click.option("--trust-pickle", is_flag=True, help="Allow a torch file that needs unpickling.")
+def weights_torch_to_flax(
+    checkpoint: Path,
+    template: str,
+    out: Path | None,
+    input_shape: tuple[str, ...],
+    input_dtype: str,
+    fmt: str,
+    api: str,
+    no_strict: bool,
+    trust_pickle: bool,
+) -> None:
+    """Convert a torch state_dict CHECKPOINT into Flax variables for the generated model.py."""
+    from xconv.weights.convert import convert_weights
+
+    if out is None:
+        stem = checkpoint.name.split(".")[0]
+        out = checkpoint.with_name(stem + {"msgpack": ".msgpack", "safetensors": ".safetensors",
+                                           "orbax": "_orbax"}[fmt])  # fmt: skip
+    report = convert_weights(
+        checkpoint,
+        template,
+        direction="torch-to-flax",
+        example_inputs=_template_inputs(input_shape, input_dtype),
+        out=out,
+        format=fmt,
+        api=api,
+        strict=not no_strict,
+        trust_pickle=trust_pickle,
+    )
+    _print_weights_report(report)
+
+
+@weights.command("flax-to-torch")
+@click.argument("variables", type=click.Path(exists=True, path_type=Path))
+@click.option("--template", required=True, help=_TEMPLATE_HELP)
+@click.option("-o", "--out", type=click.Path(path_type=Path), required=True,
+              help="OUT.safetensors or OUT.pt")  # fmt: skip
+@click.option("--input-shape", multiple=True, help="Example input shape to trace the template.")
+@click.option("--input-dtype", default="float32", show_default=True)
+@click.option("--api", type=click.Choice(["linen", "nnx"]), default="linen", show_default=True)
+@click.option("--no-strict", is_flag=True, help="Skip bad keys instead of failing.")
+def weights_flax_to_torch(
+    variables: Path,
+    template: str,
+    out: Path,
+    input_shape: tuple[str, ...],
+    input_dtype: str,
+    api: str,
+    no_strict: bool,
+) -> None:
+    """Convert Flax VARIABLES (msgpack, Orbax, safetensors) back into a torch state_dict."""
+    from xconv.weights.convert import convert_weights
+
+    report = convert_weights(
+        variables,
+        template,
+        direction="flax-to-torch",
+        example_inputs=_template_inputs(input_shape, input_dtype),
+        out=out,
+        api=api,
+        strict=not no_strict,
+    )
+    _print_weights_report(report)
+
+
 @main.command()
 @click.option(
     "-o",

@@ -248,15 +248,24 @@ class KeyReport:
         return not (self.missing or self.unexpected or self.mismatched)
 
     def message(self, what: str) -> str:
-        parts = []
-        if self.missing:
-            parts.append(f"missing keys ({len(self.missing)}): {self.missing}")
-        if self.unexpected:
-            parts.append(f"unexpected keys ({len(self.unexpected)}): {self.unexpected}")
-        if self.mismatched:
-            rows = [f"{k}: checkpoint {g} vs model {w}" for k, g, w in self.mismatched]
-            parts.append(f"shape mismatches ({len(rows)}): {rows}")
-        return f"{what} does not fit the model: " + "; ".join(parts)
+        """One headline, then one line per bad key."""
+        counts = [
+            f"{len(keys)} {label}"
+            for label, keys in (
+                ("missing", self.missing),
+                ("unexpected", self.unexpected),
+                ("mis-shaped", self.mismatched),
+            )
+            if keys
+        ]
+        lines = [f"{what} does not fit the model: {', '.join(counts)} key(s)"]
+        lines += [f"  missing key: {k}" for k in self.missing]
+        lines += [f"  unexpected key: {k}" for k in self.unexpected]
+        lines += [
+            f"  shape mismatch: {k}: checkpoint {g} vs model {w}" for k, g, w in self.mismatched
+        ]
+        lines.append("Pass strict=False (--no-strict) to skip these keys.")
+        return "\n".join(lines)
 
 
 def check_keys(
