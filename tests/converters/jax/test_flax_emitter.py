@@ -396,3 +396,19 @@ def test_conv1d_groupnorm_batchnorm1d(tmp_path, api):
     ok, msg = ruff_ok(out / "model.py")
     assert ok, msg
     assert check_grads(api, handle, x) == 8
+
+
+def test_failed_run_keeps_previous_output_and_input_model(tmp_path):
+    model = resnet_block()
+    before = ir.to_proto(model).SerializeToString()
+    out = xconv.to_flax(model, tmp_path / "out")
+    assert ir.to_proto(model).SerializeToString() == before  # canonicalised on a copy
+    old = {p.name: p.read_bytes() for p in out.iterdir()}
+    bad = ir.from_proto(ir.to_proto(model))
+    next(n for n in bad.graph if n.op_type == "Relu").op_type = "NoSuchOp"
+    with pytest.raises(UnsupportedOpError, match="NoSuchOp x1"):
+        xconv.to_flax(bad, tmp_path / "out")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    with pytest.raises(xconv.ConversionError, match="api="):
+        xconv.to_flax(model, tmp_path / "other", api="haiku")

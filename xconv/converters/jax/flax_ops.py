@@ -60,6 +60,18 @@ class OpCall:
         s = self.shapes[i] if i < len(self.shapes) else None
         return None if s is None else len(s)
 
+    def need_rank(self, i: int = 0) -> int:
+        """The rank of input ``i``; an error naming the op when shape inference gave none."""
+        r = self.rank(i)
+        if r is None:
+            raise ConversionError(
+                "the input's rank is unknown (ONNX shape inference could not infer it); "
+                "give the model's inputs static ranks",
+                op=self.node.op_type,
+                node=self.node.name,
+            )
+        return r
+
     def axis(self, a: int, i: int = 0) -> int:
         """Map a source-layout axis of input ``i`` to the physical axis of its array."""
         r = self.rank(i)
@@ -514,13 +526,13 @@ def _avg_pool(c: OpCall) -> str:
 
 @template("GlobalAveragePool", layout="channels_last")
 def _global_avg_pool(c: OpCall) -> str:
-    n = c.rank() - 2
+    n = c.need_rank() - 2
     return f"jnp.mean({c.args[0]}, axis={tuple(range(1, n + 1))}, keepdims=True)"
 
 
 @template("GlobalMaxPool", layout="channels_last")
 def _global_max_pool(c: OpCall) -> str:
-    n = c.rank() - 2
+    n = c.need_rank() - 2
     return f"jnp.max({c.args[0]}, axis={tuple(range(1, n + 1))}, keepdims=True)"
 
 
