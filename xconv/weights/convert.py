@@ -80,7 +80,9 @@ class WeightsReport:
 
 
 @dataclass
-class _Template:
+class Template:
+    """A traced template module: its weight map, tied keys and state_dict order."""
+
     wmap: WeightMap
     #: tied state_dict keys -> the key the IR kept (torch shares one tensor under both).
     aliases: dict[str, str]
@@ -88,7 +90,9 @@ class _Template:
     order: list[str]
 
 
-def build_template(template_factory: Any, example_inputs: Sequence[Any] | None, api: str):
+def build_template(
+    template_factory: Any, example_inputs: Sequence[Any] | None = None, api: str = "linen"
+) -> Template:
     """Build the torch module, trace it, and map its weights."""
     from xconv.converters.torch.files import resolve_factory
     from xconv.converters.torch.importer import from_torch
@@ -116,7 +120,7 @@ def build_template(template_factory: Any, example_inputs: Sequence[Any] | None, 
         for k, t in state.items()
         if k not in wmap.entries and k not in wmap.side and t.numel() and t.data_ptr() in ptrs
     }
-    return _Template(wmap, aliases, list(state))
+    return Template(wmap, aliases, list(state))
 
 
 def convert_weights(
@@ -139,7 +143,7 @@ def convert_weights(
             npz state_dict for torch-to-flax; a msgpack / Orbax / safetensors / npz of Flax
             variables for flax-to-torch.
         template_factory: ``"pkg.mod:factory"`` or a callable building the torch module (or
-            ``(module, example_inputs)``).
+            ``(module, example_inputs)``), or a :class:`Template` from :func:`build_template`.
         direction: ``"torch-to-flax"`` or ``"flax-to-torch"``.
         example_inputs: Inputs to trace the template with, when the factory gives none.
         out: Output path; None checks the keys only.
@@ -159,7 +163,10 @@ def convert_weights(
     if direction not in DIRECTIONS:
         raise ConversionError(f"unknown direction {direction!r}; choose one of {list(DIRECTIONS)}")
     checkpoint = Path(checkpoint)
-    template = build_template(template_factory, example_inputs, api)
+    if isinstance(template_factory, Template):
+        template = template_factory  # prebuilt: convert many checkpoints with one trace
+    else:
+        template = build_template(template_factory, example_inputs, api)
     report = WeightsReport(direction, checkpoint)
     if direction == "torch-to-flax":
         _torch_to_flax(
@@ -327,4 +334,11 @@ def load_variables(path: str | os.PathLike) -> Mapping[str, Any]:
     return io.unflatten(io.read_checkpoint(path))
 
 
-__all__ = ["DIRECTIONS", "SIDE_SUFFIX", "WeightsReport", "build_template", "convert_weights"]
+__all__ = [
+    "DIRECTIONS",
+    "SIDE_SUFFIX",
+    "Template",
+    "WeightsReport",
+    "build_template",
+    "convert_weights",
+]
