@@ -1,7 +1,8 @@
 """The ONNX backend conformance suite as tests.
 
-The default run checks the corpus, the harness, and a fixed sample of cases on every backend;
-``pytest -m slow`` runs the full sweeps with the floors the backends must keep.
+Checks the corpus and the harness, then runs the full sweep of every backend against the
+floor it must keep (a few minutes on two cores). ``python -m tests.conformance.run`` prints
+per-case results and regenerates docs/coverage.md.
 """
 
 from __future__ import annotations
@@ -75,18 +76,10 @@ def test_roundtrip_loses_nothing_on_a_sample(cases):
     assert sum(r.status == "pass" for r in rt.values()) >= 0.8 * len(sample)
 
 
-def test_jax_backend_on_a_sample(cases):
-    pytest.importorskip("jax")
-    sample = _sample(cases)
-    report = harness.run_backend("jax", BACKENDS["jax"](), sample)
-    # The full sweep floor (FLOORS["jax"] of 2,024) scaled to the sample.
-    floor = int(FLOORS["jax"] / 2024 * len(sample)) - 5
-    assert report.passed >= floor, report.summary()
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("backend", sorted(FLOORS))
 def test_full_sweep_meets_floor(cases, backend):
-    pytest.importorskip("jax") if backend == "jax" else None
+    if backend == "jax":
+        pytest.importorskip("jax")
     report = harness.run_backend(backend, BACKENDS[backend](), cases)
+    print(report.summary())
     assert report.passed >= FLOORS[backend], report.summary()
