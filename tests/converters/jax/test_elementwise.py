@@ -420,3 +420,22 @@ def test_unknown_gelu_mode_is_rejected() -> None:
     fn, params = xconv.to_jax(model)
     with pytest.raises(xconv.ConversionError, match="approximate"):
         fn(params, jnp.asarray(case.data[0]))
+
+
+def test_legacy_opset6_axis_broadcast() -> None:
+    # Opset 6 Add with broadcast=1, axis=1 (B aligned at axis 1): kept at opset 6 because the
+    # ONNX version converter rejects it, so the legacy handler runs.
+    node = helper.make_node("Add", ["a", "b"], ["c"], broadcast=1, axis=1)
+    graph = helper.make_graph(
+        [node],
+        "legacy",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [3]),
+        ],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 3, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
+    fn, params = xconv.to_jax(xconv.load(model))
+    a, b = f32(2, 3, 4), f32(3)
+    np.testing.assert_allclose(fn(params, a, b)[0], a + b[:, None], rtol=1e-6)
