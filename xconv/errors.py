@@ -110,7 +110,9 @@ class UnsupportedOpError(ConversionError):
 
     exit_code = 4
 
-    def __init__(self, backend: str, missing: Sequence[MissingOp]) -> None:
+    def __init__(
+        self, backend: str, missing: Sequence[MissingOp], registry_module: str | None = None
+    ) -> None:
         self.backend = backend
         self.missing = tuple(missing)
         lines = [f"the {backend} backend has no handler for {len(self.missing)} op type(s):"]
@@ -121,9 +123,9 @@ class UnsupportedOpError(ConversionError):
             if m.source_line:
                 where += f" [{m.source_line}]"
             lines.append(f"  - {m.qualified_name} x{m.count}{where}")
+        where = registry_module or f"xconv.converters.{backend}.registry"
         lines.append(
-            "Register a handler for each with "
-            f"xconv.converters.{backend}.registry.register(op_type, domain=...) "
+            f"Register a handler for each with {where}.register(op_type, domain=...) "
             "before converting."
         )
         super().__init__("\n".join(lines))

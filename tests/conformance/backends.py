@@ -110,3 +110,55 @@ BACKENDS: dict[str, Callable[[], Prepare]] = {
     "roundtrip": lambda: roundtrip_backend,
     "jax": lambda: jax_backend,
 }
+
+
+def torch_backend(model: onnx.ModelProto) -> Runner:
+    """xconv.load -> xconv.to_torch: the IR run with torch ops."""
+    import torch
+
+    import xconv
+
+    module, _ = xconv.to_torch(xconv.load(model))
+
+    def to_torch(x: Any) -> Any:
+        if isinstance(x, np.ndarray) and x.dtype.kind not in "OSU":
+            from xconv.converters.torch.backend.dtypes import to_tensor
+
+            return to_tensor(x)
+        if isinstance(x, list):
+            return [to_torch(v) for v in x]
+        return x
+
+    def to_numpy(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if x.dtype == torch.bfloat16 or str(x.dtype).startswith("torch.float8"):
+                import ml_dtypes
+
+                target = {
+                    torch.bfloat16: ml_dtypes.bfloat16,
+                    torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
+                    torch.float8_e4m3fnuz: ml_dtypes.float8_e4m3fnuz,
+                    torch.float8_e5m2: ml_dtypes.float8_e5m2,
+                    torch.float8_e5m2fnuz: ml_dtypes.float8_e5m2fnuz,
+                }[x.dtype]
+                bits = (
+                    x.detach()
+                    .cpu()
+                    .view(torch.uint16 if x.dtype == torch.bfloat16 else torch.uint8)
+                )
+                return bits.numpy().view(target)
+            return x.detach().cpu().numpy()
+        if isinstance(x, list):
+            return [to_numpy(v) for v in x]
+        return x
+
+    def run(inputs: list[Any]) -> list[Any]:
+        with torch.no_grad():
+            out = module(*(to_torch(x) for x in inputs))
+        outs = out if isinstance(out, tuple) else (out,)
+        return [to_numpy(o) for o in outs]
+
+    return run
+
+
+BACKENDS["torch"] = lambda: torch_backend

@@ -100,6 +100,8 @@ class Registry:
     """Handlers for one backend, keyed by (domain, op type), each with an opset range."""
 
     backend: str
+    #: Import path of the module whose ``register`` users call (for error messages).
+    module: str | None = None
     _handlers: dict[tuple[str, str], list[Handler]] = field(default_factory=dict)
 
     def register(
@@ -191,7 +193,7 @@ class Registry:
         """Scan first, fail once: raise one UnsupportedOpError naming every missing op."""
         missing = self.missing_ops(model.graph, model.opset_imports)
         if missing:
-            raise UnsupportedOpError(self.backend, missing)
+            raise UnsupportedOpError(self.backend, missing, self.module)
 
 
 def iter_nodes(graph: ir.Graph) -> Iterator[ir.Node]:

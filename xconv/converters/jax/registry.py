@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from xconv.converters.registry import REQUIRED, Registry
 
-registry = Registry("jax")
+registry = Registry("jax", module=__name__)
 register = registry.register
 builtin = registry.builtin
 

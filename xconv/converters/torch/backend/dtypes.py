@@ -1,0 +1,40 @@
+"""ONNX <-> torch dtypes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import torch
+
+_BY_NAME = {
+    "FLOAT": torch.float32, "DOUBLE": torch.float64, "FLOAT16": torch.float16,
+    "BFLOAT16": torch.bfloat16, "INT8": torch.int8, "INT16": torch.int16, "INT32": torch.int32,
+    "INT64": torch.int64, "UINT8": torch.uint8, "UINT16": torch.uint16, "UINT32": torch.uint32,
+    "UINT64": torch.uint64, "BOOL": torch.bool, "COMPLEX64": torch.complex64,
+    "COMPLEX128": torch.complex128, "FLOAT8E4M3FN": torch.float8_e4m3fn,
+    "FLOAT8E4M3FNUZ": torch.float8_e4m3fnuz, "FLOAT8E5M2": torch.float8_e5m2,
+    "FLOAT8E5M2FNUZ": torch.float8_e5m2fnuz,
+}  # fmt: skip
+
+
+def torch_dtype(dtype: ir.DataType) -> torch.dtype:
+    """The torch dtype for an ONNX one; raises KeyError naming the supported ones."""
+    try:
+        return _BY_NAME[dtype.name]
+    except KeyError:
+        raise KeyError(
+            f"ONNX dtype {dtype.name} has no torch equivalent; supported: {sorted(_BY_NAME)}"
+        ) from None
+
+
+def to_tensor(array: np.ndarray) -> torch.Tensor | np.ndarray:
+    """numpy -> torch without a copy where torch has the dtype; strings stay numpy."""
+    if array.dtype.kind in "OSU":
+        return array
+    try:
+        return torch.from_numpy(np.ascontiguousarray(array))
+    except TypeError:
+        # ml_dtypes (bfloat16, float8) numpy arrays: go through the ONNX dtype.
+        dtype = ir.DataType.from_numpy(array.dtype)
+        bits = array.view(np.uint8 if array.dtype.itemsize == 1 else np.uint16)
+        return torch.from_numpy(np.ascontiguousarray(bits)).view(torch_dtype(dtype))
