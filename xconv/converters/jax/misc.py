@@ -232,9 +232,9 @@ def gradient(ctx, *inputs, xs, y, zs):
             outs = handler.fn(sub_ctx, *args, **handler.parse_attributes(node))
             outs = outs if isinstance(outs, tuple) else (outs,)
             env.update(zip(node.outputs, outs, strict=False))
-        target = (
-            sources.get(y) or producers[y].outputs[[v.name for v in producers[y].outputs].index(y)]
-        )
+        if y in sources:
+            return jnp.asarray(env[sources[y]])
+        target = next(v for v in producers[y].outputs if v.name == y)
         return jnp.asarray(env[target])
 
     x_values = [jnp.asarray(v) for v in inputs[: len(xs)]]
