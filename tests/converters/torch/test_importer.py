@@ -283,6 +283,15 @@ def test_training_flag_is_restored():
     assert not [n for n in model.graph if n.op_type == "Dropout"]
 
 
+def test_numpy_example_inputs():
+    module, (x,) = FIXTURES["mlp"]()
+    model = xconv.from_torch(module, [x.numpy()])
+    assert model.graph.inputs[0].shape == ir.Shape([4, 16])
+    np.testing.assert_allclose(
+        run_onnxruntime(model, (x,))[0], torch_outputs(module, (x,))[0], rtol=RTOL, atol=ATOL
+    )
+
+
 def test_errors():
     module, _ = FIXTURES["mlp"]()
     with pytest.raises(ConversionError, match="example_inputs are required"):

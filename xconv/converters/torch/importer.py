@@ -26,6 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 import torch
 from onnx_ir.passes.common import RemoveUnusedNodesPass
@@ -100,8 +101,8 @@ def from_torch(
     elif isinstance(module, nn.Module):
         if args is None:
             raise ConversionError(
-                "example_inputs are required to trace an nn.Module: pass a tensor or a tuple "
-                "of the forward's positional inputs"
+                "example_inputs are required to trace an nn.Module: pass a tensor, a tuple "
+                "of the forward's positional inputs or a dict of keyword inputs"
             )
         was_training = module.training
         module.eval()
@@ -150,15 +151,20 @@ def annotate(
 
 
 def _as_args(example_inputs: Any) -> tuple[Any, ...] | dict[str, Any] | None:
+    """Normalise example inputs to a tuple (positional) or dict (keyword); numpy -> torch."""
     if example_inputs is None:
         return None
     if isinstance(example_inputs, Mapping):
-        return dict(example_inputs)
-    if isinstance(example_inputs, tuple):
-        return example_inputs
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    return (example_inputs,)
+        return {k: _as_tensor(v) for k, v in example_inputs.items()}
+    if isinstance(example_inputs, tuple | list):
+        return tuple(_as_tensor(v) for v in example_inputs)
+    return (_as_tensor(example_inputs),)
+
+
+def _as_tensor(value: Any) -> Any:
+    if isinstance(value, np.ndarray | np.generic):
+        return torch.from_numpy(np.array(value))
+    return value
 
 
 def _export(module: nn.Module, args: tuple[Any, ...] | dict[str, Any], dynamic_batch: bool):
