@@ -101,6 +101,10 @@ def _print_weights_report(report) -> None:
 
 
 def _template_inputs(input_shape: tuple[str, ...], input_dtype: str):
+    # --template pkg.mod:factory names the user's own code: import it from the working
+    # directory, as `python -m` would (a console script's sys.path lacks it).
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
     if not input_shape:
         return None
     from xconv.converters.torch.files import example_inputs
@@ -116,7 +120,7 @@ def _template_inputs(input_shape: tuple[str, ...], input_dtype: str):
 @click.option("--input-shape", multiple=True, help="Example input shape to trace the template.")
 @click.option("--input-dtype", default="float32", show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["msgpack", "safetensors", "orbax"]),
-              default="msgpack", show_default=True)  # fmt: skip
+              default=None, help="Output format (default: from -o's suffix, else msgpack).")  # fmt: skip
 @click.option("--api", type=click.Choice(["linen", "nnx"]), default="linen", show_default=True)
 @click.option("--no-strict", is_flag=True, help="Skip bad keys instead of failing.")
 @click.option("--trust-pickle", is_flag=True, help="Allow a torch file that needs unpickling.")
@@ -135,6 +139,7 @@ def weights_torch_to_flax(
     from xconv.weights.convert import convert_weights
 
     if out is None:
+        fmt = fmt or "msgpack"
         stem = checkpoint.name.split(".")[0]
         out = checkpoint.with_name(stem + {"msgpack": ".msgpack", "safetensors": ".safetensors",
                                            "orbax": "_orbax"}[fmt])  # fmt: skip
