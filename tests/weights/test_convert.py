@@ -228,3 +228,64 @@ def test_cli_strict_exit_code(tmp_path):
     assert res.exit_code == 6, res.output
     assert "shape mismatch: fc1.weight" in res.output
     assert not (tmp_path / "o.safetensors").exists()
+
+
+# ---------------------------------------------------------------- tied weights
+
+
+class _TiedLM(torch.nn.Module):
+    """An embedding reused as the LM head: one torch tensor under two state_dict keys."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(20, 8)
+        self.ln = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8, 20, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, ids):
+        return self.head(self.ln(self.tok(ids)))
+
+
+def make_tied():
+    torch.manual_seed(0)
+    return _TiedLM().eval(), (
+        torch.randint(0, 20, (2, 5), generator=torch.Generator().manual_seed(1)),
+    )
+
+
+def test_tied_weights(tmp_path):
+    """Both Flax variables of a tied weight get the checkpoint's values; both torch keys return."""
+    import importlib.util
+
+    from xconv.converters.jax.flax_emitter import to_flax
+    from xconv.converters.torch.importer import from_torch
+
+    template = build_template(make_tied)
+    module, (ids,) = make_tied()
+    state = {k: io.to_numpy(v) + 0.5 for k, v in module.state_dict().items()}
+    io.write_checkpoint(state, tmp_path / "t.pt")
+    report = convert_weights(tmp_path / "t.pt", template, out=tmp_path / "t.msgpack")
+    assert report.ok, str(report)
+    assert not template.wmap.template  # every Flax variable comes from the checkpoint
+
+    out = to_flax(from_torch(module, (ids,)), tmp_path / "gen")
+    spec = importlib.util.spec_from_file_location("xconv_gen_weights_tied", out / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    flax_model, _ = mod.load(out)
+    variables = io.unflatten(io.read_checkpoint(tmp_path / "t.msgpack"))
+    module.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    with torch.no_grad():
+        ref = module(ids).numpy()
+    np.testing.assert_allclose(
+        np.asarray(flax_model.apply(variables, ids.numpy())), ref, rtol=1e-4, atol=1e-4
+    )
+
+    back = convert_weights(
+        tmp_path / "t.msgpack", template, direction="flax-to-torch", out=tmp_path / "b.pt"
+    )
+    assert back.ok
+    got = io.read_checkpoint(tmp_path / "b.pt")
+    assert list(got) == list(state)
+    assert all(np.array_equal(got[k], state[k]) for k in state)

@@ -232,9 +232,9 @@ def _torch_to_flax(path, template, report, out, fmt, strict, trust_pickle, max_s
                     continue
                 if name in wmap.side:
                     side[name] = arr
-                entry = wmap.entries.get(name)
-                if entry is not None:
+                for entry in wmap.targets(name):  # a tied weight can be two variables
                     flax[entry.flax_name] = entry.to_flax(arr)
+                if name in wmap.entries:
                     seen.add(name)
                     report.converted += 1
             yield flax
@@ -242,8 +242,8 @@ def _torch_to_flax(path, template, report, out, fmt, strict, trust_pickle, max_s
         rest.update(
             {
                 e.flax_name: wmap.defaults[e.flax_name]
-                for k, e in wmap.entries.items()
-                if k not in seen
+                for e in wmap.by_flax.values()
+                if e.source not in seen
             }
         )
         if rest:
@@ -291,8 +291,8 @@ def _flax_to_torch(path, template, report, out, fmt, strict, trust_pickle, max_s
             while shard:
                 name, arr = shard.popitem()
                 entry = wmap.by_flax.get(name)
-                if entry is None or name in bad:
-                    continue
+                if entry is None or name in bad or entry is not wmap.entries[entry.source]:
+                    continue  # unknown, mis-shaped, or a tied weight's second copy
                 arr = entry.to_source(arr)
                 if arr.dtype.name != entry.dtype:
                     arr = arr.astype(entry.dtype)

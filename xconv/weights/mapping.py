@@ -84,7 +84,10 @@ class WeightMap:
     """The full source <-> Flax correspondence for one model.
 
     Attributes:
-        entries: Source weights that are Flax variables, by source name.
+        entries: Source weights that are Flax variables, by source name (the primary
+            variable, the one read back by :func:`flax_to_torch`).
+        copies: Further variables holding a source weight: a weight tied to two layers (an
+            embedding reused as the LM head) can become two Flax variables.
         side: Source weights Flax has no variable for (``num_batches_tracked``), with the
             template's values.
         template: Flax leaves that come from no source weight (buffers stored as
@@ -94,6 +97,7 @@ class WeightMap:
     """
 
     entries: dict[str, Entry]
+    copies: list[Entry] = field(default_factory=list)
     side: dict[str, np.ndarray] = field(default_factory=dict)
     template: dict[str, np.ndarray] = field(default_factory=dict)
     unmapped: dict[str, str] = field(default_factory=dict)
@@ -102,7 +106,15 @@ class WeightMap:
     defaults: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self.by_flax = {e.flax_name: e for e in self.entries.values()}
+        self.by_flax = {e.flax_name: e for e in [*self.entries.values(), *self.copies]}
+        self._copies: dict[str, list[Entry]] = {}
+        for e in self.copies:
+            self._copies.setdefault(e.source, []).append(e)
+
+    def targets(self, source: str) -> list[Entry]:
+        """Every Flax variable the source weight ``source`` becomes (primary first)."""
+        primary = self.entries.get(source)
+        return [primary, *self._copies.get(source, [])] if primary else []
 
     @property
     def source_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -112,7 +124,7 @@ class WeightMap:
 
     @property
     def flax_shapes(self) -> dict[str, tuple[int, ...]]:
-        shapes = {e.flax_name: e.flax_shape for e in self.entries.values()}
+        shapes = {e.flax_name: e.flax_shape for e in self.by_flax.values()}
         shapes.update({k: tuple(v.shape) for k, v in self.template.items()})
         return shapes
 
@@ -132,25 +144,24 @@ def _layer_kinds(graph: ir.Graph) -> dict[str, str]:
     return kinds
 
 
-def _weight_scope(value: ir.Value, kinds: Mapping[str, str]) -> str | None:
-    """The layer scope of a weight: its consumers' scope, else its name's module prefix."""
-    for use in value.uses():
-        scope = get_scope(use.node)
-        if scope in kinds:
-            return scope
+def _weight_scopes(value: ir.Value, kinds: Mapping[str, str]) -> list[str]:
+    """The layer scopes of a weight: its consumers' (a tied weight has several), else its
+    name's module prefix."""
+    scopes = [get_scope(use.node) for use in value.uses()]
+    scopes = list(dict.fromkeys(sc for sc in scopes if sc in kinds))
     prefix = value.name.rpartition(".")[0]
-    return prefix if prefix in kinds else None
+    if not scopes and prefix in kinds:
+        scopes.append(prefix)
+    return scopes
 
 
 def _candidates(value: ir.Value, kinds: Mapping[str, str]) -> list[tuple[Path_, str | None]]:
     role = value.metadata_props.get(ROLE)
     layout = value.metadata_props.get(LAYOUT)
-    scope = _weight_scope(value, kinds) if role else None
     out: list[tuple[Path_, str | None]] = []
-    if role and scope:
-        kind = kinds[scope]
+    for scope in _weight_scopes(value, kinds) if role else []:
         try:
-            path = flax_path(scope, role, kind)
+            path = flax_path(scope, role, kinds[scope])
         except KeyError:
             path = None
         is_kernel = role == "kernel" and layout and "O" in layout and "I" in layout
@@ -187,6 +198,7 @@ def build_weight_map(
     kinds = _layer_kinds(model_ir.graph)
     claimed: set[Path_] = set()
     entries: dict[str, Entry] = {}
+    copies: list[Entry] = []
     side: dict[str, np.ndarray] = {}
     unmapped: dict[str, str] = {}
     for name, value in model_ir.graph.initializers.items():
@@ -198,26 +210,27 @@ def build_weight_map(
         if value.metadata_props.get(ROLE) in DROPPED_ROLES:
             side[name] = np.array(arr)
             continue
-        entry = None
+        found: list[Entry] = []
         for path, layout in _candidates(value, kinds):
             key = path if api == "linen" else path[1:]
             got = flat.get(key)
-            if key in claimed or got is None:
+            if key in claimed or got is None or any(e.path == key for e in found):
                 continue
             want = to_flax_kernel(arr, layout) if layout else arr
             if got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want):
-                entry = Entry(name, key, layout, tuple(arr.shape), arr.dtype.name)
-                break
-        if entry is None:
+                found.append(Entry(name, key, layout, tuple(arr.shape), arr.dtype.name))
+        if not found:
             entry = _by_value(name, arr, value, flat, claimed)
-        if entry is None:
+            found = [entry] if entry is not None else []
+        if not found:
             unmapped[name] = "not found in the Flax variables (unused by the graph or folded)"
             continue
-        claimed.add(entry.path)
-        entries[name] = entry
+        claimed.update(e.path for e in found)
+        entries[name] = found[0]
+        copies.extend(found[1:])
     template = {SEP.join(k): v for k, v in flat.items() if k not in claimed}
     defaults = {SEP.join(k): v for k, v in flat.items() if k in claimed}
-    return WeightMap(entries, side, template, unmapped, api, defaults)
+    return WeightMap(entries, copies, side, template, unmapped, api, defaults)
 
 
 def _by_value(name, arr, value, flat, claimed) -> Entry | None:
@@ -314,7 +327,8 @@ def torch_to_flax(
         raise WeightsError(report.message("the state_dict"))
     flat = dict(wmap.template)
     bad = {k for k, _, _ in report.mismatched}
-    for name, entry in wmap.entries.items():
+    for entry in wmap.by_flax.values():
+        name = entry.source
         if name in state_dict and name not in bad:
             flat[entry.flax_name] = entry.to_flax(to_numpy(state_dict[name]))
         else:
