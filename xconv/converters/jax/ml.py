@@ -299,46 +299,50 @@ def tree_ensemble(
     j_members = jnp.asarray(np.concatenate([members, np.full((1, members.shape[1]), np.nan)]))
     j_members = j_members.astype(dtype)
 
-    def step(idx, _):
-        internal = idx < n_nodes
-        node = jnp.where(internal, idx, n_nodes)  # the padding row for leaves
-        value = jnp.take_along_axis(x, j_feat[node], axis=1)  # [N, T]
-        split, mode = j_split[node], j_mode[node]
-        member = (value[..., None] == j_members[node]).any(-1)
-        outcome = jnp.select(
-            [mode == _LEQ, mode == _LT, mode == _GTE, mode == _GT, mode == _EQ, mode == _NEQ],
-            [
-                value <= split,
-                value < split,
-                value >= split,
-                value > split,
-                value == split,
-                value != split,
-            ],
-            member,
-        )
-        outcome = outcome | (j_tracks[node] & jnp.isnan(value))
-        nxt = jnp.where(outcome, j_true[node], j_false[node])
-        return jnp.where(internal, nxt, idx), None
+    def evaluate(x):
+        def step(idx, _):
+            internal = idx < n_nodes
+            node = jnp.where(internal, idx, n_nodes)  # the padding row for leaves
+            value = jnp.take_along_axis(x, j_feat[node], axis=1)  # [N, T]
+            split, mode = j_split[node], j_mode[node]
+            member = (value[..., None] == j_members[node]).any(-1)
+            outcome = jnp.select(
+                [mode == _LEQ, mode == _LT, mode == _GTE, mode == _GT, mode == _EQ, mode == _NEQ],
+                [
+                    value <= split,
+                    value < split,
+                    value >= split,
+                    value > split,
+                    value == split,
+                    value != split,
+                ],
+                member,
+            )
+            outcome = outcome | (j_tracks[node] & jnp.isnan(value))
+            nxt = jnp.where(outcome, j_true[node], j_false[node])
+            return jnp.where(internal, nxt, idx), None
 
-    idx0 = jnp.broadcast_to(start, (x.shape[0], len(roots)))
-    idx, _ = jax.lax.scan(step, idx0, None, length=depth)
-    leaf = idx - n_nodes
-    w = jnp.asarray(weights).astype(dtype)[leaf]  # [N, T]
-    onehot = jnp.asarray(targets)[leaf][..., None] == jnp.arange(n_targets)  # [N, T, K]
-    if aggregate_function in (0, 1):
-        out = jnp.where(onehot, w[..., None], 0).sum(1)
-        if aggregate_function == 0:
-            out = out / len(roots)
-    elif aggregate_function == 2:
-        out = jnp.where(onehot, w[..., None], jnp.finfo(dtype).max).min(1)
-    elif aggregate_function == 3:
-        out = jnp.where(onehot, w[..., None], jnp.finfo(dtype).min).max(1)
-    else:
-        raise ctx.error(
-            f"aggregate_function must be 0..3 (AVERAGE, SUM, MIN, MAX), got {aggregate_function}"
-        )
-    return _post_transform(ctx, out.astype(dtype), post_transform)
+        idx0 = jnp.broadcast_to(start, (x.shape[0], len(roots)))
+        idx, _ = jax.lax.scan(step, idx0, None, length=depth)
+        leaf = idx - n_nodes
+        w = jnp.asarray(weights).astype(dtype)[leaf]  # [N, T]
+        onehot = jnp.asarray(targets)[leaf][..., None] == jnp.arange(n_targets)  # [N, T, K]
+        if aggregate_function in (0, 1):
+            out = jnp.where(onehot, w[..., None], 0).sum(1)
+            if aggregate_function == 0:
+                out = out / len(roots)
+        elif aggregate_function == 2:
+            out = jnp.where(onehot, w[..., None], jnp.finfo(dtype).max).min(1)
+        elif aggregate_function == 3:
+            out = jnp.where(onehot, w[..., None], jnp.finfo(dtype).min).max(1)
+        else:
+            raise ctx.error(
+                f"aggregate_function must be 0..3 (AVERAGE, SUM, MIN, MAX), got {aggregate_function}"
+            )
+        return _post_transform(ctx, out.astype(dtype), post_transform)
+
+    # One compiled computation instead of many eagerly dispatched small ops.
+    return jax.jit(evaluate)(x)
 
 
 def _post_transform(ctx, y, kind: int):
