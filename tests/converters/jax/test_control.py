@@ -170,7 +170,7 @@ def test_loop_scan_outputs_with_traced_trip_count_is_a_clear_error():
         jax.jit(fn)(params, jnp.ones(3), jnp.asarray(5))
 
 
-def while_model():
+def while_model(trip_limit=None):
     """while (sum(v) < limit): v = v * 2  -- a data-dependent condition, no trip count."""
     body = helper.make_graph(
         [
@@ -185,13 +185,15 @@ def while_model():
     nodes = [
         const("two", np.array(2.0, np.float32)),
         const("true", np.array(True)),
-        helper.make_node("Loop", ["", "true", "v"], ["v_final"], body=body),
+        const("M", np.array(trip_limit or 0, np.int64)),
+        helper.make_node("Loop", ["M" if trip_limit else "", "true", "v"], ["v_final"], body=body),
     ]
     return model(nodes, [vi("v", F, [2]), vi("limit", F, [])], [vi("v_final", F, [2])])
 
 
-def test_loop_while_condition_under_jit():
-    m = while_model()
+@pytest.mark.parametrize("trip_limit", [None, np.iinfo(np.int64).max], ids=["no_M", "int64_max"])
+def test_loop_while_condition_under_jit(trip_limit):
+    m = while_model(trip_limit)
     fn, params = convert(m)
     for v, limit in (([1.0, 0.5], 20.0), ([3.0, 4.0], 1.0)):
         v, limit = np.asarray(v, np.float32), np.asarray(limit, np.float32)

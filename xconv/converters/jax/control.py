@@ -123,11 +123,18 @@ def _loop_while(ctx, body, m, cond, v_initial):
     init_cond = jnp.asarray(True if cond is None else cond).reshape(()).astype(bool)
     init = (jnp.zeros((), it_dtype), init_cond, tuple(jnp.asarray(v) for v in v_initial))
 
+    if m is None or is_traced(m):
+        limit = m
+    else:
+        # Exporters write "no limit" as INT64_MAX; clamp it to the iteration counter's range
+        # (int32 when JAX runs without x64) instead of letting it wrap around.
+        limit = np.array(min(int(np.asarray(m)), np.iinfo(it_dtype).max), dtype=it_dtype)
+
     def cond_fn(state):
         i, c, _ = state
-        if m is None:
+        if limit is None:
             return c
-        return jnp.logical_and(c, i < jnp.asarray(m).reshape(()).astype(it_dtype))
+        return jnp.logical_and(c, i < jnp.asarray(limit).reshape(()).astype(it_dtype))
 
     def body_fn(state):
         i, c, values = state
