@@ -132,6 +132,14 @@ def cases():
         atol=1e-4,
     )
     yield OpCase(
+        "stft_complex_two_sided",
+        "STFT",
+        [f32(1, 12, 2)],
+        consts=[np.array(3, np.int64), None, np.array(4, np.int64)],
+        attrs={"onesided": 0},
+        atol=1e-4,
+    )
+    yield OpCase(
         "mel",
         "MelWeightMatrix",
         consts=[
