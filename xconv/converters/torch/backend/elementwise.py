@@ -246,7 +246,11 @@ def cast_tensor(ctx, x, to: ir.DataType, saturate: int, round_mode: str):
         if saturate:
             info = torch.finfo(target)
             x = torch.clamp(x.to(torch.float32), info.min, info.max)
-        elif to in (ir.DataType.FLOAT8E4M3FN, ir.DataType.FLOAT8E4M3FNUZ, ir.DataType.FLOAT8E5M2FNUZ):
+        elif to in (
+            ir.DataType.FLOAT8E4M3FN,
+            ir.DataType.FLOAT8E4M3FNUZ,
+            ir.DataType.FLOAT8E5M2FNUZ,
+        ):
             # Types without infinities: overflow (and infinities) become NaN.
             info = torch.finfo(target)
             xf = x.to(torch.float32)
@@ -302,5 +306,3 @@ def bit_cast(ctx, x, *, to):
     if dtype == torch.bool:
         return x.view(torch.uint8) != 0
     return x.view(dtype)
-
-

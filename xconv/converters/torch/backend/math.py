@@ -399,7 +399,9 @@ def _quant_supported() -> list[str]:
     return sorted(str(t).removeprefix("torch.") for t in (*_INT_RANGES, *_FLOAT8))
 
 
-def quantize(ctx, x, scale, zero_point, target, *, axis=1, block_size=0, saturate=1, precision=None):
+def quantize(
+    ctx, x, scale, zero_point, target, *, axis=1, block_size=0, saturate=1, precision=None
+):
     """x / scale (+ zero point), rounded half to even and saturated into ``target``."""
     shape = tuple(x.shape)
     scale = _quant_param(ctx, scale, shape, axis, block_size, "scale")

@@ -1,0 +1,267 @@
+"""PyTorch handlers: matrix products, cumulative ops, TopK, the softmax family and losses."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from xconv.converters.torch.backend.math import as_numpy, from_numpy
+from xconv.converters.torch.backend.registry import REQUIRED, builtin
+
+#: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def normalize_axis(ctx, axis: int, rank: int) -> int:
+    if not -max(rank, 1) <= axis < max(rank, 1):
+        raise ctx.error(f"axis {axis} is out of range for a rank-{rank} input")
+    return axis % max(rank, 1)
+
+
+def static_int(ctx, value, what: str) -> int:
+    arr = ctx.static(value, what)
+    if arr.size != 1:
+        raise ctx.error(f"{what} must hold a single integer, got shape {arr.shape}")
+    return int(arr.reshape(()))
+
+
+def _is_int(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
+
+
+# --------------------------------------------------------------------------------------
+# Matrix products
+
+
+def _matmul(a, b):
+    odd = a.dtype in (torch.uint16, torch.uint32, torch.uint64) or a.dtype != b.dtype
+    if odd and _is_int(a.dtype) and _is_int(b.dtype):
+        return torch.matmul(a.to(torch.int64), b.to(torch.int64)).to(a.dtype)
+    return torch.matmul(a, b)
+
+
+@builtin("MatMul", since=1)
+def matmul(ctx, a, b):
+    """MatMul(A, B) -> Y: numpy.matmul semantics (1-D operands promoted, batch broadcast)."""
+    return _matmul(a, b)
+
+
+@builtin(
+    "Gemm", since=1, attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0, "broadcast": 0}
+)
+def gemm(ctx, a, b, c=None, *, alpha, beta, transA, transB, broadcast):
+    """Gemm(A, B, C?) -> Y = alpha * A' @ B' + beta * C, C unidirectionally broadcast.
+
+    ``broadcast`` (opset < 7) is accepted: later opsets always broadcast C.
+    """
+    dtype = a.dtype
+    a = a.T if transA else a
+    b = b.T if transB else b
+    y = _matmul(a, b)
+    if _is_int(dtype) and (alpha != 1.0 or (c is not None and beta != 1.0)):
+        # Integer Gemm with fractional alpha / beta: scale in floating point, then truncate
+        # back to the integer type (as the reference's numpy arithmetic does).
+        y = y.to(torch.float64) * alpha
+        if c is not None and beta != 0.0:
+            y = y + c.to(torch.float64) * beta
+        return y.to(dtype)
+    if alpha != 1.0:
+        y = y * alpha
+    if c is not None and beta != 0.0:
+        c = c.to(dtype)
+        y = y + (c if beta == 1.0 else c * beta)
+    return y.to(dtype)
+
+
+@builtin("Einsum", since=12, attrs={"equation": REQUIRED})
+def einsum(ctx, *inputs, equation):
+    """Einsum(Inputs...) -> Output, by Einstein summation over ``equation``."""
+    eq = equation.decode() if isinstance(equation, bytes) else equation
+    eq = eq.replace(" ", "")
+    dtype = inputs[0].dtype
+    if dtype in _LOW_PRECISION:
+        return torch.einsum(eq, *(x.to(torch.float32) for x in inputs)).to(dtype)
+    return torch.einsum(eq, *inputs)
+
+
+@builtin("Det", since=11)
+def det(ctx, x):
+    """Det(X) -> Y: determinant of the square matrices in the last two dimensions."""
+    if x.dtype in _LOW_PRECISION:
+        return torch.linalg.det(x.to(torch.float32)).to(x.dtype)
+    return torch.linalg.det(x)
+
+
+# --------------------------------------------------------------------------------------
+# Cumulative ops
+
+
+def _cumulative(ctx, x, axis, exclusive, reverse, op, identity):
+    ax = normalize_axis(ctx, static_int(ctx, axis, "axis"), x.ndim)
+    if reverse:
+        x = torch.flip(x, (ax,))
+    if exclusive:
+        # Shift right by one along the axis, filling with the identity.
+        fill = torch.full_like(x.narrow(ax, 0, 1), identity)
+        x = torch.cat([fill, x.narrow(ax, 0, x.shape[ax] - 1)], dim=ax)
+    y = op(x, dim=ax, dtype=x.dtype)
+    if reverse:
+        y = torch.flip(y, (ax,))
+    return y
+
+
+@builtin("CumSum", since=11, attrs={"exclusive": 0, "reverse": 0})
+def cumsum(ctx, x, axis, *, exclusive, reverse):
+    """CumSum(x, axis) -> y: running sum along ``axis`` (optionally exclusive / reversed)."""
+    return _cumulative(ctx, x, axis, exclusive, reverse, torch.cumsum, 0)
+
+
+@builtin("CumProd", since=26, attrs={"exclusive": 0, "reverse": 0})
+def cumprod(ctx, x, axis, *, exclusive, reverse):
+    """CumProd(x, axis) -> y: running product along ``axis`` (optionally exclusive / reversed)."""
+    return _cumulative(ctx, x, axis, exclusive, reverse, torch.cumprod, 1)
+
+
+# --------------------------------------------------------------------------------------
+# TopK
+
+
+def _topk(ctx, x, k: int, axis: int, largest: int):
+    ax = normalize_axis(ctx, axis, x.ndim)
+    n = x.shape[ax]
+    if not 0 <= k <= n:
+        raise ctx.error(f"k={k} is out of range for an axis of size {n}")
+    if x.dtype == torch.uint64:
+        # torch has no uint64 sort or gather kernels: numpy's stable argsort does the same.
+        a = as_numpy(x)
+        order = np.argsort(~a if largest else a, axis=ax, kind="stable")
+        order = np.take(order, np.arange(k), axis=ax)
+        values = np.take_along_axis(a, order, axis=ax)
+        return from_numpy(values, x), from_numpy(order.astype(np.int64), x)
+    # A stable sort keeps the lower index first among equal values, as ONNX specifies.
+    key = x.to(torch.int64) if x.dtype in (torch.uint16, torch.uint32) else x
+    _, idx = torch.sort(key, dim=ax, descending=bool(largest), stable=True)
+    idx = idx.narrow(ax, 0, k)
+    return torch.gather(x, ax, idx), idx
+
+
+@builtin("TopK", since=1, until=9, attrs={"axis": -1, "k": REQUIRED})
+def topk_1(ctx, x, *, axis, k):
+    """TopK-1(X) -> (Values, Indices): the k largest along ``axis`` (k an attribute)."""
+    return _topk(ctx, x, int(k), axis, 1)
+
+
+@builtin("TopK", since=10, until=10, attrs={"axis": -1})
+def topk_10(ctx, x, k, *, axis):
+    """TopK-10(X, K) -> (Values, Indices): the k largest along ``axis``."""
+    return _topk(ctx, x, static_int(ctx, k, "k"), axis, 1)
+
+
+@builtin("TopK", since=11, attrs={"axis": -1, "largest": 1, "sorted": 1})
+def topk(ctx, x, k, *, axis, largest, sorted):  # noqa: A002 - the ONNX attribute name
+    """TopK(X, K) -> (Values, Indices): the k largest (or smallest) along ``axis``.
+
+    Equal values keep the lower index first, as ONNX specifies. The output is always
+    sorted (``sorted=0`` leaves the order unspecified).
+    """
+    return _topk(ctx, x, static_int(ctx, k, "k"), axis, largest)
+
+
+# --------------------------------------------------------------------------------------
+# Softmax family
+
+
+def _hardmax(x, axis: int):
+    idx = torch.argmax(x, dim=axis, keepdim=True)
+    return torch.zeros_like(x).scatter_(axis, idx, 1)
+
+
+def _softmax_like(ctx, x, axis, fn):
+    """Opset >= 13: ``fn`` along one axis (default -1). Before 13: coerce the input to 2-D
+    at ``axis`` (default 1), apply ``fn`` along the flattened trailing dimensions."""
+    if ctx.opset >= 13:
+        ax = normalize_axis(ctx, -1 if axis is None else axis, x.ndim)
+        return fn(x, ax)
+    ax = normalize_axis(ctx, 1 if axis is None else axis, x.ndim) if x.ndim else 0
+    rows = int(np.prod(x.shape[:ax], dtype=np.int64))
+    cols = int(np.prod(x.shape[ax:], dtype=np.int64))
+    return fn(x.reshape(rows, cols), 1).reshape(x.shape)
+
+
+@builtin("Softmax", since=1, attrs={"axis": None})
+def softmax(ctx, x, *, axis):
+    """Softmax(input) -> output: exp(x - max) / sum along ``axis``."""
+    return _softmax_like(ctx, x, axis, lambda v, ax: torch.softmax(v, ax))
+
+
+@builtin("LogSoftmax", since=1, attrs={"axis": None})
+def log_softmax(ctx, x, *, axis):
+    """LogSoftmax(input) -> output: x - max - log(sum(exp(x - max))) along ``axis``."""
+    return _softmax_like(ctx, x, axis, lambda v, ax: torch.log_softmax(v, ax))
+
+
+@builtin("Hardmax", since=1, attrs={"axis": None})
+def hardmax(ctx, x, *, axis):
+    """Hardmax(input) -> output: 1 at the first maximum along ``axis``, 0 elsewhere."""
+    return _softmax_like(ctx, x, axis, _hardmax)
+
+
+# --------------------------------------------------------------------------------------
+# Losses
+
+_REDUCTIONS = ("none", "sum", "mean")
+
+
+def _nll(ctx, logp, target, weight, reduction, ignore_index):
+    """Negative log-likelihood of ``logp`` (N, C, d...) at ``target`` (N, d...)."""
+    if reduction not in _REDUCTIONS:
+        raise ctx.error(f"reduction {reduction!r} is not one of {list(_REDUCTIONS)}")
+    if logp.ndim < 2:
+        raise ctx.error(f"input must have shape (N, C, ...), got rank {logp.ndim}")
+    num_classes = logp.shape[1]
+    dtype = logp.dtype
+    target = target.to(torch.int64)
+    valid = None if ignore_index is None else target != ignore_index
+    safe = target if valid is None else torch.where(valid, target, 0)
+    safe = torch.clamp(safe, 0, num_classes - 1)
+    loss = -torch.gather(logp, 1, safe.unsqueeze(1)).squeeze(1)
+    w = None
+    if weight is not None:
+        w = weight.to(dtype)[safe]
+    zero = torch.zeros((), dtype=dtype, device=logp.device)
+    if valid is not None:
+        w = torch.where(
+            valid, torch.ones((), dtype=dtype, device=logp.device) if w is None else w, zero
+        )
+        loss = torch.where(valid, loss, zero)
+    if w is not None:
+        loss = loss * w
+    if reduction == "none":
+        return loss.to(dtype)
+    total = loss.sum()
+    if reduction == "sum":
+        return total.to(dtype)
+    if w is None:
+        return (total / loss.numel()).to(dtype)
+    return (total / w.sum()).to(dtype)
+
+
+@builtin("NegativeLogLikelihoodLoss", since=12, attrs={"reduction": "mean", "ignore_index": None})
+def negative_log_likelihood_loss(ctx, x, target, weight=None, *, reduction, ignore_index):
+    """NegativeLogLikelihoodLoss(input, target, weight?) -> loss = -input[n, target[n], ...]
+    (weighted, ``ignore_index`` entries excluded), reduced by ``reduction``."""
+    return _nll(ctx, x, target, weight, reduction, ignore_index)
+
+
+@builtin("SoftmaxCrossEntropyLoss", since=12, attrs={"reduction": "mean", "ignore_index": None})
+def softmax_cross_entropy_loss(ctx, scores, labels, weights=None, *, reduction, ignore_index):
+    """SoftmaxCrossEntropyLoss(scores, labels, weights?) -> (output, log_prob?):
+    NegativeLogLikelihoodLoss of LogSoftmax(scores, axis=1)."""
+    if scores.ndim < 2:
+        raise ctx.error(f"scores must have shape (N, C, ...), got rank {scores.ndim}")
+    log_prob = F.log_softmax(scores, dim=1)
+    loss = _nll(ctx, log_prob, labels, weights, reduction, ignore_index)
+    outputs = ctx.node.outputs
+    wants_log_prob = len(outputs) > 1 and outputs[1].name != ""
+    return (loss, log_prob) if wants_log_prob else loss
