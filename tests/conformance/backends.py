@@ -140,6 +140,7 @@ def torch_backend(model: onnx.ModelProto) -> Runner:
                     torch.float8_e4m3fnuz: ml_dtypes.float8_e4m3fnuz,
                     torch.float8_e5m2: ml_dtypes.float8_e5m2,
                     torch.float8_e5m2fnuz: ml_dtypes.float8_e5m2fnuz,
+                    torch.float8_e8m0fnu: ml_dtypes.float8_e8m0fnu,
                 }[x.dtype]
                 bits = (
                     x.detach()

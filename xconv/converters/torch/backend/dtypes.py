@@ -13,7 +13,7 @@ _BY_NAME = {
     "UINT64": torch.uint64, "BOOL": torch.bool, "COMPLEX64": torch.complex64,
     "COMPLEX128": torch.complex128, "FLOAT8E4M3FN": torch.float8_e4m3fn,
     "FLOAT8E4M3FNUZ": torch.float8_e4m3fnuz, "FLOAT8E5M2": torch.float8_e5m2,
-    "FLOAT8E5M2FNUZ": torch.float8_e5m2fnuz,
+    "FLOAT8E5M2FNUZ": torch.float8_e5m2fnuz, "FLOAT8E8M0": torch.float8_e8m0fnu,
 }  # fmt: skip
 
 
@@ -32,9 +32,12 @@ def to_tensor(array: np.ndarray) -> torch.Tensor | np.ndarray:
     if array.dtype.kind in "OSU":
         return array
     try:
-        return torch.from_numpy(np.ascontiguousarray(array))
+        # ascontiguousarray makes 0-d arrays 1-d: keep the shape.
+        return torch.from_numpy(np.ascontiguousarray(array).reshape(array.shape))
     except TypeError:
         # ml_dtypes (bfloat16, float8) numpy arrays: go through the ONNX dtype.
         dtype = ir.DataType.from_numpy(array.dtype)
         bits = array.view(np.uint8 if array.dtype.itemsize == 1 else np.uint16)
-        return torch.from_numpy(np.ascontiguousarray(bits)).view(torch_dtype(dtype))
+        return torch.from_numpy(np.ascontiguousarray(bits).reshape(bits.shape)).view(
+            torch_dtype(dtype)
+        )
