@@ -1,0 +1,770 @@
+"""PyTorch handlers for shape, layout and construction ops (Reshape, Concat, Pad, Resize, ...).
+
+Shape-like inputs (shapes, axes, pads, repeats, sizes) are read with ``ctx.static``. String
+tensors stay numpy arrays, and so do the wide unsigned types torch barely computes with: the
+handlers below work on both (``reshape``, indexing) or branch on numpy explicitly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+import torch
+
+from xconv.converters.torch.backend.dtypes import to_tensor, torch_dtype
+from xconv.converters.torch.backend.registry import REQUIRED, builtin
+from xconv.errors import UnsupportedAttributeError
+from xconv.ir.metadata import SOURCE_LINE, get_scope
+
+#: Unsigned types torch stores but hardly computes with on CPU.
+_WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+
+
+def is_numpy(x: Any) -> bool:
+    return isinstance(x, np.ndarray | np.generic)
+
+
+def needs_numpy(*xs: Any) -> bool:
+    """True when an input is numpy (strings) or a wide unsigned tensor."""
+    return any(
+        is_numpy(x) or (isinstance(x, torch.Tensor) and x.dtype in _WIDE_UNSIGNED)
+        for x in xs
+        if x is not None
+    )
+
+
+def to_np(x: Any) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def back(y: np.ndarray, like: Any = None) -> Any:
+    """A numpy result back to a tensor (strings stay numpy), on ``like``'s device."""
+    out = to_tensor(np.asarray(y))
+    if isinstance(out, torch.Tensor) and isinstance(like, torch.Tensor):
+        out = out.to(like.device)
+    return out
+
+
+def static_ints(ctx, value: Any, what: str) -> list[int]:
+    """A static 0-d or 1-d integer input as a list of Python ints."""
+    return [int(v) for v in np.asarray(ctx.static(value, what)).reshape(-1)]
+
+
+def unsupported(ctx, message: str) -> UnsupportedAttributeError:
+    node = ctx.node
+    return UnsupportedAttributeError(
+        message,
+        op=node.op_type,
+        node=node.name,
+        scope=get_scope(node),
+        source_line=node.metadata_props.get(SOURCE_LINE),
+    )
+
+
+def check_choice(ctx, name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise unsupported(ctx, f"{name} {value!r} not supported; supported: {list(choices)}")
+
+
+def normalize_axis(ctx, axis: int, rank: int) -> int:
+    if not -max(rank, 1) <= axis < max(rank, 1):
+        raise ctx.error(f"axis {axis} is out of range for a tensor of rank {rank}")
+    return axis % rank if rank else 0
+
+
+def onnx_torch_dtype(ctx, code: int) -> torch.dtype:
+    try:
+        return torch_dtype(ir.DataType(code))
+    except KeyError as e:
+        raise unsupported(ctx, str(e)) from None
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return tuple(x.shape)
+
+
+def take(x: Any, idx: np.ndarray, axis: int) -> Any:
+    """Static gather of ``idx`` (numpy ints) along ``axis``, numpy or torch."""
+    if is_numpy(x):
+        return np.take(x, idx, axis=axis)
+    index = torch.as_tensor(np.asarray(idx, np.int64), device=x.device)
+    if x.dtype in _WIDE_UNSIGNED:
+        return back(np.take(to_np(x), idx, axis=axis), x)
+    return torch.index_select(x, axis, index.reshape(-1)).reshape(
+        (*x.shape[:axis], *np.shape(idx), *x.shape[axis + 1 :])
+    )
+
+
+# -- identity and constants -------------------------------------------------------------
+
+
+@builtin("Identity", since=1)
+def identity(ctx, x):
+    """Identity(input) -> output: the input (tensor, sequence or optional)."""
+    return x
+
+
+@builtin(
+    "Constant",
+    since=1,
+    attrs={
+        "value": None,
+        "value_float": None,
+        "value_floats": None,
+        "value_int": None,
+        "value_ints": None,
+        "value_string": None,
+        "value_strings": None,
+        "sparse_value": None,
+    },
+)
+def constant(
+    ctx,
+    *,
+    value,
+    value_float,
+    value_floats,
+    value_int,
+    value_ints,
+    value_string,
+    value_strings,
+    sparse_value,
+):
+    """Constant() -> output: the tensor held by exactly one value_* attribute."""
+    if sparse_value is not None:
+        raise unsupported(
+            ctx, "sparse_value is not supported; store the constant as a dense 'value' tensor"
+        )
+    if value is not None:
+        return to_tensor(np.array(value))
+    if value_float is not None:
+        return to_tensor(np.array(value_float, dtype=np.float32))
+    if value_floats is not None:
+        return to_tensor(np.array(value_floats, dtype=np.float32))
+    if value_int is not None:
+        return to_tensor(np.array(value_int, dtype=np.int64))
+    if value_ints is not None:
+        return to_tensor(np.array(value_ints, dtype=np.int64))
+    if value_string is not None:
+        return np.array(value_string, dtype=object)
+    if value_strings is not None:
+        return np.array(value_strings, dtype=object)
+    raise ctx.error(
+        "Constant needs one of the value, value_float(s), value_int(s) or "
+        "value_string(s) attributes"
+    )
+
+
+@builtin("ConstantOfShape", since=9, attrs={"value": None})
+def constant_of_shape(ctx, shape, *, value):
+    """ConstantOfShape(input) -> output: a tensor of the given shape filled with `value`."""
+    dims = static_ints(ctx, shape, "shape")
+    fill = np.zeros((1,), np.float32) if value is None else np.asarray(value).reshape(-1)
+    return to_tensor(np.full(dims, fill[0], dtype=fill.dtype))
+
+
+@builtin("Shape", since=1, attrs={"start": 0, "end": None})
+def shape(ctx, x, *, start, end):
+    """Shape(data) -> shape: the int64 shape, optionally sliced to [start, end)."""
+    return torch.tensor(shape_of(x)[slice(start, end)], dtype=torch.int64)
+
+
+@builtin("Size", since=1)
+def size(ctx, x):
+    """Size(data) -> size: the int64 number of elements."""
+    return torch.tensor(math.prod(shape_of(x)), dtype=torch.int64)
+
+
+# -- reshaping --------------------------------------------------------------------------
+
+
+@builtin("Reshape", since=1, attrs={"allowzero": 0, "shape": None, "consumed_inputs": None})
+def reshape(ctx, x, shape_in=None, *, allowzero, shape, consumed_inputs):
+    """Reshape(data, shape) -> reshaped: 0 copies the input dim (unless allowzero), -1 infers."""
+    del consumed_inputs  # Reshape-1's legacy in-place hint: no effect on the result.
+    dims = static_ints(ctx, shape_in if shape_in is not None else shape, "shape")
+    in_shape = shape_of(x)
+    if not allowzero:
+        dims = [in_shape[i] if d == 0 else d for i, d in enumerate(dims)]
+    if dims.count(-1) > 1:
+        raise ctx.error(f"shape {dims} has more than one -1")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        total = math.prod(in_shape)
+        dims[dims.index(-1)] = total // known if known else 0
+    return x.reshape(tuple(dims))
+
+
+@builtin("Flatten", since=1, attrs={"axis": 1})
+def flatten(ctx, x, *, axis):
+    """Flatten(input) -> output: a 2-D tensor (prod(dims[:axis]), prod(dims[axis:]))."""
+    in_shape = shape_of(x)
+    rank = len(in_shape)
+    if axis < 0:
+        axis += rank
+    if not 0 <= axis <= rank:
+        raise ctx.error(f"axis {axis} is out of range for rank {rank}")
+    return x.reshape((math.prod(in_shape[:axis]), math.prod(in_shape[axis:])))
+
+
+@builtin("Squeeze", since=1, attrs={"axes": None})
+def squeeze(ctx, x, axes_in=None, *, axes):
+    """Squeeze(data, axes?) -> squeezed: drops the given (or every) size-1 dimension."""
+    in_shape = shape_of(x)
+    src = axes_in if axes_in is not None else axes
+    if src is None:
+        drop = {i for i, d in enumerate(in_shape) if d == 1}
+    else:
+        drop = {normalize_axis(ctx, a, len(in_shape)) for a in static_ints(ctx, src, "axes")}
+        if any(in_shape[a] != 1 for a in drop):
+            raise ctx.error(f"cannot squeeze axes {sorted(drop)} of shape {in_shape}")
+    return x.reshape(tuple(d for i, d in enumerate(in_shape) if i not in drop))
+
+
+@builtin("Unsqueeze", since=1, attrs={"axes": None})
+def unsqueeze(ctx, x, axes_in=None, *, axes):
+    """Unsqueeze(data, axes) -> expanded: inserts size-1 dims at `axes` of the output."""
+    src = axes_in if axes_in is not None else axes
+    values = static_ints(ctx, src, "axes")
+    out_rank = len(shape_of(x)) + len(values)
+    norm = sorted(normalize_axis(ctx, a, out_rank) for a in values)
+    if len(set(norm)) != len(norm):
+        raise ctx.error(f"axes {values} repeat an axis")
+    dims = list(shape_of(x))
+    for a in norm:
+        dims.insert(a, 1)
+    return x.reshape(tuple(dims))
+
+
+@builtin("Transpose", since=1, attrs={"perm": None})
+def transpose(ctx, x, *, perm):
+    """Transpose(data) -> transposed: permutes axes by `perm` (default: reversed)."""
+    if perm is None:
+        perm = tuple(reversed(range(len(shape_of(x)))))
+    if is_numpy(x):
+        return np.transpose(x, perm)
+    return x.permute(tuple(perm))
+
+
+def concatenate(arrays: Sequence[Any], axis: int) -> Any:
+    if needs_numpy(*arrays):
+        like = next((a for a in arrays if isinstance(a, torch.Tensor)), None)
+        return back(np.concatenate([to_np(a) for a in arrays], axis=axis), like)
+    return torch.cat(list(arrays), dim=axis)
+
+
+@builtin("Concat", since=4, attrs={"axis": REQUIRED})
+@builtin("Concat", since=1, until=3, attrs={"axis": 1})
+def concat(ctx, *inputs, axis):
+    """Concat(inputs...) -> concat_result: joins tensors along `axis`."""
+    arrays = [a for a in inputs if a is not None]
+    if not arrays:
+        raise ctx.error("Concat needs at least one input")
+    axis = normalize_axis(ctx, axis, len(shape_of(arrays[0])))
+    return concatenate(arrays, axis)
+
+
+@builtin("Split", since=1, attrs={"axis": 0, "split": None, "num_outputs": None})
+def split(ctx, x, split_in=None, *, axis, split, num_outputs):
+    """Split(input, split?) -> outputs...: pieces along `axis` of the given or equal sizes."""
+    axis = normalize_axis(ctx, axis, len(shape_of(x)))
+    dim = shape_of(x)[axis]
+    src = split_in if split_in is not None else split
+    n_out = len(ctx.node.outputs)
+    if src is not None and np.size(to_np(src)) > 0:
+        sizes = static_ints(ctx, src, "split")
+        if sum(sizes) != dim:
+            raise ctx.error(f"split sizes {sizes} do not add up to dimension {dim}")
+    else:
+        n = num_outputs or n_out
+        chunk = -(-dim // n)
+        sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+        if sizes[-1] < 0:
+            raise ctx.error(f"cannot split dimension {dim} into {n} parts")
+    bounds = np.cumsum([0, *sizes]).tolist()
+    index = [slice(None)] * len(shape_of(x))
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        index[axis] = slice(lo, hi)
+        out.append(x[tuple(index)])
+    return tuple(out)
+
+
+@builtin("Expand", since=8)
+def expand(ctx, x, shape):
+    """Expand(input, shape) -> output: broadcasts the input to `shape` (bidirectionally)."""
+    dims = static_ints(ctx, shape, "shape")
+    out = np.broadcast_shapes(shape_of(x), tuple(dims))
+    if is_numpy(x):
+        return np.broadcast_to(x, out).copy()
+    return (
+        x.expand(out).clone()
+        if x.dtype not in _WIDE_UNSIGNED
+        else back(np.broadcast_to(to_np(x), out).copy(), x)
+    )
+
+
+@builtin("Tile", since=6)
+@builtin("Tile", since=1, until=5)
+def tile(ctx, x, repeats, axis=None):
+    """Tile(input, repeats) -> output: repeats the input `repeats[i]` times along axis i.
+
+    Tile-1 is Tile(input, tiles, axis): a scalar count along one axis.
+    """
+    rank = len(shape_of(x))
+    reps = static_ints(ctx, repeats, "repeats")
+    if axis is not None:
+        along = normalize_axis(ctx, static_ints(ctx, axis, "axis")[0], rank)
+        reps = [reps[0] if i == along else 1 for i in range(rank)]
+    if len(reps) != rank:
+        raise ctx.error(f"repeats {reps} must have one entry per axis of rank {rank}")
+    if needs_numpy(x):
+        return back(np.tile(to_np(x), reps), x)
+    return x.repeat(tuple(reps)) if rank else x.clone()
+
+
+_PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+def _pad_index(size: int, before: int, after: int, mode: str) -> np.ndarray:
+    pos = np.arange(-before, size + after)
+    if mode == "edge":
+        return np.clip(pos, 0, size - 1)
+    if mode == "wrap":
+        return np.mod(pos, size)
+    # reflect (no edge repeat), period 2*(size-1)
+    if size == 1:
+        return np.zeros_like(pos)
+    period = 2 * (size - 1)
+    p = np.mod(pos, period)
+    return np.where(p < size, p, period - p)
+
+
+def pad_tensor(x: Any, pos: list[tuple[int, int]], mode: str, fill: Any) -> Any:
+    """Pad ``x`` by non-negative (before, after) widths per axis."""
+    if mode == "constant":
+        out_shape = tuple(d + b + e for d, (b, e) in zip(shape_of(x), pos, strict=True))
+        inner = tuple(slice(b, b + d) for d, (b, _) in zip(shape_of(x), pos, strict=True))
+        if is_numpy(x):
+            out = np.full(out_shape, fill, dtype=x.dtype)
+        else:
+            if isinstance(fill, torch.Tensor):
+                fill = fill.reshape(()).item()
+            out = torch.full(out_shape, fill, dtype=x.dtype, device=x.device)
+        out[inner] = x
+        return out
+    y = x
+    for axis, (b, e) in enumerate(pos):
+        if b or e:
+            y = take(y, _pad_index(shape_of(y)[axis], b, e, mode), axis)
+    return y
+
+
+@builtin("Pad", since=1, attrs={"mode": "constant", "pads": None, "paddings": None, "value": 0.0})
+def pad(ctx, x, pads_in=None, constant_value=None, axes=None, *, mode, pads, paddings, value):
+    """Pad(data, pads, constant_value?, axes?) -> output: pads (or crops, when negative)."""
+    check_choice(ctx, "mode", mode, _PAD_MODES)
+    src = pads_in if pads_in is not None else (pads if pads is not None else paddings)
+    raw = static_ints(ctx, src, "pads")
+    rank = len(shape_of(x))
+    if axes is not None:
+        ax = [normalize_axis(ctx, a, rank) for a in static_ints(ctx, axes, "axes")]
+    else:
+        ax = list(range(rank))
+    if len(raw) != 2 * len(ax):
+        raise ctx.error(f"pads {raw} must hold two entries per padded axis ({len(ax)})")
+    width = [[0, 0] for _ in range(rank)]
+    for i, a in enumerate(ax):
+        width[a] = [raw[i], raw[len(ax) + i]]
+    crop = tuple(
+        slice(-b if b < 0 else 0, (shape_of(x)[i] + e) if e < 0 else None)
+        for i, (b, e) in enumerate(width)
+    )
+    y = x[crop] if any(b < 0 or e < 0 for b, e in width) else x
+    pos = [(max(b, 0), max(e, 0)) for b, e in width]
+    if not any(b or e for b, e in pos):
+        return y
+    fill: Any = value
+    if constant_value is not None and np.size(to_np(constant_value)) > 0:
+        fill = constant_value
+        if is_numpy(y):
+            fill = to_np(fill).reshape(())
+    if needs_numpy(y):
+        fill = to_np(fill).reshape(()) if not isinstance(fill, float) else fill
+        return back(pad_tensor(to_np(y), pos, mode, fill), y)
+    return pad_tensor(y, pos, mode, fill)
+
+
+@builtin("Range", since=11, attrs={"stash_type": 1})
+def range_(ctx, start, limit, delta, *, stash_type):
+    """Range(start, limit, delta) -> output: start + i*delta while before limit."""
+    s = np.asarray(ctx.static(start, "start")).reshape(())
+    lim = np.asarray(ctx.static(limit, "limit")).reshape(())
+    d = np.asarray(ctx.static(delta, "delta")).reshape(())
+    dtype = s.dtype
+    if ctx.opset >= 27 and dtype.itemsize == 2 and dtype.kind not in "iu" and stash_type != 0:
+        stash = np.dtype(ir.DataType(stash_type).numpy())
+        out = np.arange(s.astype(stash), lim.astype(stash), d.astype(stash)).astype(dtype)
+    else:
+        out = np.arange(s, lim, d, dtype=dtype)
+    return back(out, start)
+
+
+@builtin("EyeLike", since=9, attrs={"dtype": None, "k": 0})
+def eye_like(ctx, x, *, dtype, k):
+    """EyeLike(input) -> output: a 2-D identity-like tensor with ones on diagonal k."""
+    if len(shape_of(x)) != 2:
+        raise ctx.error(f"EyeLike needs a 2-D input, got rank {len(shape_of(x))}")
+    n, m = shape_of(x)
+    out = np.eye(n, m, k, dtype=np.float64)
+    target = onnx_torch_dtype(ctx, dtype) if dtype is not None else x.dtype
+    return torch.from_numpy(out).to(target)
+
+
+@builtin("Trilu", since=14, attrs={"upper": 1})
+def trilu(ctx, x, k=None, *, upper):
+    """Trilu(input, k?) -> output: the upper (or lower) triangle from diagonal k."""
+    kk = static_ints(ctx, k, "k")[0] if k is not None else 0
+    if needs_numpy(x):
+        xn = to_np(x)
+        return back(np.triu(xn, kk) if upper else np.tril(xn, kk), x)
+    n, m = x.shape[-2:]
+    kk = max(min(kk, m + 1), -n - 1)
+    return torch.triu(x, kk) if upper else torch.tril(x, kk)
+
+
+@builtin("DepthToSpace", since=1, attrs={"blocksize": REQUIRED, "mode": "DCR"})
+def depth_to_space(ctx, x, *, blocksize, mode):
+    """DepthToSpace(input) -> output: moves depth blocks into spatial blocks (DCR or CRD)."""
+    n, c, h, w = shape_of(x)
+    b = blocksize
+    if mode == "DCR":
+        y = x.reshape((n, b, b, c // (b * b), h, w)).permute(0, 3, 4, 1, 5, 2)
+    elif mode == "CRD":
+        y = x.reshape((n, c // (b * b), b, b, h, w)).permute(0, 1, 4, 2, 5, 3)
+    else:
+        raise unsupported(ctx, f"mode {mode!r} not supported; use 'DCR' or 'CRD'")
+    return y.reshape((n, c // (b * b), h * b, w * b))
+
+
+@builtin("SpaceToDepth", since=1, attrs={"blocksize": REQUIRED, "mode": "DCR"})
+def space_to_depth(ctx, x, *, blocksize, mode):
+    """SpaceToDepth(input) -> output: moves spatial blocks into depth (DCR or CRD order)."""
+    n, c, h, w = shape_of(x)
+    b = blocksize
+    perms = {"DCR": (0, 3, 5, 1, 2, 4), "CRD": (0, 1, 3, 5, 2, 4)}
+    check_choice(ctx, "mode", mode, sorted(perms))
+    y = x.reshape((n, c, h // b, b, w // b, b)).permute(perms[mode])
+    return y.reshape((n, c * b * b, h // b, w // b))
+
+
+@builtin("CenterCropPad", since=18, attrs={"axes": None})
+def center_crop_pad(ctx, x, shape, *, axes):
+    """CenterCropPad(input_data, shape) -> output_data: center crop or zero-pad to shape."""
+    target = static_ints(ctx, shape, "shape")
+    rank = len(shape_of(x))
+    ax = [normalize_axis(ctx, a, rank) for a in axes] if axes is not None else range(rank)
+    crop = [slice(None)] * rank
+    width = [(0, 0)] * rank
+    for a, t in zip(ax, target, strict=False):
+        dim = shape_of(x)[a]
+        if t < dim:
+            start = (dim - t) // 2
+            crop[a] = slice(start, start + t)
+        elif t > dim:
+            before = (t - dim) // 2
+            width[a] = (before, t - dim - before)
+    y = x[tuple(crop)]
+    return pad_tensor(y, width, "constant", 0) if any(b or e for b, e in width) else y
+
+
+# -- Resize / Upsample --------------------------------------------------------------------
+
+
+def _source_coords(mode, y, scale, in_size, out_size, roi):
+    """Output pixel indices -> input coordinates (float64), and the extrapolated mask."""
+    out_width = scale * in_size
+    outside = None
+    if mode == "align_corners":
+        x = np.zeros_like(y) if out_width == 1 else y * (in_size - 1) / (out_width - 1)
+    elif mode == "asymmetric":
+        x = y / scale
+    elif mode == "tf_crop_and_resize":
+        lo, hi = roi
+        if out_width == 1:
+            x = np.full_like(y, (hi - lo) * (in_size - 1) / 2)
+        else:
+            x = y * (hi - lo) * (in_size - 1) / (out_width - 1)
+        x = x + lo * (in_size - 1)
+        outside = (x < 0) | (x > in_size - 1)
+    elif mode == "pytorch_half_pixel":
+        x = np.full_like(y, -0.5) if out_width == 1 else (y + 0.5) / scale - 0.5
+    elif mode == "half_pixel":
+        x = (y + 0.5) / scale - 0.5
+    elif mode == "half_pixel_symmetric":
+        offset = in_size / 2 * (1 - out_size / out_width)
+        x = offset + (y + 0.5) / scale - 0.5
+    else:
+        raise ValueError(mode)
+    return x, outside
+
+
+def _nearest_index(x, mode, downsample):
+    fl = np.floor(x)
+    frac = x - fl
+    if mode == "round_prefer_floor":
+        idx = np.where(frac <= 0.5, fl, fl + 1)
+    elif mode == "round_prefer_ceil":
+        idx = np.where(frac < 0.5, fl, fl + 1)
+    elif mode == "floor":
+        idx = fl
+    elif mode == "ceil":
+        idx = np.ceil(x)
+    elif mode == "simple":
+        idx = np.ceil(x) if downsample else fl
+    else:
+        raise ValueError(mode)
+    return idx.astype(np.int64)
+
+
+def _cubic_kernel(t, a):
+    t = np.abs(t)
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+    return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+
+
+def _interp_weights(x, in_size, scale, mode, cubic_a, antialias, exclude_outside):
+    fl = np.floor(x)
+    ratio = np.where(x == fl, 1.0, x - fl)
+    if antialias and scale < 1:
+        support = 1.0 if mode == "linear" else 2.0
+        start = int(np.floor(-support / scale) + 1)
+        taps = np.arange(start, 2 - start)
+    else:
+        scale = 1.0
+        taps = np.arange(-1, 3) if mode == "cubic" else np.arange(0, 2)
+    left = np.where(x == fl, fl - 1, fl)
+    dist = (taps[None, :] - ratio[:, None]) * scale
+    coeffs = np.clip(1 - np.abs(dist), 0, 1) if mode == "linear" else _cubic_kernel(dist, cubic_a)
+    if antialias:
+        coeffs = coeffs / coeffs.sum(axis=1, keepdims=True)
+    idx = left[:, None].astype(np.int64) + taps[None, :]
+    if exclude_outside:
+        coeffs = np.where((idx < 0) | (idx >= in_size), 0.0, coeffs)
+        total = coeffs.sum(axis=1, keepdims=True)
+        coeffs = coeffs / np.where(total == 0, 1.0, total)
+    return np.clip(idx, 0, in_size - 1), coeffs
+
+
+def _resize(
+    ctx,
+    x,
+    *,
+    scales,
+    sizes,
+    roi,
+    mode,
+    coord_mode,
+    nearest_mode,
+    cubic_a,
+    antialias,
+    exclude_outside,
+    extrapolation_value,
+):
+    """Separable resize: one static gather (nearest) or weighted taps (linear/cubic) per axis."""
+    in_shape = shape_of(x)
+    rank = len(in_shape)
+    dtype = x.dtype
+    if mode != "nearest":
+        compute = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        y = x.to(compute)
+    else:
+        y = x
+    outside_any = None
+    for axis in range(rank):
+        in_size, out_size, scale = in_shape[axis], sizes[axis], scales[axis]
+        axis_roi = None if roi is None else (roi[axis], roi[axis + rank])
+        identity_roi = axis_roi is None or (
+            math.isclose(axis_roi[0], 0.0) and math.isclose(axis_roi[1], 1.0)
+        )
+        if math.isclose(scale, 1.0) and out_size == in_size and identity_roi:
+            continue
+        if coord_mode == "tf_crop_and_resize" and axis_roi is None:
+            raise ctx.error("coordinate_transformation_mode 'tf_crop_and_resize' needs roi")
+        pos = np.arange(out_size, dtype=np.float64)
+        coords, outside = _source_coords(coord_mode, pos, scale, in_size, out_size, axis_roi)
+        if mode == "nearest":
+            idx = np.clip(_nearest_index(coords, nearest_mode, scale < 1), 0, in_size - 1)
+            y = take(y, idx, axis)
+        else:
+            idx, coeffs = _interp_weights(
+                coords, in_size, scale, mode, cubic_a, antialias, exclude_outside
+            )
+            taps = take(y, idx, axis)
+            trail = len(shape_of(y)) - axis - 1
+            w = torch.as_tensor(
+                coeffs.reshape(coeffs.shape + (1,) * trail), dtype=y.dtype, device=y.device
+            )
+            y = (taps * w).sum(dim=axis + 1)
+        if outside is not None and outside.any():
+            mask = outside.reshape((1,) * axis + (-1,) + (1,) * (rank - axis - 1))
+            outside_any = mask if outside_any is None else (outside_any | mask)
+    if outside_any is not None:
+        mask = torch.as_tensor(outside_any, device=y.device)
+        y = torch.where(mask, torch.tensor(extrapolation_value, dtype=y.dtype), y)
+    if y.dtype != dtype:
+        if not dtype.is_floating_point:
+            info = torch.iinfo(dtype)
+            y = torch.clamp(torch.round(y), info.min, info.max)
+        y = y.to(dtype)
+    return y
+
+
+_RESIZE_MODES = ("nearest", "linear", "cubic")
+_COORD_MODES = (
+    "half_pixel",
+    "half_pixel_symmetric",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
+)
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+@builtin(
+    "Resize",
+    since=10,
+    attrs={
+        "antialias": 0,
+        "axes": None,
+        "coordinate_transformation_mode": "half_pixel",
+        "cubic_coeff_a": -0.75,
+        "exclude_outside": 0,
+        "extrapolation_value": 0.0,
+        "keep_aspect_ratio_policy": "stretch",
+        "mode": "nearest",
+        "nearest_mode": "round_prefer_floor",
+    },
+)
+def resize(
+    ctx,
+    x,
+    roi=None,
+    scales=None,
+    sizes=None,
+    *,
+    antialias,
+    axes,
+    coordinate_transformation_mode,
+    cubic_coeff_a,
+    exclude_outside,
+    extrapolation_value,
+    keep_aspect_ratio_policy,
+    mode,
+    nearest_mode,
+):
+    """Resize(X, roi?, scales?, sizes?) -> Y: nearest, linear or cubic resampling."""
+    legacy = ctx.opset < 11
+    if legacy:  # Resize-10 is Resize(X, scales) with asymmetric coordinates.
+        roi, scales = None, roi
+        coordinate_transformation_mode, nearest_mode = "asymmetric", "simple"
+    else:
+        check_choice(
+            ctx, "coordinate_transformation_mode", coordinate_transformation_mode, _COORD_MODES
+        )
+        check_choice(ctx, "nearest_mode", nearest_mode, _NEAREST_MODES)
+    check_choice(ctx, "mode", mode, _RESIZE_MODES)
+    check_choice(
+        ctx,
+        "keep_aspect_ratio_policy",
+        keep_aspect_ratio_policy,
+        ("stretch", "not_larger", "not_smaller"),
+    )
+    if antialias and mode == "nearest":
+        raise unsupported(ctx, "antialias is only defined for linear and cubic modes")
+    in_shape = shape_of(x)
+    rank = len(in_shape)
+    ax = [normalize_axis(ctx, a, rank) for a in axes] if axes is not None else list(range(rank))
+    roi_v = None
+    if roi is not None and np.size(to_np(roi)) > 0:
+        given = list(np.asarray(ctx.static(roi, "roi")).reshape(-1))
+        roi_v = [0.0] * rank + [1.0] * rank
+        for i, a in enumerate(ax):
+            roi_v[a] = given[i]
+            roi_v[rank + a] = given[len(ax) + i]
+    has_scales = scales is not None and np.size(to_np(scales)) > 0
+    has_sizes = sizes is not None and np.size(to_np(sizes)) > 0
+    if has_scales == has_sizes:
+        raise ctx.error("Resize needs exactly one of 'scales' and 'sizes'")
+    if has_scales:
+        given = [float(v) for v in np.asarray(ctx.static(scales, "scales")).reshape(-1)]
+        scale_v = [1.0] * rank
+        for i, a in enumerate(ax):
+            scale_v[a] = given[i]
+        size_v = [int(s * d) for s, d in zip(scale_v, in_shape, strict=True)]
+    else:
+        given_sizes = static_ints(ctx, sizes, "sizes")
+        size_v = list(in_shape)
+        for i, a in enumerate(ax):
+            size_v[a] = given_sizes[i]
+        scale_v = [s / d for s, d in zip(size_v, in_shape, strict=True)]
+        if keep_aspect_ratio_policy != "stretch":
+            pick = min if keep_aspect_ratio_policy == "not_larger" else max
+            common = pick(scale_v[a] for a in ax)
+            scale_v = [common if i in ax else 1.0 for i in range(rank)]
+            size_v = [
+                int(common * in_shape[i] + 0.5) if i in ax else in_shape[i] for i in range(rank)
+            ]
+    return _resize(
+        ctx,
+        x,
+        scales=scale_v,
+        sizes=size_v,
+        roi=roi_v,
+        mode=mode,
+        coord_mode=coordinate_transformation_mode,
+        nearest_mode=nearest_mode,
+        cubic_a=cubic_coeff_a,
+        antialias=bool(antialias),
+        exclude_outside=bool(exclude_outside),
+        extrapolation_value=extrapolation_value,
+    )
+
+
+@builtin(
+    "Upsample",
+    since=1,
+    attrs={"mode": "nearest", "scales": None, "height_scale": None, "width_scale": None},
+)
+def upsample(ctx, x, scales_in=None, *, mode, scales, height_scale, width_scale):
+    """Upsample(X, scales) -> Y: nearest or (bi)linear upsampling, asymmetric coordinates."""
+    check_choice(ctx, "mode", mode, ("nearest", "linear", "bilinear"))
+    src = scales_in if scales_in is not None else scales
+    if src is None and height_scale is not None and width_scale is not None:
+        src = (1.0, 1.0, height_scale, width_scale)  # Upsample-1: NCHW only.
+    if src is None:
+        raise ctx.error("Upsample needs scales")
+    scale_v = [float(v) for v in np.asarray(ctx.static(src, "scales")).reshape(-1)]
+    size_v = [int(s * d) for s, d in zip(scale_v, shape_of(x), strict=True)]
+    return _resize(
+        ctx,
+        x,
+        scales=scale_v,
+        sizes=size_v,
+        roi=None,
+        mode="nearest" if mode == "nearest" else "linear",
+        coord_mode="asymmetric",
+        nearest_mode="simple",
+        cubic_a=-0.75,
+        antialias=False,
+        exclude_outside=False,
+        extrapolation_value=0.0,
+    )
