@@ -49,8 +49,9 @@ def _scatter(xp: Any, x: Any, index: tuple, updates: Any, reduction: str) -> Any
             ]
             ufunc.at(out, index, updates)
         return out
-    ref = jnp.asarray(x).at[index]
-    updates = jnp.asarray(updates, dtype=x.dtype)
+    data = jnp.asarray(x)
+    ref = data.at[index]
+    updates = jnp.asarray(updates, dtype=data.dtype)
     if reduction == "none":
         return ref.set(updates)
     return {"add": ref.add, "mul": ref.multiply, "max": ref.max, "min": ref.min}[reduction](updates)
