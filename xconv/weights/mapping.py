@@ -88,11 +88,13 @@ class WeightMap:
             variable, the one read back by :func:`flax_to_torch`).
         copies: Further variables holding a source weight: a weight tied to two layers (an
             embedding reused as the LM head) can become two Flax variables.
-        side: Source weights Flax has no variable for (``num_batches_tracked``), with the
-            template's values.
+        side: Source weights Flax has no variable for (``num_batches_tracked``, and weights
+            the graph never reads), with the template's values.
         template: Flax leaves that come from no source weight (buffers stored as
             ``constants``), with the template's values, by Flax name.
-        unmapped: Source weights found in no Flax variable, with the reason.
+        unmapped: Initializers found in no Flax variable, with the reason. Those that are
+            checkpoint entries (``state_keys``, or with an ``xconv.role``) are also in ``side``;
+            the rest (a non-persistent buffer folded into the code) are not expected.
         api: ``"linen"`` or ``"nnx"``.
     """
 
@@ -224,6 +226,8 @@ def build_weight_map(
             found = [entry] if entry is not None else []
         if not found:
             unmapped[name] = "not found in the Flax variables (unused by the graph or folded)"
+            if state_keys is not None or ROLE in value.metadata_props:
+                side[name] = np.array(arr)  # a checkpoint entry with no Flax home: kept aside
             continue
         claimed.update(e.path for e in found)
         entries[name] = found[0]
