@@ -289,3 +289,24 @@ def test_tied_weights(tmp_path):
     got = io.read_checkpoint(tmp_path / "b.pt")
     assert list(got) == list(state)
     assert all(np.array_equal(got[k], state[k]) for k in state)
+
+
+def test_bfloat16_checkpoint_kept_bit_exact(tmp_path, mlp_template):
+    """Dtypes are kept as stored: a bf16 checkpoint gives bf16 variables, and back."""
+    import ml_dtypes
+
+    state = {k: v.astype(ml_dtypes.bfloat16) for k, v in _state().items()}
+    io.write_checkpoint(state, tmp_path / "bf16.safetensors")
+    report = convert_weights(
+        tmp_path / "bf16.safetensors", mlp_template, out=tmp_path / "v.msgpack"
+    )
+    assert report.ok
+    flax = io.read_checkpoint(tmp_path / "v.msgpack")
+    assert flax["params/fc1/kernel"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(flax["params/fc1/kernel"], state["fc1.weight"].T)
+    convert_weights(
+        tmp_path / "v.msgpack", mlp_template, direction="flax-to-torch", out=tmp_path / "b.pt"
+    )
+    back = io.read_checkpoint(tmp_path / "b.pt")
+    for k, a in state.items():
+        assert back[k].dtype == a.dtype and back[k].tobytes() == a.tobytes(), k

@@ -13,6 +13,9 @@ unexpected entries are skipped and missing ones keep the template's values).
 torch-only state (BatchNorm ``num_batches_tracked``) has no Flax variable: torch -> Flax writes
 it beside the output as ``<out>.torch_state.npz``; Flax -> torch reads that file when it sits
 beside the variables, and otherwise keeps the template's value (``0``).
+
+Dtypes are kept as stored in both directions (a bfloat16 checkpoint gives bfloat16 variables
+and back): the converter changes names and layouts, never values.
 """
 
 from __future__ import annotations
@@ -293,9 +296,7 @@ def _flax_to_torch(path, template, report, out, fmt, strict, trust_pickle, max_s
                 entry = wmap.by_flax.get(name)
                 if entry is None or name in bad or entry is not wmap.entries[entry.source]:
                     continue  # unknown, mis-shaped, or a tied weight's second copy
-                arr = entry.to_source(arr)
-                if arr.dtype.name != entry.dtype:
-                    arr = arr.astype(entry.dtype)
+                arr = entry.to_source(arr)  # dtype kept as stored: never silently cast
                 state[entry.source] = arr
                 for alias in by_alias.get(entry.source, ()):
                     state[alias] = arr

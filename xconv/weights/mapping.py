@@ -372,10 +372,8 @@ def flax_to_torch(
     out: dict[str, np.ndarray] = {}
     for name, entry in wmap.entries.items():
         if entry.flax_name in flat and entry.flax_name not in bad:
-            arr = entry.to_source(flat[entry.flax_name])
-            if arr.dtype.name != entry.dtype:
-                arr = arr.astype(entry.dtype)
-            out[name] = arr
+            # The stored dtype is kept (a bf16 checkpoint stays bf16), never silently cast.
+            out[name] = entry.to_source(flat[entry.flax_name])
     side = dict(wmap.side)
     if side_state:
         side.update({k: to_numpy(v) for k, v in side_state.items() if k in side})
