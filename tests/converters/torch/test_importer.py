@@ -239,6 +239,18 @@ def test_scope_module_and_source_line():
     assert classes["layer1.0"] == "fixtures.torch_models.BasicBlock"
 
 
+@pytest.mark.parametrize("name", ["transformer", "mha_weights", "seq_model"])
+def test_constants_are_not_shared_across_scopes(name):
+    """A layer body never defines a constant another layer reads (bodies are replaceable)."""
+    _, _, model = converted(name)
+    for node in model.graph:
+        if node.op_type != "Constant":
+            continue
+        scope = node.metadata_props.get(SCOPE)
+        for use in node.outputs[0].uses():
+            assert use.node.metadata_props.get(SCOPE) == scope, node.name
+
+
 def test_attention_and_gelu_stay_whole():
     _, _, model = converted("transformer")
     attention = [n for n in model.graph if n.op_type == "Attention"]

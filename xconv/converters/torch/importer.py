@@ -135,6 +135,7 @@ def annotate(
     model.metadata_props[MODULES] = json.dumps(classes, sort_keys=True)
     model.metadata_props["xconv.source"] = "torch"
     layers.drop_zero_conv_bias(graph, modules, classes, state)
+    _localize_constants(graph)
     RemoveUnusedNodesPass()(model)
     _add_missing_state(graph, state)
     for value in graph.initializers.values():
@@ -297,6 +298,57 @@ def _annotate_nodes(graph: ir.Graph) -> dict[str, str]:
         if line:
             props[SOURCE_LINE] = line
     return dict(sorted(classes.items()))
+
+
+def _localize_constants(graph: ir.Graph) -> int:
+    """Give each scope its own copy of the ``Constant`` nodes it reads from another scope.
+
+    The exporter shares one ``Constant`` (an axis, a shape piece) between module calls. A layer
+    body must only read values that are true inputs of the layer, so an emitter can replace the
+    body without starving another layer of a constant it defined.
+    """
+    names = {v.name for v in graph.inputs} | set(graph.initializers)
+    for node in graph:
+        names.update(o.name for o in node.outputs if o.name)
+    copies = 0
+    for node in list(graph):
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or node.inputs:
+            continue
+        (value,) = node.outputs
+        own = node.metadata_props.get(SCOPE) or None
+        foreign: dict[str | None, list[tuple[ir.Node, int]]] = {}
+        for use in value.uses():
+            scope = use.node.metadata_props.get(SCOPE) or None
+            if scope != own:
+                foreign.setdefault(scope, []).append((use.node, use.idx))
+        for scope, uses in sorted(foreign.items(), key=lambda item: item[0] or ""):
+            name = f"{value.name}_{_scope_suffix(scope)}"
+            while name in names:
+                name += "_"
+            names.add(name)
+            clone = ir.Node(
+                "",
+                "Constant",
+                [],
+                attributes=[ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()],
+                outputs=[ir.Value(name=name, type=value.type, shape=value.shape)],
+                name=f"{node.name}_{_scope_suffix(scope)}" if node.name else None,
+            )
+            first = uses[0][0]
+            if scope:
+                clone.metadata_props[SCOPE] = scope
+            for key in (MODULE, SOURCE_LINE):
+                if key in first.metadata_props:
+                    clone.metadata_props[key] = first.metadata_props[key]
+            graph.insert_after(node, clone)
+            for consumer, index in uses:
+                consumer.replace_input_with(index, clone.outputs[0])
+            copies += 1
+    return copies
+
+
+def _scope_suffix(scope: str | None) -> str:
+    return re.sub(r"\W", "_", scope) if scope else "root"
 
 
 def _drop_torch_metadata(props: dict[str, str]) -> None:
