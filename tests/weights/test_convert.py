@@ -282,6 +282,16 @@ def test_tied_weights(tmp_path):
         np.asarray(flax_model.apply(variables, ids.numpy())), ref, rtol=1e-4, atol=1e-4
     )
 
+    # a checkpoint that keeps only one of the tied keys (as HF checkpoints do) converts too
+    one = {k: v for k, v in state.items() if k != "head.weight"}
+    io.write_checkpoint(one, tmp_path / "one.safetensors")
+    report = convert_weights(tmp_path / "one.safetensors", template, out=tmp_path / "one.msgpack")
+    assert report.ok, str(report)
+    flat = io.read_checkpoint(tmp_path / "one.msgpack")
+    assert all(
+        np.array_equal(flat[k], a) for k, a in io.read_checkpoint(tmp_path / "t.msgpack").items()
+    )
+
     back = convert_weights(
         tmp_path / "t.msgpack", template, direction="flax-to-torch", out=tmp_path / "b.pt"
     )

@@ -216,7 +216,9 @@ def _prescan(path: Path, report, trust_pickle) -> tuple[dict, Iterator[dict]]:
 def _torch_to_flax(path, template, report, out, fmt, strict, trust_pickle, max_shard_bytes):
     wmap, aliases = template.wmap, template.aliases
     shapes, shards = _prescan(path, report, trust_pickle)
-    shapes = {k: v for k, v in shapes.items() if k not in aliases}  # tied copies: one is enough
+    # Tied keys: one copy is enough, under either name (HF checkpoints often drop one).
+    rename = {a: k for a, k in aliases.items() if a in shapes and k not in shapes}
+    shapes = {rename.get(k, k): v for k, v in shapes.items() if k not in aliases or k in rename}
     _check(report, check_keys(shapes, wmap.source_shapes), strict)
     if out is None:
         return
@@ -231,7 +233,8 @@ def _torch_to_flax(path, template, report, out, fmt, strict, trust_pickle, max_s
             flax: dict[str, np.ndarray] = {}
             while shard:
                 name, arr = shard.popitem()
-                if name in bad:
+                name = rename.get(name, name)
+                if name in bad or name in aliases:
                     continue
                 if name in wmap.side:
                     side[name] = arr
@@ -241,7 +244,7 @@ def _torch_to_flax(path, template, report, out, fmt, strict, trust_pickle, max_s
                     seen.add(name)
                     report.converted += 1
             yield flax
-        rest = {k: v for k, v in wmap.template.items()}
+        rest = dict(wmap.template)
         rest.update(
             {
                 e.flax_name: wmap.defaults[e.flax_name]
