@@ -1,0 +1,282 @@
+"""PyTorch handlers for indexing ops: Slice, Gather*, Scatter*, OneHot, NonZero, Unique, ...
+
+Run-time indices stay tensors (negative ones wrap with ``torch.where``); slice bounds are
+read with ``ctx.static`` and clamped with Python's ``slice.indices``. Scatters with a
+reduction go through ``index_add_`` / ``index_reduce_`` over the flattened addressed rows,
+so duplicates accumulate as ONNX specifies. Data-dependent shapes (NonZero, Unique,
+Compress) need concrete inputs, as they do in eager torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from xconv.converters.torch.backend.registry import builtin
+from xconv.converters.torch.backend.shape import (
+    back,
+    check_choice,
+    needs_numpy,
+    normalize_axis,
+    static_ints,
+    take,
+    to_np,
+)
+
+_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _wrap(idx: torch.Tensor, dim: int) -> torch.Tensor:
+    """ONNX index semantics: negative indices count from the end of the axis."""
+    idx = idx.to(torch.int64)
+    return torch.where(idx < 0, idx + dim, idx)
+
+
+def _grid(shape: tuple[int, ...], axis: int, device) -> torch.Tensor:
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+    return torch.arange(shape[axis], device=device).reshape(view)
+
+
+def _scatter_rows(x: Any, rows: torch.Tensor, updates: Any, k_shape, reduction: str) -> Any:
+    """Scatter ``updates`` (n, *rest) into the rows of x viewed as (prod(k_shape), *rest)."""
+    rest = tuple(x.shape[len(k_shape) :])
+    n = rows.numel()
+    if needs_numpy(x, updates):
+        out = np.array(to_np(x), copy=True)
+        flat = out.reshape((math.prod(k_shape), *rest))
+        upd = np.asarray(to_np(updates), dtype=out.dtype).reshape((n, *rest))
+        r = to_np(rows).reshape(-1)
+        if reduction == "none":
+            flat[r] = upd
+        else:
+            ufunc = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+            ufunc[reduction].at(flat, r, upd)
+        return back(out, x if isinstance(x, torch.Tensor) else None)
+    out = x.clone().reshape((math.prod(k_shape), *rest))
+    upd = updates.to(x.dtype).reshape((n, *rest))
+    r = rows.reshape(-1)
+    if reduction == "none":
+        out = out.index_put((r,), upd)
+    elif reduction == "add":
+        out = out.index_add(0, r, upd) if x.dtype != torch.bool else out.index_put((r,), upd, True)
+    elif x.dtype == torch.bool:
+        op = {"mul": torch.logical_and, "max": torch.logical_or, "min": torch.logical_and}
+        for i in range(n):
+            out[r[i]] = op[reduction](out[r[i]], upd[i])
+    else:
+        mode = {"mul": "prod", "max": "amax", "min": "amin"}[reduction]
+        out = out.index_reduce(0, r, upd, mode, include_self=True)
+    return out.reshape(x.shape)
+
+
+def _linear(comps: list[torch.Tensor], dims) -> torch.Tensor:
+    lin = torch.zeros_like(comps[0])
+    for c, d in zip(comps, dims, strict=True):
+        lin = lin * d + c
+    return lin
+
+
+# -- slicing and gathering ------------------------------------------------------------------
+
+
+@builtin("Slice", since=1, attrs={"starts": None, "ends": None, "axes": None})
+def slice_(
+    ctx, x, starts_in=None, ends_in=None, axes_in=None, steps_in=None, *, starts, ends, axes
+):
+    """Slice(data, starts, ends, axes?, steps?) -> output: strided slices along axes."""
+    src_starts = starts_in if starts_in is not None else starts
+    src_ends = ends_in if ends_in is not None else ends
+    src_axes = axes_in if axes_in is not None else axes
+    begin = static_ints(ctx, src_starts, "starts")
+    end = static_ints(ctx, src_ends, "ends")
+    rank = len(x.shape)
+    ax = static_ints(ctx, src_axes, "axes") if src_axes is not None else list(range(len(begin)))
+    steps = static_ints(ctx, steps_in, "steps") if steps_in is not None else [1] * len(begin)
+    if not len(begin) == len(end) == len(ax) == len(steps):
+        raise ctx.error("starts, ends, axes and steps must have the same length")
+    y = x
+    for b, e, a, s in zip(begin, end, ax, steps, strict=True):
+        if s == 0:
+            raise ctx.error("slice step cannot be 0")
+        a = normalize_axis(ctx, a, rank)
+        start, stop, step = slice(b, e, s).indices(x.shape[a])
+        if step > 0:
+            index = [slice(None)] * rank
+            index[a] = slice(start, stop, step)
+            y = y[tuple(index)]
+        else:
+            y = take(y, np.arange(start, stop, step, dtype=np.int64), a)
+    return y
+
+
+@builtin("Gather", since=1, attrs={"axis": 0})
+def gather(ctx, x, indices, *, axis):
+    """Gather(data, indices) -> output: entries of `axis` picked by indices (may be < 0)."""
+    axis = normalize_axis(ctx, axis, len(x.shape))
+    if needs_numpy(x):
+        idx = to_np(indices).astype(np.int64)
+        idx = np.where(idx < 0, idx + x.shape[axis], idx)
+        return take(x, idx, axis)
+    idx = _wrap(indices, x.shape[axis])
+    y = torch.index_select(x, axis, idx.reshape(-1))
+    return y.reshape((*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]))
+
+
+def _elements_index(x, indices, axis):
+    shape = tuple(indices.shape)
+    dev = indices.device
+    return tuple(
+        _wrap(indices, x.shape[axis]) if d == axis else _grid(shape, d, dev)
+        for d in range(len(x.shape))
+    )
+
+
+@builtin("GatherElements", since=11, attrs={"axis": 0})
+def gather_elements(ctx, x, indices, *, axis):
+    """GatherElements(data, indices) -> output: out[..i..] = data[..indices[..i..]..]."""
+    axis = normalize_axis(ctx, axis, len(x.shape))
+    if needs_numpy(x):
+        idx = to_np(indices).astype(np.int64)
+        idx = np.where(idx < 0, idx + x.shape[axis], idx)
+        return back(np.take_along_axis(to_np(x), idx, axis=axis), x)
+    return torch.gather(x, axis, _wrap(indices, x.shape[axis]))
+
+
+@builtin("GatherND", since=11, attrs={"batch_dims": 0})
+def gather_nd(ctx, x, indices, *, batch_dims):
+    """GatherND(data, indices) -> output: slices of data addressed by index tuples."""
+    d_shape, i_shape = tuple(x.shape), tuple(indices.shape)
+    b = batch_dims
+    k = i_shape[-1]
+    if d_shape[:b] != i_shape[:b] or b + k > len(d_shape):
+        raise ctx.error(f"indices {i_shape} do not fit data {d_shape} with batch_dims={b}")
+    nb = math.prod(d_shape[:b])
+    inner = i_shape[b:-1]
+    data = x.reshape((nb, *d_shape[b:]))
+    idx = indices.reshape((nb, *inner, k))
+    comps = tuple(_wrap(idx[..., j], d_shape[b + j]) for j in range(k))
+    batch = torch.arange(nb, device=idx.device).reshape((nb,) + (1,) * len(inner))
+    out = data[(batch, *comps)]
+    return out.reshape(d_shape[:b] + inner + d_shape[b + k :])
+
+
+# -- scattering ----------------------------------------------------------------------------
+
+
+def _scatter_elements(ctx, x, indices, updates, axis, reduction):
+    check_choice(ctx, "reduction", reduction, _REDUCTIONS)
+    axis = normalize_axis(ctx, axis, len(x.shape))
+    indices = torch.as_tensor(to_np(indices)) if not isinstance(indices, torch.Tensor) else indices
+    index = _elements_index(x, indices, axis)
+    index = torch.broadcast_tensors(*index)
+    rows = _linear(list(index), tuple(x.shape))
+    return _scatter_rows(x, rows, updates, tuple(x.shape), reduction)
+
+
+@builtin("ScatterElements", since=11, attrs={"axis": 0, "reduction": "none"})
+def scatter_elements(ctx, x, indices, updates, *, axis, reduction):
+    """ScatterElements(data, indices, updates) -> output: element-wise scatter (+ reduction)."""
+    return _scatter_elements(ctx, x, indices, updates, axis, reduction)
+
+
+@builtin("Scatter", since=9, attrs={"axis": 0})
+def scatter(ctx, x, indices, updates, *, axis):
+    """Scatter(data, indices, updates) -> output: deprecated alias of ScatterElements."""
+    return _scatter_elements(ctx, x, indices, updates, axis, "none")
+
+
+@builtin("ScatterND", since=11, attrs={"reduction": "none"})
+def scatter_nd(ctx, x, indices, updates, *, reduction):
+    """ScatterND(data, indices, updates) -> output: writes slices addressed by index tuples."""
+    check_choice(ctx, "reduction", reduction, _REDUCTIONS)
+    k = indices.shape[-1]
+    d_shape = tuple(x.shape)
+    comps = [_wrap(indices[..., j], d_shape[j]) for j in range(k)]
+    rows = _linear(comps, d_shape[:k])
+    return _scatter_rows(x, rows, updates, d_shape[:k], reduction)
+
+
+# -- construction from indices --------------------------------------------------------------
+
+
+@builtin("OneHot", since=9, attrs={"axis": -1})
+def one_hot(ctx, indices, depth, values, *, axis):
+    """OneHot(indices, depth, values) -> output: values[1] where index matches, else values[0]."""
+    n = int(np.asarray(ctx.static(depth, "depth")).reshape(-1)[0])
+    rank = len(indices.shape) + 1
+    axis = normalize_axis(ctx, axis, rank)
+    idx = indices.to(torch.int64)
+    idx = torch.where(idx < 0, idx + n, idx)
+    view = [1] * rank
+    view[axis] = n
+    hot = idx.unsqueeze(axis) == torch.arange(n, device=idx.device).reshape(view)
+    return torch.where(hot, values[1], values[0]).to(values.dtype)
+
+
+@builtin("Compress", since=9, attrs={"axis": None})
+def compress(ctx, x, condition, *, axis):
+    """Compress(input, condition) -> output: the slices along axis where condition is true."""
+    keep = np.nonzero(np.asarray(ctx.static(condition, "condition")).reshape(-1))[0]
+    if axis is None:
+        return take(x.reshape(-1), keep, 0)
+    axis = normalize_axis(ctx, axis, len(x.shape))
+    if keep.size and keep[-1] >= x.shape[axis]:
+        raise ctx.error("condition selects past the end of the axis")
+    return take(x, keep, axis)
+
+
+@builtin("NonZero", since=9)
+def non_zero(ctx, x):
+    """NonZero(X) -> Y: int64 indices (rank, count) of the non-zero elements."""
+    if needs_numpy(x):
+        value = to_np(x)
+        return back(np.array(np.nonzero(value), dtype=np.int64).reshape(value.ndim, -1), x)
+    if x.ndim == 0:
+        return torch.zeros((0, int(bool(x))), dtype=torch.int64, device=x.device)
+    return torch.nonzero(x).T.contiguous()
+
+
+@builtin("Unique", since=11, attrs={"axis": None, "sorted": 1})
+def unique(ctx, x, *, axis, sorted):  # noqa: A002 - the ONNX attribute name
+    """Unique(X) -> (Y, indices, inverse_indices, counts): unique values or slices."""
+    low = isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16)
+    value = ctx.static(x.float() if low else x, "Unique input (its output depends on the data)")
+    kwargs = {} if axis is None else {"axis": normalize_axis(ctx, axis, value.ndim)}
+    y, first, inverse, counts = np.unique(
+        value, return_index=True, return_inverse=True, return_counts=True, **kwargs
+    )
+    inverse = inverse.reshape(-1)
+    if not sorted:
+        order = np.argsort(first, kind="stable")
+        rank_of = np.empty_like(order)
+        rank_of[order] = np.arange(order.size)
+        first, counts, inverse = first[order], counts[order], rank_of[inverse]
+        y = np.take(value, first, axis=kwargs.get("axis"))
+    y_out = back(y, x).to(x.dtype) if low else back(y, x)
+    outs = [y_out] + [back(np.asarray(v, np.int64), x) for v in (first, inverse, counts)]
+    return tuple(outs[: len(ctx.node.outputs)])
+
+
+@builtin("ReverseSequence", since=10, attrs={"batch_axis": 1, "time_axis": 0})
+def reverse_sequence(ctx, x, sequence_lens, *, batch_axis, time_axis):
+    """ReverseSequence(input, sequence_lens) -> Y: reverses the first lens[b] steps of batch b."""
+    rank = len(x.shape)
+    batch_axis = normalize_axis(ctx, batch_axis, rank)
+    time_axis = normalize_axis(ctx, time_axis, rank)
+    n_time = x.shape[time_axis]
+    t = torch.arange(n_time, device=sequence_lens.device)[None, :]
+    lens = sequence_lens.to(torch.int64).reshape(-1, 1)
+    src = torch.where(t < lens, lens - 1 - t, t)  # (batch, time)
+    if batch_axis > time_axis:
+        src = src.T
+    view = [1] * rank
+    view[batch_axis] = x.shape[batch_axis]
+    view[time_axis] = n_time
+    src = src.reshape(view).expand(x.shape)
+    if needs_numpy(x):
+        return back(np.take_along_axis(to_np(x), to_np(src), axis=time_axis), x)
+    return torch.gather(x, time_axis, src)
