@@ -1,0 +1,351 @@
+"""Keras layer recognition: ``xconv.layer`` marks and weight roles for tf2onnx output.
+
+Works on the IR after import: every node carries ``xconv.scope`` (the Keras layer path) and
+weights are initializers named by their Keras variable paths. Keras objects are only read
+(class name, config, variable shapes); tensorflow is never imported here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from xconv.ir.layers import mark_layer, mark_weight
+from xconv.ir.metadata import MODULE, SCOPE
+
+logger = logging.getLogger(__name__)
+
+_CONV = {"Conv1D": 1, "Conv2D": 2, "Conv3D": 3}
+_SPATIAL = {1: "W", 2: "HW", 3: "DHW"}
+_POOL = {
+    "MaxPooling1D": ("max_pool", 1),
+    "MaxPooling2D": ("max_pool", 2),
+    "MaxPooling3D": ("max_pool", 3),
+    "AveragePooling1D": ("avg_pool", 1),
+    "AveragePooling2D": ("avg_pool", 2),
+    "AveragePooling3D": ("avg_pool", 3),
+}
+
+#: Keras weight leaf name -> (role, layout) per layer class; conv layouts get their rank.
+_MHA_ROLES = {
+    "query/kernel": ("q_kernel", "IHD"),
+    "key/kernel": ("k_kernel", "IHD"),
+    "value/kernel": ("v_kernel", "IHD"),
+    "query/bias": ("q_bias", "HD"),
+    "key/bias": ("k_bias", "HD"),
+    "value/bias": ("v_bias", "HD"),
+    "attention_output/kernel": ("out_proj_kernel", "HDO"),
+    "attention_output/bias": ("out_proj_bias", "O"),
+}
+
+
+def class_name(layer: Any) -> str:
+    return type(layer).__name__
+
+
+def weight_spec(cls: str, leaf: str, rank: int) -> tuple[str, str | None]:
+    """``(role, layout)`` of the Keras variable ``leaf`` (path inside its layer) of ``cls``."""
+    if cls == "Dense" or cls == "EinsumDense":
+        return {"kernel": ("kernel", "IO"), "bias": ("bias", "O")}.get(leaf, (leaf, None))
+    if cls in _CONV:
+        layout = _SPATIAL.get(rank - 2, "") + "IO"
+        return {"kernel": ("kernel", layout), "bias": ("bias", "O")}.get(leaf, (leaf, None))
+    if cls in ("DepthwiseConv2D", "DepthwiseConv1D"):
+        # (H, W, in, multiplier): channel c*M + m of the output reads input channel c.
+        return {
+            "kernel": ("kernel", _SPATIAL.get(rank - 2, "") + "IM"),
+            "bias": ("bias", "O"),
+        }.get(leaf, (leaf, None))
+    if cls in ("SeparableConv1D", "SeparableConv2D"):
+        spatial = _SPATIAL.get(rank - 2, "")
+        return {
+            "depthwise_kernel": ("kernel", spatial + "IM"),
+            "pointwise_kernel": ("kernel", spatial + "IO"),
+            "bias": ("bias", "O"),
+        }.get(leaf, (leaf, None))
+    if cls == "BatchNormalization":
+        return {
+            "gamma": ("scale", "C"),
+            "beta": ("bias", "C"),
+            "moving_mean": ("mean", "C"),
+            "moving_variance": ("var", "C"),
+        }.get(leaf, (leaf, None))
+    if cls in ("LayerNormalization", "GroupNormalization", "RMSNormalization"):
+        return {"gamma": ("scale", "C"), "beta": ("bias", "C")}.get(leaf, (leaf, None))
+    if cls == "Embedding":
+        return {"embeddings": ("embedding", "VD")}.get(leaf, (leaf, None))
+    if cls == "MultiHeadAttention":
+        return _MHA_ROLES.get(leaf, (leaf.replace("/", "_"), None))
+    return leaf.replace("/", "_"), None
+
+
+def sub_scope(cls: str, leaf: str) -> str | None:
+    """The sub-scope a weight's nodes get (a SeparableConv is two conv layers)."""
+    if cls in ("SeparableConv1D", "SeparableConv2D"):
+        return "depthwise" if leaf == "depthwise_kernel" else "pointwise"
+    return None
+
+
+def annotate_weights(graph: ir.Graph, owners: Mapping[str, tuple[str, Any, str]]) -> None:
+    """Give every Keras weight ``xconv.role`` / ``xconv.layout``.
+
+    Args:
+        graph: The IR graph (weights are initializers named by Keras variable path).
+        owners: ``{variable path: (layer scope, layer, leaf)}``.
+    """
+    for name, value in graph.initializers.items():
+        if name not in owners:
+            continue
+        _scope, layer, leaf = owners[name]
+        rank = len(value.shape) if value.shape is not None else 0
+        role, layout = weight_spec(class_name(layer), leaf, rank)
+        mark_weight(value, role, layout)
+
+
+def _producers_chain(value: ir.Value | None, limit: int = 4) -> set[str]:
+    """Names of the initializers reached from ``value`` through up to ``limit`` unary nodes."""
+    names: set[str] = set()
+    frontier = [value]
+    for _ in range(limit + 1):
+        nxt = []
+        for v in frontier:
+            if v is None:
+                continue
+            if v.is_initializer() and v.name:
+                names.add(v.name)
+                continue
+            node = v.producer()
+            if node is not None and node.op_type in ("Transpose", "Reshape", "Squeeze", "Cast"):
+                nxt.append(node.inputs[0])
+        frontier = nxt
+    return names
+
+
+def _find(body: list[ir.Node], op: str, weight: str | None) -> ir.Node | None:
+    for node in body:
+        if node.op_type != op:
+            continue
+        if weight is None:
+            return node
+        for x in node.inputs:
+            if weight in _producers_chain(x):
+                return node
+    return None
+
+
+def _ints(node: ir.Node, name: str, default: Any = None) -> Any:
+    attr = node.attributes.get(name)
+    return list(attr.value) if attr is not None else default
+
+
+def _pads(node: ir.Node, ndim: int) -> list[list[int]] | str:
+    auto = node.attributes.get("auto_pad")
+    if auto is not None and auto.value not in ("NOTSET", b"NOTSET"):
+        value = auto.value.decode() if isinstance(auto.value, bytes) else auto.value
+        return "same" if value.startswith("SAME") else [[0, 0]] * ndim
+    pads = _ints(node, "pads", [0] * (2 * ndim))
+    return [[int(pads[i]), int(pads[i + ndim])] for i in range(ndim)]
+
+
+def _conv_params(node: ir.Node, layer: Any, in_ch: int, out_ch: int, groups: int, bias: bool):
+    kernel = _ints(node, "kernel_shape")
+    ndim = len(kernel)
+    padding = _pads(node, ndim)
+    if padding == "same":
+        padding = [[0, 0]] * ndim
+        logger.debug("%s: auto_pad SAME recorded as zero pads", layer.name)
+    return {
+        "ndim": ndim,
+        "in_channels": in_ch,
+        "out_channels": out_ch,
+        "kernel_size": kernel,
+        "strides": _ints(node, "strides", [1] * ndim),
+        "padding": padding,
+        "dilations": _ints(node, "dilations", [1] * ndim),
+        "groups": groups,
+        "use_bias": bias,
+    }
+
+
+def annotate_layers(
+    graph: ir.Graph, layers: Mapping[str, Any], weights: Mapping[str, Mapping[str, str]]
+) -> dict[str, int]:
+    """Mark the anchor node of each recognised Keras layer with ``xconv.layer``.
+
+    Args:
+        graph: The IR graph, nodes scoped by Keras layer path.
+        layers: ``{scope: keras layer}`` for every scope in the graph.
+        weights: ``{scope: {leaf: variable path}}`` of each layer's weights (leaf: the path
+            inside the layer, ``kernel``, ``query/kernel``).
+
+    Returns:
+        ``{kind: count}`` of the layers marked.
+    """
+    bodies: dict[str, list[ir.Node]] = {}
+    for node in graph.all_nodes():
+        scope = node.metadata_props.get(SCOPE)
+        if scope:
+            bodies.setdefault(scope, []).append(node)
+    counts: dict[str, int] = {}
+    for scope, layer in layers.items():
+        cls = class_name(layer)
+        cfg = layer.get_config()
+        leaf = dict(weights.get(scope, {}))
+        for node in bodies.get(scope, []):
+            node.metadata_props.setdefault(MODULE, f"keras.layers.{cls}")
+        try:
+            kind = _mark(graph, bodies, scope, layer, cls, cfg, leaf)
+        except Exception as e:  # recognition is best effort: the graph stays correct
+            logger.debug("%s (%s) not recognised: %s", scope, cls, e)
+            kind = None
+        if kind:
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def _mark(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+    body = bodies.get(scope, [])
+    if cls == "Dense":
+        kernel = graph.initializers[leaf["kernel"]]
+        anchor = _find(body, "MatMul", leaf["kernel"]) or _find(body, "Gemm", leaf["kernel"])
+        if anchor is None:
+            return None
+        mark_layer(
+            anchor,
+            "dense",
+            in_features=int(kernel.shape[0]),
+            out_features=int(cfg["units"]),
+            use_bias=bool(cfg["use_bias"]),
+        )
+        return "dense"
+    if cls in _CONV:
+        kernel = graph.initializers[leaf["kernel"]]
+        anchor = _find(body, "Conv", leaf["kernel"])
+        if anchor is None:
+            return None
+        groups = int(cfg.get("groups", 1))
+        shape = list(kernel.shape)
+        params = _conv_params(
+            anchor, layer, shape[-2] * groups, int(cfg["filters"]), groups, cfg["use_bias"]
+        )
+        mark_layer(anchor, "conv", **params)
+        return "conv"
+    if cls == "DepthwiseConv2D":
+        kernel = graph.initializers[leaf["kernel"]]
+        anchor = _find(body, "Conv", leaf["kernel"])
+        if anchor is None:
+            return None
+        c, mult = int(kernel.shape[-2]), int(kernel.shape[-1])
+        params = _conv_params(anchor, layer, c, c * mult, c, cfg["use_bias"])
+        mark_layer(anchor, "conv", **params)
+        return "conv"
+    if cls == "SeparableConv2D":
+        dw = graph.initializers[leaf["depthwise_kernel"]]
+        pw = graph.initializers[leaf["pointwise_kernel"]]
+        marked = None
+        for sub, w, bias in (("depthwise", dw, False), ("pointwise", pw, cfg["use_bias"])):
+            sub_body = bodies.get(f"{scope}/{sub}", [])
+            anchor = _find(sub_body, "Conv", w.name)
+            if anchor is None:
+                continue
+            c = int(w.shape[-2])
+            out = c * int(w.shape[-1]) if sub == "depthwise" else int(w.shape[-1])
+            groups = c if sub == "depthwise" else 1
+            mark_layer(anchor, "conv", **_conv_params(anchor, layer, c, out, groups, bias))
+            marked = "conv"
+        return marked
+    if cls == "BatchNormalization":
+        anchor = _find(body, "BatchNormalization", None)
+        if anchor is None:
+            return None
+        mark_layer(
+            anchor,
+            "batch_norm",
+            num_features=int(_num_features(graph, leaf, ("moving_mean", "gamma"))),
+            epsilon=float(cfg["epsilon"]),
+            # Keras's momentum weighs the old statistic; the schema's the new one (torch).
+            momentum=float(np.float32(1.0 - float(cfg["momentum"]))),
+            affine=bool(cfg["scale"] and cfg["center"]),
+            track_running_stats=True,
+        )
+        return "batch_norm"
+    if cls == "LayerNormalization":
+        anchor = _find(body, "LayerNormalization", None)
+        if anchor is None:
+            return None
+        n = _num_features(graph, leaf, ("gamma", "beta"))
+        mark_layer(
+            anchor,
+            "layer_norm",
+            normalized_shape=[int(n)],
+            epsilon=float(cfg["epsilon"]),
+            elementwise_affine=bool(cfg["scale"]),
+            use_bias=bool(cfg["center"]),
+        )
+        return "layer_norm"
+    if cls == "Embedding":
+        table = graph.initializers[leaf["embeddings"]]
+        anchor = _find(body, "Gather", leaf["embeddings"])
+        if anchor is None:
+            return None
+        mark_layer(
+            anchor,
+            "embedding",
+            num_embeddings=int(table.shape[0]),
+            features=int(table.shape[1]),
+        )
+        return "embedding"
+    if cls == "MultiHeadAttention":
+        q = leaf.get("query/kernel")
+        if q is None:
+            return None
+        anchor = _find(body, "Einsum", q) or _find(body, "MatMul", q)
+        if anchor is None:
+            return None
+        shape = list(graph.initializers[q].shape)
+        mark_layer(
+            anchor,
+            "attention",
+            embed_dim=int(shape[0]),
+            num_heads=int(cfg["num_heads"]),
+            use_bias=bool(cfg["use_bias"]),
+            batch_first=True,
+            dropout=float(cfg.get("dropout", 0.0)),
+        )
+        return "attention"
+    if cls in _POOL:
+        kind, ndim = _POOL[cls]
+        op = "MaxPool" if kind == "max_pool" else "AveragePool"
+        anchor = _find(body, op, None)
+        if anchor is None:
+            return None
+        padding = _pads(anchor, ndim)
+        if padding == "same":
+            return None
+        params = {
+            "ndim": ndim,
+            "kernel_size": _ints(anchor, "kernel_shape"),
+            "strides": _ints(anchor, "strides", [1] * ndim),
+            "padding": padding,
+            "ceil_mode": bool(anchor.attributes.get("ceil_mode", ir.AttrInt64("c", 0)).value),
+        }
+        if kind == "max_pool":
+            params["dilations"] = _ints(anchor, "dilations", [1] * ndim)
+        else:
+            params["count_include_pad"] = bool(
+                anchor.attributes.get("count_include_pad", ir.AttrInt64("c", 0)).value
+            )
+        mark_layer(anchor, kind, **params)
+        return kind
+    return None
+
+
+def _num_features(graph: ir.Graph, leaf: Mapping[str, str], keys: tuple[str, ...]) -> int:
+    for key in keys:
+        if key in leaf and leaf[key] in graph.initializers:
+            return int(graph.initializers[leaf[key]].shape[0])
+    raise KeyError(f"none of {keys}")
