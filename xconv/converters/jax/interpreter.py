@@ -39,17 +39,28 @@ _STATEFUL = frozenset(
 )
 
 
+#: Float inputs that configure an op rather than carry data (scales, regions of interest):
+#: an initializer used only there is a constant, so it stays static under ``jax.jit``.
+_CONFIG_INPUTS = {"Resize": frozenset({1, 2, 3}), "Upsample": frozenset({1})}
+
+
 def is_weight(value: ir.Value, annotated: bool) -> bool:
     """Whether an initializer is a trainable weight (goes into ``params``) or a constant.
 
     In a model whose importer annotated weights with ``xconv.role``, exactly the annotated
-    initializers are weights. Otherwise every floating-point initializer of rank >= 1 is.
+    initializers are weights. Otherwise every floating-point initializer of rank >= 1 is,
+    except one used only as an op's configuration (Resize scales and roi).
     """
     if annotated:
         return ROLE in value.metadata_props
     dtype = value.const_value.dtype if value.const_value is not None else None
     shape = value.const_value.shape if value.const_value is not None else None
-    return dtype is not None and dtype.is_floating_point() and shape is not None and len(shape) >= 1
+    if dtype is None or not dtype.is_floating_point() or shape is None or len(shape) < 1:
+        return False
+    uses = list(value.uses())
+    return not uses or not all(
+        index in _CONFIG_INPUTS.get(node.op_type, ()) for node, index in uses
+    )
 
 
 def _to_static(value: Any) -> Any:

@@ -12,7 +12,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx_ir as ir
@@ -32,20 +31,6 @@ def xp_of(*arrays: Any) -> Any:
 def static_ints(ctx, value: Any, what: str) -> list[int]:
     """A static 0-d or 1-d integer input as a list of Python ints."""
     return [int(v) for v in np.asarray(ctx.static(value, what)).reshape(-1)]
-
-
-def static_param(ctx, value: Any, index: int, what: str) -> np.ndarray:
-    """``ctx.static``, falling back to the initializer's stored value under ``jax.jit``.
-
-    Without importer annotations, every floating-point initializer of rank >= 1 is a weight
-    and arrives traced under ``jax.jit(fn)(params, ...)``; float shape data such as Resize
-    scales and roi would then be unreadable, though the model holds them as constants.
-    """
-    if isinstance(value, jax.core.Tracer) and index < len(ctx.input_values):
-        held = ctx.input_values[index]
-        if held is not None and held.const_value is not None:
-            return held.const_value.numpy()
-    return ctx.static(value, what)
 
 
 def unsupported(ctx, message: str) -> UnsupportedAttributeError:
@@ -636,7 +621,7 @@ def resize(
     roi_v = None
     if roi is not None and np.size(roi) > 0:
         # Kept as numpy scalars of roi's dtype: the reference does roi arithmetic in it.
-        given = list(np.asarray(static_param(ctx, roi, 1, "roi")).reshape(-1))
+        given = list(np.asarray(ctx.static(roi, "roi")).reshape(-1))
         roi_v = [0.0] * rank + [1.0] * rank
         for i, a in enumerate(ax):
             roi_v[a] = given[i]
@@ -648,7 +633,7 @@ def resize(
     if has_scales:
         given = [
             float(v)
-            for v in np.asarray(static_param(ctx, scales, 1 if legacy else 2, "scales")).reshape(-1)
+            for v in np.asarray(ctx.static(scales, "scales")).reshape(-1)
         ]
         scale_v = [1.0] * rank
         for i, a in enumerate(ax):
@@ -696,7 +681,7 @@ def upsample(ctx, x, scales_in=None, *, mode, scales, height_scale, width_scale)
         src = (1.0, 1.0, height_scale, width_scale)  # Upsample-1: NCHW only.
     if src is None:
         raise ctx.error("Upsample needs scales")
-    scale_v = [float(v) for v in np.asarray(static_param(ctx, src, 1, "scales")).reshape(-1)]
+    scale_v = [float(v) for v in np.asarray(ctx.static(src, "scales")).reshape(-1)]
     size_v = [int(s * d) for s, d in zip(scale_v, np.shape(x), strict=True)]
     return _resize(
         ctx,
