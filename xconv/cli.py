@@ -190,6 +190,136 @@ def weights_flax_to_torch(
     _print_weights_report(report)
 
 
+def _conversion_options(fn):
+    """The options every ``<source>-to-<target>`` command shares."""
+    options = [
+        click.option("-o", "--out", type=click.Path(file_okay=False, path_type=Path),
+                     default=None, help="Output folder (default: ./<model name>_<target>)."),
+        click.option("--api", type=click.Choice(["linen", "nnx"]), default="linen",
+                     show_default=True, help="Flax API of the generated module."),
+        click.option("--no-check", is_flag=True, help="Skip the parity check."),
+        click.option("--policy", type=click.Choice(["oracle", "dtype"]), default="oracle",
+                     show_default=True, help="Parity tolerance policy."),
+        click.option("--devices", default="all", show_default=True,
+                     help="Devices for the parity check: all, cpu, or a comma list."),
+        click.option("--input-shape", "input_shapes", multiple=True,
+                     help="Example input shape, e.g. 2,3,224,224 (repeat for each input; "
+                          "append :int64 for a dtype)."),
+        click.option("--dtype", "input_dtypes", multiple=True, default=("float32",),
+                     show_default=True, help="Dtype of the example inputs (one, or one each)."),
+        click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False), default=None,
+                     help="Example inputs from an .npz file (arrays in input order)."),
+        click.option("--dynamic-batch", is_flag=True, help="Symbolic batch dimension."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _run_conversion(source, source_kind: str, target: str, out: Path | None, **kw) -> None:
+    from xconv.convert import ConvertOptions, convert
+    from xconv.errors import ParityError
+
+    options = ConvertOptions(
+        api=kw["api"],
+        check=not kw["no_check"],
+        policy=kw["policy"],
+        devices=kw["devices"],
+        dynamic_batch=kw["dynamic_batch"],
+        module_factory=kw.get("module_factory"),
+        trust_pickle=kw.get("trust_pickle", False),
+        input_shapes=tuple(kw["input_shapes"]),
+        input_dtypes=tuple(kw["input_dtypes"]),
+        inputs_npz=kw["inputs_npz"],
+    )
+    if out is None:
+        out = Path(f"{Path(str(source)).stem}_{target}")
+    console = _console()
+    with console.status("converting") as status:
+        result = convert(
+            source,
+            source_kind=source_kind,
+            target=target,
+            out_dir=out,
+            options=options,
+            progress=lambda msg: status.update(msg + " ..."),
+        )
+    files = ", ".join(str(p.relative_to(result.out_dir)) for p in result.files)
+    console.print(f"[green]wrote[/] {result.out_dir}/: {files}")
+    if result.parity is not None:
+        console.print(result.parity)
+        if not result.parity.passed:
+            first = result.parity.first_divergence
+            raise ParityError(
+                "the converted model does not match the source; see "
+                f"{result.out_dir / 'parity.html'}"
+                + (f" (first divergence: {first})" if first else "")
+            )
+
+
+#: (source kind, target, what the source argument is)
+_COMMANDS = (
+    ("torch", "flax", "a PyTorch MODEL (.pt2, TorchScript, or a state_dict with --module)"),
+    ("torch", "jax", "a PyTorch MODEL (.pt2, TorchScript, or a state_dict with --module)"),
+    ("torch", "onnx", "a PyTorch MODEL (.pt2, TorchScript, or a state_dict with --module)"),
+    ("onnx", "flax", "an ONNX MODEL"),
+    ("onnx", "jax", "an ONNX MODEL"),
+)
+
+
+def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
+    def command(model: Path, out: Path | None, **kw) -> None:
+        _run_conversion(model, source_kind, target, out, **kw)
+
+    command.__doc__ = (
+        f"Convert {what} to {target}; writes OUT/model.py (where the target has source), "
+        "the weights, OUT/model.onnx and OUT/parity.json, and checks parity against the source."
+    )
+    command = _conversion_options(command)
+    if source_kind == "torch":
+        command = click.option(
+            "--module", "module_factory", default=None,
+            help="pkg.mod:factory building the module a state_dict loads into.",
+        )(command)  # fmt: skip
+        command = click.option(
+            "--trust-pickle", is_flag=True,
+            help="Allow loading a fully pickled module (runs code from the file).",
+        )(command)  # fmt: skip
+    command = click.argument("model", type=click.Path(dir_okay=False, path_type=Path))(command)
+    main.command(f"{source_kind}-to-{target}")(command)
+
+
+for _source, _target, _what in _COMMANDS:
+    _add_conversion_command(_source, _target, _what)
+
+
+@main.command()
+@click.argument("reference", type=click.Path(path_type=Path))
+@click.argument("candidate", type=click.Path(path_type=Path))
+@click.option("--policy", type=click.Choice(["oracle", "dtype"]), default="oracle",
+              show_default=True)  # fmt: skip
+@click.option("--html", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write an HTML report here.")  # fmt: skip
+@click.option("--trust-code", is_flag=True,
+              help="Allow importing a converted folder's generated model.py.")  # fmt: skip
+def check(reference: Path, candidate: Path, policy: str, html: Path | None,
+          trust_code: bool) -> None:  # fmt: skip
+    """Check that CANDIDATE matches REFERENCE (.onnx files or xconv output folders)."""
+    from xconv.errors import ParityError
+    from xconv.parity.checker import check_files
+
+    report = check_files(reference, candidate, policy=policy, trust_code=trust_code)
+    _console().print(report)
+    if html is not None:
+        report.to_html(html)
+    if not report.passed:
+        first = report.first_divergence
+        raise ParityError(
+            "the candidate does not match the reference"
+            + (f" (first divergence: {first})" if first else "")
+        )
+
+
 @main.command()
 @click.option(
     "-o",
