@@ -62,6 +62,10 @@ def run_generated(out_dir, api, *inputs, jit=True):
     return out, (mod, model, None)
 
 
+def _sum_squares(outputs):
+    return sum(jnp.sum(jnp.square(o)) for o in jax.tree_util.tree_leaves(outputs))
+
+
 def check_grads(api, handle, *inputs):
     """jax.grad reaches every parameter (each gets a non-zero gradient)."""
     _, model, variables = handle
@@ -69,13 +73,13 @@ def check_grads(api, handle, *inputs):
 
         def loss(params):
             v = {**variables, "params": params}
-            return jnp.sum(model.apply(v, *inputs) ** 2)
+            return _sum_squares(model.apply(v, *inputs))
 
         grads = jax.grad(loss)(variables["params"])
     else:
         from flax import nnx
 
-        grads = nnx.grad(lambda m: jnp.sum(m(*inputs) ** 2))(model)
+        grads = nnx.grad(lambda m: _sum_squares(m(*inputs)))(model)
         grads = nnx.to_pure_dict(nnx.state(grads, nnx.Param))
     leaves = jax.tree_util.tree_leaves_with_path(grads)
     assert leaves

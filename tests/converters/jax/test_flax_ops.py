@@ -6,6 +6,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from onnx import TensorProto as T
 from onnx import helper as h
 
 import xconv
@@ -185,6 +186,37 @@ CASES = [
         ["q", "k", "v", "m"],
     ),
 ]
+
+
+def test_split_to_sequence_and_sequence_at(tmp_path):
+    """torch.split exports as SplitToSequence + SequenceAt."""
+    nodes = [
+        h.make_node("SplitToSequence", ["x", "split"], ["seq"], axis=1),
+        h.make_node("SequenceAt", ["seq", "one"], ["y"]),
+        h.make_node("SequenceAt", ["seq", "minus1"], ["z"]),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "seq",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 7])],
+        [
+            h.make_tensor_value_info("y", T.FLOAT, None),
+            h.make_tensor_value_info("z", T.FLOAT, None),
+        ],
+        [
+            h.make_tensor("split", T.INT64, [], [3]),
+            h.make_tensor("one", T.INT64, [], [1]),
+            h.make_tensor("minus1", T.INT64, [], [-1]),
+        ],
+    )
+    model = ir.serde.deserialize_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 23)]))
+    x = f32(2, 7)
+    out = xconv.to_flax(model, tmp_path / "out")
+    src = (out / "model.py").read_text()
+    assert "jnp.split(x, [3, 6], axis=1)" in src
+    (y, z), _ = run_generated(out, "linen", x, jit=False)
+    np.testing.assert_array_equal(np.asarray(y), x[:, 3:6])
+    np.testing.assert_array_equal(np.asarray(z), x[:, 6:])
 
 
 def build(op, data, consts, attrs, order):

@@ -232,6 +232,8 @@ class _Emitter:
                     weights[role] = v
                 elif constant_of(v, self.annotated) is None and v not in inputs:
                     inputs.append(v)
+            if n.op_type == "Constant":
+                continue  # constants are inlined wherever they are used
             for o in n.outputs:
                 outside = any(u.node not in body_set for u in o.uses())
                 if outside or o.is_graph_output():
@@ -247,6 +249,8 @@ class _Emitter:
         if len(inputs) == 1 and len(outputs) == 1 and self._plan_ok(plan):
             return plan
         plan.native = False
+        if not weights:
+            return None  # weightless (pooling, activations, ...): its ops inline are clearer
         if scope is None or any(
             n.op_type != "Constant"
             and (n.domain not in ("", "ai.onnx") or n.op_type not in TEMPLATES)

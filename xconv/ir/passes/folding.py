@@ -152,6 +152,7 @@ class ShapeFoldingPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         from onnx_ir.passes.common import ShapeInferencePass
 
+        _clear_wrong_sequence_types(model.graph)
         ShapeInferencePass()(model)
         if propagate_same_shape(model.graph):
             ShapeInferencePass()(model)  # carry on past ops ONNX has no inference for
@@ -352,3 +353,20 @@ def propagate_same_shape(graph: ir.Graph) -> bool:
             y.type = x.type
         changed = True
     return changed
+
+
+#: Ops whose first output is an ONNX sequence.
+SEQUENCE_PRODUCERS = frozenset(
+    {"SplitToSequence", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceEmpty"}
+)
+
+
+def _clear_wrong_sequence_types(graph: ir.Graph) -> None:
+    """Drop tensor types some exporters declare on sequence values: ONNX shape inference
+    rejects the whole model over them (it re-infers the right sequence type)."""
+    for node in graph:
+        if node.op_type in SEQUENCE_PRODUCERS and node.domain in ("", "ai.onnx"):
+            out = node.outputs[0]
+            if isinstance(out.type, ir.TensorType):
+                out.type = None
+                out.shape = None
