@@ -161,9 +161,11 @@ def _from_keras(model: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
     n = len(trainable)
     single = len(specs) == 1
 
+    kwargs = {"training": False} if _takes_training(model) else {}
+
     def call(*args):
         xs, ws = args[: len(specs)], list(args[len(specs) :])
-        out, _ = model.stateless_call(ws[:n], ws[n:], xs[0] if single else list(xs), training=False)
+        out, _ = model.stateless_call(ws[:n], ws[n:], xs[0] if single else list(xs), **kwargs)
         return out
 
     weight_specs = [
@@ -190,6 +192,15 @@ def _from_keras(model: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
         scopes.setdefault(path, layer)
     keras_layers.annotate_layers(model_ir.graph, scopes, weights)
     return model_ir
+
+
+def _takes_training(model: Any) -> bool:
+    flag = getattr(model, "_call_has_training_arg", None)
+    if flag is not None:
+        return bool(flag)
+    import inspect
+
+    return "training" in inspect.signature(model.call).parameters
 
 
 def _from_function(fn: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model:
@@ -472,9 +483,19 @@ def _set_scopes(
 
 
 def _scope_helpers(graph: ir.Graph) -> None:
-    """Give an unscoped node (a kernel reshape tf2onnx added) the scope of its consumers."""
+    """Give an unscoped weight-preparing node (a kernel reshape tf2onnx added, reading only
+    weights and constants) the scope of its consumers."""
+    derived: set[int] = set()
+    for node in graph:
+        if all(
+            x is None
+            or x.is_initializer()
+            or (x.producer() is not None and id(x.producer()) in derived)
+            for x in node.inputs
+        ):
+            derived.add(id(node))
     for node in reversed(list(graph)):
-        if node.metadata_props.get(SCOPE):
+        if node.metadata_props.get(SCOPE) or id(node) not in derived:
             continue
         scopes = {u.node.metadata_props.get(SCOPE) for o in node.outputs for u in o.uses()}
         if len(scopes) == 1 and None not in scopes and "" not in scopes:
