@@ -172,6 +172,29 @@ def topk(ctx, x, k, *, axis, largest, sorted):  # noqa: A002 - the ONNX attribut
 # Softmax family
 
 
+def reference_sum(x):
+    """Sum over the last axis keeping it, accumulating as the ONNX reference does.
+
+    bfloat16 accumulates in bfloat16 (numpy's ml_dtypes loop rounds after every add), where
+    ``torch.sum`` would accumulate in float32 and round once.
+    """
+    if x.dtype != torch.bfloat16:
+        return x.sum(dim=-1, keepdim=True)
+    total = x[..., :1]
+    for j in range(1, x.shape[-1]):
+        total = total + x[..., j : j + 1]
+    return total
+
+
+def _softmax(x, axis: int):
+    # Low-precision inputs round exp() before summing, as the reference does.
+    if x.dtype not in _LOW_PRECISION:
+        return torch.softmax(x, axis)
+    x = x.movedim(axis, -1)
+    e = torch.exp(x - x.amax(dim=-1, keepdim=True).detach())
+    return (e / reference_sum(e)).movedim(-1, axis)
+
+
 def _hardmax(x, axis: int):
     idx = torch.argmax(x, dim=axis, keepdim=True)
     return torch.zeros_like(x).scatter_(axis, idx, 1)
@@ -192,7 +215,7 @@ def _softmax_like(ctx, x, axis, fn):
 @builtin("Softmax", since=1, attrs={"axis": None})
 def softmax(ctx, x, *, axis):
     """Softmax(input) -> output: exp(x - max) / sum along ``axis``."""
-    return _softmax_like(ctx, x, axis, lambda v, ax: torch.softmax(v, ax))
+    return _softmax_like(ctx, x, axis, _softmax)
 
 
 @builtin("LogSoftmax", since=1, attrs={"axis": None})
