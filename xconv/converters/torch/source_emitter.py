@@ -1,0 +1,611 @@
+"""IR -> readable PyTorch source: ``to_torch_source(model) -> (source, state_dict)``.
+
+Node groups whose anchor carries ``xconv.layer`` become native ``torch.nn`` layers
+(``nn.Conv2d``, ``nn.BatchNorm2d``, ``nn.Linear``, ...); every other node is one torch
+statement (``source_ops.py``) with its source scope in a trailing comment.
+
+State-dict naming rule: a native layer lives at its source scope and a raw weight at its
+initializer name, both split on ``.`` / ``/`` into a module path (``layer1.0.conv1`` becomes
+``self.layer1[0].conv1``, intermediate levels are ``Scope`` containers). So an IR imported
+from torch reproduces the original state_dict keys. A path part that is not an identifier or
+a non-negative integer, that shadows an ``nn.Module`` member, or that collides with another
+entry, makes the whole name fall back to one flat sanitised attribute. Kernels in other
+layouts (Flax/Keras ``IO``, ``HWIO``) are transposed to torch's ``OI`` / ``OIHW``. Constants
+too large to inline are persistent buffers ``const_*`` on the top-level module.
+"""
+
+from __future__ import annotations
+
+import builtins
+import keyword
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from xconv.converters.jax.flax_ops import scalar_literal
+from xconv.converters.registry import REQUIRED, attribute_value
+from xconv.converters.torch.source_ops import TEMPLATES, OpCall, dtype_expr, tensor_literal
+from xconv.errors import ConversionError, MissingOp, UnsupportedAttributeError, UnsupportedOpError
+from xconv.ir.metadata import LAYOUT, ROLE, SOURCE_LINE, get_layer, get_scope
+from xconv.ir.naming import split_path
+from xconv.ir.passes import canonicalize
+from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
+
+#: Constants up to this many elements are written inline; larger ones are buffers.
+INLINE_LIMIT = 64
+
+_RESERVED = frozenset(
+    {"torch", "nn", "F", "np", "math", "Path", "self", "Model", "Scope", "load"}
+    | set(dir(builtins))
+    | set(keyword.kwlist)
+)
+
+#: role -> torch attribute per native layer kind (dotted for nested ones).
+TORCH_NAMES: dict[str, dict[str, str]] = {
+    "dense": {"kernel": "weight", "bias": "bias"},
+    "conv": {"kernel": "weight", "bias": "bias"},
+    "conv_transpose": {"kernel": "weight", "bias": "bias"},
+    "batch_norm": {
+        "scale": "weight",
+        "bias": "bias",
+        "mean": "running_mean",
+        "var": "running_var",
+        "num_batches": "num_batches_tracked",
+    },
+    "layer_norm": {"scale": "weight", "bias": "bias"},
+    "group_norm": {"scale": "weight", "bias": "bias"},
+    "rms_norm": {"scale": "weight"},
+    "embedding": {"embedding": "weight"},
+    "dropout": {},
+    "attention": {
+        "in_proj_kernel": "in_proj_weight",
+        "in_proj_bias": "in_proj_bias",
+        "out_proj_kernel": "out_proj.weight",
+        "out_proj_bias": "out_proj.bias",
+    },
+}
+
+
+def _module_members() -> frozenset[str]:
+    import torch
+
+    return frozenset(n for n in dir(torch.nn.Module) if not n.startswith("_"))
+
+
+class Namespace:
+    """Unique, readable identifiers that never shadow builtins (after torch.fx's)."""
+
+    def __init__(self, reserved: frozenset[str] = _RESERVED) -> None:
+        self._used: set[str] = set(reserved)
+
+    def new(self, hint: str | None) -> str:
+        base = re.sub(r"\W", "_", hint or "v").strip("_") or "v"
+        base = re.sub(r"_+", "_", base)
+        if base[0].isdigit():
+            base = f"v_{base}"
+        name, i = base, 0
+        while name in self._used:
+            i += 1
+            name = f"{base}_{i}"
+        self._used.add(name)
+        return name
+
+    def take(self, name: str) -> bool:
+        if name in self._used:
+            return False
+        self._used.add(name)
+        return True
+
+
+@dataclass
+class LayerPlan:
+    kind: str
+    hyper: dict[str, Any]
+    anchor: ir.Node
+    body: list[ir.Node]
+    scope: str | None
+    inputs: list[ir.Value]
+    outputs: list[ir.Value]
+    weights: dict[str, ir.Value]
+    last: ir.Node
+
+
+def plan_layers(graph: ir.Graph, annotated: bool) -> dict[ir.Node, LayerPlan]:
+    """Group each ``xconv.layer`` anchor with the nodes of its scope (the layer's body)."""
+    by_scope: dict[str, list[ir.Node]] = {}
+    for node in graph:
+        scope = get_scope(node)
+        if scope:
+            by_scope.setdefault(scope, []).append(node)
+    order = {n: i for i, n in enumerate(graph)}
+    plans: dict[ir.Node, LayerPlan] = {}
+    for node in graph:
+        meta = get_layer(node)
+        if not meta or node in plans:
+            continue
+        scope = get_scope(node)
+        body = by_scope.get(scope, [node]) if scope else [node]
+        plan = _plan(node, meta, body, scope, annotated, order)
+        if plan is not None and _native_ok(plan):
+            for n in body:
+                plans[n] = plan
+    return plans
+
+
+def _plan(anchor, meta, body, scope, annotated, order) -> LayerPlan | None:
+    kind = meta.pop("kind")
+    body_set = set(body)
+    inputs, weights, outputs = [], {}, []
+    for n in body:
+        for v in n.inputs:
+            if v is None or not v.name or v.producer() in body_set:
+                continue
+            if is_weight(v, annotated):
+                role = v.metadata_props.get(ROLE)
+                if role is None or weights.get(role, v) is not v:
+                    return None
+                weights[role] = v
+            elif constant_of(v, annotated) is None and v not in inputs:
+                inputs.append(v)
+        if n.op_type == "Constant":
+            continue
+        for o in n.outputs:
+            if o.is_graph_output() or any(u.node not in body_set for u in o.uses()):
+                outputs.append(o)
+    if len(inputs) != 1 or len(outputs) != 1:
+        return None
+    last = max(body, key=order.__getitem__)
+    if any(u.node not in body_set and order[u.node] < order[last] for u in outputs[0].uses()):
+        return None
+    return LayerPlan(kind, meta, anchor, body, scope, inputs, outputs, weights, last)
+
+
+def _native_ok(p: LayerPlan) -> bool:
+    known = TORCH_NAMES.get(p.kind)
+    if known is None or not set(p.weights) <= set(known):
+        return False
+    h, roles = p.hyper, set(p.weights)
+    if p.kind in ("dense", "conv", "conv_transpose"):
+        if "kernel" not in roles or ("bias" in roles) != bool(h["use_bias"]):
+            return False
+    if p.kind in ("conv", "conv_transpose"):
+        if not 1 <= h["ndim"] <= 3 or any(lo != hi for lo, hi in h["padding"]):
+            return False
+    if p.kind == "batch_norm":
+        rank = None if p.inputs[0].shape is None else len(p.inputs[0].shape)
+        return rank in (2, 3, 4, 5) and (
+            {"mean", "var"} <= roles if h["track_running_stats"] else True
+        )
+    if p.kind == "embedding":
+        return "embedding" in roles
+    if p.kind == "attention":
+        need = {"in_proj_kernel", "out_proj_kernel"}
+        if h["use_bias"]:
+            need |= {"in_proj_bias", "out_proj_bias"}
+        return roles == need and not h.get("causal")
+    return True
+
+
+def _kernel_to_torch(arr: np.ndarray, layout: str | None, target: str) -> np.ndarray:
+    """Transpose a kernel from its recorded layout (``HWIO``, ``IO``) to ``target``."""
+    if not layout or layout == target or sorted(layout) != sorted(target):
+        return arr
+    return np.ascontiguousarray(np.transpose(arr, [layout.index(ch) for ch in target]))
+
+
+def _parse_attrs(node: ir.Node, spec: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(node.attributes) - set(spec))
+    if unknown:
+        raise UnsupportedAttributeError(
+            f"attribute(s) {unknown} not supported by the PyTorch source emitter; it "
+            f"understands {sorted(spec) or 'no attributes'}",
+            op=node.op_type,
+            node=node.name,
+            scope=get_scope(node),
+        )
+    out = {}
+    for name, default in spec.items():
+        attr = node.attributes.get(name)
+        if attr is None:
+            if default is REQUIRED:
+                raise UnsupportedAttributeError(
+                    f"required attribute {name!r} is missing", op=node.op_type, node=node.name
+                )
+            out[name] = default
+        else:
+            out[name] = attribute_value(attr)
+    return out
+
+
+class _Emitter:
+    def __init__(self, model: ir.Model) -> None:
+        self.graph = model.graph
+        self.annotated = is_annotated(self.graph)
+        self.plans = plan_layers(self.graph, self.annotated)
+        self.ns = Namespace()
+        self.members = _module_members() | {"Scope"}
+        self.top = Namespace(_RESERVED | self.members)  # flat top-level attribute names
+        self.tree: dict[tuple[str, ...], str] = {}  # module path -> "scope" | "leaf"
+        self.init: list[str] = []
+        self.body: list[str] = []
+        self.state: dict[str, np.ndarray] = {}
+        self.env: dict[ir.Value, str] = {}
+        self.raw: dict[ir.Value, str] = {}
+        self.uses_scope = False
+        self.uses_f = False
+
+    # ------------------------------------------------------------ checks
+
+    def check_supported(self) -> None:
+        counts: Counter[str] = Counter()
+        first: dict[str, ir.Node] = {}
+        for node in self.graph:
+            if node in self.plans or node.op_type == "Constant":
+                continue
+            if node.domain not in ("", "ai.onnx") or node.op_type not in TEMPLATES:
+                key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+                counts[key] += 1
+                first.setdefault(key, node)
+        if counts:
+            raise UnsupportedOpError(
+                "torch source",
+                [
+                    MissingOp(
+                        op_type=first[k].op_type,
+                        domain=first[k].domain,
+                        count=n,
+                        first_node=first[k].name,
+                        first_scope=get_scope(first[k]),
+                        source_line=first[k].metadata_props.get(SOURCE_LINE),
+                    )
+                    for k, n in sorted(counts.items())
+                ],
+                registry_module="xconv.converters.torch.source_ops.TEMPLATES",
+            )
+
+    # ------------------------------------------------------------ module tree
+
+    def _path_ok(self, parts: tuple[str, ...]) -> bool:
+        for i, part in enumerate(parts):
+            if not (part.isidentifier() or part.isdigit()) or keyword.iskeyword(part):
+                return False
+            if part in self.members or (i == 0 and (part in _RESERVED or part.isdigit())):
+                return False
+            if part.startswith("_"):
+                return False
+        for i in range(1, len(parts)):
+            if self.tree.get(parts[:i], "scope") != "scope":
+                return False
+        return parts not in self.tree
+
+    @staticmethod
+    def _access(parts: tuple[str, ...]) -> str:
+        out = "self"
+        for p in parts:
+            out += f"[{p}]" if p.isdigit() else f".{p}"
+        return out
+
+    def place(self, name: str) -> tuple[str, str, tuple[str, ...]]:
+        """Claim a module path for ``name``; returns (owner expr, attribute, full path)."""
+        parts = split_path(name)
+        if not self._path_ok(parts) or (len(parts) == 1 and not self.top.take(parts[0])):
+            parts = (self.top.new(name),)
+        for i in range(1, len(parts)):
+            pre = parts[:i]
+            if pre not in self.tree:
+                self.tree[pre] = "scope"
+                self.uses_scope = True
+                self.init.append(self._assign(pre, "Scope()"))
+                if i == 1:
+                    self.top.take(pre[0])
+        self.tree[parts] = "leaf"
+        return self._access(parts[:-1]), parts[-1], parts
+
+    def _assign(self, parts: tuple[str, ...], expr: str) -> str:
+        owner, attr = self._access(parts[:-1]), parts[-1]
+        if attr.isdigit():
+            return f'{owner}.add_module("{attr}", {expr})'
+        return f"{owner}.{attr} = {expr}"
+
+    # ------------------------------------------------------------ values
+
+    def weight(self, value: ir.Value) -> str:
+        if value in self.raw:
+            return self.raw[value]
+        arr = value.const_value.numpy()
+        owner, attr, parts = self.place(value.name)
+        empty = f"torch.empty({_shape(arr.shape)}, dtype={dtype_expr(value.dtype)})"
+        role = value.metadata_props.get(ROLE)
+        buffer = role in ("mean", "var", "num_batches") or not np.issubdtype(
+            arr.dtype, np.floating
+        )
+        if buffer:
+            self.init.append(f'{owner}.register_buffer("{attr}", {empty})')
+        elif attr.isdigit():
+            self.init.append(f'{owner}.register_parameter("{attr}", nn.Parameter({empty}))')
+        else:
+            self.init.append(f"{owner}.{attr} = nn.Parameter({empty})")
+        self.state[".".join(parts)] = arr
+        self.raw[value] = self._access(parts)
+        return self.raw[value]
+
+    def constant(self, value: ir.Value, arr: np.ndarray, bare: bool) -> str:
+        if arr.size <= INLINE_LIMIT:
+            return tensor_literal(arr, bare_scalar=bare)
+        if value not in self.raw:
+            attr = self.top.new(f"const_{value.name or 'value'}")
+            dt = dtype_expr(ir.DataType.from_numpy(arr.dtype))
+            self.init.append(
+                f'self.register_buffer("{attr}", torch.empty({_shape(arr.shape)}, dtype={dt}))'
+            )
+            self.state[attr] = arr
+            self.tree[(attr,)] = "leaf"
+            self.raw[value] = f"self.{attr}"
+        return self.raw[value]
+
+    # ------------------------------------------------------------ emission
+
+    def emit(self) -> tuple[list[str], list[str]]:
+        inputs = []
+        for v in self.graph.inputs:
+            if v.is_initializer():
+                continue
+            name = self.ns.new(v.name)
+            inputs.append(name)
+            self.env[v] = name
+        for node in self.graph:
+            plan = self.plans.get(node)
+            if plan is not None:
+                if node is plan.last:
+                    self.emit_layer(plan)
+                continue
+            if node.op_type == "Constant":
+                continue
+            self.emit_node(node)
+        outputs = []
+        for v in self.graph.outputs:
+            c = constant_of(v, self.annotated)
+            if c is not None:
+                outputs.append(self.constant(v, c, False))
+            elif v.is_initializer():
+                outputs.append(self.weight(v))
+            else:
+                outputs.append(self.env[v])
+        return inputs, outputs
+
+    def emit_layer(self, p: LayerPlan) -> None:
+        h, kind = p.hyper, p.kind
+        x = self.env[p.inputs[0]]
+        owner, attr, parts = self.place(p.scope or p.anchor.name or kind)
+        w = {r: v.const_value.numpy() for r, v in p.weights.items()}
+        dt = ""
+        main = p.weights.get("kernel") or p.weights.get("scale") or p.weights.get("embedding")
+        if main is not None and main.dtype not in (ir.DataType.FLOAT, None):
+            dt = f", dtype={dtype_expr(main.dtype)}"
+        call = f"{self._access(parts)}({x})"
+        if kind == "dense":
+            lay = p.weights["kernel"].metadata_props.get(LAYOUT) or _dense_layout(p)
+            w["kernel"] = _kernel_to_torch(w["kernel"], lay, "OI")
+            layer = (
+                f"nn.Linear({h['in_features']}, {h['out_features']}, "
+                f"bias={bool(h['use_bias'])}{dt})"
+            )
+        elif kind in ("conv", "conv_transpose"):
+            n = h["ndim"]
+            target = ("OI" if kind == "conv" else "IO") + "DHW"[-n:]
+            lay = p.weights["kernel"].metadata_props.get(LAYOUT)
+            w["kernel"] = _kernel_to_torch(w["kernel"], lay, target)
+            cls = f"nn.Conv{n}d" if kind == "conv" else f"nn.ConvTranspose{n}d"
+            pad = tuple(int(lo) for lo, _ in h["padding"])
+            args = [
+                str(h["in_channels"]),
+                str(h["out_channels"]),
+                _tup(h["kernel_size"]),
+                f"stride={_tup(h['strides'])}",
+                f"padding={_tup(pad)}",
+            ]
+            if kind == "conv_transpose":
+                args.append(f"output_padding={_tup(h['output_padding'])}")
+            args += [
+                f"dilation={_tup(h['dilations'])}",
+                f"groups={h['groups']}",
+                f"bias={bool(h['use_bias'])}",
+            ]
+            mode = h.get("padding_mode") or "zeros"
+            if mode != "zeros":
+                args.append(f'padding_mode="{mode}"')
+            layer = f"{cls}({', '.join(args)}{dt})"
+        elif kind == "batch_norm":
+            rank = len(p.inputs[0].shape)
+            nd = {2: 1, 3: 1, 4: 2, 5: 3}[rank]
+            mom = h["momentum"]
+            layer = (
+                f"nn.BatchNorm{nd}d({h['num_features']}, eps={scalar_literal(h['epsilon'])}, "
+                f"momentum={'None' if mom is None else scalar_literal(mom)}, "
+                f"affine={bool(h['affine'])}, "
+                f"track_running_stats={bool(h['track_running_stats'])}{dt})"
+            )
+            if h["track_running_stats"] and "num_batches" not in w:
+                w["num_batches"] = np.asarray(0, dtype=np.int64)
+        elif kind == "layer_norm":
+            aff = bool(h["elementwise_affine"])
+            bias = "" if not aff or h["use_bias"] else ", bias=False"
+            layer = (
+                f"nn.LayerNorm({_tup(h['normalized_shape'])}, "
+                f"eps={scalar_literal(h['epsilon'])}, elementwise_affine={aff}{bias}{dt})"
+            )
+        elif kind == "group_norm":
+            layer = (
+                f"nn.GroupNorm({h['num_groups']}, {h['num_channels']}, "
+                f"eps={scalar_literal(h['epsilon'])}, affine={bool(h['affine'])}{dt})"
+            )
+        elif kind == "rms_norm":
+            eps = "None" if h["epsilon"] is None else scalar_literal(h["epsilon"])
+            layer = (
+                f"nn.RMSNorm({_tup(h['normalized_shape'])}, eps={eps}, "
+                f"elementwise_affine={bool(h['elementwise_affine'])}{dt})"
+            )
+        elif kind == "embedding":
+            pad = h.get("padding_idx")
+            pad_s = "" if pad is None else f", padding_idx={pad}"
+            layer = f"nn.Embedding({h['num_embeddings']}, {h['features']}{pad_s}{dt})"
+        elif kind == "attention":
+            extra = ""
+            for key in ("kdim", "vdim"):
+                if h.get(key) not in (None, h["embed_dim"]):
+                    extra += f", {key}={h[key]}"
+            layer = (
+                f"nn.MultiheadAttention({h['embed_dim']}, {h['num_heads']}, "
+                f"dropout={scalar_literal(h.get('dropout') or 0.0)}, bias={bool(h['use_bias'])}"
+                f"{extra}, batch_first={bool(h['batch_first'])}{dt})"
+            )
+            call = f"{self._access(parts)}({x}, {x}, {x}, need_weights=False)[0]"
+        else:  # dropout
+            layer = f"nn.Dropout({scalar_literal(h['rate'])})"
+        self.init.append(self._assign(parts, layer))
+        prefix = ".".join(parts)
+        for role, arr in w.items():
+            self.state[f"{prefix}.{TORCH_NAMES[kind][role]}"] = arr
+        out = self.ns.new(p.outputs[0].name)
+        self.body.append(f"{out} = {call}")
+        self.env[p.outputs[0]] = out
+
+    def emit_node(self, node: ir.Node) -> None:
+        tpl = TEMPLATES[node.op_type]
+        attrs = _parse_attrs(node, tpl.attrs)
+        args: list[str | None] = []
+        consts: list[np.ndarray | None] = []
+        for v in node.inputs:
+            c = None if v is None or not v.name else constant_of(v, self.annotated)
+            consts.append(c)
+            if v is None or not v.name:
+                args.append(None)
+            elif c is not None:
+                args.append(self.constant(v, c, tpl.bare))
+            elif v.is_initializer() and v.const_value is not None:
+                args.append(self.weight(v))
+            else:
+                args.append(self.env[v])
+        shapes = [
+            None
+            if v is None or v.shape is None
+            else tuple(d if isinstance(d, int) else None for d in v.shape)
+            for v in node.inputs
+        ]
+        expr = tpl.fn(OpCall(node, args, consts, shapes, attrs))
+        outs = []
+        for o in node.outputs:
+            if o.name and (o.uses() or o.is_graph_output()):
+                outs.append(self.ns.new(o.name))
+            else:
+                outs.append("_")
+        scope = get_scope(node)
+        comment = f"  # {scope}" if scope else ""
+        self.body.append(f"{', '.join(outs)} = {expr}{comment}")
+        for o, name in zip(node.outputs, outs, strict=True):
+            if name != "_":
+                self.env[o] = name
+
+
+def _dense_layout(p: LayerPlan) -> str:
+    if p.anchor.op_type == "Gemm":
+        tb = p.anchor.attributes.get("transB")
+        return "OI" if tb is not None and tb.value else "IO"
+    return "IO"
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(int(d)) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _tup(values: Any) -> str:
+    items = [int(v) for v in (values if isinstance(values, list | tuple) else [values])]
+    if len(set(items)) == 1 and len(items) > 1:
+        return str(items[0])
+    return _shape(tuple(items)) if len(items) > 1 else str(items[0])
+
+
+def _indent(lines: list[str], n: int) -> list[str]:
+    return [(" " * n + line) if line else "" for line in lines]
+
+
+_SCOPE_CLASS = '''class Scope(nn.Module):
+    """One level of the source model's module path; ``scope[0]`` reads child ``"0"``."""
+
+    def __getitem__(self, key):
+        return getattr(self, str(key))'''
+
+_LOAD = '''def load(out_dir=None):
+    """Return the model in eval mode with its weights loaded from ``out_dir``."""
+    path = Path(out_dir or Path(__file__).parent)
+    model = Model()
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        state = torch.load(path / "weights.pt", map_location="cpu", weights_only=True)
+    else:
+        state = load_file(str(path / "weights.safetensors"))
+    model.load_state_dict(state)
+    return model.eval()'''
+
+
+def render(em: _Emitter, inputs: list[str], outputs: list[str], name: str) -> str:
+    ret = outputs[0] if len(outputs) == 1 else ", ".join(outputs)
+    cls = [
+        "class Model(nn.Module):",
+        '    """The converted model; see ``load``."""',
+        "",
+        "    def __init__(self):",
+        "        super().__init__()",
+        *_indent(em.init, 8),
+        "",
+        f"    def forward(self, {', '.join(inputs)}):",
+        *_indent([*em.body, f"return {ret}"], 8),
+    ]
+    parts = ([_SCOPE_CLASS] if em.uses_scope else []) + ["\n".join(cls), _LOAD]
+    text = "\n\n\n".join(parts)
+    imports = ["from pathlib import Path", "", "import torch"]
+    if re.search(r"(?<![\w.])F\.", text):
+        imports.append("import torch.nn.functional as F")
+    imports.append("from torch import nn")
+    doc = f'"""PyTorch model generated by xconv from {name!r}. Regenerate, do not edit."""'
+    return doc + "\n\n" + "\n".join(imports) + "\n\n\n" + text + "\n"
+
+
+def _copy(model: ir.Model) -> ir.Model:
+    return ir.from_proto(ir.to_proto(model))
+
+
+def generate(model: ir.Model) -> tuple[str, dict[str, np.ndarray]]:
+    """Return ``(model.py source, state_dict as numpy arrays)`` without writing anything."""
+    model = canonicalize(_copy(model))
+    em = _Emitter(model)
+    em.check_supported()
+    inputs, outputs = em.emit()
+    if not outputs:
+        raise ConversionError("the model has no outputs")
+    return render(em, inputs, outputs, model.graph.name or "model"), em.state
+
+
+def to_torch_source(model: ir.Model) -> tuple[str, dict[str, Any]]:
+    """Readable ``nn.Module`` source for ``model`` and the state_dict that fills it.
+
+    Args:
+        model: The IR model (not modified; canonicalised on a copy).
+
+    Returns:
+        ``(source, state_dict)``: ``source`` defines ``class Model(nn.Module)`` and
+        ``load(out_dir)``; ``Model().load_state_dict(state_dict)`` loads it (tensors).
+
+    Raises:
+        UnsupportedOpError: ops without a template, all listed at once.
+    """
+    import torch
+
+    source, arrays = generate(model)
+    state = {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}
+    return source, state

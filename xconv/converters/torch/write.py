@@ -1,0 +1,71 @@
+"""Write a converted model as a self-contained PyTorch package directory.
+
+``write_torch(model, out_dir)`` creates ``out_dir/model.py`` (``class Model(nn.Module)`` and
+``load(out_dir)``) and the weights: ``weights.safetensors`` when safetensors is importable,
+else ``weights.pt`` (read back with ``weights_only=True``). The directory is written to a
+temporary sibling first and renamed into place, so a failed run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx_ir as ir
+
+from xconv.converters.torch.source_emitter import to_torch_source
+
+
+def _has_safetensors() -> bool:
+    try:
+        import safetensors.torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_torch(model: ir.Model, out_dir: str | os.PathLike) -> Path:
+    """Write ``out_dir/model.py`` and its weights for ``model``.
+
+    Args:
+        model: The IR model (not modified).
+        out_dir: Directory to create (replaced atomically when it exists).
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    Raises:
+        UnsupportedOpError: ops without a template, all listed, before writing anything.
+    """
+    import torch
+
+    source, state = to_torch_source(model)
+    state = {k: v.contiguous() for k, v in sorted(state.items())}
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        (tmp / "model.py").write_text(source)
+        if _has_safetensors():
+            from safetensors.torch import save_file
+
+            save_file(state, str(tmp / "weights.safetensors"))
+            fmt = "safetensors"
+        else:
+            torch.save(state, tmp / "weights.pt")
+            fmt = "pt"
+        (tmp / "xconv.json").write_text(json.dumps({"format": 1, "weights": fmt}, sort_keys=True))
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
