@@ -142,7 +142,6 @@ def _autograd_function() -> type:
                     cts.append(ct if ct.dtype == dtype else ct.astype(dtype))
             cotangent = jax.tree_util.tree_unflatten(ctx.treedef, cts)
             diff_grads = iter(ctx.bridge.backward(ctx.vjp_fn, cotangent))
-            ctx.vjp_fn = None  # free the residuals now, not when the graph dies
             out = []
             for m, dtype in zip(ctx.mask, ctx.in_dtypes, strict=True):
                 if not m:
