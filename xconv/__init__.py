@@ -24,8 +24,8 @@ __version__ = "0.1.0"
 
 # name -> (module, attribute)
 _LAZY = {
-    "convert": ("xconv.convert", "convert"),
-    "ConvertOptions": ("xconv.convert", "ConvertOptions"),
+    "convert": ("xconv.pipeline", "convert"),
+    "ConvertOptions": ("xconv.pipeline", "ConvertOptions"),
     "load": ("xconv.converters.onnx.io", "load"),
     "save": ("xconv.converters.onnx.io", "save"),
     "to_jax": ("xconv.converters.jax.interpreter", "to_jax"),

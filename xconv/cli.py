@@ -217,8 +217,8 @@ def _conversion_options(fn):
 
 
 def _run_conversion(source, source_kind: str, target: str, out: Path | None, **kw) -> None:
-    from xconv.convert import ConvertOptions, convert
     from xconv.errors import ParityError
+    from xconv.pipeline import ConvertOptions, convert
 
     options = ConvertOptions(
         api=kw["api"],
@@ -332,9 +332,9 @@ def demo(out: Path | None) -> None:
     """Convert a bundled PyTorch CNN to Flax and print the parity summary."""
     import tempfile
 
-    from xconv.convert import ConvertOptions, convert
     from xconv.demo import build_demo_torch
     from xconv.errors import ParityError
+    from xconv.pipeline import ConvertOptions, convert
 
     console = _console()
     module, inputs = build_demo_torch()

@@ -25,7 +25,7 @@ from xconv.errors import ConversionError
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("torch", "onnx")
+SOURCES = ("torch", "onnx", "flax")
 TARGETS = ("flax", "jax", "onnx")
 APIS = ("linen", "nnx")
 
@@ -227,9 +227,28 @@ def _numpy_inputs(options: ConvertOptions) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _import_flax(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:
+    """``source`` is ``(linen_module, variables)`` or an nnx module."""
+    from xconv.converters.flax.importer import from_flax
+
+    if given is None and (options.input_shapes or options.inputs_npz):
+        given = _numpy_inputs(options)
+    if given is None:
+        raise ConversionError("no example inputs: give --input-shape or --inputs FILE.npz")
+    if isinstance(source, tuple) and len(source) == 2:
+        module, variables = source
+        reference: Any = (module, variables)
+    else:
+        module, variables = source, None
+        reference = module
+    model = from_flax(module, variables, tuple(given))
+    return _Imported(model, reference, tuple(given), type(module).__name__)
+
+
 _IMPORTERS: dict[str, Callable[[Any, ConvertOptions, Sequence[Any] | None], _Imported]] = {
     "torch": _import_torch,
     "onnx": _import_onnx,
+    "flax": _import_flax,
 }
 
 # --- emitters: write the target into the staging folder, return how to load it back -----
