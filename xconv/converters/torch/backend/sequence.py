@@ -1,0 +1,146 @@
+"""PyTorch handlers for sequences and optionals.
+
+An ONNX sequence is a Python list of tensors and an empty optional is None.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from xconv.converters.torch.backend.registry import REQUIRED, builtin
+from xconv.converters.torch.backend.shape import concatenate, is_numpy
+
+
+def _position(ctx, position, length: int, *, insert: bool) -> int:
+    pos = int(ctx.static(position, "position").reshape(-1)[0])
+    hi = length if insert else length - 1
+    if not -length <= pos <= hi:
+        raise ctx.error(f"position {pos} is out of range for a sequence of length {length}")
+    return pos + length if pos < 0 else pos
+
+
+def _sequence(ctx, seq, what: str = "input_sequence") -> list:
+    if not isinstance(seq, list):
+        raise ctx.error(f"{what} must be a sequence, got {type(seq).__name__}")
+    return seq
+
+
+@builtin("SequenceConstruct", since=11)
+def sequence_construct(ctx, *inputs):
+    """SequenceConstruct(inputs...) -> output_sequence."""
+    return list(inputs)
+
+
+@builtin("SequenceEmpty", since=11, attrs={"dtype": None})
+def sequence_empty(ctx, *, dtype):
+    """SequenceEmpty() -> an empty sequence (of element type ``dtype``)."""
+    return []
+
+
+@builtin("SequenceInsert", since=11)
+def sequence_insert(ctx, seq, tensor, position=None):
+    """SequenceInsert(input_sequence, tensor, position?) -> output_sequence."""
+    seq = list(_sequence(ctx, seq))
+    if position is None:
+        seq.append(tensor)
+    else:
+        seq.insert(_position(ctx, position, len(seq), insert=True), tensor)
+    return seq
+
+
+@builtin("SequenceErase", since=11)
+def sequence_erase(ctx, seq, position=None):
+    """SequenceErase(input_sequence, position?) -> output_sequence (default: the last)."""
+    seq = list(_sequence(ctx, seq))
+    if not seq:
+        raise ctx.error("cannot erase from an empty sequence")
+    pos = len(seq) - 1 if position is None else _position(ctx, position, len(seq), insert=False)
+    del seq[pos]
+    return seq
+
+
+@builtin("SequenceAt", since=11)
+def sequence_at(ctx, seq, position):
+    """SequenceAt(input_sequence, position) -> tensor."""
+    seq = _sequence(ctx, seq)
+    return seq[_position(ctx, position, len(seq), insert=False)]
+
+
+@builtin("SequenceLength", since=11)
+def sequence_length(ctx, seq):
+    """SequenceLength(input_sequence) -> int64 scalar."""
+    return torch.tensor(len(_sequence(ctx, seq)), dtype=torch.int64)
+
+
+@builtin("SplitToSequence", since=11, attrs={"axis": 0, "keepdims": 1})
+def split_to_sequence(ctx, x, split=None, *, axis, keepdims):
+    """SplitToSequence(input, split?) -> output_sequence."""
+    axis = axis % x.ndim
+    dim = x.shape[axis]
+    if split is None:
+        pieces = [x.select(axis, i) for i in range(dim)]
+        if keepdims:
+            pieces = [p.unsqueeze(axis) for p in pieces]
+        return pieces
+    split = ctx.static(split, "split")
+    if split.ndim == 0:
+        size = int(split)
+        if size <= 0:
+            raise ctx.error(f"split must be positive, got {size}")
+        sizes = [size] * (dim // size) + ([dim % size] if dim % size else [])
+    else:
+        sizes = [int(s) for s in split]
+        if sum(sizes) != dim:
+            raise ctx.error(f"split sizes {sizes} do not sum to the axis length {dim}")
+    return list(torch.split(x, sizes, dim=axis))
+
+
+@builtin("ConcatFromSequence", since=11, attrs={"axis": REQUIRED, "new_axis": 0})
+def concat_from_sequence(ctx, seq, *, axis, new_axis):
+    """ConcatFromSequence(input_sequence) -> concatenated (or stacked, new_axis=1) tensor."""
+    seq = _sequence(ctx, seq)
+    if not seq:
+        raise ctx.error("cannot concatenate an empty sequence")
+    rank = seq[0].ndim
+    if new_axis:
+        axis = axis % (rank + 1)
+        seq = [np.expand_dims(s, axis) if is_numpy(s) else s.unsqueeze(axis) for s in seq]
+    else:
+        axis = axis % rank
+    return concatenate(seq, axis)
+
+
+@builtin("SequenceMap", since=17, attrs={"body": REQUIRED})
+def sequence_map(ctx, seq, *additional, body):
+    """SequenceMap(input_sequence, additional_inputs...) -> out_sequence... (body per item)."""
+    seq = _sequence(ctx, seq)
+    for extra in additional:
+        if isinstance(extra, list) and len(extra) != len(seq):
+            raise ctx.error(f"sequence inputs differ in length ({len(extra)} vs {len(seq)})")
+    results: list[list] = [[] for _ in body.outputs]
+    for i, item in enumerate(seq):
+        feeds = [item, *(e[i] if isinstance(e, list) else e for e in additional)]
+        for k, out in enumerate(ctx.run_subgraph(body, feeds)):
+            results[k].append(out)
+    return tuple(results)
+
+
+@builtin("Optional", since=15, attrs={"type": None})
+def optional(ctx, x=None, *, type):  # noqa: A002 - the ONNX attribute name
+    """Optional(input?) -> an optional holding input, or empty (None)."""
+    return x
+
+
+@builtin("OptionalHasElement", since=15)
+def optional_has_element(ctx, x=None):
+    """OptionalHasElement(input?) -> bool scalar: whether the optional holds a value."""
+    return torch.tensor(x is not None)
+
+
+@builtin("OptionalGetElement", since=15)
+def optional_get_element(ctx, x):
+    """OptionalGetElement(input) -> the value held (a tensor or sequence passes through)."""
+    if x is None:
+        raise ctx.error("the optional input is empty")
+    return x
