@@ -47,9 +47,9 @@ def test_linen_cnn_structure():
     assert inits["Conv_0.kernel"].metadata_props[ROLE] == "kernel"
     assert inits["Conv_0.kernel"].metadata_props[LAYOUT] == "HWIO"
     assert inits["Dense_0.kernel"].metadata_props[LAYOUT] == "IO"
-    assert {inits[f"BatchNorm_0.{k}"].metadata_props[ROLE] for k in ("scale", "bias", "mean", "var")} == {
-        "scale", "bias", "mean", "var"
-    }
+    assert {
+        inits[f"BatchNorm_0.{k}"].metadata_props[ROLE] for k in ("scale", "bias", "mean", "var")
+    } == {"scale", "bias", "mean", "var"}
     convs = [n for n in model.graph if n.op_type == "Conv"]
     assert [n.metadata_props[SCOPE] for n in convs] == ["Conv_0", "Conv_1"]
     assert convs[0].metadata_props[MODULE] == "flax.linen.Conv"
@@ -64,18 +64,27 @@ def test_transformer_structure():
     lns = [n for n in model.graph if n.op_type == "LayerNormalization"]
     assert len(lns) == 3
     assert {n.metadata_props[SCOPE] for n in lns} == {
-        "LayerNorm_0", "LinenBlock_0/LayerNorm_0", "LinenBlock_0/LayerNorm_1"
+        "LayerNorm_0",
+        "LinenBlock_0/LayerNorm_0",
+        "LinenBlock_0/LayerNorm_1",
     }
     gather = next(n for n in model.graph if n.op_type == "Gather")
     assert json.loads(gather.metadata_props[LAYER]) == {
-        "kind": "embedding", "num_embeddings": 50, "features": 32
+        "kind": "embedding",
+        "num_embeddings": 50,
+        "features": 32,
     }
     inits = model.graph.initializers
     assert inits["Embed_0.embedding"].metadata_props[ROLE] == "embedding"
-    assert inits["LinenBlock_0.MultiHeadDotProductAttention_0.query.kernel"].metadata_props[
-        ROLE
-    ] == "q_kernel"
-    attn = [n for n in model.graph if LAYER in n.metadata_props and "attention" in n.metadata_props[LAYER]]
+    assert (
+        inits["LinenBlock_0.MultiHeadDotProductAttention_0.query.kernel"].metadata_props[ROLE]
+        == "q_kernel"
+    )
+    attn = [
+        n
+        for n in model.graph
+        if LAYER in n.metadata_props and "attention" in n.metadata_props[LAYER]
+    ]
     assert len(attn) == 1
     assert json.loads(attn[0].metadata_props[LAYER])["num_heads"] == 4
 
@@ -106,7 +115,7 @@ def test_from_jax_plain_function():
     idx = np.array([0, 5, 2, 2, 1], np.int32)
     model = from_jax(fn, params, (x, idx))
     assert set(model.graph.initializers) >= {"w", "b", "table"}
-    out, = xconv.to_jax(model)[0](xconv.to_jax(model)[1], x, idx)
+    (out,) = xconv.to_jax(model)[0](xconv.to_jax(model)[1], x, idx)
     np.testing.assert_allclose(np.asarray(out), np.asarray(fn(params, x, idx)), atol=1e-5)
 
 

@@ -238,9 +238,12 @@ class _Context:
         self._count += 1
         name = f"{op_type.lower()}_{self._count}"
         node = ir.Node(
-            "", op_type, list(inputs),
+            "",
+            op_type,
+            list(inputs),
             attributes=[ir.convenience.convert_attribute(k, v) for k, v in (attrs or {}).items()],
-            num_outputs=num_outputs, name=name,
+            num_outputs=num_outputs,
+            name=name,
         )
         for i, out in enumerate(node.outputs):
             out.name = f"{name}_out{i}" if num_outputs > 1 else name
@@ -345,8 +348,9 @@ class _Context:
             eps = float(getattr(module, "epsilon", 1e-6))
             y = self.op("LayerNormalization", [x, scale, bias], {"axis": -1, "epsilon": eps})
         else:
-            if {"mean", "var"} - set(weights) or any(e.primitive.name.startswith("reduce")
-                                                     for e in run):
+            if {"mean", "var"} - set(weights) or any(
+                e.primitive.name.startswith("reduce") for e in run
+            ):
                 return False
             axis = getattr(module, "axis", -1)
             axis = axis % rank if isinstance(axis, int) else None
@@ -361,7 +365,8 @@ class _Context:
                 x = self.op("Transpose", [x], {"perm": perm})
             eps = float(getattr(module, "epsilon", 1e-5))
             y = self.op(
-                "BatchNormalization", [x, scale, bias, weights["mean"], weights["var"]],
+                "BatchNormalization",
+                [x, scale, bias, weights["mean"], weights["var"]],
                 {"epsilon": eps, "momentum": float(getattr(module, "momentum", 0.99))},
             )
             if moved:
@@ -397,8 +402,11 @@ def _build(closed, tree, inputs, classes, modules, root, source, collections=Tru
         ctx.graph.inputs.append(value)
         values.append(value)
     consts = [ctx.const(np.asarray(c)) for c in closed.consts]
-    outs = ctx.translate(jx, [*consts, *values] if jx.constvars else values) if not jx.constvars \
+    outs = (
+        ctx.translate(jx, [*consts, *values] if jx.constvars else values)
+        if not jx.constvars
         else _translate_with_consts(ctx, jx, consts, values)
+    )
     for k, out in enumerate(outs):
         if out.is_graph_input() or out.is_initializer() or out in ctx.graph.outputs:
             out = ctx.op("Identity", [out])

@@ -16,17 +16,28 @@ from xconv.ir.layers import mark_layer, mark_weight
 from xconv.ir.metadata import SCOPE
 
 KINDS = {
-    "Dense": "dense", "Linear": "dense", "Conv": "conv", "ConvTranspose": "conv_transpose",
-    "BatchNorm": "batch_norm", "LayerNorm": "layer_norm", "GroupNorm": "group_norm",
-    "RMSNorm": "rms_norm", "Embed": "embedding", "Dropout": "dropout",
-    "MultiHeadDotProductAttention": "attention", "MultiHeadAttention": "attention",
+    "Dense": "dense",
+    "Linear": "dense",
+    "Conv": "conv",
+    "ConvTranspose": "conv_transpose",
+    "BatchNorm": "batch_norm",
+    "LayerNorm": "layer_norm",
+    "GroupNorm": "group_norm",
+    "RMSNorm": "rms_norm",
+    "Embed": "embedding",
+    "Dropout": "dropout",
+    "MultiHeadDotProductAttention": "attention",
+    "MultiHeadAttention": "attention",
     "SelfAttention": "attention",
 }
 _DENSE_LIKE = {"Dense", "Linear", "DenseGeneral", "LinearGeneral", "Einsum"}
 _ANCHORS = {
-    "dense": ("MatMul", "Gemm", "Einsum"), "conv": ("Conv",),
-    "conv_transpose": ("ConvTranspose",), "batch_norm": ("BatchNormalization",),
-    "layer_norm": ("LayerNormalization",), "embedding": ("Gather",),
+    "dense": ("MatMul", "Gemm", "Einsum"),
+    "conv": ("Conv",),
+    "conv_transpose": ("ConvTranspose",),
+    "batch_norm": ("BatchNormalization",),
+    "layer_norm": ("LayerNormalization",),
+    "embedding": ("Gather",),
     "attention": ("MatMul", "Einsum"),
 }
 _ATTN_ROLES = {"query": "q", "key": "k", "value": "v", "out": "out_proj"}
@@ -52,7 +63,11 @@ def role_of(name: str, value: ir.Value, classes: dict[str, type]) -> tuple[str, 
     kind = cls.__name__
     parent = classes.get("/".join(parts[:-2]))
     rank = len(value.shape) if value.shape is not None else 0
-    if parent is not None and KINDS.get(parent.__name__) == "attention" and parts[-2] in _ATTN_ROLES:
+    if (
+        parent is not None
+        and KINDS.get(parent.__name__) == "attention"
+        and parts[-2] in _ATTN_ROLES
+    ):
         prefix = _ATTN_ROLES[parts[-2]]
         if leaf in ("kernel", "bias"):
             return f"{prefix}_{leaf}", None
@@ -102,9 +117,7 @@ def mark_layers(
         kind = KINDS.get(cls.__name__)
         if kind is None or kind == "dropout" or kind not in _ANCHORS:
             continue
-        anchor = next(
-            (n for n in by_scope.get(path, []) if n.op_type in _ANCHORS[kind]), None
-        )
+        anchor = next((n for n in by_scope.get(path, []) if n.op_type in _ANCHORS[kind]), None)
         if anchor is None:
             continue
         params = _layer_params(kind, graph, path, modules.get(path), node_info.get(anchor.name))
@@ -127,10 +140,14 @@ def _layer_params(kind, graph, path, module, info) -> dict[str, Any] | None:
         if info is None or info.get("kind") != kind:
             return None
         out = {
-            "ndim": len(info["kernel_size"]), "in_channels": int(info["in_channels"]),
-            "out_channels": int(info["out_channels"]), "kernel_size": info["kernel_size"],
-            "strides": info["strides"], "padding": info["padding"],
-            "dilations": info["dilations"], "groups": info["groups"],
+            "ndim": len(info["kernel_size"]),
+            "in_channels": int(info["in_channels"]),
+            "out_channels": int(info["out_channels"]),
+            "kernel_size": info["kernel_size"],
+            "strides": info["strides"],
+            "padding": info["padding"],
+            "dilations": info["dilations"],
+            "groups": info["groups"],
             "use_bias": bias is not None,
         }
         if kind == "conv_transpose":
@@ -149,8 +166,10 @@ def _layer_params(kind, graph, path, module, info) -> dict[str, Any] | None:
         scale = _weight(graph, path, "scale")
         shape = _shape(scale) or _shape(bias)
         return {
-            "normalized_shape": shape, "epsilon": float(_attr(module, "epsilon", 1e-6)),
-            "elementwise_affine": scale is not None, "use_bias": bias is not None,
+            "normalized_shape": shape,
+            "epsilon": float(_attr(module, "epsilon", 1e-6)),
+            "elementwise_affine": scale is not None,
+            "use_bias": bias is not None,
         }
     if kind == "embedding":
         table = _shape(_weight(graph, path, "embedding"))
@@ -160,7 +179,8 @@ def _layer_params(kind, graph, path, module, info) -> dict[str, Any] | None:
         if len(q) != 3:
             return None
         return {
-            "embed_dim": q[0], "num_heads": q[1],
+            "embed_dim": q[0],
+            "num_heads": q[1],
             "use_bias": _weight(graph, f"{path}/query", "bias") is not None,
             "batch_first": True,
         }

@@ -22,8 +22,18 @@ HANDLERS: dict[str, Handler] = {}
 #: Primitives whose sub-jaxpr is translated inline (the call itself leaves no node).
 CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 INLINE = frozenset(
-    {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-     "custom_vjp_call_jaxpr", "remat", "checkpoint", "named_call"}
+    {
+        "jit",
+        "pjit",
+        "closed_call",
+        "core_call",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "custom_vjp_call_jaxpr",
+        "remat",
+        "checkpoint",
+        "named_call",
+    }
 )
 
 
@@ -53,18 +63,48 @@ def _ir_dtype(dtype: Any) -> ir.DataType:
 # --- elementwise -------------------------------------------------------------------------
 
 _UNARY = {
-    "exp": "Exp", "log": "Log", "tanh": "Tanh", "logistic": "Sigmoid", "erf": "Erf",
-    "sqrt": "Sqrt", "abs": "Abs", "neg": "Neg", "sign": "Sign", "floor": "Floor",
-    "ceil": "Ceil", "sin": "Sin", "cos": "Cos", "tan": "Tan", "asin": "Asin",
-    "acos": "Acos", "atan": "Atan", "sinh": "Sinh", "cosh": "Cosh", "asinh": "Asinh",
-    "acosh": "Acosh", "atanh": "Atanh", "reduce_precision": "Identity",
-    "stop_gradient": "Identity", "copy": "Identity", "copy_p": "Identity",
+    "exp": "Exp",
+    "log": "Log",
+    "tanh": "Tanh",
+    "logistic": "Sigmoid",
+    "erf": "Erf",
+    "sqrt": "Sqrt",
+    "abs": "Abs",
+    "neg": "Neg",
+    "sign": "Sign",
+    "floor": "Floor",
+    "ceil": "Ceil",
+    "sin": "Sin",
+    "cos": "Cos",
+    "tan": "Tan",
+    "asin": "Asin",
+    "acos": "Acos",
+    "atan": "Atan",
+    "sinh": "Sinh",
+    "cosh": "Cosh",
+    "asinh": "Asinh",
+    "acosh": "Acosh",
+    "atanh": "Atanh",
+    "reduce_precision": "Identity",
+    "stop_gradient": "Identity",
+    "copy": "Identity",
+    "copy_p": "Identity",
     "device_put": "Identity",
 }
 _BINARY = {
-    "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "max": "Max", "min": "Min",
-    "pow": "Pow", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
-    "ge": "GreaterOrEqual", "add_any": "Add",
+    "add": "Add",
+    "sub": "Sub",
+    "mul": "Mul",
+    "div": "Div",
+    "max": "Max",
+    "min": "Min",
+    "pow": "Pow",
+    "eq": "Equal",
+    "lt": "Less",
+    "le": "LessOrEqual",
+    "gt": "Greater",
+    "ge": "GreaterOrEqual",
+    "add_any": "Add",
 }
 _LOGICAL = {"and": ("And", "BitwiseAnd"), "or": ("Or", "BitwiseOr"), "xor": ("Xor", "BitwiseXor")}
 
@@ -222,7 +262,10 @@ def _dot_general(ctx, eqn, inputs):
         rhs = ctx.op("Cast", [rhs], {"to": _ir_dtype(out_dtype)})
     nb = len(lb)
     plain = (
-        lb == list(range(nb)) and rb == list(range(nb)) and lc == [lr - 1] and len(rc) == 1
+        lb == list(range(nb))
+        and rb == list(range(nb))
+        and lc == [lr - 1]
+        and len(rc) == 1
         and lr >= 1
     )
     if plain and rr == 2 and nb == 0 and rc == [0]:
@@ -271,7 +314,9 @@ def _conv(ctx, eqn, inputs):
     rhs_dil = [int(d) for d in (p.get("rhs_dilation") or [1] * nsp)]
     groups = int(p.get("feature_group_count", 1))
     info: dict[str, Any] = {
-        "kernel_size": kshape, "dilations": rhs_dil, "groups": groups,
+        "kernel_size": kshape,
+        "dilations": rhs_dil,
+        "groups": groups,
         "in_channels": _shape(eqn.invars[0])[lhs_spec[1]],
         "out_channels": _shape(eqn.invars[1])[rhs_spec[0]],
     }
@@ -295,18 +340,30 @@ def _conv(ctx, eqn, inputs):
         w = ctx.op("Slice", [w, starts, ends, axes, steps])
         w = ctx.op("Transpose", [w], {"perm": [1, 0, *range(2, nsp + 2)]})
         y = ctx.op(
-            "ConvTranspose", [x, w],
-            {"strides": lhs_dil, "pads": lo + hi, "dilations": rhs_dil,
-             "output_padding": out_pad, "kernel_shape": kshape},
+            "ConvTranspose",
+            [x, w],
+            {
+                "strides": lhs_dil,
+                "pads": lo + hi,
+                "dilations": rhs_dil,
+                "output_padding": out_pad,
+                "kernel_shape": kshape,
+            },
         )
         info.update(kind="conv_transpose", strides=lhs_dil, padding=[list(pp) for pp in padding])
     else:
         if any(a < 0 or b < 0 for a, b in padding):
             raise ConversionError("conv_general_dilated with negative padding is not supported")
         y = ctx.op(
-            "Conv", [x, w],
-            {"strides": strides, "pads": [a for a, _ in padding] + [b for _, b in padding],
-             "dilations": rhs_dil, "group": groups, "kernel_shape": kshape},
+            "Conv",
+            [x, w],
+            {
+                "strides": strides,
+                "pads": [a for a, _ in padding] + [b for _, b in padding],
+                "dilations": rhs_dil,
+                "group": groups,
+                "kernel_shape": kshape,
+            },
         )
         info.update(kind="conv", strides=strides, padding=[list(pp) for pp in padding])
     ctx.node_info[y.producer().name] = info
@@ -318,8 +375,12 @@ def _conv(ctx, eqn, inputs):
 
 # --- reductions --------------------------------------------------------------------------
 
-_REDUCE = {"reduce_sum": "ReduceSum", "reduce_max": "ReduceMax", "reduce_min": "ReduceMin",
-           "reduce_prod": "ReduceProd"}
+_REDUCE = {
+    "reduce_sum": "ReduceSum",
+    "reduce_max": "ReduceMax",
+    "reduce_min": "ReduceMin",
+    "reduce_prod": "ReduceProd",
+}
 
 
 def _reduce(op: str) -> Handler:
@@ -366,7 +427,9 @@ def _sort(ctx, eqn, inputs):
     dim = int(eqn.params["dimension"])
     n = _shape(eqn.invars[0])[dim]
     values, idx = ctx.op(
-        "TopK", [inputs[0], ctx.i64([n])], {"axis": dim, "largest": 0, "sorted": 1},
+        "TopK",
+        [inputs[0], ctx.i64([n])],
+        {"axis": dim, "largest": 0, "sorted": 1},
         num_outputs=2,
     )
     outs = [values]
@@ -379,7 +442,9 @@ def _sort(ctx, eqn, inputs):
 def _top_k(ctx, eqn, inputs):
     k = int(eqn.params["k"])
     values, idx = ctx.op(
-        "TopK", [inputs[0], ctx.i64([k])], {"axis": -1, "largest": 1, "sorted": 1},
+        "TopK",
+        [inputs[0], ctx.i64([k])],
+        {"axis": -1, "largest": 1, "sorted": 1},
         num_outputs=2,
     )
     return [values, ctx.op("Cast", [idx], {"to": _ir_dtype(eqn.outvars[1].aval.dtype)})]
@@ -396,7 +461,8 @@ def _reduce_window(ctx, eqn, inputs):
     dil = [int(d) for d in p.get("window_dilation", [1] * len(window))]
     rank = len(window)
     spatial = [
-        i for i in range(rank)
+        i
+        for i in range(rank)
         if window[i] != 1 or strides[i] != 1 or padding[i] != (0, 0) or dil[i] != 1
     ]
     other = [i for i in range(rank) if i not in spatial]
@@ -423,7 +489,9 @@ def _reduce_window(ctx, eqn, inputs):
         size = int(np.prod(attrs["kernel_shape"]))
         kind = "avg_pool"
     ctx.node_info[y.producer().name] = {
-        "kind": kind, "kernel_size": attrs["kernel_shape"], "strides": attrs["strides"],
+        "kind": kind,
+        "kernel_size": attrs["kernel_shape"],
+        "strides": attrs["strides"],
         "padding": [[padding[i][0], padding[i][1]] for i in spatial],
     }
     if kind == "avg_pool":
@@ -490,7 +558,9 @@ def _concatenate(ctx, eqn, inputs):
 def _split(ctx, eqn, inputs):
     sizes = [int(s) for s in eqn.params["sizes"]]
     outs = ctx.op(
-        "Split", [inputs[0], ctx.i64(sizes)], {"axis": int(eqn.params["axis"])},
+        "Split",
+        [inputs[0], ctx.i64(sizes)],
+        {"axis": int(eqn.params["axis"])},
         num_outputs=len(sizes),
     )
     return list(outs) if len(sizes) > 1 else [outs]
@@ -503,10 +573,18 @@ def _rev(ctx, eqn, inputs):
         return [ctx.op("Identity", inputs)]
     n = len(dims)
     big = np.iinfo(np.int64)
-    return [ctx.op(
-        "Slice",
-        [inputs[0], ctx.i64([-1] * n), ctx.i64([big.min] * n), ctx.i64(dims), ctx.i64([-1] * n)],
-    )]
+    return [
+        ctx.op(
+            "Slice",
+            [
+                inputs[0],
+                ctx.i64([-1] * n),
+                ctx.i64([big.min] * n),
+                ctx.i64(dims),
+                ctx.i64([-1] * n),
+            ],
+        )
+    ]
 
 
 @register("pad")
@@ -532,8 +610,13 @@ def _slice(ctx, eqn, inputs):
     starts = [int(s) for s in eqn.params["start_indices"]]
     ends = [int(s) for s in eqn.params["limit_indices"]]
     strides = eqn.params.get("strides") or [1] * len(starts)
-    args = [inputs[0], ctx.i64(starts), ctx.i64(ends), ctx.i64(list(range(len(starts)))),
-            ctx.i64([int(s) for s in strides])]
+    args = [
+        inputs[0],
+        ctx.i64(starts),
+        ctx.i64(ends),
+        ctx.i64(list(range(len(starts)))),
+        ctx.i64([int(s) for s in strides]),
+    ]
     return [ctx.op("Slice", args)]
 
 
@@ -688,8 +771,10 @@ def _scan(ctx, eqn, inputs):
     ys: list[list] = []
     for i in order:
         x_i = [
-            ctx.op("Squeeze", [ctx.op("Slice", [x, ctx.i64([i]), ctx.i64([i + 1]),
-                                                ctx.i64([0])]), ctx.i64([0])])
+            ctx.op(
+                "Squeeze",
+                [ctx.op("Slice", [x, ctx.i64([i]), ctx.i64([i + 1]), ctx.i64([0])]), ctx.i64([0])],
+            )
             for x in xs
         ]
         outs = ctx.inline(p["jaxpr"], [*consts, *carry, *x_i])
@@ -698,7 +783,8 @@ def _scan(ctx, eqn, inputs):
     if p["reverse"]:
         ys.reverse()
     stacked = [
-        ctx.op("Concat", [step[k] for step in ys], {"axis": 0}) if length > 1
+        ctx.op("Concat", [step[k] for step in ys], {"axis": 0})
+        if length > 1
         else ctx.op("Identity", [ys[0][k]])
         for k in range(len(ys[0]))
     ]
