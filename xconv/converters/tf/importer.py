@@ -243,12 +243,12 @@ def _from_saved_model(path: Path, examples: tuple[np.ndarray, ...] | None) -> ir
 
         specs = [sig.structured_input_signature[1][k] for k in names] or specs
         proto = _convert_function(fn, list(specs))
-    elif hasattr(loaded, "__call__") and hasattr(loaded.__call__, "get_concrete_function"):
+    elif callable(loaded) and hasattr(loaded.__call__, "get_concrete_function"):
         return _from_function(loaded.__call__, examples)
     else:
         raise ConversionError(f"the SavedModel {path} has no serving_default signature")
     model = _load(proto)
-    _name_by_value(model.graph, list(getattr(loaded, "variables", [])))
+    _name_by_value(model.graph, list(sig.variables))
     _finish(model, "saved_model")
     _canonicalize(model)
     return model

@@ -1,0 +1,276 @@
+"""TF frontend: every source kind converts with parity against TensorFlow; structure kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+pytest.importorskip("tensorflow")
+pytest.importorskip("tf2onnx")
+
+import xconv  # noqa: E402
+from fixtures import tf_models  # noqa: E402
+from xconv.converters.tf.importer import from_tf  # noqa: E402
+from xconv.ir.metadata import LAYER, LAYOUT, ROLE, SCOPE  # noqa: E402
+
+ATOL = 2e-5
+
+
+def _run_jax(model, xs):
+    fn, params = xconv.to_jax(model)
+    out = fn(params, *xs)
+    return np.asarray(out[0] if isinstance(out, tuple | list) else out)
+
+
+def _max_err(model, reference, xs) -> float:
+    ref = reference(*xs)
+    ref = ref[0] if isinstance(ref, tuple | list) else ref
+    return float(np.abs(_run_jax(model, xs) - np.asarray(ref)).max())
+
+
+def _weights(model) -> set[str]:
+    """Keras weight paths (a Dropout's RNG state is not a weight: inference never reads it)."""
+    return {v.path for v in model.variables if "seed_generator" not in v.path}
+
+
+def _layers(model) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for node in model.graph.all_nodes():
+        raw = node.metadata_props.get(LAYER)
+        if raw:
+            layer = json.loads(raw)
+            out.setdefault(layer["kind"], []).append(layer | {"_scope": node.metadata_props[SCOPE]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    model, xs = tf_models.keras_cnn()
+    return model, xs, from_tf(model)
+
+
+@pytest.fixture(scope="module")
+def transformer():
+    model, xs = tf_models.keras_transformer()
+    return model, xs, from_tf(model)
+
+
+# --- numbers ------------------------------------------------------------------------------
+
+
+def test_keras_cnn_parity(cnn):
+    model, xs, ir_model = cnn
+    assert _max_err(ir_model, lambda x: model(x, training=False), xs) < ATOL
+
+
+def test_keras_transformer_parity(transformer):
+    model, xs, ir_model = transformer
+    assert _max_err(ir_model, lambda x: model(x, training=False), xs) < ATOL
+
+
+@pytest.mark.parametrize("builder", ["keras_sequential", "keras_subclassed"])
+def test_keras_models_parity(builder):
+    model, xs = getattr(tf_models, builder)()
+    ir_model = from_tf(model, xs)
+    assert _max_err(ir_model, model, xs) < ATOL
+    assert set(ir_model.graph.initializers) == {v.path for v in model.variables}
+
+
+def test_tf_function_control_flow_parity():
+    fn, xs = tf_models.tf_control_flow()
+    ir_model = from_tf(fn)
+    ops = {n.op_type for n in ir_model.graph}
+    assert {"If", "Loop"} <= ops
+    assert "w" in ir_model.graph.initializers  # captured variable keeps its name
+    assert _max_err(ir_model, fn, xs) < ATOL
+    negative = (-np.abs(xs[0]),)  # the other branch of the tf.cond
+    assert _max_err(ir_model, fn, negative) < ATOL
+
+
+def test_saved_model(tmp_path):
+    path, model, xs = tf_models.saved_model(tmp_path)
+    ir_model = from_tf(path)
+    assert set(ir_model.graph.initializers) == {v.path for v in model.variables}
+    assert _max_err(ir_model, model, xs) < ATOL
+
+
+def test_keras_file_and_frozen_graph(tmp_path, cnn):
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    model, xs, _ = cnn
+    keras_path = tmp_path / "cnn.keras"
+    model.save(keras_path)
+    from_file = from_tf(keras_path)
+    assert "batch_normalization/moving_variance" in from_file.graph.initializers
+    assert _max_err(from_file, lambda x: model(x, training=False), xs) < ATOL
+
+    fn = tf.function(lambda x: model(x, training=False))
+    concrete = fn.get_concrete_function(tf.TensorSpec([None, *xs[0].shape[1:]], tf.float32))
+    frozen = convert_variables_to_constants_v2(concrete).graph.as_graph_def()
+    pb = tmp_path / "graph.pb"
+    pb.write_bytes(frozen.SerializeToString())
+    assert _max_err(from_tf(pb), lambda x: model(x, training=False), xs) < ATOL
+
+
+def test_bad_source_is_a_conversion_error(tmp_path):
+    with pytest.raises(xconv.errors.ConversionError):
+        from_tf(tmp_path / "nothing.txt")
+    with pytest.raises(xconv.errors.ConversionError):
+        from_tf(object())
+
+
+# --- structure ----------------------------------------------------------------------------
+
+
+def test_cnn_weights_keep_keras_paths_and_roles(cnn):
+    model, _, ir_model = cnn
+    inits = ir_model.graph.initializers
+    paths = _weights(model)
+    assert paths <= set(inits)
+    for path in paths:
+        assert ROLE in inits[path].metadata_props, path
+    assert inits["conv2d/kernel"].metadata_props[LAYOUT] == "HWIO"
+    assert inits["dense_1/kernel"].metadata_props[LAYOUT] == "IO"
+    roles = {p.split("/")[-1]: inits[p].metadata_props[ROLE] for p in paths if "batch_norm" in p}
+    assert roles == {
+        "gamma": "scale",
+        "beta": "bias",
+        "moving_mean": "mean",
+        "moving_variance": "var",
+    }
+    # values are the Keras variables, bit for bit
+    for v in model.variables:
+        if v.path not in paths:
+            continue
+        np.testing.assert_array_equal(inits[v.path].const_value.numpy(), v.numpy())
+
+
+def test_cnn_batch_norm_kept_and_layers_marked(cnn):
+    _, _, ir_model = cnn
+    bns = [n for n in ir_model.graph if n.op_type == "BatchNormalization"]
+    assert len(bns) == 2
+    layers = _layers(ir_model)
+    momenta = sorted(round(x["momentum"], 6) for x in layers["batch_norm"])
+    assert momenta == [0.01, 0.1]  # Keras 0.99 / 0.9 in torch's convention
+    assert len(layers["conv"]) == 5  # 2 Conv2D + Depthwise + Separable (depthwise, pointwise)
+    scopes = {x["_scope"] for x in layers["conv"]}
+    assert scopes == {
+        "conv2d",
+        "conv2d_1",
+        "depthwise_conv2d",
+        "separable_conv2d/depthwise",
+        "separable_conv2d/pointwise",
+    }
+    depthwise = next(x for x in layers["conv"] if x["_scope"] == "depthwise_conv2d")
+    assert depthwise["groups"] == 8
+    assert [x["_scope"] for x in layers["dense"]] == ["dense_1"]
+    assert {"max_pool", "avg_pool"} <= set(layers)
+
+
+def test_cnn_no_transposes_between_convs(cnn):
+    _, _, ir_model = cnn
+
+    # Transposes on the data path (not preparing a kernel): the input's NHWC->NCHW and the
+    # one before the channels-last global pooling; none between the convolutions.
+    def prepares_kernel(value) -> bool:
+        while not value.is_initializer():
+            producer = value.producer()
+            if producer is None or producer.op_type not in ("Reshape", "Transpose"):
+                return False
+            value = producer.inputs[0]
+        return True
+
+    data = [
+        n for n in ir_model.graph if n.op_type == "Transpose" and not prepares_kernel(n.inputs[0])
+    ]
+    assert len(data) == 2, [n.name for n in data]
+    assert data[0].inputs[0].is_graph_input()
+
+
+def test_transformer_structure(transformer):
+    model, _, ir_model = transformer
+    ops = [n.op_type for n in ir_model.graph]
+    assert ops.count("LayerNormalization") == 2
+    assert "Erf" in ops  # exact GELU, not the tanh approximation
+    layers = _layers(ir_model)
+    assert layers["embedding"][0]["num_embeddings"] == 50
+    assert layers["attention"][0]["num_heads"] == 2
+    assert layers["attention"][0]["_scope"] == "multi_head_attention"
+    assert len(layers["layer_norm"]) == 2
+    inits = ir_model.graph.initializers
+    assert inits["multi_head_attention/query/kernel"].metadata_props[ROLE] == "q_kernel"
+    assert inits["embedding/embeddings"].metadata_props[ROLE] == "embedding"
+    assert {v.path for v in model.variables} <= set(inits)
+
+
+# --- keras.applications -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_mobilenet_v2_parity():
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.applications.MobileNetV2(
+        input_shape=(64, 64, 3), alpha=0.35, weights=None, classes=10
+    )
+    x = np.random.default_rng(0).standard_normal((1, 64, 64, 3)).astype(np.float32)
+    ir_model = from_tf(model)
+    assert sum(n.op_type == "BatchNormalization" for n in ir_model.graph) == 52
+    err = _max_err(ir_model, lambda t: model(t, training=False), (x,))
+    assert err < 1e-4, err
+
+
+# --- import isolation ---------------------------------------------------------------------
+
+
+def _python(code: str) -> str:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def test_import_xconv_does_not_load_tensorflow():
+    out = _python(
+        """
+        import sys, xconv
+        import onnx
+        model = onnx.parser.parse_model('''<ir_version: 10, opset_import: ["" : 18]>
+            g (float[2] x) => (float[2] y) { y = Relu(x) }''')
+        fn, params = xconv.to_jax(xconv.load(model))
+        print("tensorflow" in sys.modules, "keras" in sys.modules)
+        """
+    )
+    assert out.split() == ["False", "False"]
+
+
+def test_tf_conversion_does_not_load_torch():
+    out = _python(
+        """
+        import sys
+        from fixtures import tf_models
+        import xconv
+        model, xs = tf_models.keras_sequential()
+        ir_model = xconv.from_tf(model)
+        print("torch" in sys.modules, len(ir_model.graph.initializers))
+        """
+    )
+    assert out.split() == ["False", "4"]
