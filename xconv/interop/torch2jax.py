@@ -32,20 +32,24 @@ class TorchAsJax:
         out_spec: The JAX treedef of the module's output (a single tensor, a tuple, a
             dict, ...), or ``None`` to return the flat tuple.
         model: The IR model (``onnx_ir.Model``) the function interprets.
+        constants: Non-float weights (BatchNorm's ``num_batches_tracked``), held fixed so
+            that ``params`` is all floats and ``jax.grad`` takes it whole.
     """
 
     jax_fn: Any
     out_spec: Any
     model: Any
 
+    constants: Mapping[str, Any]
+
     @property
     def param_names(self) -> tuple[str, ...]:
-        return self.jax_fn.weight_names
+        return tuple(n for n in self.jax_fn.weight_names if n not in self.constants)
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any) -> Any:
         from xconv.ir.naming import nest
 
-        names = self.jax_fn.weight_names
+        names = self.param_names
         if set(params) != set(names):
             missing = sorted(set(names) - set(params))
             unexpected = sorted(set(params) - set(names))
@@ -53,7 +57,8 @@ class TorchAsJax:
                 f"params do not match the module: missing {missing}, unexpected {unexpected}; "
                 "pass the dict torch2jax returned (keys are state_dict names)"
             )
-        outputs = self.jax_fn(nest(params) if names else {}, *inputs)
+        weights = {**self.constants, **params}
+        outputs = self.jax_fn(nest(weights) if weights else {}, *inputs)
         return _unflatten(outputs, self.out_spec)
 
 
@@ -88,8 +93,9 @@ def torch2jax(
     Returns:
         For a module, ``(fn, params)``: ``fn(params, *inputs)`` returns the module's output
         structure (one array, or a tuple/list/dict of arrays) and ``params`` is a flat dict of
-        JAX arrays keyed by ``state_dict`` names (parameters and persistent buffers). For a
-        function, ``fn(*inputs)``.
+        JAX arrays keyed by ``state_dict`` names: the parameters and the floating-point
+        persistent buffers (BatchNorm running statistics); integer buffers are constants
+        inside ``fn``. For a function, ``fn(*inputs)``.
 
     Raises:
         ConversionError: No example inputs, or the module cannot be traced or translated.
@@ -98,6 +104,7 @@ def torch2jax(
 
     from xconv.converters.jax.interpreter import to_jax
     from xconv.converters.torch.importer import from_torch
+    from xconv.ir.naming import flatten
 
     if not example_inputs:
         raise ConversionError("torch2jax needs example inputs to trace the module or function")
@@ -111,15 +118,20 @@ def torch2jax(
         )
     model = from_torch(module, example_inputs, dynamic_batch=dynamic_batch)
     jax_fn, nested = to_jax(model)
-    converted = TorchAsJax(
-        jax_fn, _out_spec(module, example_inputs, len(jax_fn.output_names)), model
-    )
-    from xconv.ir.naming import flatten
-
-    params = flatten(nested, jax_fn.weight_names) if jax_fn.weight_names else {}
+    weights = flatten(nested, jax_fn.weight_names) if jax_fn.weight_names else {}
+    params = {k: v for k, v in weights.items() if _is_float(v)}
+    constants = {k: v for k, v in weights.items() if k not in params}
+    spec = _out_spec(module, example_inputs, len(jax_fn.output_names))
+    converted = TorchAsJax(jax_fn, spec, model, constants)
     if isinstance(fn_or_module, nn.Module):
         return converted, params
     return _BoundFunction(converted, params)
+
+
+def _is_float(x: Any) -> bool:
+    import jax.numpy as jnp
+
+    return bool(jnp.issubdtype(x.dtype, jnp.inexact))
 
 
 def _function_module_class() -> type:
