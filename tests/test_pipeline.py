@@ -135,3 +135,18 @@ def test_no_inputs_for_a_state_dict_is_a_clear_error(tmp_path):
     with pytest.raises(xconv.ConversionError, match="--input-shape"):
         xconv.convert(ckpt, source_kind="torch", target="onnx", out_dir=tmp_path / "o",
                       options=xconv.ConvertOptions(module_factory=factory))  # fmt: skip
+
+
+def test_flax_to_onnx_from_a_variables_file(tmp_path):
+    from flax import serialization
+
+    from fixtures.flax_models import linen_mlp
+
+    module, variables, inputs = linen_mlp()
+    path = tmp_path / "vars.msgpack"
+    path.write_bytes(serialization.msgpack_serialize(variables))
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["flax-to-onnx", str(path), "--module",
+                                  "fixtures.flax_models:linen_mlp", "-o", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "parity.json").read_text())["passed"] is True

@@ -234,6 +234,8 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
     )
     if out is None:
         out = Path(f"{Path(str(source)).stem}_{target}")
+    if kw.get("module_factory") and "." not in sys.path and "" not in sys.path:
+        sys.path.insert(0, ".")  # factories name modules of the user's working directory
     console = _console()
     with console.status("converting") as status:
         result = convert(
@@ -264,6 +266,8 @@ _COMMANDS = (
     ("torch", "onnx", "a PyTorch MODEL (.pt2, TorchScript, or a state_dict with --module)"),
     ("onnx", "flax", "an ONNX MODEL"),
     ("onnx", "jax", "an ONNX MODEL"),
+    ("flax", "onnx", "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model"),
+    ("flax", "jax", "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model"),
 )
 
 
@@ -276,6 +280,11 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
         "the weights, OUT/model.onnx and OUT/parity.json, and checks parity against the source."
     )
     command = _conversion_options(command)
+    if source_kind == "flax":
+        command = click.option(
+            "--module", "module_factory", required=True,
+            help="pkg.mod:factory returning the Flax module (or (module, example_inputs)).",
+        )(command)  # fmt: skip
     if source_kind == "torch":
         command = click.option(
             "--module", "module_factory", default=None,

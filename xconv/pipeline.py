@@ -25,7 +25,7 @@ from xconv.errors import ConversionError
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("torch", "onnx", "flax")
+SOURCES = ("torch", "onnx", "flax", "tf")
 TARGETS = ("flax", "jax", "onnx")
 APIS = ("linen", "nnx")
 
@@ -228,9 +228,15 @@ def _numpy_inputs(options: ConvertOptions) -> tuple[Any, ...]:
 
 
 def _import_flax(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:
-    """``source`` is ``(linen_module, variables)`` or an nnx module."""
+    """``source`` is ``(linen_module, variables)``, an nnx module, or a variables file
+    (msgpack, Orbax, safetensors, npz) with ``options.module_factory`` building the module."""
     from xconv.converters.flax.importer import from_flax
 
+    description = None
+    if isinstance(source, str | os.PathLike):
+        source, factory_inputs = _flax_from_files(Path(source), options)
+        description = str(source)
+        given = given if given is not None else factory_inputs
     if given is None and (options.input_shapes or options.inputs_npz):
         given = _numpy_inputs(options)
     if given is None:
@@ -242,13 +248,68 @@ def _import_flax(source: Any, options: ConvertOptions, given: Sequence[Any] | No
         module, variables = source, None
         reference = module
     model = from_flax(module, variables, tuple(given))
-    return _Imported(model, reference, tuple(given), type(module).__name__)
+    return _Imported(model, reference, tuple(given), description or type(module).__name__)
+
+
+def _flax_from_files(path: Path, options: ConvertOptions) -> tuple[Any, Any]:
+    """Build the module with the factory and load the variables file into it."""
+    from xconv.factories import resolve_factory
+    from xconv.weights.io import read_checkpoint, unflatten
+
+    if not options.module_factory:
+        raise ConversionError(
+            "a Flax variables file needs --module pkg.mod:factory returning the module "
+            "(or (module, example_inputs))"
+        )
+    built = resolve_factory(options.module_factory)()
+    # The factory returns the module, (module, inputs) or (module, variables, inputs).
+    module, inputs = (built[0], built[-1]) if isinstance(built, tuple) else (built, None)
+    tree = unflatten(read_checkpoint(path))
+    if hasattr(module, "apply") and hasattr(module, "init"):  # linen
+        return (module, tree), inputs
+    from flax import nnx
+
+    state = nnx.state(module)
+    nnx.replace_by_pure_dict(state, tree)
+    nnx.update(module, state)
+    return module, inputs
+
+
+def _import_tf(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:
+    """``source`` is a Keras model, a ``tf.function``, a SavedModel folder, ``.keras`` or ``.pb``."""
+    from xconv.converters.tf.importer import from_tf, load_source
+
+    inputs = given
+    if inputs is None and (options.input_shapes or options.inputs_npz):
+        inputs = _numpy_inputs(options)
+    obj, reference = load_source(source)
+    model = from_tf(obj, inputs)
+    if inputs is None and options.check:
+        inputs = _tf_inputs_from_ir(model)
+    description = str(source) if isinstance(source, str | os.PathLike) else type(source).__name__
+    return _Imported(model, reference, inputs, description)
+
+
+def _tf_inputs_from_ir(model: ir.Model) -> tuple[Any, ...] | None:
+    """Random inputs matching the graph's input types (symbolic dims become 1)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = []
+    for value in model.graph.inputs:
+        if value.shape is None or value.dtype is None:
+            return None
+        shape = tuple(d if isinstance(d, int) else 1 for d in value.shape.dims)
+        dt = np.dtype(value.dtype.numpy())
+        out.append(rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt))
+    return tuple(out)
 
 
 _IMPORTERS: dict[str, Callable[[Any, ConvertOptions, Sequence[Any] | None], _Imported]] = {
     "torch": _import_torch,
     "onnx": _import_onnx,
     "flax": _import_flax,
+    "tf": _import_tf,
 }
 
 # --- emitters: write the target into the staging folder, return how to load it back -----

@@ -16,11 +16,10 @@ dtype, or ``"2,16:int64"``) or from an ``.npz`` file (:func:`example_inputs`).
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,12 @@ import torch
 from torch import nn
 
 from xconv.errors import ConversionError, InvalidModelError, WeightsError
+from xconv.factories import Factory, resolve_factory
 
 #: Suffixes read as a state_dict by ``torch.load(weights_only=True)``.
 STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 #: Seed of the random example inputs built from shape specs.
 SPEC_SEED = 0
-
-Factory = str | Callable[[], Any]
 
 
 def load_torch_model(
@@ -179,29 +177,6 @@ def _find_state_dict(obj: Any) -> dict[str, torch.Tensor] | None:
                 if found is not None:
                     return found
     return None
-
-
-def resolve_factory(factory: Factory) -> Callable[[], Any]:
-    """``"pkg.mod:factory"`` -> the callable (callables pass through)."""
-    if callable(factory):
-        return factory
-    module_name, sep, attr = str(factory).partition(":")
-    if not sep or not module_name or not attr:
-        raise ConversionError(
-            f"module factory {factory!r} must look like 'package.module:function'"
-        )
-    try:
-        mod = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConversionError(f"cannot import {module_name!r} for the module factory: {e}") from e
-    obj = mod
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ConversionError(f"{module_name!r} has no attribute {attr!r}")
-    if not callable(obj):
-        raise ConversionError(f"module factory {factory!r} is not callable")
-    return obj
 
 
 def _with_factory(path: Path, state: dict[str, torch.Tensor], factory: Factory | None):
