@@ -139,7 +139,7 @@ def plan_layers(graph: ir.Graph, annotated: bool) -> dict[ir.Node, LayerPlan]:
 def _plan(anchor, meta, body, scope, annotated, order) -> LayerPlan | None:
     kind = meta.pop("kind")
     body_set = set(body)
-    inputs, weights, outputs = [], {}, []
+    inputs, weights, outputs, consts = [], {}, [], []
     for n in body:
         for v in n.inputs:
             if v is None or not v.name or v.producer() in body_set:
@@ -149,13 +149,18 @@ def _plan(anchor, meta, body, scope, annotated, order) -> LayerPlan | None:
                 if role is None or weights.get(role, v) is not v:
                     return None
                 weights[role] = v
-            elif constant_of(v, annotated) is None and v not in inputs:
-                inputs.append(v)
+            elif constant_of(v, annotated) is None:
+                if v not in inputs:
+                    inputs.append(v)
+            elif v not in consts:
+                consts.append(v)
         if n.op_type == "Constant":
             continue
         for o in n.outputs:
             if o.is_graph_output() or any(u.node not in body_set for u in o.uses()):
                 outputs.append(o)
+    if not inputs and kind == "embedding" and len(consts) == 1:
+        inputs = consts  # constant positions: ``self.pos(torch.tensor([[0, 1, ...]]))``
     if len(inputs) != 1 or len(outputs) != 1:
         return None
     last = max(body, key=order.__getitem__)
@@ -164,9 +169,27 @@ def _plan(anchor, meta, body, scope, annotated, order) -> LayerPlan | None:
     return LayerPlan(kind, meta, anchor, body, scope, inputs, outputs, weights, last)
 
 
+#: Ops a layer body may hold besides Constants for the native layer to replace it exactly
+#: (layout plumbing around the anchor); a body holding anything else stays inline.
+_PLUMBING = frozenset({"Transpose", "Reshape", "Identity", "Cast", "Squeeze", "Unsqueeze"})
+BODY_OPS: dict[str, frozenset[str]] = {
+    "dense": _PLUMBING | {"Gemm", "MatMul", "Add", "Flatten"},
+    "conv": _PLUMBING | {"Conv", "Add", "Pad"},
+    "conv_transpose": _PLUMBING | {"ConvTranspose", "Add"},
+    "batch_norm": _PLUMBING | {"BatchNormalization"},
+    "embedding": _PLUMBING | {"Gather"},
+    "dropout": _PLUMBING | {"Dropout"},
+}
+
+
 def _native_ok(p: LayerPlan) -> bool:
     known = TORCH_NAMES.get(p.kind)
     if known is None or not set(p.weights) <= set(known):
+        return False
+    allowed = BODY_OPS.get(p.kind)
+    if allowed is not None and any(
+        n.op_type not in allowed for n in p.body if n.op_type != "Constant"
+    ):
         return False
     h, roles = p.hyper, set(p.weights)
     if p.kind in ("dense", "conv", "conv_transpose"):
@@ -320,9 +343,7 @@ class _Emitter:
         owner, attr, parts = self.place(value.name)
         empty = f"torch.empty({_shape(arr.shape)}, dtype={dtype_expr(value.dtype)})"
         role = value.metadata_props.get(ROLE)
-        buffer = role in ("mean", "var", "num_batches") or not np.issubdtype(
-            arr.dtype, np.floating
-        )
+        buffer = role in ("mean", "var", "num_batches") or not np.issubdtype(arr.dtype, np.floating)
         if buffer:
             self.init.append(f'{owner}.register_buffer("{attr}", {empty})')
         elif attr.isdigit():
@@ -379,7 +400,8 @@ class _Emitter:
 
     def emit_layer(self, p: LayerPlan) -> None:
         h, kind = p.hyper, p.kind
-        x = self.env[p.inputs[0]]
+        c = constant_of(p.inputs[0], self.annotated)
+        x = self.env[p.inputs[0]] if c is None else self.constant(p.inputs[0], c, False)
         owner, attr, parts = self.place(p.scope or p.anchor.name or kind)
         w = {r: v.const_value.numpy() for r, v in p.weights.items()}
         dt = ""

@@ -499,7 +499,9 @@ def _batch_norm(c: OpCall) -> str:
     if c.attrs["training_mode"] or len(c.node.outputs) > 1:
         raise c.fail("training-mode BatchNormalization nodes are not supported")
     x, s, b, m, v = c.args[:5]
-    return f"F.batch_norm({x}, {m}, {v}, {s}, {b}, False, 0.0, {scalar_literal(c.attrs['epsilon'])})"
+    return (
+        f"F.batch_norm({x}, {m}, {v}, {s}, {b}, False, 0.0, {scalar_literal(c.attrs['epsilon'])})"
+    )
 
 
 def _norm_shape(c: OpCall, axis: int) -> str:
@@ -706,9 +708,7 @@ def _slice(c: OpCall) -> str:
     starts = np.asarray(c.const(1, "starts")).reshape(-1)
     ends = np.asarray(c.const(2, "ends")).reshape(-1)
     r = c.need_rank()
-    axes = (
-        np.asarray(c.const(3, "axes")).reshape(-1) if c.has(3) else np.arange(len(starts))
-    )
+    axes = np.asarray(c.const(3, "axes")).reshape(-1) if c.has(3) else np.arange(len(starts))
     steps = np.asarray(c.const(4, "steps")).reshape(-1) if c.has(4) else np.ones_like(starts)
     index = [":"] * r
     dims = c.shapes[0]
