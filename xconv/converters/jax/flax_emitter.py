@@ -333,7 +333,17 @@ class _Emitter:
         suffix = "nhwc" if perm == layout.channels_last(rank) else "nchw" if perm is None else "t"
         name = self.ns.new(f"{names[src]}_{suffix}")
         xp = "np" if value in self.static else "jnp"
-        self.src.body.append(f"{name} = {xp}.transpose({names[src]}, {t})")
+        shape = _dims(value)
+        target = shape and tuple(shape[a] for a in (perm or range(rank)))
+        if target and layout.moves_only_unit_axes(t, [shape[a] for a in (src or range(rank))]):
+            # Only size-1 axes move (a pooled N,1,1,C): a reshape, which costs nothing.
+            dims = ", ".join(
+                str(d) if d is not None else f"{names[src]}.shape[{t[i]}]"
+                for i, d in enumerate(target)
+            )
+            self.src.body.append(f"{name} = {xp}.reshape({names[src]}, ({dims}))")
+        else:
+            self.src.body.append(f"{name} = {xp}.transpose({names[src]}, {t})")
         names[perm] = name
         return name
 
@@ -649,6 +659,12 @@ class _Emitter:
         rank = len(perm)
         ax = [int(a) + rank if a < 0 else int(a) for a in np.asarray(axes).reshape(-1)]
         return layout.after_reduce(perm, ax, rank)
+
+
+def _dims(value: ir.Value) -> list[int | None] | None:
+    if value.shape is None:
+        return None
+    return [d if isinstance(d, int) else None for d in value.shape]
 
 
 def _parse_attrs(node: ir.Node, spec: dict[str, Any]) -> dict[str, Any]:

@@ -54,3 +54,10 @@ def permute_constant(array: np.ndarray, perm: Perm, rank: int) -> np.ndarray:
         return array
     full = array.reshape((1,) * (rank - array.ndim) + array.shape)
     return np.transpose(full, perm)
+
+
+def moves_only_unit_axes(t: Sequence[int], src_shape: Sequence[int | None]) -> bool:
+    """Whether transposing an array of ``src_shape`` by ``t`` keeps every axis that is not
+    known to be 1 in its order, so the transpose is a reshape."""
+    kept = [a for a in t if src_shape[a] != 1]
+    return kept == sorted(kept)
