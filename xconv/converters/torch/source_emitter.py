@@ -192,12 +192,14 @@ def _native_ok(p: LayerPlan) -> bool:
     ):
         return False
     h, roles = p.hyper, set(p.weights)
-    if p.kind in ("dense", "conv", "conv_transpose"):
-        if "kernel" not in roles or ("bias" in roles) != bool(h["use_bias"]):
-            return False
-    if p.kind in ("conv", "conv_transpose"):
-        if not 1 <= h["ndim"] <= 3 or any(lo != hi for lo, hi in h["padding"]):
-            return False
+    if p.kind in ("dense", "conv", "conv_transpose") and (
+        "kernel" not in roles or ("bias" in roles) != bool(h["use_bias"])
+    ):
+        return False
+    if p.kind in ("conv", "conv_transpose") and (
+        not 1 <= h["ndim"] <= 3 or any(lo != hi for lo, hi in h["padding"])
+    ):
+        return False
     if p.kind == "batch_norm":
         rank = None if p.inputs[0].shape is None else len(p.inputs[0].shape)
         return rank in (2, 3, 4, 5) and (
