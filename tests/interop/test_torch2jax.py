@@ -60,12 +60,12 @@ def test_outputs_and_gradients_match_torch(converted):
     for k, want in ref_pgrads.items():
         scale = max(1.0, float(np.abs(want).max()))
         np.testing.assert_allclose(
-            np.asarray(pgrads[k]), want, rtol=1e-4, atol=1e-5 * scale, err_msg=f"{name}: {k}"
+            np.asarray(pgrads[k]), want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{name}: {k}"
         )
     assert len(grads) - 1 == len(ref_xgrads) == (0 if name == "transformer" else 1)
     for got, want in zip(grads[1:], ref_xgrads, strict=True):
         scale = max(1.0, float(np.abs(want).max()))
-        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5 * scale)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * scale)
 
 
 def test_vmap_over_a_stack_of_inputs(converted):
