@@ -35,8 +35,13 @@ def _is_int(dtype: torch.dtype) -> bool:
 
 
 def _matmul(a, b):
-    odd = a.dtype in (torch.uint16, torch.uint32, torch.uint64) or a.dtype != b.dtype
-    if odd and _is_int(a.dtype) and _is_int(b.dtype):
+    """torch.matmul, also for the integer cases torch lacks kernels for."""
+    if not (_is_int(a.dtype) and _is_int(b.dtype)):
+        return torch.matmul(a, b)
+    if a.device.type != "cpu":
+        # Accelerators have no integer matmul: float64 is exact for sums below 2**53.
+        return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(a.dtype)
+    if a.dtype in (torch.uint16, torch.uint32, torch.uint64) or a.dtype != b.dtype:
         return torch.matmul(a.to(torch.int64), b.to(torch.int64)).to(a.dtype)
     return torch.matmul(a, b)
 
