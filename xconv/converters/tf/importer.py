@@ -110,6 +110,49 @@ def from_tf(obj: Any, example_inputs: Any = None) -> ir.Model:
     )
 
 
+def load_source(source: Any) -> tuple[Any, Any]:
+    """Open a TF source for conversion and checking: ``(object for from_tf, reference)``.
+
+    The reference is a TensorFlow callable (a Keras model or a ``tf.function``) returning the
+    model's outputs, for the parity check. Paths are opened once (a ``.keras`` file becomes
+    the loaded model; a SavedModel or ``.pb`` stays a path, its reference a function).
+    """
+    if not isinstance(source, str | os.PathLike):
+        return source, source
+    path = Path(source)
+    if path.suffix == ".keras" and path.is_file():
+        import keras
+
+        model = keras.models.load_model(path)
+        return model, model
+    if path.is_dir():
+        loaded = tf.saved_model.load(str(path))
+        sig = (getattr(loaded, "signatures", {}) or {}).get("serving_default")
+        if sig is None:
+            return path, loaded.__call__
+        names = sorted(sig.structured_input_signature[1])
+
+        @tf.function
+        def saved(*xs):
+            out = sig(**dict(zip(names, xs, strict=True)))
+            return [out[k] for k in sorted(out)]
+
+        saved._xconv_loaded = loaded  # keeps the variables alive
+        return path, saved
+    if path.suffix == ".pb" and path.is_file():
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.ParseFromString(path.read_bytes())
+        inputs, outputs = _graph_def_io(graph_def)
+        wrapped = tf.compat.v1.wrap_function(
+            lambda: tf.compat.v1.import_graph_def(graph_def, name=""), []
+        )
+        return path, wrapped.prune(
+            [wrapped.graph.get_tensor_by_name(n) for n in inputs],
+            [wrapped.graph.get_tensor_by_name(n) for n in outputs],
+        )
+    return path, None
+
+
 # --- sources -----------------------------------------------------------------------------
 
 
@@ -262,13 +305,7 @@ def _from_graph_def_file(path: Path) -> ir.Model:
         graph_def.ParseFromString(path.read_bytes())
     except Exception as e:
         raise ConversionError(f"{path} is not a GraphDef: {_first_line(e)}") from e
-    consumed = {i.split(":")[0].lstrip("^") for n in graph_def.node for i in n.input}
-    inputs = [f"{n.name}:0" for n in graph_def.node if n.op == "Placeholder"]
-    outputs = [
-        f"{n.name}:0"
-        for n in graph_def.node
-        if n.name not in consumed and n.op not in ("Placeholder", "Const", "NoOp")
-    ]
+    inputs, outputs = _graph_def_io(graph_def)
     if not inputs or not outputs:
         raise ConversionError(f"{path}: no Placeholder inputs or no outputs found")
     try:
@@ -286,6 +323,18 @@ def _from_graph_def_file(path: Path) -> ir.Model:
     _finish(model, "graph_def")
     _canonicalize(model)
     return model
+
+
+def _graph_def_io(graph_def) -> tuple[list[str], list[str]]:
+    """Placeholders in; nodes nothing consumes out."""
+    consumed = {i.split(":")[0].lstrip("^") for n in graph_def.node for i in n.input}
+    inputs = [f"{n.name}:0" for n in graph_def.node if n.op == "Placeholder"]
+    outputs = [
+        f"{n.name}:0"
+        for n in graph_def.node
+        if n.name not in consumed and n.op not in ("Placeholder", "Const", "NoOp")
+    ]
+    return inputs, outputs
 
 
 # --- tf2onnx -----------------------------------------------------------------------------
@@ -699,4 +748,4 @@ def _canonicalize(model: ir.Model) -> None:
         canonicalize(model)
 
 
-__all__: Sequence[str] = ["SAFE_OPTIMIZERS", "TF2ONNX_OPSET", "from_tf"]
+__all__: Sequence[str] = ["SAFE_OPTIMIZERS", "TF2ONNX_OPSET", "from_tf", "load_source"]
