@@ -72,6 +72,13 @@ CASES = [
     ),  # fmt: skip
     OpCase("cumsum_int", "CumSum", [ints(3, 4)], consts={1: np.array(0, I64)}),
     OpCase(
+        "cumsum_uint32_exclusive",
+        "CumSum",
+        [ints(3, 4, lo=0, hi=9, dtype=np.uint32)],
+        consts={1: np.array(1, I64)},
+        attrs={"exclusive": 1},
+    ),  # fmt: skip
+    OpCase(
         "topk_largest",
         "TopK",
         [np.array([[3, 1, 3, 2, 1]], np.float32)],

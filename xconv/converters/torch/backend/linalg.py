@@ -104,6 +104,15 @@ def det(ctx, x):
 
 def _cumulative(ctx, x, axis, exclusive, reverse, op, identity):
     ax = normalize_axis(ctx, static_int(ctx, axis, "axis"), x.ndim)
+    if x.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        # No unsigned cumulative kernels in torch: numpy wraps around the same way.
+        a = as_numpy(x)
+        a = np.flip(a, ax) if reverse else a
+        if exclusive:
+            a = np.concatenate([np.full_like(a.take([0], axis=ax), identity), a], axis=ax)
+            a = a.take(np.arange(x.shape[ax]), axis=ax)
+        y = (np.cumsum if identity == 0 else np.cumprod)(a, axis=ax, dtype=a.dtype)
+        return from_numpy(np.flip(y, ax) if reverse else y, x)
     if reverse:
         x = torch.flip(x, (ax,))
     if exclusive:
