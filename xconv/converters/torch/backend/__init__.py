@@ -19,6 +19,7 @@ HANDLER_MODULES = (
     "sequence",
     "random",
     "misc",
+    "signal",
 )
 
 for _name in HANDLER_MODULES:
