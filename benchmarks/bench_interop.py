@@ -1,0 +1,200 @@
+"""Speed of the interop bridges.
+
+1. ``xconv.torch2jax`` (through the IR) vs the PyPI ``torch2jax`` package (``t2j``, which
+   runs the torch module's Python code on JAX arrays) on an MLP, a ResNet-style CNN and a
+   transformer encoder block, both jitted, same weights, same inputs: call overhead (batch 1)
+   and throughput (batch 32). Reported as time ratios xconv / t2j (< 1: xconv faster).
+2. ``xconv.jax2torch`` call overhead vs calling the jitted JAX function directly, forward
+   only (no grad) and forward + backward (vs ``jax.jit(jax.vjp)`` + the vjp).
+
+    python benchmarks/bench_interop.py [--repeat 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._timing import median_seconds  # noqa: E402
+
+
+def _models():
+    """Models built only from ops the peer implements (it lacks avg_pool2d and Tensor.split,
+    so the fixtures' ResNetTiny and EncoderLayer are trimmed to their common subset)."""
+    import torch
+    from torch import nn
+
+    from fixtures.torch_models import MLP, BasicBlock, _build
+
+    class CNN(nn.Module):
+        """ResNet-style: conv + BN + max pool stem, two residual blocks, global pool, head."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 8, 5, stride=2, padding=2, bias=False)
+            self.bn1 = nn.BatchNorm2d(8)
+            self.relu = nn.ReLU()
+            self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
+            self.layer1 = BasicBlock(8, 8)
+            self.layer2 = BasicBlock(8, 16, stride=2)
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(16, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer2(self.layer1(x))
+            return self.fc(torch.flatten(self.avgpool(x), 1))
+
+    class Block(nn.Module):
+        """Pre-LN transformer encoder block: multi-head self-attention and a GELU MLP."""
+
+        def __init__(self, d: int = 32, heads: int = 4) -> None:
+            super().__init__()
+            self.ln1 = nn.LayerNorm(d)
+            self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+            self.ln2 = nn.LayerNorm(d)
+            self.ff1 = nn.Linear(d, 4 * d)
+            self.act = nn.GELU()
+            self.ff2 = nn.Linear(4 * d, d)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.ln1(x)
+            x = x + self.attn(h, h, h, need_weights=False)[0]
+            return x + self.ff2(self.act(self.ff1(self.ln2(x))))
+
+    return {
+        "mlp": (_build(MLP), lambda b: torch.randn(b, 16)),
+        "cnn": (_build(CNN), lambda b: torch.randn(b, 3, 32, 32)),
+        "transformer": (_build(Block), lambda b: torch.randn(b, 10, 32)),
+    }
+
+
+def bench_torch2jax(name, module, make_input, batch, repeat):
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from torch2jax import t2j
+
+    import xconv
+
+    x = make_input(batch)
+    xj = jnp.asarray(x.numpy())
+    with torch.no_grad():
+        ref = module(x).numpy()
+    fn, params = xconv.torch2jax(module, x)
+    ours = jax.jit(fn)
+    out = {"xconv_err": float(np.abs(np.asarray(ours(params, xj)) - ref).max())}
+    out["xconv_ms"] = 1e3 * median_seconds(
+        lambda: jax.block_until_ready(ours(params, xj)), repeat=repeat
+    )
+    try:
+        f = t2j(module)
+        state = {k: t2j(v) for k, v in module.state_dict().items()}
+        theirs = jax.jit(lambda sd, x: f(x, state_dict=sd))
+        out["t2j_err"] = float(np.abs(np.asarray(theirs(state, xj)) - ref).max())
+        out["t2j_ms"] = 1e3 * median_seconds(
+            lambda: jax.block_until_ready(theirs(state, xj)), repeat=repeat
+        )
+    except Exception as e:  # the peer does not cover every torch op
+        out["t2j_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+    return out
+
+
+def bench_jax2torch(repeat, batch=1):
+    """jax2torch around the jitted xconv MLP, vs the jitted JAX function itself."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    import xconv
+    from fixtures.torch_models import MLP, _build
+
+    x = torch.randn(batch, 16)
+    fn, params = xconv.torch2jax(_build(MLP), x)
+    jax_fn = jax.jit(lambda x: fn(params, x))
+    xj = jnp.asarray(x.numpy())
+    wrapped = xconv.jax2torch(lambda x: fn(params, x))
+    xg = x.clone().requires_grad_()
+    vjp = jax.jit(lambda x: jax.vjp(lambda x: fn(params, x), x))
+    apply = jax.jit(lambda f, g: f(g))
+    ones = jnp.ones((batch, 8), jnp.float32)
+
+    def jax_fwd_bwd():
+        y, f = vjp(xj)
+        jax.block_until_ready(apply(f, ones))
+
+    def torch_fwd_bwd():
+        xg.grad = None
+        wrapped(xg).sum().backward()
+
+    def torch_fwd():
+        with torch.no_grad():
+            wrapped(x)
+
+    # Same numbers first.
+    wrapped(xg).sum().backward()
+    want = apply(vjp(xj)[1], ones)[0]
+    err = float(np.abs(xg.grad.numpy() - np.asarray(want)).max())
+    t_jax = median_seconds(lambda: jax.block_until_ready(jax_fn(xj)), repeat=repeat)
+    t_fwd = median_seconds(torch_fwd, repeat=repeat)
+    t_jax_fb = median_seconds(jax_fwd_bwd, repeat=repeat)
+    t_fb = median_seconds(torch_fwd_bwd, repeat=repeat)
+    return {
+        "jax_ms": t_jax * 1e3,
+        "j2t_ms": t_fwd * 1e3,
+        "jax_fb_ms": t_jax_fb * 1e3,
+        "j2t_fb_ms": t_fb * 1e3,
+        "grad_err": err,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--repeat", type=int, default=20)
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import jax
+    import torch
+
+    print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}")
+    print("torch2jax: xconv (through the IR) vs PyPI torch2jax 0.1.0 (t2j), both jax.jit")
+    print(
+        f"{'model':12} {'batch':>5} {'xconv ms':>9} {'t2j ms':>9} {'xconv/t2j':>9} "
+        f"{'xconv err':>9} {'t2j err':>9}"
+    )
+    for name, (module, make_input) in _models().items():
+        for batch in (1, 32):
+            r = bench_torch2jax(name, module, make_input, batch, args.repeat)
+            if "t2j_ms" in r:
+                print(
+                    f"{name:12} {batch:5d} {r['xconv_ms']:9.3f} {r['t2j_ms']:9.3f} "
+                    f"{r['xconv_ms'] / r['t2j_ms']:9.2f} {r['xconv_err']:9.1e} "
+                    f"{r['t2j_err']:9.1e}"
+                )
+            else:
+                print(
+                    f"{name:12} {batch:5d} {r['xconv_ms']:9.3f} {'-':>9} {'-':>9} "
+                    f"{r['xconv_err']:9.1e}  t2j failed: {r['t2j_error']}"
+                )
+    print("\njax2torch: torch calling the jitted xconv MLP (batch 1) vs calling it from JAX")
+    r = bench_jax2torch(args.repeat)
+    print(f"{'path':22} {'JAX ms':>8} {'jax2torch ms':>12} {'ratio':>6}")
+    print(
+        f"{'forward (no grad)':22} {r['jax_ms']:8.3f} {r['j2t_ms']:12.3f} "
+        f"{r['j2t_ms'] / r['jax_ms']:6.2f}"
+    )
+    print(
+        f"{'forward + backward':22} {r['jax_fb_ms']:8.3f} {r['j2t_fb_ms']:12.3f} "
+        f"{r['j2t_fb_ms'] / r['jax_fb_ms']:6.2f}"
+    )
+    print(f"input-gradient max abs difference: {r['grad_err']:.1e}")
+
+
+if __name__ == "__main__":
+    main()
