@@ -19,21 +19,25 @@ from __future__ import annotations
 import builtins
 import keyword
 import re
-from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.codegen import (
+    LayerBody,
+    Namespace,
+    check_templates,
+    layer_bodies,
+    parse_attrs,
+)
 from xconv.converters.jax.flax_ops import scalar_literal
-from xconv.converters.registry import REQUIRED, attribute_value
 from xconv.converters.torch.source_ops import TEMPLATES, OpCall, dtype_expr, tensor_literal
-from xconv.errors import ConversionError, MissingOp, UnsupportedAttributeError, UnsupportedOpError
-from xconv.ir.metadata import LAYOUT, ROLE, SOURCE_LINE, get_layer, get_scope
+from xconv.errors import ConversionError
+from xconv.ir.metadata import LAYOUT, ROLE, get_scope
 from xconv.ir.naming import split_path
 from xconv.ir.passes import canonicalize
-from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
+from xconv.ir.passes._utils import constant_of, is_annotated
 
 #: Constants up to this many elements are written inline; larger ones are buffers.
 INLINE_LIMIT = 64
@@ -76,97 +80,17 @@ def _module_members() -> frozenset[str]:
     return frozenset(n for n in dir(torch.nn.Module) if not n.startswith("_"))
 
 
-class Namespace:
-    """Unique, readable identifiers that never shadow builtins (after torch.fx's)."""
-
-    def __init__(self, reserved: frozenset[str] = _RESERVED) -> None:
-        self._used: set[str] = set(reserved)
-
-    def new(self, hint: str | None) -> str:
-        base = re.sub(r"\W", "_", hint or "v").strip("_") or "v"
-        base = re.sub(r"_+", "_", base)
-        if base[0].isdigit():
-            base = f"v_{base}"
-        name, i = base, 0
-        while name in self._used:
-            i += 1
-            name = f"{base}_{i}"
-        self._used.add(name)
-        return name
-
-    def take(self, name: str) -> bool:
-        if name in self._used:
-            return False
-        self._used.add(name)
-        return True
-
-
-@dataclass
-class LayerPlan:
-    kind: str
-    hyper: dict[str, Any]
-    anchor: ir.Node
-    body: list[ir.Node]
-    scope: str | None
-    inputs: list[ir.Value]
-    outputs: list[ir.Value]
-    weights: dict[str, ir.Value]
-    last: ir.Node
-
-
-def plan_layers(graph: ir.Graph, annotated: bool) -> dict[ir.Node, LayerPlan]:
-    """Group each ``xconv.layer`` anchor with the nodes of its scope (the layer's body)."""
-    by_scope: dict[str, list[ir.Node]] = {}
-    for node in graph:
-        scope = get_scope(node)
-        if scope:
-            by_scope.setdefault(scope, []).append(node)
-    order = {n: i for i, n in enumerate(graph)}
-    plans: dict[ir.Node, LayerPlan] = {}
-    for node in graph:
-        meta = get_layer(node)
-        if not meta or node in plans:
-            continue
-        scope = get_scope(node)
-        body = by_scope.get(scope, [node]) if scope else [node]
-        plan = _plan(node, meta, body, scope, annotated, order)
-        if plan is not None and _native_ok(plan):
-            for n in body:
-                plans[n] = plan
+def plan_layers(graph: ir.Graph, annotated: bool) -> dict[ir.Node, LayerBody]:
+    """Map each node of a layer body that one native torch layer can replace to its layer."""
+    plans: dict[ir.Node, LayerBody] = {}
+    for layer in layer_bodies(graph, annotated):
+        if not layer.inputs and layer.kind == "embedding" and len(layer.constants) == 1:
+            # constant positions: ``self.pos(torch.tensor([[0, 1, ...]]))``
+            layer.inputs = list(layer.constants)
+        if len(layer.inputs) == 1 and len(layer.outputs) == 1 and _native_ok(layer):
+            for n in layer.body:
+                plans[n] = layer
     return plans
-
-
-def _plan(anchor, meta, body, scope, annotated, order) -> LayerPlan | None:
-    kind = meta.pop("kind")
-    body_set = set(body)
-    inputs, weights, outputs, consts = [], {}, [], []
-    for n in body:
-        for v in n.inputs:
-            if v is None or not v.name or v.producer() in body_set:
-                continue
-            if is_weight(v, annotated):
-                role = v.metadata_props.get(ROLE)
-                if role is None or weights.get(role, v) is not v:
-                    return None
-                weights[role] = v
-            elif constant_of(v, annotated) is None:
-                if v not in inputs:
-                    inputs.append(v)
-            elif v not in consts:
-                consts.append(v)
-        if n.op_type == "Constant":
-            continue
-        for o in n.outputs:
-            if o.is_graph_output() or any(u.node not in body_set for u in o.uses()):
-                outputs.append(o)
-    if not inputs and kind == "embedding" and len(consts) == 1:
-        inputs = consts  # constant positions: ``self.pos(torch.tensor([[0, 1, ...]]))``
-    if len(inputs) != 1 or len(outputs) != 1:
-        return None
-    last = max(body, key=order.__getitem__)
-    if any(u.node not in body_set and order[u.node] < order[last] for u in outputs[0].uses()):
-        return None
-    return LayerPlan(kind, meta, anchor, body, scope, inputs, outputs, weights, last)
 
 
 #: Ops a layer body may hold besides Constants for the native layer to replace it exactly
@@ -182,7 +106,7 @@ BODY_OPS: dict[str, frozenset[str]] = {
 }
 
 
-def _native_ok(p: LayerPlan) -> bool:
+def _native_ok(p: LayerBody) -> bool:
     known = TORCH_NAMES.get(p.kind)
     if known is None or not set(p.weights) <= set(known):
         return False
@@ -222,36 +146,12 @@ def _kernel_to_torch(arr: np.ndarray, layout: str | None, target: str) -> np.nda
     return np.ascontiguousarray(np.transpose(arr, [layout.index(ch) for ch in target]))
 
 
-def _parse_attrs(node: ir.Node, spec: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(node.attributes) - set(spec))
-    if unknown:
-        raise UnsupportedAttributeError(
-            f"attribute(s) {unknown} not supported by the PyTorch source emitter; it "
-            f"understands {sorted(spec) or 'no attributes'}",
-            op=node.op_type,
-            node=node.name,
-            scope=get_scope(node),
-        )
-    out = {}
-    for name, default in spec.items():
-        attr = node.attributes.get(name)
-        if attr is None:
-            if default is REQUIRED:
-                raise UnsupportedAttributeError(
-                    f"required attribute {name!r} is missing", op=node.op_type, node=node.name
-                )
-            out[name] = default
-        else:
-            out[name] = attribute_value(attr)
-    return out
-
-
 class _Emitter:
     def __init__(self, model: ir.Model) -> None:
         self.graph = model.graph
         self.annotated = is_annotated(self.graph)
         self.plans = plan_layers(self.graph, self.annotated)
-        self.ns = Namespace()
+        self.ns = Namespace(_RESERVED)
         self.members = _module_members() | {"Scope"}
         self.top = Namespace(_RESERVED | self.members)  # flat top-level attribute names
         self.tree: dict[tuple[str, ...], str] = {}  # module path -> "scope" | "leaf"
@@ -266,31 +166,12 @@ class _Emitter:
     # ------------------------------------------------------------ checks
 
     def check_supported(self) -> None:
-        counts: Counter[str] = Counter()
-        first: dict[str, ir.Node] = {}
-        for node in self.graph:
-            if node in self.plans or node.op_type == "Constant":
-                continue
-            if node.domain not in ("", "ai.onnx") or node.op_type not in TEMPLATES:
-                key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
-                counts[key] += 1
-                first.setdefault(key, node)
-        if counts:
-            raise UnsupportedOpError(
-                "torch source",
-                [
-                    MissingOp(
-                        op_type=first[k].op_type,
-                        domain=first[k].domain,
-                        count=n,
-                        first_node=first[k].name,
-                        first_scope=get_scope(first[k]),
-                        source_line=first[k].metadata_props.get(SOURCE_LINE),
-                    )
-                    for k, n in sorted(counts.items())
-                ],
-                registry_module="xconv.converters.torch.source_ops.TEMPLATES",
-            )
+        check_templates(
+            (n for n in self.graph if n not in self.plans),
+            TEMPLATES,
+            "torch source",
+            registry_module="xconv.converters.torch.source_ops.TEMPLATES",
+        )
 
     # ------------------------------------------------------------ module tree
 
@@ -400,7 +281,7 @@ class _Emitter:
                 outputs.append(self.env[v])
         return inputs, outputs
 
-    def emit_layer(self, p: LayerPlan) -> None:
+    def emit_layer(self, p: LayerBody) -> None:
         h, kind = p.hyper, p.kind
         c = constant_of(p.inputs[0], self.annotated)
         x = self.env[p.inputs[0]] if c is None else self.constant(p.inputs[0], c, False)
@@ -500,7 +381,7 @@ class _Emitter:
 
     def emit_node(self, node: ir.Node) -> None:
         tpl = TEMPLATES[node.op_type]
-        attrs = _parse_attrs(node, tpl.attrs)
+        attrs = parse_attrs(node, tpl.attrs, "PyTorch source")
         args: list[str | None] = []
         consts: list[np.ndarray | None] = []
         for v in node.inputs:
@@ -535,7 +416,7 @@ class _Emitter:
                 self.env[o] = name
 
 
-def _dense_layout(p: LayerPlan) -> str:
+def _dense_layout(p: LayerBody) -> str:
     if p.anchor.op_type == "Gemm":
         tb = p.anchor.attributes.get("transB")
         return "OI" if tb is not None and tb.value else "IO"

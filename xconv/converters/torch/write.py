@@ -8,14 +8,14 @@ temporary sibling first and renamed into place, so a failed run leaves nothing h
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import onnx_ir as ir
 
+from xconv.converters.codegen import write_dir_atomic
 from xconv.converters.torch.source_emitter import to_torch_source
 
 
@@ -44,28 +44,17 @@ def write_torch(model: ir.Model, out_dir: str | os.PathLike) -> Path:
 
     source, state = to_torch_source(model)
     state = {k: v.contiguous() for k, v in sorted(state.items())}
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        (tmp / "model.py").write_text(source)
-        if _has_safetensors():
-            from safetensors.torch import save_file
+    files = {"model.py": source.encode()}
+    buf = io.BytesIO()
+    if _has_safetensors():
+        from safetensors.torch import save
 
-            save_file(state, str(tmp / "weights.safetensors"))
-            fmt = "safetensors"
-        else:
-            torch.save(state, tmp / "weights.pt")
-            fmt = "pt"
-        (tmp / "xconv.json").write_text(json.dumps({"format": 1, "weights": fmt}, sort_keys=True))
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+        files["weights.safetensors"] = save(state)
+        fmt = "safetensors"
+    else:
+        torch.save(state, buf)
+        files["weights.pt"] = buf.getvalue()
+        fmt = "pt"
+    meta = {"format": 1, "weights": fmt}
+    files["xconv.json"] = json.dumps(meta, sort_keys=True).encode()
+    return write_dir_atomic(out_dir, files)

@@ -1,0 +1,218 @@
+"""Pieces every source emitter shares (Flax, PyTorch): names, attributes, layer bodies, files.
+
+Framework-free: emitters build on these and add their own templates and layer rendering.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from xconv.converters.registry import REQUIRED, attribute_value
+from xconv.errors import MissingOp, UnsupportedAttributeError, UnsupportedOpError
+from xconv.ir.metadata import ROLE, SOURCE_LINE, get_layer, get_scope
+from xconv.ir.passes._utils import constant_of, is_weight
+
+
+class Namespace:
+    """Unique, readable identifiers that never shadow builtins (after torch.fx's).
+
+    Args:
+        reserved: Names never handed out (builtins, keywords, the module's imports).
+        avoid: Extra predicate for names to skip (e.g. a generated helper's name).
+    """
+
+    def __init__(self, reserved: Iterable[str], avoid: Callable[[str], bool] | None = None) -> None:
+        self._used: set[str] = set(reserved)
+        self._avoid = avoid
+
+    def new(self, hint: str | None) -> str:
+        base = re.sub(r"\W", "_", hint or "v").strip("_") or "v"
+        base = re.sub(r"_+", "_", base)
+        if base[0].isdigit():
+            base = f"v_{base}"
+        name, i = base, 0
+        while name in self._used or (self._avoid is not None and self._avoid(name)):
+            i += 1
+            name = f"{base}_{i}"
+        self._used.add(name)
+        return name
+
+    def take(self, name: str) -> bool:
+        """Claim ``name`` exactly; False when it is already used."""
+        if name in self._used:
+            return False
+        self._used.add(name)
+        return True
+
+
+def parse_attrs(node: ir.Node, spec: Mapping[str, Any], emitter: str) -> dict[str, Any]:
+    """Validate a node's attributes against ``spec`` (name -> default or REQUIRED)."""
+    unknown = sorted(set(node.attributes) - set(spec))
+    if unknown:
+        raise UnsupportedAttributeError(
+            f"attribute(s) {unknown} not supported by the {emitter} emitter; it understands "
+            f"{sorted(spec) or 'no attributes'}",
+            op=node.op_type,
+            node=node.name,
+            scope=get_scope(node),
+        )
+    out = {}
+    for name, default in spec.items():
+        attr = node.attributes.get(name)
+        if attr is None:
+            if default is REQUIRED:
+                raise UnsupportedAttributeError(
+                    f"required attribute {name!r} is missing", op=node.op_type, node=node.name
+                )
+            out[name] = default
+        else:
+            out[name] = attribute_value(attr)
+    return out
+
+
+def check_templates(
+    nodes: Iterable[ir.Node],
+    templates: Mapping[str, Any],
+    backend: str,
+    registry_module: str | None = None,
+) -> None:
+    """Scan first, fail once: raise one UnsupportedOpError naming every op without a template."""
+    counts: Counter[str] = Counter()
+    first: dict[str, ir.Node] = {}
+    for node in nodes:
+        if node.op_type == "Constant" and node.domain == "":
+            continue
+        if node.domain not in ("", "ai.onnx") or node.op_type not in templates:
+            key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+            counts[key] += 1
+            first.setdefault(key, node)
+    if counts:
+        raise UnsupportedOpError(
+            backend,
+            [
+                MissingOp(
+                    op_type=first[k].op_type,
+                    domain=first[k].domain,
+                    count=n,
+                    first_node=first[k].name,
+                    first_scope=get_scope(first[k]),
+                    source_line=first[k].metadata_props.get(SOURCE_LINE),
+                )
+                for k, n in sorted(counts.items())
+            ],
+            registry_module=registry_module,
+        )
+
+
+@dataclass
+class LayerBody:
+    """One recognised layer: its anchor, the nodes of its scope, and what crosses the edge."""
+
+    kind: str
+    hyper: dict[str, Any]
+    anchor: ir.Node
+    body: list[ir.Node]
+    scope: str | None
+    #: Non-constant values from outside the body, in first-use order.
+    inputs: list[ir.Value]
+    #: Constant values from outside the body (Constant outputs, non-weight initializers).
+    constants: list[ir.Value]
+    outputs: list[ir.Value]
+    weights: dict[str, ir.Value]
+    last: ir.Node
+
+
+def layer_bodies(graph: ir.Graph, annotated: bool) -> list[LayerBody]:
+    """Every ``xconv.layer`` anchor with its body (see ``xconv/ir/layers.py``), in graph order.
+
+    A body is left out when two weights share a role, or a consumer outside the body runs
+    between the body's nodes (then replacing the body with one call would reorder them).
+    """
+    by_scope: dict[str, list[ir.Node]] = {}
+    for node in graph:
+        scope = get_scope(node)
+        if scope:
+            by_scope.setdefault(scope, []).append(node)
+    order = {n: i for i, n in enumerate(graph)}
+    seen: set[ir.Node] = set()
+    out = []
+    for node in graph:
+        meta = get_layer(node)
+        if not meta or node in seen:
+            continue
+        scope = get_scope(node)
+        body = by_scope.get(scope, [node]) if scope else [node]
+        layer = _body(node, meta, body, scope, annotated, order)
+        if layer is not None:
+            seen.update(body)
+            out.append(layer)
+    return out
+
+
+def _body(anchor, meta, body, scope, annotated, order) -> LayerBody | None:
+    kind = meta.pop("kind")
+    body_set = set(body)
+    inputs: list[ir.Value] = []
+    constants: list[ir.Value] = []
+    weights: dict[str, ir.Value] = {}
+    outputs: list[ir.Value] = []
+    for n in body:
+        for v in n.inputs:
+            if v is None or not v.name or v.producer() in body_set:
+                continue
+            if is_weight(v, annotated):
+                role = v.metadata_props.get(ROLE)
+                if role is None or weights.get(role, v) is not v:
+                    return None
+                weights[role] = v
+            elif constant_of(v, annotated) is None:
+                if v not in inputs:
+                    inputs.append(v)
+            elif v not in constants:
+                constants.append(v)
+        if n.op_type == "Constant":
+            continue
+        for o in n.outputs:
+            if o.is_graph_output() or any(u.node not in body_set for u in o.uses()):
+                outputs.append(o)
+    if not outputs:
+        return None
+    last = max(body, key=order.__getitem__)
+    for o in outputs:
+        if any(u.node not in body_set and order[u.node] < order[last] for u in o.uses()):
+            return None
+    return LayerBody(kind, meta, anchor, body, scope, inputs, constants, outputs, weights, last)
+
+
+def write_dir_atomic(out_dir: str | os.PathLike, files: Mapping[str, bytes]) -> Path:
+    """Write ``files`` (name -> bytes) into ``out_dir``: a temp sibling, then one rename.
+
+    An existing ``out_dir`` is replaced; on any error nothing is left half-written.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
