@@ -146,16 +146,15 @@ def _topk(ctx, x, k: int, axis: int, largest: int):
     n = x.shape[ax]
     if not 0 <= k <= n:
         raise ctx.error(f"k={k} is out of range for an axis of size {n}")
-    if x.dtype == torch.uint64:
-        # torch has no uint64 sort or gather kernels: numpy's stable argsort does the same.
+    if x.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        # torch has no wide unsigned sort/gather kernels: numpy's stable argsort does the same.
         a = as_numpy(x)
         order = np.argsort(~a if largest else a, axis=ax, kind="stable")
         order = np.take(order, np.arange(k), axis=ax)
         values = np.take_along_axis(a, order, axis=ax)
         return from_numpy(values, x), from_numpy(order.astype(np.int64), x)
     # A stable sort keeps the lower index first among equal values, as ONNX specifies.
-    key = x.to(torch.int64) if x.dtype in (torch.uint16, torch.uint32) else x
-    _, idx = torch.sort(key, dim=ax, descending=bool(largest), stable=True)
+    _, idx = torch.sort(x, dim=ax, descending=bool(largest), stable=True)
     idx = idx.narrow(ax, 0, k)
     return torch.gather(x, ax, idx), idx
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from xconv.converters.torch.backend.linalg import normalize_axis
-from xconv.converters.torch.backend.math import WIDE_UNSIGNED
+from xconv.converters.torch.backend.math import WIDE_UNSIGNED, as_numpy, from_numpy
 from xconv.converters.torch.backend.registry import builtin
 
 _REDUCE_ATTRS = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
@@ -106,6 +107,17 @@ _NOOP = {
 }
 
 
+#: numpy versions of the integer-valued reductions, for uint64 data.
+_NUMPY = {
+    "ReduceSum": lambda a, axis, keepdims: np.sum(a, axis=axis, keepdims=keepdims, dtype=a.dtype),
+    "ReduceMax": np.max,
+    "ReduceMin": np.min,
+    "ReduceProd": lambda a, axis, keepdims: np.prod(a, axis=axis, keepdims=keepdims, dtype=a.dtype),
+    "ReduceL1": lambda a, axis, keepdims: np.sum(a, axis=axis, keepdims=keepdims, dtype=a.dtype),
+    "ReduceSumSquare": lambda a, axis, keepdims: np.sum(a * a, axis=axis, keepdims=keepdims),
+}
+
+
 def _make(op: str, fn: Callable, identity: Callable | None) -> Callable:
     def handler(ctx, x, axes_input=None, **attrs):
         ax = _axes(ctx, x, axes_input, attrs["axes"], attrs["noop_with_empty_axes"])
@@ -113,7 +125,11 @@ def _make(op: str, fn: Callable, identity: Callable | None) -> Callable:
         if not ax:
             return _NOOP.get(op, lambda v: v)(x).to(x.dtype)
         dtype = x.dtype
-        if dtype in WIDE_UNSIGNED and dtype != torch.uint64:
+        if dtype == torch.uint64 and op in _NUMPY:
+            # torch has no uint64 reduction kernels; numpy wraps around the same way.
+            y = _NUMPY[op](as_numpy(x), axis=ax, keepdims=keepdims)
+            return from_numpy(np.asarray(y).astype(np.uint64), x)
+        if dtype in WIDE_UNSIGNED:
             x = x.to(torch.int64)
         empty = any(x.shape[a] == 0 for a in ax)
         if empty and identity is not None:
@@ -140,8 +156,14 @@ for _op, (_since_input, _fn, _identity) in _REDUCERS.items():
 
 def _arg(ctx, x, axis, keepdims, select_last_index, fn):
     ax = normalize_axis(ctx, axis, x.ndim)
+    if x.dtype == torch.uint64:
+        a = as_numpy(x)
+        a = np.flip(a, ax) if select_last_index else a
+        pick = np.argmax if fn is torch.argmax else np.argmin
+        idx = pick(a, axis=ax, keepdims=bool(keepdims)).astype(np.int64)
+        return from_numpy((x.shape[ax] - 1) - idx if select_last_index else idx, x)
     if x.dtype == torch.bool or x.dtype in WIDE_UNSIGNED:
-        x = x.to(torch.int64) if x.dtype != torch.uint64 else x.to(torch.float64)
+        x = x.to(torch.int64)
     if select_last_index:
         n = x.shape[ax]
         return (n - 1) - fn(torch.flip(x, (ax,)), dim=ax, keepdim=bool(keepdims))
