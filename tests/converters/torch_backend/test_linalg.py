@@ -166,6 +166,32 @@ CASES = [
         attrs={"keepdims": 0},
     ),  # fmt: skip
     OpCase(
+        "reduce_max_uint64",
+        "ReduceMax",
+        [np.array([[2**64 - 1, 3], [5, 7]], np.uint64)],
+        consts={1: np.array([1], I64)},
+    ),
+    OpCase(
+        "reduce_sum_uint32",
+        "ReduceSum",
+        [ints(3, 4, lo=0, hi=99, dtype=np.uint32)],
+        consts={1: np.array([0], I64)},
+    ),
+    OpCase(
+        "argmin_uint64_last",
+        "ArgMin",
+        [np.array([[9, 1, 1]], np.uint64)],
+        attrs={"axis": 1, "select_last_index": 1},
+    ),
+    OpCase(
+        "topk_uint32_smallest",
+        "TopK",
+        [ints(2, 6, lo=0, hi=5, dtype=np.uint32)],
+        consts={1: np.array([3], I64)},
+        attrs={"largest": 0},
+        n_out=2,
+    ),
+    OpCase(
         "argmax_last",
         "ArgMax",
         [np.array([[1, 3, 3], [2, 2, 1]], np.float32)],
