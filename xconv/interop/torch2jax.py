@@ -9,7 +9,8 @@ with ``params`` a flat dict keyed by the module's ``state_dict`` names (``"fc1.w
 ``"bn1.running_mean"``), the same keys as ``torch.func.functional_call`` and the PyPI
 ``torch2jax`` package take. A flat dict is a JAX pytree, so ``jax.grad(loss)(params, x)``
 returns gradients under the very names torch uses for ``named_parameters()``, and an
-optimizer (optax) updates it as is. A plain function has no weights, so its result is just
+optimizer (optax) updates it as is. Only floating-point entries are params (so ``jax.grad``
+takes the dict whole); integer buffers such as ``num_batches_tracked`` stay constants. A plain function has no weights, so its result is just
 ``fn(*inputs)`` (tensors it closes over are folded in as constants).
 """
 
