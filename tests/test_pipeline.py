@@ -150,3 +150,29 @@ def test_flax_to_onnx_from_a_variables_file(tmp_path):
                                   "fixtures.flax_models:linen_mlp", "-o", str(out)])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert json.loads((out / "parity.json").read_text())["passed"] is True
+
+
+def test_onnx_and_flax_to_torch(tmp_path):
+    from flax import serialization
+
+    from fixtures.flax_models import linen_cnn
+    from xconv.demo import build_demo_model
+
+    path = xconv.save(build_demo_model(), tmp_path / "demo.onnx")
+    r = CliRunner().invoke(main, ["onnx-to-torch", str(path), "-o", str(tmp_path / "t1")])
+    assert r.exit_code == 0, r.output
+    source = (tmp_path / "t1" / "model.py").read_text()
+    assert "nn.Conv2d(" in source and "nn.BatchNorm2d(" in source and "nn.Linear(" in source
+
+    module, variables, _ = linen_cnn()
+    vars_path = tmp_path / "cnn.msgpack"
+    vars_path.write_bytes(serialization.msgpack_serialize(variables))
+    out = tmp_path / "t2"
+    r = CliRunner().invoke(main, ["flax-to-torch", str(vars_path), "--module",
+                                  "fixtures.flax_models:linen_cnn", "-o", str(out)])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "parity.json").read_text())["passed"] is True
+    from xconv.pipeline import _load_generated
+
+    torch_module = _load_generated(out / "model.py").load(out)
+    assert isinstance(torch_module, torch.nn.Module)

@@ -266,8 +266,12 @@ _COMMANDS = (
     ("torch", "onnx", "a PyTorch MODEL (.pt2, TorchScript, or a state_dict with --module)"),
     ("onnx", "flax", "an ONNX MODEL"),
     ("onnx", "jax", "an ONNX MODEL"),
+    ("onnx", "torch", "an ONNX MODEL"),
+    ("flax", "torch", "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model"),
     ("flax", "onnx", "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model"),
     ("flax", "jax", "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model"),
+    ("jax", "torch", "JAX PARAMS (msgpack, Orbax, safetensors) of the --module factory's (fn, params)"),
+    ("jax", "onnx", "JAX PARAMS (msgpack, Orbax, safetensors) of the --module factory's (fn, params)"),
 )
 
 
@@ -280,10 +284,11 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
         "the weights, OUT/model.onnx and OUT/parity.json, and checks parity against the source."
     )
     command = _conversion_options(command)
-    if source_kind == "flax":
+    if source_kind in ("flax", "jax"):
         command = click.option(
             "--module", "module_factory", required=True,
-            help="pkg.mod:factory returning the Flax module (or (module, example_inputs)).",
+            help="pkg.mod:factory returning the Flax module (or (module, example_inputs)); "
+                 "for jax-to-*, (fn, params[, example_inputs]).",
         )(command)  # fmt: skip
     if source_kind == "torch":
         command = click.option(

@@ -25,8 +25,8 @@ from xconv.errors import ConversionError
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("torch", "onnx", "flax", "tf")
-TARGETS = ("flax", "jax", "onnx")
+SOURCES = ("torch", "onnx", "flax", "jax", "tf")
+TARGETS = ("flax", "jax", "onnx", "torch")
 APIS = ("linen", "nnx")
 
 
@@ -105,7 +105,8 @@ def convert(
             ``nn.Module`` for torch, a ``ModelProto``/``onnx_ir.Model`` for onnx).
         source_kind: One of ``SOURCES``.
         target: One of ``TARGETS``: ``flax`` (model.py + variables.msgpack), ``jax``
-            (model.py loading the function + params.msgpack), ``onnx`` (model.onnx).
+            (model.py loading the function + params.msgpack), ``onnx`` (model.onnx),
+            ``torch`` (model.py with an ``nn.Module`` + its weights).
         out_dir: Output folder; replaced as a whole when the conversion succeeds.
         options: See :class:`ConvertOptions`.
         example_inputs: Inputs to trace and check with (in-memory sources); files get
@@ -305,10 +306,41 @@ def _tf_inputs_from_ir(model: ir.Model) -> tuple[Any, ...] | None:
     return tuple(out)
 
 
+def _import_jax(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:
+    """``source`` is ``(fn, params)`` for ``fn(params, *inputs)``, or a params file with
+    ``options.module_factory`` returning ``(fn, params[, example_inputs])``."""
+    from xconv.converters.flax.importer import from_jax
+
+    description = None
+    if isinstance(source, str | os.PathLike):
+        from xconv.factories import resolve_factory
+        from xconv.weights.io import read_checkpoint, unflatten
+
+        if not options.module_factory:
+            raise ConversionError(
+                "a JAX params file needs --module pkg.mod:factory returning (fn, params) "
+                "or (fn, params, example_inputs)"
+            )
+        built = resolve_factory(options.module_factory)()
+        fn, factory_inputs = built[0], (built[2] if len(built) > 2 else None)
+        description = str(source)
+        source = (fn, unflatten(read_checkpoint(Path(source))))
+        given = given if given is not None else factory_inputs
+    if given is None and (options.input_shapes or options.inputs_npz):
+        given = _numpy_inputs(options)
+    if given is None:
+        raise ConversionError("no example inputs: give --input-shape or --inputs FILE.npz")
+    fn, params = source
+    model = from_jax(fn, params, tuple(given))
+    name = description or getattr(fn, "__name__", "fn")
+    return _Imported(model, (fn, params), tuple(given), name)
+
+
 _IMPORTERS: dict[str, Callable[[Any, ConvertOptions, Sequence[Any] | None], _Imported]] = {
     "torch": _import_torch,
     "onnx": _import_onnx,
     "flax": _import_flax,
+    "jax": _import_jax,
     "tf": _import_tf,
 }
 
@@ -363,10 +395,18 @@ def _emit_onnx(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
     return lambda where: str(where / "model.onnx")
 
 
+def _emit_torch(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
+    from xconv.converters.torch.write import write_torch
+
+    write_torch(model, stage)
+    return lambda where: _load_generated(where / "model.py").load(where)
+
+
 _EMITTERS: dict[str, Callable[[ir.Model, Path, ConvertOptions], Loader]] = {
     "flax": _emit_flax,
     "jax": _emit_jax,
     "onnx": _emit_onnx,
+    "torch": _emit_torch,
 }
 
 

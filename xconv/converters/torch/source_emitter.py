@@ -106,6 +106,31 @@ BODY_OPS: dict[str, frozenset[str]] = {
 }
 
 
+#: Ops allowed on the body's data path (between its input and its output): the native layer
+#: replaces exactly these. Plumbing such as a Transpose is fine on the weight path (a kernel
+#: stored HWIO), but on the data path it changes the layer's input layout, which the native
+#: torch layer would silently drop.
+DATA_PATH_OPS: dict[str, frozenset[str]] = {
+    "dense": frozenset({"Gemm", "MatMul", "Add", "Identity"}),
+    "conv": frozenset({"Conv", "Add", "Pad", "Identity"}),
+    "conv_transpose": frozenset({"ConvTranspose", "Add", "Identity"}),
+    "batch_norm": frozenset({"BatchNormalization", "Identity"}),
+    "embedding": frozenset({"Gather", "Identity"}),
+    "dropout": frozenset({"Dropout", "Identity"}),
+}
+
+
+def _data_path(p: LayerBody) -> list[ir.Node]:
+    """Body nodes that depend on the layer's (non-constant) input."""
+    reached = set(p.inputs)
+    path = []
+    for n in p.body:
+        if any(v in reached for v in n.inputs if v is not None):
+            path.append(n)
+            reached.update(n.outputs)
+    return path
+
+
 def _native_ok(p: LayerBody) -> bool:
     known = TORCH_NAMES.get(p.kind)
     if known is None or not set(p.weights) <= set(known):
@@ -114,6 +139,9 @@ def _native_ok(p: LayerBody) -> bool:
     if allowed is not None and any(
         n.op_type not in allowed for n in p.body if n.op_type != "Constant"
     ):
+        return False
+    on_path = DATA_PATH_OPS.get(p.kind)
+    if on_path is not None and any(n.op_type not in on_path for n in _data_path(p)):
         return False
     h, roles = p.hyper, set(p.weights)
     if p.kind in ("dense", "conv", "conv_transpose") and (
