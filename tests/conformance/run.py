@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write per-case results here")
     p.add_argument("--write-docs", action="store_true", help="write docs/coverage.md")
     args = p.parse_args(argv)
-    backends = args.backend or ["onnxruntime", "roundtrip", "jax"]
+    backends = args.backend or ["onnxruntime", "roundtrip", "jax", "torch"]
     cases = load_cases(args.kind or KINDS, pattern=args.pattern)
     print(f"{len(cases)} cases", file=sys.stderr)
     reports = []
