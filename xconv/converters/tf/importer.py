@@ -49,6 +49,7 @@ SAFE_OPTIMIZERS = ("optimize_transpose", "remove_identity", "remove_back_to_back
 #: Keras layers recognised as one unit: their sublayers share the layer's scope.
 _ATOMIC = frozenset({"MultiHeadAttention", "SeparableConv2D", "SeparableConv1D"})
 _WEIGHT_PREFIX = "xconv_w"
+_BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
 _UNARY = frozenset(
     {
         "Relu",
@@ -698,40 +699,153 @@ def _replace_value(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
 
 
 def _push_transposes(graph: ir.Graph) -> bool:
-    """``U(Transpose(x))`` -> ``Transpose(U(x))`` for elementwise unary ``U``.
+    """Move a Transpose below the node that reads it, so transpose pairs meet and cancel.
 
-    tf2onnx leaves the NHWC<->NCHW transposes of a Conv on either side of an activation it
-    did not push through (after BatchNorm is restored); moved next to each other, the
-    transpose pairs cancel.
+    ``U(T(x)) -> T(U(x))`` for elementwise unary ``U``; ``B(T(a), T(b)) -> T(B(a, b))`` for
+    elementwise binary ``B`` with equal perms (residual adds); ``Pad(T(x), pads) ->
+    T(Pad(x, pads'))`` with the pads permuted (Keras ZeroPadding2D). tf2onnx leaves these
+    NHWC<->NCHW transposes around nodes it did not push through.
     """
+    from xconv.ir.passes._utils import constant_of, is_annotated
+
+    annotated = is_annotated(graph)
     changed = False
     for node in list(graph):
-        if node.op_type not in _UNARY or node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx") or not node.inputs:
             continue
-        x = node.inputs[0]
-        t = x.producer() if x is not None else None
-        if t is None or t.op_type != "Transpose" or len(list(x.uses())) != 1:
+        op = node.op_type
+        if op in _UNARY or op == "Pad":
+            slots = [0]
+        elif op in _BINARY and len(node.inputs) == 2:
+            slots = [0, 1]
+        else:
             continue
-        out = node.outputs[0]
-        node.replace_input_with(0, t.inputs[0])
-        moved = ir.node("Transpose", [out], attributes={"perm": list(t.attributes["perm"].value)})
-        for key in (SCOPE, MODULE):
-            if key in node.metadata_props:
-                moved.metadata_props[key] = node.metadata_props[key]
-        moved.outputs[0].shape, moved.outputs[0].type = out.shape, out.type
-        out.shape = None
-        graph.insert_after(node, moved)
-        uses = [(u.node, u.idx) for u in out.uses() if u.node is not moved]
-        for consumer, idx in uses:
-            consumer.replace_input_with(idx, moved.outputs[0])
-        for i, v in enumerate(graph.outputs):
-            if v is out:
-                graph.outputs[i] = moved.outputs[0]
-                name = out.name
-                out.name = None
-                moved.outputs[0].name = name
+        ts = [_sole_transpose(node.inputs[i]) for i in slots]
+        if any(t is None for t in ts):
+            continue
+        perm = list(ts[0].attributes["perm"].value)
+        if any(list(t.attributes["perm"].value) != perm for t in ts):
+            continue
+        if op == "Pad":
+            if len(node.inputs) > 3 or node.inputs[1] is None:
+                continue
+            pads = constant_of(node.inputs[1], annotated)
+            if pads is None:
+                continue
+            pads = [int(p) for p in np.asarray(pads).reshape(-1)]
+            rank = len(perm)
+            if len(pads) != 2 * rank:
+                continue
+            inner = [0] * (2 * rank)
+            for i, p in enumerate(perm):
+                inner[p], inner[p + rank] = pads[i], pads[i + rank]
+            const = ir.node(
+                "Constant", [], attributes={"value": ir.tensor(np.array(inner, dtype=np.int64))}
+            )
+            graph.insert_before(node, const)
+            node.replace_input_with(1, const.outputs[0])
+        for i, t in zip(slots, ts, strict=True):
+            node.replace_input_with(i, t.inputs[0])
+        _transpose_output(graph, node, perm)
         changed = True
     return changed
+
+
+def _sole_transpose(value: ir.Value | None) -> ir.Node | None:
+    t = value.producer() if value is not None else None
+    if t is None or t.op_type != "Transpose" or "perm" not in t.attributes:
+        return None
+    return t if len(list(value.uses())) == 1 else None
+
+
+def _transpose_output(graph: ir.Graph, node: ir.Node, perm: list[int]) -> None:
+    out = node.outputs[0]
+    moved = ir.node("Transpose", [out], attributes={"perm": perm})
+    for key in (SCOPE, MODULE):
+        if key in node.metadata_props:
+            moved.metadata_props[key] = node.metadata_props[key]
+    moved.outputs[0].shape, moved.outputs[0].type = out.shape, out.type
+    out.shape = None
+    graph.insert_after(node, moved)
+    for consumer, idx in [(u.node, u.idx) for u in out.uses() if u.node is not moved]:
+        consumer.replace_input_with(idx, moved.outputs[0])
+    for i, v in enumerate(graph.outputs):
+        if v is out:
+            graph.outputs[i] = moved.outputs[0]
+            name = out.name
+            out.name = None
+            moved.outputs[0].name = name
+
+
+def _const(value: ir.Value | None, annotated: bool) -> float | None:
+    from xconv.ir.passes._utils import constant_of
+
+    arr = constant_of(value, annotated)
+    if arr is None or np.asarray(arr).size != 1:
+        return None
+    return float(np.asarray(arr).reshape(()))
+
+
+def _split_const(node: ir.Node, annotated: bool) -> tuple[ir.Value | None, float | None]:
+    """For a binary node with one scalar-constant input: ``(other input, constant)``."""
+    if len(node.inputs) != 2:
+        return None, None
+    a, b = node.inputs
+    ca, cb = _const(a, annotated), _const(b, annotated)
+    if cb is not None and ca is None:
+        return a, cb
+    if ca is not None and cb is None:
+        return b, ca
+    return None, None
+
+
+def _fuse_gelu(graph: ir.Graph) -> int:
+    """``0.5 * x * (1 - erf(-x / sqrt(2)))`` (TF's exact GELU via Erfc) -> ``Gelu(x)``."""
+    from xconv.ir.passes._utils import is_annotated
+
+    annotated = is_annotated(graph)
+    fused = 0
+    for erf in [n for n in graph if n.op_type == "Erf"]:
+        uses = list(erf.outputs[0].uses())
+        if len(uses) != 1 or uses[0].node.op_type != "Sub" or uses[0].idx != 1:
+            continue
+        sub = uses[0].node
+        if _const(sub.inputs[0], annotated) != 1.0:
+            continue
+        scaled = erf.inputs[0].producer()
+        if scaled is None or scaled.op_type != "Mul":
+            continue
+        inner, k = _split_const(scaled, annotated)
+        if inner is None or k is None:
+            continue
+        neg = inner.producer()
+        if neg is not None and neg.op_type == "Neg" and abs(k - 0.5**0.5) < 1e-6:
+            x = neg.inputs[0]
+        elif abs(k + 0.5**0.5) < 1e-6:
+            x = inner
+        else:
+            continue
+        sub_uses = list(sub.outputs[0].uses())
+        if len(sub_uses) != 1 or sub_uses[0].node.op_type != "Mul":
+            continue
+        final = sub_uses[0].node
+        half = final.inputs[1 - sub_uses[0].idx]
+        half_node = half.producer() if half is not None else None
+        if half_node is None or half_node.op_type != "Mul":
+            continue
+        hx, h = _split_const(half_node, annotated)
+        if hx is not x or h != 0.5:
+            continue
+        gelu = ir.node("Gelu", [x], attributes={"approximate": "none"}, name=f"{final.name}_gelu")
+        for key in (SCOPE, MODULE):
+            if key in final.metadata_props:
+                gelu.metadata_props[key] = final.metadata_props[key]
+        out = final.outputs[0]
+        gelu.outputs[0].shape, gelu.outputs[0].type = out.shape, out.type
+        graph.insert_before(final, gelu)
+        _replace_value(graph, out, gelu.outputs[0])
+        fused += 1
+    return fused
 
 
 def _finish(model: ir.Model, source: str) -> None:
@@ -742,6 +856,8 @@ def _canonicalize(model: ir.Model) -> None:
     from xconv.ir.passes import canonicalize
 
     canonicalize(model)
+    if _fuse_gelu(model.graph):
+        canonicalize(model)
     for _ in range(8):
         if not _push_transposes(model.graph):
             break
