@@ -11,7 +11,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import onnx_ir as ir
 
 from xconv.ir.layers import mark_layer, mark_weight
@@ -156,8 +155,8 @@ def _conv_params(node: ir.Node, layer: Any, in_ch: int, out_ch: int, groups: int
     ndim = len(kernel)
     padding = _pads(node, ndim)
     if padding == "same":
-        padding = [[0, 0]] * ndim
-        logger.debug("%s: auto_pad SAME recorded as zero pads", layer.name)
+        # tf2onnx keeps auto_pad when the spatial size is unknown: no literal pads to record.
+        raise ValueError(f"{layer.name}: auto_pad SAME (spatial size unknown)")
     return {
         "ndim": ndim,
         "in_channels": in_ch,
@@ -268,7 +267,7 @@ def _mark(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
             num_features=int(_num_features(graph, leaf, ("moving_mean", "gamma"))),
             epsilon=float(cfg["epsilon"]),
             # Keras's momentum weighs the old statistic; the schema's the new one (torch).
-            momentum=float(np.float32(1.0 - float(cfg["momentum"]))),
+            momentum=round(1.0 - float(cfg["momentum"]), 12),
             affine=bool(cfg["scale"] and cfg["center"]),
             track_running_stats=True,
         )
