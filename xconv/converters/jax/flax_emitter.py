@@ -26,14 +26,15 @@ import onnx_ir as ir
 from xconv.converters.jax import layout
 from xconv.converters.jax.flax_ops import (
     HELPERS,
-    TEMPLATES,
     OpCall,
+    UnsupportedTemplateError,
     array_literal,
     dtype_expr,
+    find_template,
     scalar_literal,
 )
 from xconv.converters.registry import REQUIRED, attribute_value
-from xconv.errors import ConversionError, MissingOp, UnsupportedAttributeError, UnsupportedOpError
+from xconv.errors import ConversionError, MissingOp, UnsupportedAttributeError
 from xconv.ir.metadata import LAYOUT, MODULE, ROLE, SOURCE_LINE, get_layer, get_scope
 from xconv.ir.passes import canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
@@ -251,11 +252,7 @@ class _Emitter:
         plan.native = False
         if not weights:
             return None  # weightless (pooling, activations, ...): its ops inline are clearer
-        if scope is None or any(
-            n.op_type != "Constant"
-            and (n.domain not in ("", "ai.onnx") or n.op_type not in TEMPLATES)
-            for n in body
-        ):
+        if scope is None or any(n.op_type != "Constant" and find_template(n) is None for n in body):
             return None
         return plan
 
@@ -292,13 +289,12 @@ class _Emitter:
         for node in self.graph:
             if node in self.plans or node.op_type == "Constant":
                 continue
-            if node.domain not in ("", "ai.onnx") or node.op_type not in TEMPLATES:
+            if find_template(node) is None:
                 key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
                 counts[key] += 1
                 first.setdefault(key, node)
         if counts:
-            raise UnsupportedOpError(
-                "jax",
+            raise UnsupportedTemplateError(
                 [
                     MissingOp(
                         op_type=first[k].op_type,
@@ -556,7 +552,7 @@ class _Emitter:
     def emit_node(self, node: ir.Node) -> None:
         if node.op_type in ("Shape", "Size") and self._emit_shape(node):
             return
-        tpl = TEMPLATES[node.op_type]
+        tpl = find_template(node)
         attrs = _parse_attrs(node, tpl.attrs)
         ins = list(node.inputs)
         consts = [None if v is None or not v.name else constant_of(v, self.annotated) for v in ins]
@@ -571,6 +567,7 @@ class _Emitter:
         xp = "np" if static else "jnp"
         bare = tpl.layout == "binary"
         args: list[str | None] = []
+        stored = set(self.raw)
         for v, c in zip(ins, consts, strict=True):
             if v is None or not v.name:
                 args.append(None)
@@ -591,6 +588,7 @@ class _Emitter:
         ]
         call = OpCall(node, args, consts, shapes, attrs, xp=xp, perm=perm)
         expr = tpl.fn(call)
+        self._drop_unused_constants(stored, expr)
         self.src.helpers |= call.helpers
         outs = []
         for o in node.outputs:
@@ -608,6 +606,19 @@ class _Emitter:
         for o, name in zip(node.outputs, outs, strict=True):
             if name != "_":
                 self.bind(o, name, out_perm if o is node.outputs[0] else None, static)
+
+    def _drop_unused_constants(self, before: set, expr: str) -> None:
+        """Forget stored constants made for this node that its template did not use (zero
+        initial states a template writes as ``None``)."""
+        for key in [k for k in self.raw if k not in before]:
+            ref = self.raw[key]
+            if re.search(re.escape(ref), expr):
+                continue
+            attr = ref.removeprefix("self.").removesuffix("[...]")
+            del self.raw[key]
+            self.src.setup = [s for s in self.src.setup if not s[0].startswith(f"self.{attr} =")]
+            self.src.variables = [v for v in self.src.variables if v.path != (attr,)]
+            self.has_constants = any(v.collection == "constants" for v in self.src.variables)
 
     def _emit_shape(self, node: ir.Node) -> bool:
         """Shape/Size read a channels-last value directly, without transposing it back."""

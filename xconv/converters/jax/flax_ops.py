@@ -24,7 +24,12 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.registry import REQUIRED
-from xconv.errors import ConversionError, UnsupportedAttributeError
+from xconv.errors import (
+    ConversionError,
+    MissingOp,
+    UnsupportedAttributeError,
+    UnsupportedOpError,
+)
 
 INT64_MAX = np.iinfo(np.int64).max
 
@@ -101,7 +106,14 @@ class Template:
     outputs: int = 1
 
 
+#: Built-in templates, keyed by default-domain op type.
 TEMPLATES: dict[str, Template] = {}
+
+#: Templates registered with :func:`register_template`, keyed by ``(domain, op_type)``;
+#: they win over the built-in ones.
+USER_TEMPLATES: dict[tuple[str, str], Template] = {}
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 def template(*ops: str, layout: str = "plain", static_ok: bool = False, **attrs: Any):
@@ -111,6 +123,79 @@ def template(*ops: str, layout: str = "plain", static_ok: bool = False, **attrs:
         return fn
 
     return deco
+
+
+def register_template(
+    op_type: str,
+    fn: Callable[[OpCall], str] | None = None,
+    *,
+    domain: str = "",
+    attrs: dict[str, Any] | None = None,
+    layout: str = "plain",
+    helpers: dict[str, str] | None = None,
+):
+    """Teach the Flax emitter (``xconv.to_flax``) an op: ``fn(call) -> source expression``.
+
+    ``fn`` receives an :class:`OpCall` (``call.args`` are the input expressions,
+    ``call.consts`` their constant values or None, ``call.attrs`` the parsed attributes, with
+    the defaults given in ``attrs``; an attribute not listed there is an error) and returns
+    one Python expression computing the node's output (a tuple for several outputs). A
+    user template wins over the built-in one for the same op. ``helpers`` maps a helper name
+    to module-level source (a function named ``_<name>``) that the template may call after
+    ``call.helpers.add(name)``. Usable as a decorator::
+
+        @register_template("MyOp", domain="my.domain", attrs={"alpha": 1.0})
+        def my_op(call):
+            return f"{call.args[0]} * {call.attrs['alpha']}"
+    """
+    if layout not in ("plain", "unary", "binary", "axis", "channels_last"):
+        raise ConversionError(
+            f"layout={layout!r}; supported: 'plain', 'unary', 'binary', 'axis', 'channels_last'"
+        )
+
+    def deco(f: Callable[[OpCall], str]) -> Callable[[OpCall], str]:
+        key = ("" if domain in _DEFAULT_DOMAINS else domain, op_type)
+        USER_TEMPLATES[key] = Template(f, dict(attrs or {}), layout)
+        HELPERS.update(helpers or {})
+        return f
+
+    return deco if fn is None else deco(fn)
+
+
+def unregister_template(op_type: str, *, domain: str = "") -> None:
+    """Remove a user template (the built-in one, if any, applies again)."""
+    USER_TEMPLATES.pop(("" if domain in _DEFAULT_DOMAINS else domain, op_type), None)
+
+
+def find_template(node: ir.Node) -> Template | None:
+    """The template for ``node``: the user's first, then the built-in one; None if neither."""
+    domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
+    user = USER_TEMPLATES.get((domain, node.op_type))
+    if user is not None:
+        return user
+    return TEMPLATES.get(node.op_type) if domain == "" else None
+
+
+class UnsupportedTemplateError(UnsupportedOpError):
+    """Ops the Flax emitter has no template for; all listed at once, with how to add one."""
+
+    def __init__(self, missing: list[MissingOp]) -> None:
+        self.backend = "flax emitter"
+        self.missing = tuple(missing)
+        lines = [f"the flax emitter has no template for {len(self.missing)} op type(s):"]
+        for m in self.missing:
+            where = f", first at node {m.first_node!r}" if m.first_node else ""
+            if m.first_scope:
+                where += f" (scope {m.first_scope!r})"
+            if m.source_line:
+                where += f" [{m.source_line}]"
+            lines.append(f"  - {m.qualified_name} x{m.count}{where}")
+        lines.append(
+            "Add a template for each with "
+            "xconv.converters.jax.flax_ops.register_template(op_type, fn, domain=..., "
+            "attrs=...) before converting; fn(call) returns the Python expression for the node."
+        )
+        ConversionError.__init__(self, "\n".join(lines))
 
 
 # ---------------------------------------------------------------- literals and dtypes
@@ -909,6 +994,73 @@ def _topk(c: OpCall) -> str:
     return f"(lambda r: ({vals.format('r')}, r[1].astype(jnp.int64)))(lax.top_k({x}, {k}))"
 
 
+# ---------------------------------------------------------------- recurrent layers
+
+_RNN_ATTRS = {
+    "activation_alpha": None,
+    "activation_beta": None,
+    "activations": None,
+    "clip": None,
+    "direction": "forward",
+    "hidden_size": None,
+    "layout": 0,
+}
+
+#: op -> (default activations, number of outputs of the helper)
+_RNN_DEFAULTS = {
+    "RNN": (("Tanh",), 2),
+    "GRU": (("Sigmoid", "Tanh"), 2),
+    "LSTM": (("Sigmoid", "Tanh", "Tanh"), 3),
+}
+
+
+def _zero_or_none(c: OpCall, i: int) -> str:
+    """The argument expression, or ``None`` when absent or a constant zero (initial states)."""
+    if not c.has(i):
+        return "None"
+    const = c.consts[i]
+    return "None" if const is not None and not np.asarray(const).any() else c.args[i]
+
+
+def _recurrent(c: OpCall) -> str:
+    """ONNX RNN / GRU / LSTM as a call of the generated ``_rnn`` / ``_gru`` / ``_lstm``."""
+    op = c.node.op_type
+    defaults, n_out = _RNN_DEFAULTS[op]
+    acts = c.attrs["activations"]
+    if acts is not None and [a.lower() for a in acts] not in (
+        [a.lower() for a in defaults],
+        [a.lower() for a in defaults * 2],
+    ):
+        raise c.fail(f"activations={list(acts)}; the Flax emitter writes {list(defaults)}")
+    if c.attrs["clip"] is not None:
+        raise c.fail("clip; the Flax emitter writes unclipped cells")
+    direction = c.attrs["direction"]
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise c.fail(f"direction={direction!r}; supported: forward, reverse, bidirectional")
+    if op == "LSTM" and c.attrs["input_forget"]:
+        raise c.fail("input_forget=1")
+    if c.attrs["layout"] not in (0, 1):
+        raise c.fail(f"layout={c.attrs['layout']}; supported: 0, 1")
+    b = c.args[3] if c.has(3) else "None"
+    lens = c.args[4] if c.has(4) else "None"
+    args = [c.args[0], c.args[1], c.args[2], b, lens, _zero_or_none(c, 5)]
+    if op == "LSTM":
+        args += [_zero_or_none(c, 6), c.args[7] if c.has(7) else "None"]
+    kw = f"reverse={direction == 'reverse'}, batch_first={bool(c.attrs['layout'])}"
+    if op == "GRU":
+        kw += f", linear_before_reset={bool(c.attrs['linear_before_reset'])}"
+    name = op.lower()
+    c.helpers |= {name, "rnn_scan"}
+    call = f"_{name}({', '.join(args)}, {kw})"
+    n = len(c.node.outputs)
+    return f"{call}[0]" if n == 1 else call if n == n_out else f"{call}[:{n}]"
+
+
+TEMPLATES["RNN"] = Template(_recurrent, dict(_RNN_ATTRS))
+TEMPLATES["GRU"] = Template(_recurrent, {**_RNN_ATTRS, "linear_before_reset": 0})
+TEMPLATES["LSTM"] = Template(_recurrent, {**_RNN_ATTRS, "input_forget": 0})
+
+
 # ---------------------------------------------------------------- helper functions
 
 HELPERS: dict[str, str] = {
@@ -966,4 +1118,130 @@ def _attention(q, k, v, mask, is_causal, scale, q_num_heads, kv_num_heads):
         out = jnp.reshape(jnp.transpose(out, (0, 2, 1, 3)), (out.shape[0], out.shape[2], -1))
     return out
 ''',
+    "rnn_scan": """
+def _rnn_scan(step, xs, carry, lens, reverse):
+    \"\"\"Scan ``step(carry, x_t) -> (carry, y_t)`` over time (axis 0).
+
+    With ``lens`` each batch entry stops at its own length: its state is frozen and its
+    later outputs are zero; in reverse it starts from its own last step.
+    \"\"\"
+    if lens is None:
+        carry, ys = lax.scan(step, carry, xs, reverse=reverse)
+        return ys, carry
+    t = jnp.arange(xs.shape[0])[:, None]
+    valid = t < lens[None, :]
+    if reverse:
+        order = jnp.where(valid, lens[None, :] - 1 - t, t)
+        xs = jnp.take_along_axis(xs, order[:, :, None], axis=0)
+
+    def masked(carry, inp):
+        x_t, ok = inp
+        new, y = step(carry, x_t)
+        keep = ok[:, None]
+        new = jax.tree_util.tree_map(lambda n, o: jnp.where(keep, n, o), new, carry)
+        return new, jnp.where(keep, y, 0)
+
+    carry, ys = lax.scan(masked, carry, (xs, valid))
+    if reverse:
+        ys = jnp.take_along_axis(ys, order[:, :, None], axis=0)
+    return ys, carry
+""",
+    "rnn": """
+def _rnn(x, w, r, b, lens, h0, *, reverse, batch_first):
+    \"\"\"ONNX RNN (tanh): weights (directions, hidden, in); returns (Y, Y_h).\"\"\"
+    if batch_first:
+        x, h0 = jnp.swapaxes(x, 0, 1), None if h0 is None else jnp.swapaxes(h0, 0, 1)
+    ys, hs = [], []
+    for d in range(w.shape[0]):
+        xw = x @ w[d].T
+        if b is not None:
+            wb, rb = jnp.split(b[d], 2)
+            xw = xw + wb + rb
+        h = jnp.zeros((x.shape[1], r.shape[-1]), x.dtype) if h0 is None else h0[d]
+
+        def step(h, xw_t, r_d=r[d]):
+            h = jnp.tanh(xw_t + h @ r_d.T)
+            return h, h
+
+        y, h = _rnn_scan(step, xw, h, lens, reverse or d == 1)
+        ys.append(y)
+        hs.append(h)
+    y, h = jnp.stack(ys, 1), jnp.stack(hs)
+    if batch_first:
+        return jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(h, 0, 1)
+    return y, h
+""",
+    "gru": """
+def _gru(x, w, r, b, lens, h0, *, reverse, batch_first, linear_before_reset):
+    \"\"\"ONNX GRU, gates z, r, h: weights (directions, 3 * hidden, in); returns (Y, Y_h).\"\"\"
+    if batch_first:
+        x, h0 = jnp.swapaxes(x, 0, 1), None if h0 is None else jnp.swapaxes(h0, 0, 1)
+    hidden = r.shape[-1]
+    ys, hs = [], []
+    for d in range(w.shape[0]):
+        xw = x @ w[d].T
+        rb = jnp.zeros((3 * hidden,), x.dtype)
+        if b is not None:
+            wb, rb = jnp.split(b[d], 2)
+            xw = xw + wb
+        h = jnp.zeros((x.shape[1], hidden), x.dtype) if h0 is None else h0[d]
+
+        def step(h, xw_t, r_d=r[d], rb=rb):
+            xz, xr, xh = jnp.split(xw_t, 3, axis=-1)
+            rz, rr, rh = jnp.split(r_d, 3)
+            bz, br, bh = jnp.split(rb, 3)
+            z = jax.nn.sigmoid(xz + h @ rz.T + bz)
+            reset = jax.nn.sigmoid(xr + h @ rr.T + br)
+            if linear_before_reset:
+                n = jnp.tanh(xh + reset * (h @ rh.T + bh))
+            else:
+                n = jnp.tanh(xh + (reset * h) @ rh.T + bh)
+            h = (1 - z) * n + z * h
+            return h, h
+
+        y, h = _rnn_scan(step, xw, h, lens, reverse or d == 1)
+        ys.append(y)
+        hs.append(h)
+    y, h = jnp.stack(ys, 1), jnp.stack(hs)
+    if batch_first:
+        return jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(h, 0, 1)
+    return y, h
+""",
+    "lstm": """
+def _lstm(x, w, r, b, lens, h0, c0, p, *, reverse, batch_first):
+    \"\"\"ONNX LSTM, gates i, o, f, c: weights (directions, 4 * hidden, in); (Y, Y_h, Y_c).\"\"\"
+    if batch_first:
+        x = jnp.swapaxes(x, 0, 1)
+        h0 = None if h0 is None else jnp.swapaxes(h0, 0, 1)
+        c0 = None if c0 is None else jnp.swapaxes(c0, 0, 1)
+    hidden = r.shape[-1]
+    ys, hs, cs = [], [], []
+    for d in range(w.shape[0]):
+        xw = x @ w[d].T
+        if b is not None:
+            wb, rb = jnp.split(b[d], 2)
+            xw = xw + wb + rb
+        zeros = jnp.zeros((x.shape[1], hidden), x.dtype)
+        h = zeros if h0 is None else h0[d]
+        c = zeros if c0 is None else c0[d]
+        pi, po, pf = (0, 0, 0) if p is None else jnp.split(p[d], 3)
+
+        def step(carry, xw_t, r_d=r[d], pi=pi, po=po, pf=pf):
+            h, c = carry
+            i, o, f, g = jnp.split(xw_t + h @ r_d.T, 4, axis=-1)
+            i = jax.nn.sigmoid(i + pi * c)
+            f = jax.nn.sigmoid(f + pf * c)
+            c = f * c + i * jnp.tanh(g)
+            h = jax.nn.sigmoid(o + po * c) * jnp.tanh(c)
+            return (h, c), h
+
+        y, (h, c) = _rnn_scan(step, xw, (h, c), lens, reverse or d == 1)
+        ys.append(y)
+        hs.append(h)
+        cs.append(c)
+    y, h, c = jnp.stack(ys, 1), jnp.stack(hs), jnp.stack(cs)
+    if batch_first:
+        return jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(h, 0, 1), jnp.swapaxes(c, 0, 1)
+    return y, h, c
+""",
 }

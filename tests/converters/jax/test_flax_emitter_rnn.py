@@ -1,0 +1,224 @@
+"""Flax emitter: recurrent layers (vs torch, onnxruntime, the ONNX reference), template registration, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import xconv
+from tests.converters.jax.test_flax_emitter import (
+    APIS,
+    check_grads,
+    ort_run,
+    ruff_ok,
+    run_generated,
+)
+from xconv.converters.jax import flax_ops
+from xconv.converters.jax.flax_emitter import generate
+from xconv.errors import UnsupportedOpError
+
+SEQ, BATCH, D_IN, HIDDEN = 5, 3, 4, 6
+
+
+@pytest.fixture(scope="module")
+def seq_model():
+    torch = pytest.importorskip("torch")
+    try:
+        from fixtures import torch_models
+        from xconv import from_torch
+    except ImportError as e:  # the importer lives in another part of the tree
+        pytest.skip(f"torch importer unavailable: {e}")
+    module, inputs = torch_models.make_seq_model()
+    with torch.no_grad():
+        expected = module(*inputs).numpy()
+    return from_torch(module, inputs), inputs[0].numpy(), expected
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_seq_model_matches_torch(tmp_path, api, seq_model):
+    model, x, expected = seq_model
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    src = (out / "model.py").read_text()
+    # Structure: one generated class per recurrent layer, weights named by torch's parameters.
+    assert "class LSTM(" in src and "class GRU(" in src
+    assert "def _lstm(" in src and "def _gru(" in src and "lax.scan(" in src
+    assert "weight_ih_l1" in src and "bias_hh_l0_reverse" in src
+    assert "constants" not in src  # zero initial states are written as None, not stored
+    got, handle = run_generated(out, api, x)
+    err = float(np.max(np.abs(np.asarray(got) - expected)))
+    assert err <= 1e-5, err
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+    # 8 LSTM + 8 GRU + 2 head parameters, each reached by the gradient.
+    assert check_grads(api, handle, x) == 18
+
+
+def test_seq_model_deterministic(seq_model):
+    model = seq_model[0]
+    assert generate(model, api="nnx")[0] == generate(model, api="nnx")[0]
+
+
+def _rnn_model(op, direction, layout=0, with_lens=False, with_peephole=False, **attrs):
+    rng = np.random.default_rng(0)
+    n_dir = 2 if direction == "bidirectional" else 1
+    gates = {"RNN": 1, "GRU": 3, "LSTM": 4}[op]
+    x_shape = [BATCH, SEQ, D_IN] if layout else [SEQ, BATCH, D_IN]
+    state_shape = [BATCH, n_dir, HIDDEN] if layout else [n_dir, BATCH, HIDDEN]
+
+    def init(name, *shape):
+        arr = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+        return numpy_helper.from_array(arr, name)
+
+    inits = [
+        init("W", n_dir, gates * HIDDEN, D_IN),
+        init("R", n_dir, gates * HIDDEN, HIDDEN),
+        init("B", n_dir, 2 * gates * HIDDEN),
+    ]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, x_shape)]
+    inputs.append(h.make_tensor_value_info("h0", T.FLOAT, state_shape))
+    names = ["x", "W", "R", "B", "", "h0"]
+    if with_lens:
+        inputs.append(h.make_tensor_value_info("lens", T.INT32, [BATCH]))
+        names[4] = "lens"
+    if op == "LSTM":
+        inputs.append(h.make_tensor_value_info("c0", T.FLOAT, state_shape))
+        names.append("c0")
+        if with_peephole:
+            inits.append(init("P", n_dir, 3 * HIDDEN))
+            names.append("P")
+    outs = ["y", "y_h"] + (["y_c"] if op == "LSTM" else [])
+    node = h.make_node(
+        op, names, outs, hidden_size=HIDDEN, direction=direction, layout=layout, **attrs
+    )
+    graph = h.make_graph(
+        [node], "g", inputs, [h.make_tensor_value_info(o, T.FLOAT, None) for o in outs], inits
+    )
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 23)])
+    feeds = [
+        rng.standard_normal(x_shape).astype(np.float32),
+        rng.standard_normal(state_shape).astype(np.float32),
+    ]
+    if with_lens:
+        feeds.append(np.array([SEQ, 2, 4], np.int32))
+    if op == "LSTM":
+        feeds.append(rng.standard_normal(state_shape).astype(np.float32))
+    return ir.serde.deserialize_model(proto), feeds
+
+
+CASES = [
+    ("LSTM", "forward", {}),
+    ("LSTM", "bidirectional", {"layout": 1}),
+    ("LSTM", "reverse", {"with_lens": True, "with_peephole": True}),
+    ("LSTM", "bidirectional", {"with_lens": True}),
+    ("GRU", "bidirectional", {"linear_before_reset": 1}),
+    ("GRU", "forward", {"linear_before_reset": 0, "layout": 1}),
+    ("GRU", "reverse", {"with_lens": True}),
+    ("RNN", "bidirectional", {}),
+    ("RNN", "forward", {"layout": 1}),  # the ONNX reference ignores sequence_lens
+    ("RNN", "reverse", {"with_lens": True}),
+]
+
+
+@pytest.mark.parametrize(("op", "direction", "kw"), CASES)
+def test_recurrent_ops_match_onnxruntime(tmp_path, op, direction, kw):
+    model, feeds = _rnn_model(op, direction, **kw)
+    if kw.get("layout"):  # onnxruntime's CPU kernels refuse layout=1
+        from onnx.reference import ReferenceEvaluator
+
+        names = [v.name for v in model.graph.inputs]
+        ref = ReferenceEvaluator(ir.to_proto(model))
+        expected = ref.run(None, dict(zip(names, feeds, strict=True)))
+    else:
+        expected = ort_run(model, *feeds)
+    out = xconv.to_flax(model, tmp_path / "out", api="linen")
+    got, _ = run_generated(out, "linen", *feeds)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(np.asarray(g), e, rtol=1e-5, atol=1e-5)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+
+
+def test_non_default_activations_are_refused(tmp_path):
+    model, _ = _rnn_model("RNN", "forward", activations=["Relu"])
+    with pytest.raises(xconv.ConversionError, match="activations"):
+        xconv.to_flax(model, tmp_path / "out")
+
+
+def _custom_model():
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 3])
+    y = h.make_tensor_value_info("y", T.FLOAT, None)
+    nodes = [
+        h.make_node("Scale", ["x"], ["a"], domain="my.ops", alpha=3.0),
+        h.make_node("Relu", ["a"], ["y"]),
+    ]
+    proto = h.make_model(
+        h.make_graph(nodes, "g", [x], [y]),
+        opset_imports=[h.make_opsetid("", 23), h.make_opsetid("my.ops", 1)],
+    )
+    return ir.serde.deserialize_model(proto)
+
+
+def test_missing_template_error_names_the_emitter_and_the_fix(tmp_path):
+    with pytest.raises(UnsupportedOpError) as info:
+        xconv.to_flax(_custom_model(), tmp_path / "out")
+    msg = str(info.value)
+    assert "flax emitter" in msg and "jax backend" not in msg
+    assert "my.ops::Scale x1" in msg
+    assert "flax_ops.register_template(op_type, fn" in msg
+    assert info.value.backend == "flax emitter"
+
+
+def test_register_template_custom_op_and_user_wins(tmp_path):
+    x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
+    try:
+        flax_ops.register_template(
+            "Scale",
+            lambda c: f"{c.args[0]} * {flax_ops.scalar_literal(c.attrs['alpha'])}",
+            domain="my.ops",
+            attrs={"alpha": 1.0},
+        )
+
+        # A user template for a built-in op wins over the built-in one.
+        @flax_ops.register_template("Relu", layout="unary", helpers={"my_relu": _MY_RELU})
+        def _relu(c):
+            c.helpers.add("my_relu")
+            return f"_my_relu({c.args[0]})"
+
+        out = xconv.to_flax(_custom_model(), tmp_path / "out")
+        src = (out / "model.py").read_text()
+        assert "* 3.0" in src and "_my_relu(" in src and "jax.nn.relu" not in src
+        got, _ = run_generated(out, "linen", x)
+        np.testing.assert_allclose(np.asarray(got), np.maximum(x * 3.0, 0.0) + 1.0)
+        ok, msg = ruff_ok(out / "model.py")
+        assert ok, msg
+    finally:
+        flax_ops.unregister_template("Scale", domain="my.ops")
+        flax_ops.unregister_template("Relu")
+    src, _ = generate(_custom_model_builtin_only())
+    assert "jax.nn.relu(" in src  # unregistering restores the built-in template
+
+
+_MY_RELU = """
+def _my_relu(x):
+    return jnp.maximum(x, 0) + 1
+"""
+
+
+def _custom_model_builtin_only():
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 3])
+    y = h.make_tensor_value_info("y", T.FLOAT, None)
+    proto = h.make_model(
+        h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+        opset_imports=[h.make_opsetid("", 23)],
+    )
+    return ir.serde.deserialize_model(proto)
+
+
+def test_register_template_rejects_unknown_layout():
+    with pytest.raises(xconv.ConversionError, match="layout="):
+        flax_ops.register_template("Foo", lambda c: "x", layout="sideways")
