@@ -337,30 +337,19 @@ def test_pipeline_keras_file_without_inputs(tmp_path):
     assert result.passed, result.parity
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Flax emitter: a graph whose NHWC input is transposed to NCHW by the graph itself "
-    "gets a second NHWC transpose (the input's layout is assumed NCHW)",
-)
-def test_flax_emitter_on_keras_cnn(tmp_path):
-    import keras
-
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+def test_flax_emitter_on_keras_cnn(tmp_path, api, cnn):
     from xconv.pipeline import ConvertOptions, convert
 
-    keras.utils.set_random_seed(0)
-    inp = keras.Input((16, 16, 3))
-    x = keras.layers.Conv2D(8, 3, padding="same", name="conv")(inp)
-    x = keras.layers.BatchNormalization(name="bn")(x)
-    x = keras.layers.ReLU(name="relu")(x)
-    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
-    model = keras.Model(inp, keras.layers.Dense(4, name="fc")(x))
-    xs = (np.random.default_rng(0).standard_normal((2, 16, 16, 3)).astype(np.float32),)
+    model, xs, _ = cnn
     result = convert(
         model,
         source_kind="tf",
         target="flax",
-        out_dir=tmp_path / "flax",
+        out_dir=tmp_path / api,
         example_inputs=xs,
-        options=ConvertOptions(devices="cpu"),
+        options=ConvertOptions(devices="cpu", api=api),
     )
     assert result.passed, result.parity
+    source = (tmp_path / api / "model.py").read_text()
+    assert "BatchNorm(" in source and "Conv(" in source

@@ -862,6 +862,31 @@ def _canonicalize(model: ir.Model) -> None:
         if not _push_transposes(model.graph):
             break
         canonicalize(model)
+    _unscope_layout_transposes(model.graph)
+
+
+def _unscope_layout_transposes(graph: ir.Graph) -> None:
+    """Take data-path Transposes (NHWC<->NCHW) out of layer scopes.
+
+    tf2onnx names them after the conv they surround (``conv2d/BiasAdd__10``), but a layer's
+    body must compute the layer in the IR's layout: an emitter replaces the body with one
+    native layer, and a layout change inside it would be lost.
+    """
+    for node in graph:
+        if node.op_type != "Transpose" or SCOPE not in node.metadata_props:
+            continue
+        if not _derives_from_weight(node.inputs[0]):
+            del node.metadata_props[SCOPE]
+            node.metadata_props.pop(MODULE, None)
+
+
+def _derives_from_weight(value: ir.Value | None) -> bool:
+    while value is not None and not value.is_initializer():
+        producer = value.producer()
+        if producer is None or producer.op_type not in ("Reshape", "Transpose", "Squeeze"):
+            return False
+        value = producer.inputs[0]
+    return value is not None
 
 
 __all__: Sequence[str] = ["SAFE_OPTIMIZERS", "TF2ONNX_OPSET", "from_tf", "load_source"]

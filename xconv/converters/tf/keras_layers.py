@@ -46,23 +46,29 @@ def class_name(layer: Any) -> str:
     return type(layer).__name__
 
 
-def weight_spec(cls: str, leaf: str, rank: int) -> tuple[str, str | None]:
-    """``(role, layout)`` of the Keras variable ``leaf`` (path inside its layer) of ``cls``."""
+def weight_spec(
+    cls: str, leaf: str, rank: int, multiplier: int | None = None
+) -> tuple[str, str | None]:
+    """``(role, layout)`` of the Keras variable ``leaf`` (path inside its layer) of ``cls``.
+
+    ``multiplier`` is a depthwise kernel's last dimension (its depth multiplier).
+    """
     if cls == "Dense" or cls == "EinsumDense":
         return {"kernel": ("kernel", "IO"), "bias": ("bias", "O")}.get(leaf, (leaf, None))
     if cls in _CONV:
         layout = _SPATIAL.get(rank - 2, "") + "IO"
         return {"kernel": ("kernel", layout), "bias": ("bias", "O")}.get(leaf, (leaf, None))
     if cls in ("DepthwiseConv2D", "DepthwiseConv1D"):
-        # (H, W, in, multiplier): channel c*M + m of the output reads input channel c.
+        # (H, W, in, multiplier): channel c*M + m of the output reads input channel c. With
+        # M == 1 that is (H, W, O, I=in/groups=1): a plain permutation of ONNX's OIHW.
         return {
-            "kernel": ("kernel", _SPATIAL.get(rank - 2, "") + "IM"),
+            "kernel": ("kernel", _SPATIAL.get(rank - 2, "") + ("OI" if multiplier == 1 else "IM")),
             "bias": ("bias", "O"),
         }.get(leaf, (leaf, None))
     if cls in ("SeparableConv1D", "SeparableConv2D"):
         spatial = _SPATIAL.get(rank - 2, "")
         return {
-            "depthwise_kernel": ("kernel", spatial + "IM"),
+            "depthwise_kernel": ("kernel", spatial + ("OI" if multiplier == 1 else "IM")),
             "pointwise_kernel": ("kernel", spatial + "IO"),
             "bias": ("bias", "O"),
         }.get(leaf, (leaf, None))
@@ -100,8 +106,9 @@ def annotate_weights(graph: ir.Graph, owners: Mapping[str, tuple[str, Any, str]]
         if name not in owners:
             continue
         _scope, layer, leaf = owners[name]
-        rank = len(value.shape) if value.shape is not None else 0
-        role, layout = weight_spec(class_name(layer), leaf, rank)
+        shape = list(value.shape) if value.shape is not None else []
+        multiplier = int(shape[-1]) if shape and isinstance(shape[-1], int) else None
+        role, layout = weight_spec(class_name(layer), leaf, len(shape), multiplier)
         mark_weight(value, role, layout)
 
 
