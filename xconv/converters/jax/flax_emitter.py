@@ -262,7 +262,10 @@ class _Emitter:
         if not roles <= known:
             return False
         h = p.hyper
-        if p.kind in ("conv", "batch_norm", "group_norm") and p.input.shape is None:
+        if (
+            p.kind in ("conv", "conv_transpose", "batch_norm", "group_norm")
+            and p.input.shape is None
+        ):
             return False  # the channel axis must be known to move it last
         if p.kind == "dense":
             return "kernel" in roles and ("bias" in roles) == bool(h["use_bias"])
@@ -272,6 +275,17 @@ class _Emitter:
                 and ("bias" in roles) == bool(h["use_bias"])
                 and h.get("padding_mode", "zeros") in (None, "zeros")
                 and 1 <= h["ndim"] <= 3
+            )
+        if p.kind == "conv_transpose":
+            attrs = p.anchor.attributes
+            return (
+                p.anchor.op_type == "ConvTranspose"
+                and "kernel" in roles
+                and ("bias" in roles) == bool(h["use_bias"])
+                and h["groups"] == 1
+                and 1 <= h["ndim"] <= 3
+                and "output_shape" not in attrs
+                and getattr(attrs.get("auto_pad"), "value", "NOTSET") == "NOTSET"
             )
         if p.kind == "batch_norm":
             return {"mean", "var"} <= roles and bool(h["track_running_stats"])
@@ -428,7 +442,9 @@ class _Emitter:
     def emit_layer(self, p: LayerPlan) -> None:
         h, kind = p.hyper, p.kind
         rank = self.rank(p.input)
-        if kind in ("conv", "group_norm") or (kind == "batch_norm" and rank is not None):
+        if kind in ("conv", "conv_transpose", "group_norm") or (
+            kind == "batch_norm" and rank is not None
+        ):
             perm = layout.channels_last(rank) if rank is not None else None
         elif kind == "dropout":
             perm = self.native[p.input]
@@ -463,6 +479,28 @@ class _Emitter:
             )
             linen = f"nn.Conv(features={h['out_channels']}, {common})"
             nnx_ = f"nnx.Conv({h['in_channels']}, {h['out_channels']}, {common}, rngs=rngs)"
+        elif kind == "conv_transpose":
+            n = h["ndim"]
+            # torch's (in, out, *k) kernel is the kernel of the convolution this one is the
+            # gradient of; Flax takes it as (*k, out, in) with transpose_kernel=True.
+            w["kernel"] = np.ascontiguousarray(np.transpose(w["kernel"], (*range(2, n + 2), 1, 0)))
+            k, s, d = tuple(h["kernel_size"]), tuple(h["strides"]), tuple(h["dilations"])
+            # Explicit padding of the stride-dilated input, as lax.conv_transpose takes it.
+            pad = tuple(
+                (
+                    d[i] * (k[i] - 1) - int(h["padding"][i][0]),
+                    d[i] * (k[i] - 1) - int(h["padding"][i][1]) + int(h["output_padding"][i]),
+                )
+                for i in range(n)
+            )
+            common = (
+                f"kernel_size={k}, strides={s}, padding={pad}, kernel_dilation={d}, "
+                f"use_bias={bool(h['use_bias'])}, transpose_kernel=True{pdt}"
+            )
+            linen = f"nn.ConvTranspose(features={h['out_channels']}, {common})"
+            nnx_ = (
+                f"nnx.ConvTranspose({h['in_channels']}, {h['out_channels']}, {common}, rngs=rngs)"
+            )
         elif kind == "batch_norm":
             m = 1.0 - float(h["momentum"] if h["momentum"] is not None else 0.1)
             aff = bool(h["affine"])
