@@ -353,3 +353,21 @@ def test_flax_emitter_on_keras_cnn(tmp_path, api, cnn):
     assert result.passed, result.parity
     source = (tmp_path / api / "model.py").read_text()
     assert "BatchNorm(" in source and "Conv(" in source
+
+
+def test_fused_activation_is_outside_the_layer_body(tmp_path):
+    from xconv.pipeline import ConvertOptions, convert
+
+    model, xs = tf_models.keras_sequential()  # Dense(16, activation="relu")
+    ir_model = from_tf(model)
+    relu = next(n for n in ir_model.graph if n.op_type == "Relu")
+    assert relu.metadata_props[SCOPE] == f"{model.name}/dense/activation"
+    result = convert(
+        model,
+        source_kind="tf",
+        target="flax",
+        out_dir=tmp_path / "flax",
+        example_inputs=xs,
+        options=ConvertOptions(devices="cpu"),
+    )
+    assert result.passed, result.parity

@@ -224,6 +224,7 @@ def _from_keras(model: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
     _set_scopes(model_ir.graph, owners, layers_by_path)
     _split_separable(model_ir.graph, owners)
     _replace_norms(model_ir.graph, owners)
+    _split_activations(model_ir.graph, owners)
     _finish(model_ir, "keras")
     keras_layers.annotate_weights(model_ir.graph, owners)
     _canonicalize(model_ir)
@@ -587,6 +588,40 @@ def _reaches(node: ir.Node, weights: set[str]) -> bool:
             continue
         # the conv itself reads the reshaped kernel through its producers only
     return False
+
+
+def _split_activations(graph: ir.Graph, owners: Mapping[str, tuple[str, Any, str]]) -> None:
+    """Scope a layer's fused activation (``Dense(activation="relu")``) ``<layer>/activation``.
+
+    The layer's body must compute the bare layer: an emitter replaces it with a native
+    ``Dense``/``Conv``, which has no activation.
+    """
+    per_scope: dict[str, tuple[Any, set[str]]] = {}
+    for path, (scope, layer, _leaf) in owners.items():
+        per_scope.setdefault(scope, (layer, set()))[1].add(path)
+    for scope, (layer, weights) in per_scope.items():
+        activation = layer.get_config().get("activation") if hasattr(layer, "get_config") else None
+        if activation in (None, "linear") or _atomic(layer):
+            continue
+        body = _body(graph, scope)
+        readers = [n for n in body if any(x is not None and x.name in weights for x in n.inputs)]
+        if not readers:
+            continue
+        core: set[int] = set()
+        stack = [readers[-1]]
+        ids = {id(n) for n in body}
+        while stack:
+            n = stack.pop()
+            if id(n) in core:
+                continue
+            core.add(id(n))
+            for x in n.inputs:
+                p = x.producer() if x is not None else None
+                if p is not None and id(p) in ids:
+                    stack.append(p)
+        for n in body:
+            if id(n) not in core:
+                n.metadata_props[SCOPE] = f"{scope}/activation"
 
 
 def _body(graph: ir.Graph, scope: str) -> list[ir.Node]:
