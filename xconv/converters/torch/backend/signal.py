@@ -8,30 +8,19 @@ known at trace time.
 from __future__ import annotations
 
 import numpy as np
-import onnx_ir as ir
 import torch
 
+from xconv.converters.common import signal as windows
 from xconv.converters.torch.backend.dtypes import to_tensor
 from xconv.converters.torch.backend.registry import builtin
 
 
-def _onnx_dtype(ctx, code: int) -> np.dtype:
-    try:
-        return ir.DataType(code).numpy()
-    except (ValueError, TypeError) as e:
-        raise ctx.error(f"unsupported output_datatype {code}") from e
-
-
 def _window(ctx, size, periodic: int, output_datatype: int, coefficients) -> np.ndarray:
     """sum_k a_k cos(2 pi k n / N') for a generalized cosine window."""
-    n = int(ctx.static(size, "size").reshape(-1)[0])
-    if n < 0:
-        raise ctx.error(f"window size must be non-negative, got {n}")
-    denom = n if periodic else n - 1
-    ni = np.arange(n, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = sum(a * np.cos(2 * np.pi * k * ni / denom) for k, a in enumerate(coefficients))
-    return to_tensor(np.asarray(out).astype(_onnx_dtype(ctx, output_datatype)))
+    size = ctx.static(size, "size")
+    return to_tensor(
+        windows.cosine_window(size, periodic, output_datatype, coefficients, ctx.error)
+    )
 
 
 _WINDOW_ATTRS = {"output_datatype": 1, "periodic": 1}
@@ -40,20 +29,19 @@ _WINDOW_ATTRS = {"output_datatype": 1, "periodic": 1}
 @builtin("HannWindow", since=17, attrs=_WINDOW_ATTRS)
 def hann_window(ctx, size, *, output_datatype, periodic):
     """HannWindow(size) -> 0.5 - 0.5 cos(2 pi n / N')."""
-    return _window(ctx, size, periodic, output_datatype, (0.5, -0.5))
+    return _window(ctx, size, periodic, output_datatype, windows.HANN)
 
 
 @builtin("HammingWindow", since=17, attrs=_WINDOW_ATTRS)
 def hamming_window(ctx, size, *, output_datatype, periodic):
     """HammingWindow(size) -> 25/46 - 21/46 cos(2 pi n / N')."""
-    alpha = 25.0 / 46.0
-    return _window(ctx, size, periodic, output_datatype, (alpha, -(1 - alpha)))
+    return _window(ctx, size, periodic, output_datatype, windows.HAMMING)
 
 
 @builtin("BlackmanWindow", since=17, attrs=_WINDOW_ATTRS)
 def blackman_window(ctx, size, *, output_datatype, periodic):
     """BlackmanWindow(size) -> 0.42 - 0.5 cos(2 pi n / N') + 0.08 cos(4 pi n / N')."""
-    return _window(ctx, size, periodic, output_datatype, (0.42, -0.5, 0.08))
+    return _window(ctx, size, periodic, output_datatype, windows.BLACKMAN)
 
 
 def _to_complex(ctx, x):
@@ -143,27 +131,11 @@ def mel_weight_matrix(
 ):
     """MelWeightMatrix(num_mel_bins, dft_length, sample_rate, lower, upper) ->
     [dft_length // 2 + 1, num_mel_bins] triangular filter bank."""
-    bins = int(ctx.static(num_mel_bins, "num_mel_bins"))
-    n_fft = int(ctx.static(dft_length, "dft_length"))
-    rate = ctx.static(sample_rate, "sample_rate")
-    low = ctx.static(lower_edge_hertz, "lower_edge_hertz")
-    high = ctx.static(upper_edge_hertz, "upper_edge_hertz")
-    n_spec = n_fft // 2 + 1
-    points = np.arange(0, bins + 2)
-    low_mel = 2595 * np.log1p(low / 700) / np.log(10)
-    high_mel = 2595 * np.log1p(high / 700) / np.log(10)
-    step = (high_mel - low_mel) / points.shape[0]
-    hz = 700 * np.expm1((points * step + low_mel) / 2595 * np.log(10))
-    fbins = (((n_fft + 1) * hz) // rate).astype(int)
-    out = np.zeros((n_spec, bins))
-    for i in range(bins):
-        left, center, right = fbins[i], fbins[i + 1], fbins[i + 2]
-        if center == left:
-            out[center, i] = 1
-        else:
-            j = np.arange(left, center + 1)
-            out[j, i] = (j - left) / (center - left)
-        if right > center:
-            j = np.arange(center, right)
-            out[j, i] = (right - j) / (right - center)
-    return to_tensor(out.astype(_onnx_dtype(ctx, output_datatype)))
+    out = windows.mel_weight_matrix(
+        ctx.static(num_mel_bins, "num_mel_bins"),
+        ctx.static(dft_length, "dft_length"),
+        ctx.static(sample_rate, "sample_rate"),
+        ctx.static(lower_edge_hertz, "lower_edge_hertz"),
+        ctx.static(upper_edge_hertz, "upper_edge_hertz"),
+    )
+    return to_tensor(out.astype(windows.onnx_dtype(output_datatype, ctx.error)))
