@@ -12,12 +12,6 @@ import pytest
 from tests.conformance import harness
 from tests.conformance.backends import BACKENDS
 
-#: Cases onnxruntime passes but the xconv round trip may not, each with its reason.
-ROUNDTRIP_KNOWN = {
-    # The ONNX version converter upgrades Scan-8 (explicit batch axis) to Scan-9 without
-    # removing the batch axis from the body's inputs.
-    "test_scan_sum": "onnx version converter: Scan 8 -> 9 keeps the batch axis",
-}
 FLOORS = {"roundtrip": 1680, "jax": 1550, "torch": 1450}
 SAMPLE_EVERY = 9
 
@@ -70,7 +64,7 @@ def test_roundtrip_loses_nothing_on_a_sample(cases):
     lost = [
         f"{name}: {rt[name].message}"
         for name, r in ort.items()
-        if r.status == "pass" and rt[name].status != "pass" and name not in ROUNDTRIP_KNOWN
+        if r.status == "pass" and rt[name].status != "pass"
     ]
     assert not lost, lost
     assert sum(r.status == "pass" for r in rt.values()) >= 0.8 * len(sample)
