@@ -15,6 +15,7 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
+from xconv.converters.common import resize as resizing
 from xconv.converters.torch.backend.dtypes import to_tensor, torch_dtype
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.errors import UnsupportedAttributeError
@@ -487,82 +488,6 @@ def center_crop_pad(ctx, x, shape, *, axes):
 # -- Resize / Upsample --------------------------------------------------------------------
 
 
-def _source_coords(mode, y, scale, in_size, out_size, roi):
-    """Output pixel indices -> input coordinates (float64), and the extrapolated mask."""
-    out_width = scale * in_size
-    outside = None
-    if mode == "align_corners":
-        x = np.zeros_like(y) if out_width == 1 else y * (in_size - 1) / (out_width - 1)
-    elif mode == "asymmetric":
-        x = y / scale
-    elif mode == "tf_crop_and_resize":
-        lo, hi = roi
-        if out_width == 1:
-            x = np.full_like(y, (hi - lo) * (in_size - 1) / 2)
-        else:
-            x = y * (hi - lo) * (in_size - 1) / (out_width - 1)
-        x = x + lo * (in_size - 1)
-        outside = (x < 0) | (x > in_size - 1)
-    elif mode == "pytorch_half_pixel":
-        x = np.full_like(y, -0.5) if out_width == 1 else (y + 0.5) / scale - 0.5
-    elif mode == "half_pixel":
-        x = (y + 0.5) / scale - 0.5
-    elif mode == "half_pixel_symmetric":
-        offset = in_size / 2 * (1 - out_size / out_width)
-        x = offset + (y + 0.5) / scale - 0.5
-    else:
-        raise ValueError(mode)
-    return x, outside
-
-
-def _nearest_index(x, mode, downsample):
-    fl = np.floor(x)
-    frac = x - fl
-    if mode == "round_prefer_floor":
-        idx = np.where(frac <= 0.5, fl, fl + 1)
-    elif mode == "round_prefer_ceil":
-        idx = np.where(frac < 0.5, fl, fl + 1)
-    elif mode == "floor":
-        idx = fl
-    elif mode == "ceil":
-        idx = np.ceil(x)
-    elif mode == "simple":
-        idx = np.ceil(x) if downsample else fl
-    else:
-        raise ValueError(mode)
-    return idx.astype(np.int64)
-
-
-def _cubic_kernel(t, a):
-    t = np.abs(t)
-    near = ((a + 2) * t - (a + 3)) * t * t + 1
-    far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
-    return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
-
-
-def _interp_weights(x, in_size, scale, mode, cubic_a, antialias, exclude_outside):
-    fl = np.floor(x)
-    ratio = np.where(x == fl, 1.0, x - fl)
-    if antialias and scale < 1:
-        support = 1.0 if mode == "linear" else 2.0
-        start = int(np.floor(-support / scale) + 1)
-        taps = np.arange(start, 2 - start)
-    else:
-        scale = 1.0
-        taps = np.arange(-1, 3) if mode == "cubic" else np.arange(0, 2)
-    left = np.where(x == fl, fl - 1, fl)
-    dist = (taps[None, :] - ratio[:, None]) * scale
-    coeffs = np.clip(1 - np.abs(dist), 0, 1) if mode == "linear" else _cubic_kernel(dist, cubic_a)
-    if antialias:
-        coeffs = coeffs / coeffs.sum(axis=1, keepdims=True)
-    idx = left[:, None].astype(np.int64) + taps[None, :]
-    if exclude_outside:
-        coeffs = np.where((idx < 0) | (idx >= in_size), 0.0, coeffs)
-        total = coeffs.sum(axis=1, keepdims=True)
-        coeffs = coeffs / np.where(total == 0, 1.0, total)
-    return np.clip(idx, 0, in_size - 1), coeffs
-
-
 def _resize(
     ctx,
     x,
@@ -579,43 +504,35 @@ def _resize(
     extrapolation_value,
 ):
     """Separable resize: one static gather (nearest) or weighted taps (linear/cubic) per axis."""
-    in_shape = shape_of(x)
-    rank = len(in_shape)
     dtype = x.dtype
     if mode != "nearest":
         compute = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         y = x.to(compute)
     else:
         y = x
-    outside_any = None
-    for axis in range(rank):
-        in_size, out_size, scale = in_shape[axis], sizes[axis], scales[axis]
-        axis_roi = None if roi is None else (roi[axis], roi[axis + rank])
-        identity_roi = axis_roi is None or (
-            math.isclose(axis_roi[0], 0.0) and math.isclose(axis_roi[1], 1.0)
-        )
-        if math.isclose(scale, 1.0) and out_size == in_size and identity_roi:
-            continue
-        if coord_mode == "tf_crop_and_resize" and axis_roi is None:
-            raise ctx.error("coordinate_transformation_mode 'tf_crop_and_resize' needs roi")
-        pos = np.arange(out_size, dtype=np.float64)
-        coords, outside = _source_coords(coord_mode, pos, scale, in_size, out_size, axis_roi)
-        if mode == "nearest":
-            idx = np.clip(_nearest_index(coords, nearest_mode, scale < 1), 0, in_size - 1)
+    steps, outside_any = resizing.resize_steps(
+        shape_of(x),
+        scales=scales,
+        sizes=sizes,
+        roi=roi,
+        mode=mode,
+        coord_mode=coord_mode,
+        nearest_mode=nearest_mode,
+        cubic_a=cubic_a,
+        antialias=antialias,
+        exclude_outside=exclude_outside,
+        fail=ctx.error,
+    )
+    for axis, idx, coeffs in steps:
+        if coeffs is None:
             y = take(y, idx, axis)
         else:
-            idx, coeffs = _interp_weights(
-                coords, in_size, scale, mode, cubic_a, antialias, exclude_outside
-            )
             taps = take(y, idx, axis)
             trail = len(shape_of(y)) - axis - 1
             w = torch.as_tensor(
                 coeffs.reshape(coeffs.shape + (1,) * trail), dtype=y.dtype, device=y.device
             )
             y = (taps * w).sum(dim=axis + 1)
-        if outside is not None and outside.any():
-            mask = outside.reshape((1,) * axis + (-1,) + (1,) * (rank - axis - 1))
-            outside_any = mask if outside_any is None else (outside_any | mask)
     if outside_any is not None:
         mask = torch.as_tensor(outside_any, device=y.device)
         y = torch.where(mask, torch.tensor(extrapolation_value, dtype=y.dtype), y)
@@ -695,34 +612,23 @@ def resize(
     ax = [normalize_axis(ctx, a, rank) for a in axes] if axes is not None else list(range(rank))
     roi_v = None
     if roi is not None and np.size(to_np(roi)) > 0:
-        given = list(np.asarray(ctx.static(roi, "roi")).reshape(-1))
-        roi_v = [0.0] * rank + [1.0] * rank
-        for i, a in enumerate(ax):
-            roi_v[a] = given[i]
-            roi_v[rank + a] = given[len(ax) + i]
+        roi_v = list(np.asarray(ctx.static(roi, "roi")).reshape(-1))
     has_scales = scales is not None and np.size(to_np(scales)) > 0
     has_sizes = sizes is not None and np.size(to_np(sizes)) > 0
     if has_scales == has_sizes:
         raise ctx.error("Resize needs exactly one of 'scales' and 'sizes'")
-    if has_scales:
-        given = [float(v) for v in np.asarray(ctx.static(scales, "scales")).reshape(-1)]
-        scale_v = [1.0] * rank
-        for i, a in enumerate(ax):
-            scale_v[a] = given[i]
-        size_v = [int(s * d) for s, d in zip(scale_v, in_shape, strict=True)]
-    else:
-        given_sizes = static_ints(ctx, sizes, "sizes")
-        size_v = list(in_shape)
-        for i, a in enumerate(ax):
-            size_v[a] = given_sizes[i]
-        scale_v = [s / d for s, d in zip(size_v, in_shape, strict=True)]
-        if keep_aspect_ratio_policy != "stretch":
-            pick = min if keep_aspect_ratio_policy == "not_larger" else max
-            common = pick(scale_v[a] for a in ax)
-            scale_v = [common if i in ax else 1.0 for i in range(rank)]
-            size_v = [
-                int(common * in_shape[i] + 0.5) if i in ax else in_shape[i] for i in range(rank)
-            ]
+    scale_v, size_v, roi_v = resizing.resize_sizes(
+        in_shape,
+        ax,
+        roi=roi_v,
+        scales=(
+            [float(v) for v in np.asarray(ctx.static(scales, "scales")).reshape(-1)]
+            if has_scales
+            else None
+        ),
+        sizes=None if has_scales else static_ints(ctx, sizes, "sizes"),
+        keep_aspect_ratio_policy=keep_aspect_ratio_policy,
+    )
     return _resize(
         ctx,
         x,

@@ -1,0 +1,195 @@
+"""Resize and Upsample coordinate and weight computation on numpy.
+
+Resize is separable: each axis whose size, scale or roi changes becomes one static gather
+(nearest) or one gather of n taps per output followed by their weighted sum (linear, cubic).
+:func:`resize_steps` computes those indices and weights; a backend only applies them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+Fail = Callable[[str], Exception]
+
+
+def source_coords(
+    mode: str, y: np.ndarray, scale: float, in_size: int, out_size: int, roi: Sequence[float] | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Output pixel indices -> input coordinates (float64), and the extrapolated mask."""
+    out_width = scale * in_size
+    outside = None
+    if mode == "align_corners":
+        x = np.zeros_like(y) if out_width == 1 else y * (in_size - 1) / (out_width - 1)
+    elif mode == "asymmetric":
+        x = y / scale
+    elif mode == "tf_crop_and_resize":
+        lo, hi = roi
+        if out_width == 1:
+            x = np.full_like(y, (hi - lo) * (in_size - 1) / 2)
+        else:
+            x = y * (hi - lo) * (in_size - 1) / (out_width - 1)
+        x = x + lo * (in_size - 1)
+        outside = (x < 0) | (x > in_size - 1)
+    elif mode == "pytorch_half_pixel":
+        x = np.full_like(y, -0.5) if out_width == 1 else (y + 0.5) / scale - 0.5
+    elif mode == "half_pixel":
+        x = (y + 0.5) / scale - 0.5
+    elif mode == "half_pixel_symmetric":
+        offset = in_size / 2 * (1 - out_size / out_width)
+        x = offset + (y + 0.5) / scale - 0.5
+    else:
+        raise ValueError(mode)
+    return x, outside
+
+
+def nearest_index(x: np.ndarray, mode: str, downsample: bool) -> np.ndarray:
+    fl = np.floor(x)
+    frac = x - fl
+    if mode == "round_prefer_floor":
+        idx = np.where(frac <= 0.5, fl, fl + 1)
+    elif mode == "round_prefer_ceil":
+        idx = np.where(frac < 0.5, fl, fl + 1)
+    elif mode == "floor":
+        idx = fl
+    elif mode == "ceil":
+        idx = np.ceil(x)
+    elif mode == "simple":  # Upsample and Resize-10: floor when upsampling, ceil when down.
+        idx = np.ceil(x) if downsample else fl
+    else:
+        raise ValueError(mode)
+    return idx.astype(np.int64)
+
+
+def cubic_kernel(t: np.ndarray, a: float) -> np.ndarray:
+    t = np.abs(t)
+    near = ((a + 2) * t - (a + 3)) * t * t + 1
+    far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+    return np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+
+
+def interp_weights(
+    x: np.ndarray,
+    in_size: int,
+    scale: float,
+    mode: str,
+    cubic_a: float,
+    antialias: bool,
+    exclude_outside: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Taps of 1-D linear or cubic interpolation at coordinates x: (out, n) indices, weights.
+
+    Indices are clamped into the axis, which is the edge padding the spec asks for.
+    """
+    fl = np.floor(x)
+    # The left neighbour is preferred: an integer coordinate has ratio 1, not 0.
+    ratio = np.where(x == fl, 1.0, x - fl)
+    if antialias and scale < 1:
+        support = 1.0 if mode == "linear" else 2.0
+        start = int(np.floor(-support / scale) + 1)
+        taps = np.arange(start, 2 - start)
+    else:
+        scale = 1.0
+        taps = np.arange(-1, 3) if mode == "cubic" else np.arange(0, 2)
+    # Offsets from the left neighbour floor(x) (or x-1 when x is an integer).
+    left = np.where(x == fl, fl - 1, fl)
+    dist = (taps[None, :] - ratio[:, None]) * scale
+    coeffs = np.clip(1 - np.abs(dist), 0, 1) if mode == "linear" else cubic_kernel(dist, cubic_a)
+    if antialias:
+        coeffs = coeffs / coeffs.sum(axis=1, keepdims=True)
+    idx = left[:, None].astype(np.int64) + taps[None, :]
+    if exclude_outside:
+        coeffs = np.where((idx < 0) | (idx >= in_size), 0.0, coeffs)
+        total = coeffs.sum(axis=1, keepdims=True)
+        coeffs = coeffs / np.where(total == 0, 1.0, total)
+    return np.clip(idx, 0, in_size - 1), coeffs
+
+
+def resize_steps(
+    in_shape: Sequence[int],
+    *,
+    scales: list[float],
+    sizes: list[int],
+    roi: list[float] | None,
+    mode: str,
+    coord_mode: str,
+    nearest_mode: str,
+    cubic_a: float,
+    antialias: bool,
+    exclude_outside: bool,
+    fail: Fail,
+) -> tuple[list[tuple[int, np.ndarray, np.ndarray | None]], np.ndarray | None]:
+    """Per changed axis ``(axis, idx, coeffs)``: ``idx`` [out] for nearest (``coeffs`` None),
+    or [out, n] tap indices with [out, n] weights; and the extrapolation mask (broadcastable
+    to the output, True where tf_crop_and_resize samples outside the input) or None.
+    """
+    rank = len(in_shape)
+    steps = []
+    outside_any = None
+    for axis in range(rank):
+        in_size, out_size, scale = in_shape[axis], sizes[axis], scales[axis]
+        axis_roi = None if roi is None else (roi[axis], roi[axis + rank])
+        identity_roi = axis_roi is None or (
+            math.isclose(axis_roi[0], 0.0) and math.isclose(axis_roi[1], 1.0)
+        )
+        if math.isclose(scale, 1.0) and out_size == in_size and identity_roi:
+            continue
+        if coord_mode == "tf_crop_and_resize" and axis_roi is None:
+            raise fail("coordinate_transformation_mode 'tf_crop_and_resize' needs roi")
+        pos = np.arange(out_size, dtype=np.float64)
+        coords, outside = source_coords(coord_mode, pos, scale, in_size, out_size, axis_roi)
+        if mode == "nearest":
+            idx = np.clip(nearest_index(coords, nearest_mode, scale < 1), 0, in_size - 1)
+            steps.append((axis, idx, None))
+        else:
+            idx, coeffs = interp_weights(
+                coords, in_size, scale, mode, cubic_a, antialias, exclude_outside
+            )
+            steps.append((axis, idx, coeffs))
+        if outside is not None and outside.any():
+            mask = outside.reshape((1,) * axis + (-1,) + (1,) * (rank - axis - 1))
+            outside_any = mask if outside_any is None else (outside_any | mask)
+    return steps, outside_any
+
+
+def resize_sizes(
+    in_shape: Sequence[int],
+    axes: list[int],
+    *,
+    roi: list | None,
+    scales: list[float] | None,
+    sizes: list[int] | None,
+    keep_aspect_ratio_policy: str,
+) -> tuple[list[float], list[int], list | None]:
+    """Resize-11+ inputs over ``axes`` -> full-rank (scales, sizes, roi).
+
+    Exactly one of ``scales`` and ``sizes`` is given; ``roi`` (starts then ends over
+    ``axes``) is kept in its own dtype: the reference does roi arithmetic in it.
+    """
+    rank = len(in_shape)
+    roi_v = None
+    if roi is not None:
+        roi_v = [0.0] * rank + [1.0] * rank
+        for i, a in enumerate(axes):
+            roi_v[a] = roi[i]
+            roi_v[rank + a] = roi[len(axes) + i]
+    if scales is not None:
+        scale_v = [1.0] * rank
+        for i, a in enumerate(axes):
+            scale_v[a] = scales[i]
+        size_v = [int(s * d) for s, d in zip(scale_v, in_shape, strict=True)]
+    else:
+        size_v = list(in_shape)
+        for i, a in enumerate(axes):
+            size_v[a] = sizes[i]
+        scale_v = [s / d for s, d in zip(size_v, in_shape, strict=True)]
+        if keep_aspect_ratio_policy != "stretch":
+            pick = min if keep_aspect_ratio_policy == "not_larger" else max
+            common = pick(scale_v[a] for a in axes)
+            scale_v = [common if i in axes else 1.0 for i in range(rank)]
+            size_v = [
+                int(common * in_shape[i] + 0.5) if i in axes else in_shape[i] for i in range(rank)
+            ]
+    return scale_v, size_v, roi_v
