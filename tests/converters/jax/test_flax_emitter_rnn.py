@@ -13,6 +13,7 @@ import xconv
 from tests.converters.jax.test_flax_emitter import (
     APIS,
     check_grads,
+    import_generated,
     ort_run,
     ruff_ok,
     run_generated,
@@ -286,3 +287,44 @@ def test_conv_transpose_is_native_and_matches_torch(tmp_path, api, which):
     assert ok, msg
     if which == "up_zoo":
         assert check_grads(api, handle, *xs) == 5  # up: kernel+bias, dilated, up3d: kernel+bias
+
+
+# ---------------------------------------------------------------- shared block classes
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_resnet_blocks_become_shared_classes(tmp_path, api):
+    from fixtures import torch_models
+
+    model, xs, expected = _from_torch_or_skip(torch_models.make_resnet)
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    src = (out / "model.py").read_text()
+    # layer1.0 and layer1.1 are identical BasicBlocks: one class used twice; layer2.0 (with a
+    # downsample) and layer2.1 (16 channels) differ in structure / hyper-parameters.
+    assert src.count("class BasicBlock") == 3
+    call = "BasicBlock()" if api == "linen" else "BasicBlock(rngs=rngs)"
+    assert src.count(f"self.layer1_0 = {call}") == 1
+    assert src.count(f"self.layer1_1 = {call}") == 1
+    assert src.count("jnp.transpose(") == 1  # blocks take and return NHWC
+    got, handle = run_generated(out, api, *xs)
+    err = float(np.max(np.abs(np.asarray(got) - expected[0])))
+    assert err <= 1e-5, err
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+    assert check_grads(api, handle, *xs) == 32
+    _, variables = generate(model, api=api)
+    params = variables["params"] if api == "linen" else variables
+    assert sorted(params["layer1_0"]) == ["bn1", "bn2", "conv1", "conv2"]
+    assert "downsample_0" in params["layer2_0"]
+    assert generate(model, api=api)[0] == src
+
+
+def test_resnet_block_train_mode_updates_nested_stats(tmp_path):
+    from fixtures import torch_models
+
+    model, xs, _ = _from_torch_or_skip(torch_models.make_resnet)
+    out = xconv.to_flax(model, tmp_path / "out", api="linen")
+    flax_model, variables = import_generated(out).load(out)
+    _, updates = flax_model.apply(variables, *xs, train=True, mutable=["batch_stats"])
+    before = variables["batch_stats"]["layer1_1"]["bn2"]["mean"]
+    assert not np.allclose(updates["batch_stats"]["layer1_1"]["bn2"]["mean"], before)

@@ -156,6 +156,17 @@ class LayerPlan:
 
 
 @dataclass
+class Block:
+    """One instance of a source block class: its scope, class and contiguous nodes."""
+
+    scope: str
+    module: str
+    nodes: list[ir.Node]
+    inputs: list[ir.Value]
+    outputs: list[ir.Value]
+
+
+@dataclass
 class _Var:
     collection: str
     path: tuple[str, ...]
@@ -198,6 +209,9 @@ class _Emitter:
         self.class_ns = Namespace(_RESERVED | {"Model", "Constant"})
         self.inputs: list[str] = []
         self.outputs: list[str] = []
+        #: Instances of one source block class (a torch ``BasicBlock``): node -> its block.
+        self.blocks: dict[ir.Node, Block] = {}
+        self.prefix: str | None = None  # inside a generated block class: the block's scope
 
     # ------------------------------------------------------------ planning
 
@@ -297,6 +311,110 @@ class _Emitter:
             return "embedding" in roles
         return p.kind == "dropout"
 
+    def plan_blocks(self) -> None:
+        """Find instances of source block classes (DESIGN rule 10).
+
+        A scope ``S`` whose own nodes carry a non-leaf source class (the ``Add`` of a torch
+        ``BasicBlock`` at ``layer1.0``) and whose sub-scopes hold more nodes is a block when its
+        nodes are contiguous and every layer inside lies wholly inside. Blocks of a class
+        that occurs at least twice become generated classes; identical ones share a class.
+        """
+        nodes = list(self.graph)
+        classes: dict[str, str] = {}
+        for node in nodes:
+            scope, module = get_scope(node), node.metadata_props.get(MODULE)
+            if scope and module and node.op_type != "Constant":
+                classes.setdefault(scope, module)
+        scopes = [
+            sc
+            for sc, module in classes.items()
+            if any(other.startswith(sc + ".") for other in classes)
+        ]
+        by_class = Counter(classes[sc] for sc in scopes)
+        taken: set[ir.Node] = set()
+        for sc in sorted(scopes, key=lambda x: x.count(".")):  # outermost first
+            if by_class[classes[sc]] < 2:
+                continue
+            idx = [
+                i
+                for i, n in enumerate(nodes)
+                if (get_scope(n) or "") == sc or (get_scope(n) or "").startswith(sc + ".")
+            ]
+            body = nodes[idx[0] : idx[-1] + 1]
+            inside = set(body)
+            if any(
+                n in taken
+                or n.op_type != "Constant"
+                and not ((get_scope(n) or "") + ".").startswith(sc + ".")
+                for n in body
+            ):
+                continue
+            if any(not set(self.plans[n].body) <= inside for n in body if n in self.plans):
+                continue
+            inputs, outputs = [], []
+            for n in body:
+                for v in n.inputs:
+                    if v is None or not v.name or v.producer() in inside or v in inputs:
+                        continue
+                    if is_weight(v, self.annotated) or constant_of(v, self.annotated) is not None:
+                        continue
+                    inputs.append(v)
+                for o in n.outputs:
+                    if o.is_graph_output() or any(u.node not in inside for u in o.uses()):
+                        outputs.append(o)
+            if not inputs or not outputs:
+                continue
+            block = Block(sc, classes[sc], body, inputs, outputs)
+            for n in body:
+                self.blocks[n] = block
+            taken |= inside
+
+    def emit_block(self, b: Block) -> None:
+        """One instance of a source block class, as a (shared) generated class."""
+        sub = _Emitter(self.model, self.api)
+        sub.plans = self.plans
+        sub.prefix = sub.own_scope = b.scope
+        sub.canonical = True
+        sub.classes, sub.class_ns = self.classes, self.class_ns
+        sub.inputs = []
+        for v in b.inputs:
+            name = sub.ns.new("x" if len(b.inputs) == 1 else sub.hint(v))
+            sub.inputs.append(name)
+            sub.bind(v, name, self.native[v], v in self.static)
+        sub.emit_nodes(b.nodes)
+        sub.outputs = [sub.env[v][sub.native[v]] for v in b.outputs]
+        self.src.helpers |= sub.src.helpers
+        self.has_constants |= sub.has_constants
+        train = any(re.search(r"\btrain\b", line) for line in sub.src.body)
+        doc = f"The source's {b.module} block."
+        text = render_class(sub, "{cls}", doc, train=train)
+        if train:  # the block takes train without a default: the caller always passes it
+            text = text.replace("train: bool = False", "train: bool")
+        cls = self.classes.get(text)
+        if cls is None:
+            base = b.module.rsplit(".", 1)[-1]
+            cls = self.class_ns.new(base if base.isidentifier() else "Block")
+            self.classes[text] = cls
+        attr = self.attrs.new(module_name(self._relative(b.scope)))
+        self.src.setup.append((f"self.{attr} = {cls}()", f"self.{attr} = {cls}(rngs=rngs)"))
+        for var in sub.src.variables:
+            self.src.variables.append(_Var(var.collection, (attr, *var.path), var.value))
+        args = [self.env[v][self.native[v]] for v in b.inputs]
+        if train:
+            args.append("train=train")
+        outs = [self.ns.new(self.hint(v)) for v in b.outputs]
+        self.src.body.append(
+            f"{', '.join(outs)} = self.{attr}({', '.join(args)}){self._comment(b.nodes[-1], b.scope)}"
+        )
+        for v, name in zip(b.outputs, outs, strict=True):
+            self.bind(v, name, sub.native[v], v in sub.static)
+
+    def _relative(self, name: str | None) -> str | None:
+        """A scope or weight name relative to the block being generated."""
+        if name and self.prefix and name.startswith(self.prefix + "."):
+            return name[len(self.prefix) + 1 :]
+        return name
+
     def check_supported(self) -> None:
         counts: Counter[str] = Counter()
         first: dict[str, ir.Node] = {}
@@ -366,7 +484,9 @@ class _Emitter:
 
     def weight(self, value: ir.Value) -> str:
         if value not in self.raw:
-            attr = self.attrs.new(self.weight_names.get(value) or raw_param_name(value.name))
+            attr = self.attrs.new(
+                self.weight_names.get(value) or raw_param_name(self._relative(value.name))
+            )
             arr = value.const_value.numpy()
             shape, dt = tuple(arr.shape), dtype_expr(value.dtype)
             self.src.setup.append(
@@ -413,7 +533,24 @@ class _Emitter:
             name = self.ns.new(v.name)
             self.inputs.append(name)
             self.bind(v, name, None)
-        for node in self.graph:
+        self.emit_nodes(list(self.graph))
+        self.outputs = []
+        for v in self.graph.outputs:
+            c = constant_of(v, self.annotated)
+            if c is not None:
+                self.outputs.append(f"jnp.asarray({self.constant(v, c, None, None, False)})")
+            elif v.is_initializer():
+                self.outputs.append(self.weight(v))
+            else:
+                self.outputs.append(self.get(v, None))
+
+    def emit_nodes(self, nodes: list[ir.Node]) -> None:
+        for node in nodes:
+            block = self.blocks.get(node)
+            if block is not None:
+                if node is block.nodes[0]:
+                    self.emit_block(block)
+                continue
             plan = self.plans.get(node)
             if plan is not None:
                 if node is plan.last:
@@ -425,18 +562,11 @@ class _Emitter:
             if node.op_type == "Constant":
                 continue
             self.emit_node(node)
-        self.outputs = []
-        for v in self.graph.outputs:
-            c = constant_of(v, self.annotated)
-            if c is not None:
-                self.outputs.append(f"jnp.asarray({self.constant(v, c, None, None, False)})")
-            elif v.is_initializer():
-                self.outputs.append(self.weight(v))
-            else:
-                self.outputs.append(self.get(v, None))
 
     def _comment(self, node: ir.Node, scope: str | None = None) -> str:
         scope = scope or get_scope(node)
+        if scope and self.prefix and scope.startswith(self.prefix + "."):
+            scope = scope[len(self.prefix) + 1 :]
         return f"  # {scope}" if scope and scope != self.own_scope else ""
 
     def emit_layer(self, p: LayerPlan) -> None:
@@ -451,7 +581,7 @@ class _Emitter:
         else:
             perm = None
         x = self.get(p.input, perm)
-        attr = self.attrs.new(module_name(p.scope or p.anchor.name or kind))
+        attr = self.attrs.new(module_name(self._relative(p.scope) or p.anchor.name or kind))
         w = {r: v.const_value.numpy() for r, v in p.weights.items() if r not in DROPPED_ROLES}
         pdt = ""
         if "kernel" in p.weights and p.weights["kernel"].dtype != ir.DataType.FLOAT:
@@ -569,7 +699,7 @@ class _Emitter:
         if cls is None:
             cls = self.class_ns.new(_class_name(p))
             self.classes[text] = cls
-        attr = self.attrs.new(module_name(p.scope))
+        attr = self.attrs.new(module_name(self._relative(p.scope)))
         self.src.setup.append((f"self.{attr} = {cls}()", f"self.{attr} = {cls}(rngs=rngs)"))
         self.has_constants |= sub.has_constants
         for var in sub.src.variables:
@@ -866,6 +996,7 @@ def generate(model: ir.Model, *, api: str = "linen") -> tuple[str, dict[str, Any
     model = canonicalize(_copy(model))
     em = _Emitter(model, api)
     em.plan_layers()
+    em.plan_blocks()
     em.check_supported()
     em.emit()
     return render(em, model.graph.name or "model"), variables_tree(em)
