@@ -75,6 +75,38 @@ def _build(name: str):
         cfg = tf.LlamaConfig(vocab_size=100, num_key_value_heads=2, max_position_embeddings=64,
                              use_cache=False, **_T)  # fmt: skip
         return tf.LlamaModel(cfg), (_ids(),)
+    if name in ("mistral", "qwen2"):
+        cls, config = {"mistral": (tf.MistralModel, tf.MistralConfig),
+                       "qwen2": (tf.Qwen2Model, tf.Qwen2Config)}[name]  # fmt: skip
+        cfg = config(vocab_size=100, num_key_value_heads=2, max_position_embeddings=64,
+                     use_cache=False, **_T)  # fmt: skip
+        return cls(cfg), (_ids(),)
+    if name == "phi":
+        cfg = tf.PhiConfig(vocab_size=100, max_position_embeddings=64, use_cache=False, **_T)
+        return tf.PhiModel(cfg), (_ids(),)
+    if name == "clip_vision":
+        cfg = tf.CLIPVisionConfig(image_size=32, patch_size=8, **_T)
+        return tf.CLIPVisionModel(cfg), (_pixels(),)
+    if name == "deit":
+        return tf.DeiTModel(tf.DeiTConfig(image_size=32, patch_size=8, **_T)), (_pixels(),)
+    if name == "convnext":
+        cfg = tf.ConvNextConfig(num_stages=2, hidden_sizes=[8, 16], depths=[1, 1])
+        return tf.ConvNextModel(cfg), (_pixels(),)
+    if name == "wav2vec2":
+        cfg = tf.Wav2Vec2Config(conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+                                num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+                                **_T)  # fmt: skip
+        audio = torch.randn(2, 400, generator=torch.Generator().manual_seed(1))
+        return tf.Wav2Vec2Model(cfg), (audio,)
+    if name == "whisper_encoder":
+        cfg = tf.WhisperConfig(vocab_size=100, d_model=32, encoder_layers=2,
+                               encoder_attention_heads=4, encoder_ffn_dim=64, decoder_layers=1,
+                               decoder_attention_heads=4, decoder_ffn_dim=64, num_mel_bins=16,
+                               max_source_positions=16, max_target_positions=16,
+                               pad_token_id=0, bos_token_id=0, eos_token_id=0,
+                               decoder_start_token_id=0)  # fmt: skip
+        features = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1))
+        return tf.WhisperModel(cfg).get_encoder(), (features,)
     raise ValueError(name)
 
 
@@ -104,6 +136,8 @@ def _import(path):
 
 def _run_cli(pt2: str, out, command: str = "torch-to-flax", *options: str):
     result = CliRunner().invoke(main, [command, pt2, "-o", str(out), *options])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a crash, not a reported ConversionError: show its traceback
     assert result.exit_code == 0, result.output[-3000:] + repr(result.exception)
     report = json.loads((out / "parity.json").read_text())
     assert report["passed"], report["first_divergence"]
@@ -130,7 +164,19 @@ def _check_generated(out, api: str, module, args) -> None:
 
 # The four judged models (~10-20 s each on one core), then quick extras.
 DEFAULT = ["bert", "gpt2", "vit", "resnet", "distilbert"]
-SLOW = ["roberta", "albert", "electra", "llama"]
+SLOW = [
+    "roberta",
+    "albert",
+    "electra",
+    "llama",
+    "mistral",
+    "qwen2",
+    "phi",
+    "clip_vision",
+    "deit",
+    "convnext",
+    "wav2vec2",
+]
 
 
 @pytest.mark.parametrize("name", DEFAULT + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW])
