@@ -176,3 +176,18 @@ def test_onnx_and_flax_to_torch(tmp_path):
 
     torch_module = _load_generated(out / "model.py").load(out)
     assert isinstance(torch_module, torch.nn.Module)
+
+
+def test_tf_to_flax_and_torch_from_a_keras_file(tmp_path):
+    pytest.importorskip("tensorflow")
+    from fixtures.tf_models import keras_cnn
+
+    built = keras_cnn()
+    model = built[0] if isinstance(built, tuple) else built
+    path = tmp_path / "cnn.keras"
+    model.save(path)
+    for target in ("flax", "torch"):
+        out = tmp_path / target
+        r = CliRunner().invoke(main, [f"tf-to-{target}", str(path), "-o", str(out)])
+        assert r.exit_code == 0, r.output
+        assert json.loads((out / "parity.json").read_text())["passed"] is True

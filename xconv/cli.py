@@ -272,6 +272,10 @@ _COMMANDS = (
     ("flax", "jax", "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model"),
     ("jax", "torch", "JAX PARAMS (msgpack, Orbax, safetensors) of the --module factory's (fn, params)"),
     ("jax", "onnx", "JAX PARAMS (msgpack, Orbax, safetensors) of the --module factory's (fn, params)"),
+    ("tf", "flax", "a TensorFlow MODEL (SavedModel folder, .keras file or frozen .pb)"),
+    ("tf", "torch", "a TensorFlow MODEL (SavedModel folder, .keras file or frozen .pb)"),
+    ("tf", "onnx", "a TensorFlow MODEL (SavedModel folder, .keras file or frozen .pb)"),
+    ("tf", "jax", "a TensorFlow MODEL (SavedModel folder, .keras file or frozen .pb)"),
 )
 
 
@@ -299,7 +303,10 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
             "--trust-pickle", is_flag=True,
             help="Allow loading a fully pickled module (runs code from the file).",
         )(command)  # fmt: skip
-    command = click.argument("model", type=click.Path(dir_okay=False, path_type=Path))(command)
+    # A TensorFlow SavedModel is a folder; every other source is a file.
+    path_type = click.Path(dir_okay=source_kind == "tf", exists=source_kind == "tf",
+                           path_type=Path)  # fmt: skip
+    command = click.argument("model", type=path_type)(command)
     main.command(f"{source_kind}-to-{target}")(command)
 
 
