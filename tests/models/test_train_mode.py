@@ -207,3 +207,29 @@ def test_running_var_torch_convention(trained, api):
     _, got, _, stats = trained(api)
     for name, (_, var) in stats.items():
         np.testing.assert_allclose(got[_flax_key(name)]["var"], var, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+def test_conv_zoo_train_output(tmp_path, api):
+    """BatchNorm1d / BatchNorm3d (and GroupNorm, conv variants) in train mode, dropout-free."""
+    from fixtures.torch_models import make_conv_zoo
+
+    module, args = make_conv_zoo()
+    out = xconv.to_flax(xconv.from_torch(module, args), tmp_path / "zoo", api=api)
+    spec = importlib.util.spec_from_file_location(f"gen_{uuid.uuid4().hex}", out / "model.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    module.train()
+    with torch.no_grad():
+        want = [o.numpy() for o in module(*args)]
+    arrays = [a.numpy() for a in args]
+    if api == "linen":
+        model, variables = gen.load(out)
+        got, updates = model.apply(variables, *arrays, train=True, mutable=["batch_stats"])
+        assert set(updates["batch_stats"]) == {"bn1d", "bn3d"}
+    else:
+        got = _writable(gen.load(out))(*arrays, train=True)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(np.asarray(g), w, rtol=RTOL, atol=ATOL)
