@@ -15,47 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from xconv.converters.common import shapes
 from xconv.converters.jax.registry import REQUIRED, builtin
-from xconv.errors import UnsupportedAttributeError
-
-_AUTO_PADS = ("NOTSET", "", "SAME_UPPER", "SAME_LOWER", "VALID")
-
 
 # --------------------------------------------------------------------------- geometry
-
-
-def _ints(value, n: int, default: int) -> tuple[int, ...]:
-    return tuple(int(v) for v in value) if value else (default,) * n
-
-
-def _check_auto_pad(ctx, auto_pad: str) -> None:
-    if auto_pad not in _AUTO_PADS:
-        raise UnsupportedAttributeError(
-            f"auto_pad={auto_pad!r}; supported: NOTSET, SAME_UPPER, SAME_LOWER, VALID",
-            op=ctx.node.op_type,
-            node=ctx.node.name,
-        )
-
-
-def _same_split(total: int, auto_pad: str) -> tuple[int, int]:
-    """Split a total padding: the odd element goes last for SAME_UPPER, first for SAME_LOWER."""
-    small = total // 2
-    return (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
-
-
-def _conv_padding(ctx, auto_pad, spatial, kernel, strides, dilations, pads):
-    """Per-dimension ``(low, high)`` padding of a convolution."""
-    _check_auto_pad(ctx, auto_pad)
-    n = len(spatial)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = []
-        for i, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
-            o = -(-i // s)
-            out.append(_same_split(max(0, (o - 1) * s + (k - 1) * d + 1 - i), auto_pad))
-        return out
-    if auto_pad == "VALID" or not pads:
-        return [(0, 0)] * n
-    return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
 
 
 def _bias_shape(b, ndim: int):
@@ -81,8 +44,8 @@ def conv(ctx, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, s
     x, w = jnp.asarray(x), jnp.asarray(w)
     n = x.ndim - 2
     kernel = tuple(w.shape[2:])
-    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
-    padding = _conv_padding(ctx, auto_pad, x.shape[2:], kernel, s, d, pads)
+    s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
+    padding = shapes.conv_padding(ctx.node, auto_pad, x.shape[2:], kernel, s, d, pads)
     y = lax.conv_general_dilated(
         x, w.astype(x.dtype), s, padding, rhs_dilation=d, feature_group_count=int(group)
     )
@@ -108,14 +71,14 @@ def conv_transpose(
     strides,
 ):
     """ConvTranspose(X, W, B?) -> Y: the gradient of Conv; W is (C_in, C_out/group, k...)."""
-    _check_auto_pad(ctx, auto_pad)
+    shapes.check_auto_pad(ctx.node, auto_pad)
     x, w = jnp.asarray(x), jnp.asarray(w).astype(x.dtype)
     n = x.ndim - 2
     g = int(group)
     spatial = x.shape[2:]
     kernel = tuple(w.shape[2:])
-    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
-    op = _ints(output_padding, n, 0)
+    s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
+    op = shapes.ints(output_padding, n, 0)
     full = [
         si * (i - 1) + op_i + (k - 1) * di + 1
         for i, k, si, di, op_i in zip(spatial, kernel, s, d, op, strict=True)
@@ -129,10 +92,11 @@ def conv_transpose(
             ]
         else:
             mode = "SAME_UPPER" if auto_pad == "SAME_UPPER" else "SAME_LOWER"
-            lo_hi = [_same_split(f - t, mode) for f, t in zip(full, target, strict=True)]
+            lo_hi = [shapes.same_split(f - t, mode) for f, t in zip(full, target, strict=True)]
     elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         lo_hi = [
-            _same_split(f - i * si, auto_pad) for f, i, si in zip(full, spatial, s, strict=True)
+            shapes.same_split(f - i * si, auto_pad)
+            for f, i, si in zip(full, spatial, s, strict=True)
         ]
     elif auto_pad == "VALID" or not pads:
         lo_hi = [(0, 0)] * n
@@ -207,9 +171,9 @@ def deform_conv(
         jnp.asarray(offset),
         b,
         mask,
-        s=_ints(strides, n, 1),
-        d=_ints(dilations, n, 1),
-        p=_ints(pads, 2 * n, 0),
+        s=shapes.ints(strides, n, 1),
+        d=shapes.ints(dilations, n, 1),
+        p=shapes.ints(pads, 2 * n, 0),
         og=int(offset_group),
         g=int(group),
     )
@@ -263,8 +227,8 @@ def col2im(ctx, x, image_shape, block_shape, *, dilations, pads, strides):
     image = [int(v) for v in ctx.static(image_shape, "image_shape")]
     block = [int(v) for v in ctx.static(block_shape, "block_shape")]
     n = len(image)
-    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
-    p = _ints(pads, 2 * n, 0)
+    s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
+    p = shapes.ints(pads, 2 * n, 0)
     counts = [
         (image[i] + p[i] + p[i + n] - ((block[i] - 1) * d[i] + 1)) // s[i] + 1 for i in range(n)
     ]
@@ -287,39 +251,6 @@ def col2im(ctx, x, image_shape, block_shape, *, dilations, pads, strides):
 
 
 # --------------------------------------------------------------------------- pooling
-
-
-def _pool_geometry(ctx, auto_pad, spatial, kernel, strides, dilations, pads, ceil_mode):
-    """Output sizes, explicit ``(low, high)`` pads and the extra high padding of ceil mode."""
-    _check_auto_pad(ctx, auto_pad)
-    n = len(spatial)
-    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = [-(-i // s) for i, s in zip(spatial, strides, strict=True)]
-        lo_hi = [
-            _same_split(max(0, (o - 1) * s + e - i), auto_pad)
-            for o, s, e, i in zip(out, strides, eff, spatial, strict=True)
-        ]
-    elif auto_pad == "VALID":
-        out = [(i - e) // s + 1 for i, e, s in zip(spatial, eff, strides, strict=True)]
-        lo_hi = [(0, 0)] * n
-    else:
-        lo_hi = [(int(pads[i]), int(pads[i + n])) for i in range(n)] if pads else [(0, 0)] * n
-        out = []
-        for i, e, s, (lo, hi) in zip(spatial, eff, strides, lo_hi, strict=True):
-            span = i + lo + hi - e
-            if ceil_mode:
-                o = -(-span // s) + 1
-                if (o - 1) * s >= i + lo:
-                    o -= 1
-            else:
-                o = span // s + 1
-            out.append(o)
-    extra = [
-        max(0, (o - 1) * s + e - (i + lo + hi))
-        for o, s, e, i, (lo, hi) in zip(out, strides, eff, spatial, lo_hi, strict=True)
-    ]
-    return out, lo_hi, extra
 
 
 def _window(x, init, op, kernel, strides, dilations, lo_hi, extra, out):
@@ -365,8 +296,8 @@ def _lowest(dtype):
 def _pool_setup(ctx, x, kernel_shape, strides, dilations):
     x = jnp.asarray(x)
     n = x.ndim - 2
-    kernel = _ints(kernel_shape, n, 1)
-    return x, n, kernel, _ints(strides, n, 1), _ints(dilations, n, 1)
+    kernel = shapes.ints(kernel_shape, n, 1)
+    return x, n, kernel, shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
 
 
 _POOL_ATTRS = {
@@ -384,7 +315,9 @@ def max_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, stor
     """MaxPool(X) -> (Y, Indices?): Indices are flat over N x C x D1 x ... (row- or column-major)."""
     x, n, kernel, s, d = _pool_setup(ctx, x, kernel_shape, strides, dilations)
     spatial = x.shape[2:]
-    out, lo_hi, extra = _pool_geometry(ctx, auto_pad, spatial, kernel, s, d, pads, ceil_mode)
+    out, lo_hi, extra = shapes.pool_geometry(
+        ctx.node, auto_pad, spatial, kernel, s, d, pads, ceil_mode
+    )
     if any(di > 1 for di in d):
         y = _dilated_max(x, kernel, s, d, lo_hi, extra, out)
     else:
@@ -423,18 +356,6 @@ def max_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, stor
     return y, idx.astype(out_dtype) + base
 
 
-def _window_counts(spatial, kernel, strides, dilations, lo_hi, out, include_pad):
-    """How many window elements count for an average: an (out...) numpy array."""
-    counts = np.ones((), np.int64)
-    for i, k, s, d, (lo, hi), o in zip(
-        spatial, kernel, strides, dilations, lo_hi, out, strict=True
-    ):
-        pos = np.arange(o)[:, None] * s + np.arange(k)[None, :] * d
-        ok = pos < i + lo + hi if include_pad else (pos >= lo) & (pos < lo + i)
-        counts = np.multiply.outer(counts, ok.sum(1))
-    return counts
-
-
 @builtin("AveragePool", attrs={**_POOL_ATTRS, "count_include_pad": 0})
 def average_pool(
     ctx, x, *, auto_pad, ceil_mode, count_include_pad, dilations, kernel_shape, pads, strides
@@ -442,9 +363,11 @@ def average_pool(
     """AveragePool(X) -> Y; padding counts in the divisor only with count_include_pad."""
     x, n, kernel, s, d = _pool_setup(ctx, x, kernel_shape, strides, dilations)
     spatial = x.shape[2:]
-    out, lo_hi, extra = _pool_geometry(ctx, auto_pad, spatial, kernel, s, d, pads, ceil_mode)
+    out, lo_hi, extra = shapes.pool_geometry(
+        ctx.node, auto_pad, spatial, kernel, s, d, pads, ceil_mode
+    )
     total = _window(x, np.array(0, x.dtype), lax.add, kernel, s, d, lo_hi, extra, out)
-    counts = _window_counts(spatial, kernel, s, d, lo_hi, out, bool(count_include_pad))
+    counts = shapes.window_counts(spatial, kernel, s, d, lo_hi, out, bool(count_include_pad))
     with np.errstate(divide="ignore", invalid="ignore"):
         return total / counts.astype(x.dtype)
 
@@ -453,7 +376,9 @@ def average_pool(
 def lp_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, p, pads, strides):
     """LpPool(X) -> Y = (sum over the window of |x|^p)^(1/p)."""
     x, n, kernel, s, d = _pool_setup(ctx, x, kernel_shape, strides, dilations)
-    out, lo_hi, extra = _pool_geometry(ctx, auto_pad, x.shape[2:], kernel, s, d, pads, ceil_mode)
+    out, lo_hi, extra = shapes.pool_geometry(
+        ctx.node, auto_pad, x.shape[2:], kernel, s, d, pads, ceil_mode
+    )
     p = float(p)
     total = _window(jnp.abs(x) ** p, np.array(0, x.dtype), lax.add, kernel, s, d, lo_hi, extra, out)
     return (total ** (1.0 / p)).astype(x.dtype)
@@ -487,8 +412,8 @@ def max_unpool(ctx, x, indices, output_shape=None, *, kernel_shape, pads, stride
     """MaxUnpool(X, I, output_shape?) -> Y: scatter X to the flat positions I, zeros elsewhere."""
     x = jnp.asarray(x)
     n = x.ndim - 2
-    s = _ints(strides, n, 1)
-    p = _ints(pads, 2 * n, 0)
+    s = shapes.ints(strides, n, 1)
+    p = shapes.ints(pads, 2 * n, 0)
     inferred = list(x.shape[:2]) + [
         (x.shape[i + 2] - 1) * s[i] - (p[i] + p[i + n]) + int(kernel_shape[i]) for i in range(n)
     ]

@@ -17,43 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from xconv.converters.common import shapes
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import check_choice
-from xconv.errors import UnsupportedAttributeError
-
-_AUTO_PADS = ("NOTSET", "", "SAME_UPPER", "SAME_LOWER", "VALID")
-
-
-def _ints(value, n: int, default: int) -> tuple[int, ...]:
-    return tuple(int(v) for v in value) if value else (default,) * n
-
-
-def _check_auto_pad(ctx, auto_pad: str) -> None:
-    if auto_pad not in _AUTO_PADS:
-        raise UnsupportedAttributeError(
-            f"auto_pad={auto_pad!r}; supported: NOTSET, SAME_UPPER, SAME_LOWER, VALID",
-            op=ctx.node.op_type,
-            node=ctx.node.name,
-        )
-
-
-def _same_split(total: int, auto_pad: str) -> tuple[int, int]:
-    small = total // 2
-    return (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
-
-
-def _conv_padding(ctx, auto_pad, spatial, kernel, strides, dilations, pads):
-    _check_auto_pad(ctx, auto_pad)
-    n = len(spatial)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = []
-        for i, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
-            o = -(-i // s)
-            out.append(_same_split(max(0, (o - 1) * s + (k - 1) * d + 1 - i), auto_pad))
-        return out
-    if auto_pad == "VALID" or not pads:
-        return [(0, 0)] * n
-    return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
 
 
 def _pad_spatial(x, lo_hi, value=0.0):
@@ -91,8 +57,8 @@ def conv(ctx, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, s
     """Conv(X, W, B?) -> Y: N-d cross-correlation, NC[spatial] layout, grouped."""
     n = x.ndim - 2
     kernel = tuple(w.shape[2:])
-    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
-    padding = _conv_padding(ctx, auto_pad, x.shape[2:], kernel, s, d, pads)
+    s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
+    padding = shapes.conv_padding(ctx.node, auto_pad, x.shape[2:], kernel, s, d, pads)
     y = _conv_nd(_pad_spatial(x, padding), w.to(x.dtype), s, d, int(group))
     if b is not None:
         y = y + _bias(b, y.ndim, y.dtype)
@@ -116,14 +82,14 @@ def conv_transpose(
     strides,
 ):
     """ConvTranspose(X, W, B?) -> Y: the gradient of Conv; W is (C_in, C_out/group, k...)."""
-    _check_auto_pad(ctx, auto_pad)
+    shapes.check_auto_pad(ctx.node, auto_pad)
     w = w.to(x.dtype)
     n = x.ndim - 2
     g = int(group)
     spatial = tuple(x.shape[2:])
     kernel = tuple(w.shape[2:])
-    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
-    op = _ints(output_padding, n, 0)
+    s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
+    op = shapes.ints(output_padding, n, 0)
     full = [
         si * (i - 1) + op_i + (k - 1) * di + 1
         for i, k, si, di, op_i in zip(spatial, kernel, s, d, op, strict=True)
@@ -137,10 +103,11 @@ def conv_transpose(
             ]
         else:
             mode = "SAME_UPPER" if auto_pad == "SAME_UPPER" else "SAME_LOWER"
-            lo_hi = [_same_split(f - t, mode) for f, t in zip(full, target, strict=True)]
+            lo_hi = [shapes.same_split(f - t, mode) for f, t in zip(full, target, strict=True)]
     elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         lo_hi = [
-            _same_split(f - i * si, auto_pad) for f, i, si in zip(full, spatial, s, strict=True)
+            shapes.same_split(f - i * si, auto_pad)
+            for f, i, si in zip(full, spatial, s, strict=True)
         ]
     elif auto_pad == "VALID" or not pads:
         lo_hi = [(0, 0)] * n
@@ -174,8 +141,8 @@ def col2im(ctx, x, image_shape, block_shape, *, dilations, pads, strides):
     image = [int(v) for v in ctx.static(image_shape, "image_shape")]
     block = [int(v) for v in ctx.static(block_shape, "block_shape")]
     n = len(image)
-    s, d = _ints(strides, n, 1), _ints(dilations, n, 1)
-    p = _ints(pads, 2 * n, 0)
+    s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
+    p = shapes.ints(pads, 2 * n, 0)
     counts = [
         (image[i] + p[i] + p[i + n] - ((block[i] - 1) * d[i] + 1)) // s[i] + 1 for i in range(n)
     ]
@@ -197,38 +164,6 @@ def col2im(ctx, x, image_shape, block_shape, *, dilations, pads, strides):
 
 
 # --------------------------------------------------------------------------- pooling
-
-
-def _pool_geometry(ctx, auto_pad, spatial, kernel, strides, dilations, pads, ceil_mode):
-    _check_auto_pad(ctx, auto_pad)
-    n = len(spatial)
-    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = [-(-i // s) for i, s in zip(spatial, strides, strict=True)]
-        lo_hi = [
-            _same_split(max(0, (o - 1) * s + e - i), auto_pad)
-            for o, s, e, i in zip(out, strides, eff, spatial, strict=True)
-        ]
-    elif auto_pad == "VALID":
-        out = [(i - e) // s + 1 for i, e, s in zip(spatial, eff, strides, strict=True)]
-        lo_hi = [(0, 0)] * n
-    else:
-        lo_hi = [(int(pads[i]), int(pads[i + n])) for i in range(n)] if pads else [(0, 0)] * n
-        out = []
-        for i, e, s, (lo, hi) in zip(spatial, eff, strides, lo_hi, strict=True):
-            span = i + lo + hi - e
-            if ceil_mode:
-                o = -(-span // s) + 1
-                if (o - 1) * s >= i + lo:
-                    o -= 1
-            else:
-                o = span // s + 1
-            out.append(o)
-    extra = [
-        max(0, (o - 1) * s + e - (i + lo + hi))
-        for o, s, e, i, (lo, hi) in zip(out, strides, eff, spatial, lo_hi, strict=True)
-    ]
-    return out, lo_hi, extra
 
 
 def _windows(x, kernel, strides, dilations, lo_hi, extra, out, fill):
@@ -257,7 +192,12 @@ def _lowest(dtype):
 
 def _pool_setup(x, kernel_shape, strides, dilations):
     n = x.ndim - 2
-    return n, _ints(kernel_shape, n, 1), _ints(strides, n, 1), _ints(dilations, n, 1)
+    return (
+        n,
+        shapes.ints(kernel_shape, n, 1),
+        shapes.ints(strides, n, 1),
+        shapes.ints(dilations, n, 1),
+    )
 
 
 _POOL_ATTRS = {
@@ -275,7 +215,9 @@ def max_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, stor
     """MaxPool(X) -> (Y, Indices?): Indices are flat over N x C x D1 x ... (row- or column-major)."""
     n, kernel, s, d = _pool_setup(x, kernel_shape, strides, dilations)
     spatial = tuple(x.shape[2:])
-    out, lo_hi, extra = _pool_geometry(ctx, auto_pad, spatial, kernel, s, d, pads, ceil_mode)
+    out, lo_hi, extra = shapes.pool_geometry(
+        ctx.node, auto_pad, spatial, kernel, s, d, pads, ceil_mode
+    )
     xc = x.to(torch.int32) if x.dtype in (torch.int8, torch.uint8) else x
     win = _windows(xc, kernel, s, d, lo_hi, extra, out, _lowest(xc.dtype))
     win = win.reshape(tuple(win.shape[: 2 + n]) + (-1,))
@@ -301,17 +243,6 @@ def max_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, stor
     return y, (idx + base).to(ctx.output_dtype(1) or torch.int64)
 
 
-def _window_counts(spatial, kernel, strides, dilations, lo_hi, out, include_pad):
-    counts = np.ones((), np.int64)
-    for i, k, s, d, (lo, hi), o in zip(
-        spatial, kernel, strides, dilations, lo_hi, out, strict=True
-    ):
-        pos = np.arange(o)[:, None] * s + np.arange(k)[None, :] * d
-        ok = pos < i + lo + hi if include_pad else (pos >= lo) & (pos < lo + i)
-        counts = np.multiply.outer(counts, ok.sum(1))
-    return counts
-
-
 def _window_sum(x, kernel, s, d, lo_hi, extra, out):
     win = _windows(x, kernel, s, d, lo_hi, extra, out, 0.0)
     return win.sum(dim=tuple(range(-len(kernel), 0)))
@@ -324,9 +255,11 @@ def average_pool(
     """AveragePool(X) -> Y; padding counts in the divisor only with count_include_pad."""
     n, kernel, s, d = _pool_setup(x, kernel_shape, strides, dilations)
     spatial = tuple(x.shape[2:])
-    out, lo_hi, extra = _pool_geometry(ctx, auto_pad, spatial, kernel, s, d, pads, ceil_mode)
+    out, lo_hi, extra = shapes.pool_geometry(
+        ctx.node, auto_pad, spatial, kernel, s, d, pads, ceil_mode
+    )
     total = _window_sum(x, kernel, s, d, lo_hi, extra, out)
-    counts = _window_counts(spatial, kernel, s, d, lo_hi, out, bool(count_include_pad))
+    counts = shapes.window_counts(spatial, kernel, s, d, lo_hi, out, bool(count_include_pad))
     return total / torch.as_tensor(counts, dtype=x.dtype, device=x.device)
 
 
@@ -334,8 +267,8 @@ def average_pool(
 def lp_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, p, pads, strides):
     """LpPool(X) -> Y = (sum over the window of |x|^p)^(1/p)."""
     n, kernel, s, d = _pool_setup(x, kernel_shape, strides, dilations)
-    out, lo_hi, extra = _pool_geometry(
-        ctx, auto_pad, tuple(x.shape[2:]), kernel, s, d, pads, ceil_mode
+    out, lo_hi, extra = shapes.pool_geometry(
+        ctx.node, auto_pad, tuple(x.shape[2:]), kernel, s, d, pads, ceil_mode
     )
     p = float(p)
     total = _window_sum(x.abs() ** p, kernel, s, d, lo_hi, extra, out)
@@ -366,8 +299,8 @@ def global_lp_pool(ctx, x, *, p):
 def max_unpool(ctx, x, indices, output_shape=None, *, kernel_shape, pads, strides):
     """MaxUnpool(X, I, output_shape?) -> Y: scatter X to the flat positions I, zeros elsewhere."""
     n = x.ndim - 2
-    s = _ints(strides, n, 1)
-    p = _ints(pads, 2 * n, 0)
+    s = shapes.ints(strides, n, 1)
+    p = shapes.ints(pads, 2 * n, 0)
     inferred = list(x.shape[:2]) + [
         (x.shape[i + 2] - 1) * s[i] - (p[i] + p[i + n]) + int(kernel_shape[i]) for i in range(n)
     ]
