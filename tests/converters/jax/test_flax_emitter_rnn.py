@@ -328,3 +328,22 @@ def test_resnet_block_train_mode_updates_nested_stats(tmp_path):
     _, updates = flax_model.apply(variables, *xs, train=True, mutable=["batch_stats"])
     before = variables["batch_stats"]["layer1_1"]["bn2"]["mean"]
     assert not np.allclose(updates["batch_stats"]["layer1_1"]["bn2"]["mean"], before)
+
+
+def test_transformer_layers_become_block_classes(tmp_path):
+    """Constants the exporter hoists out of a block do not stop it becoming a class."""
+    from fixtures import torch_models
+
+    model, xs, expected = _from_torch_or_skip(torch_models.make_transformer)
+    out = xconv.to_flax(model, tmp_path / "out", api="nnx")
+    src = (out / "model.py").read_text()
+    # The two EncoderLayers differ (gelu erf vs tanh): two classes, one MultiheadAttention.
+    assert src.count("class EncoderLayer") == 2
+    assert src.count("class MultiheadAttention(") == 1
+    assert "self.layers_0 = EncoderLayer(rngs=rngs)" in src
+    got, handle = run_generated(out, "nnx", *xs)
+    err = float(np.max(np.abs(np.asarray(got) - expected[0])))
+    assert err <= 1e-5, err
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+    assert check_grads("nnx", handle, *xs) == 42

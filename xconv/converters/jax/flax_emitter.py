@@ -335,21 +335,23 @@ class _Emitter:
         for sc in sorted(scopes, key=lambda x: x.count(".")):  # outermost first
             if by_class[classes[sc]] < 2:
                 continue
+            # Constants are inlined where they are used: they belong to no block.
             idx = [
                 i
                 for i, n in enumerate(nodes)
-                if (get_scope(n) or "") == sc or (get_scope(n) or "").startswith(sc + ".")
+                if n.op_type != "Constant" and ((get_scope(n) or "") + ".").startswith(sc + ".")
             ]
-            body = nodes[idx[0] : idx[-1] + 1]
+            body = [n for n in nodes[idx[0] : idx[-1] + 1] if n.op_type != "Constant"]
             inside = set(body)
             if any(
-                n in taken
-                or n.op_type != "Constant"
-                and not ((get_scope(n) or "") + ".").startswith(sc + ".")
-                for n in body
+                n in taken or not ((get_scope(n) or "") + ".").startswith(sc + ".") for n in body
             ):
                 continue
-            if any(not set(self.plans[n].body) <= inside for n in body if n in self.plans):
+            if any(
+                not {m for m in self.plans[n].body if m.op_type != "Constant"} <= inside
+                for n in body
+                if n in self.plans
+            ):
                 continue
             inputs, outputs = [], []
             for n in body:

@@ -11,6 +11,9 @@ Each template declares how it treats activation layout (see ``layout.py``):
 * ``axis``: has an ``axis``/``axes`` attribute or input that is remapped to the layout.
 * ``channels_last``: pooling; needs its input channels-last and returns channels-last.
 * ``plain``: needs the source (channels-first) layout.
+
+Users add templates for ops the emitter lacks (or replace built-in ones) with
+:func:`register_template`; a user template wins over the built-in one.
 """
 
 from __future__ import annotations
