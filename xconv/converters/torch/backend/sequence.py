@@ -8,22 +8,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from xconv.converters.common import sequence as sequences
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import concatenate, is_numpy
 
 
 def _position(ctx, position, length: int, *, insert: bool) -> int:
-    pos = int(ctx.static(position, "position").reshape(-1)[0])
-    hi = length if insert else length - 1
-    if not -length <= pos <= hi:
-        raise ctx.error(f"position {pos} is out of range for a sequence of length {length}")
-    return pos + length if pos < 0 else pos
+    return sequences.position(position, length, ctx.static, ctx.error, insert=insert)
 
 
 def _sequence(ctx, seq, what: str = "input_sequence") -> list:
-    if not isinstance(seq, list):
-        raise ctx.error(f"{what} must be a sequence, got {type(seq).__name__}")
-    return seq
+    return sequences.as_sequence(seq, ctx.error, what)
 
 
 @builtin("SequenceConstruct", since=11)
@@ -41,23 +36,13 @@ def sequence_empty(ctx, *, dtype):
 @builtin("SequenceInsert", since=11)
 def sequence_insert(ctx, seq, tensor, position=None):
     """SequenceInsert(input_sequence, tensor, position?) -> output_sequence."""
-    seq = list(_sequence(ctx, seq))
-    if position is None:
-        seq.append(tensor)
-    else:
-        seq.insert(_position(ctx, position, len(seq), insert=True), tensor)
-    return seq
+    return sequences.insert(seq, tensor, position, ctx.static, ctx.error)
 
 
 @builtin("SequenceErase", since=11)
 def sequence_erase(ctx, seq, position=None):
     """SequenceErase(input_sequence, position?) -> output_sequence (default: the last)."""
-    seq = list(_sequence(ctx, seq))
-    if not seq:
-        raise ctx.error("cannot erase from an empty sequence")
-    pos = len(seq) - 1 if position is None else _position(ctx, position, len(seq), insert=False)
-    del seq[pos]
-    return seq
+    return sequences.erase(seq, position, ctx.static, ctx.error)
 
 
 @builtin("SequenceAt", since=11)
