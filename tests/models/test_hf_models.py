@@ -107,6 +107,10 @@ def _build(name: str):
                                decoder_start_token_id=0)  # fmt: skip
         features = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(1))
         return tf.WhisperModel(cfg).get_encoder(), (features,)
+    if name == "t5_encoder":  # eager attention: torch.onnx cannot decompose T5's SDPA path
+        cfg = tf.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                          num_heads=4, attn_implementation="eager")  # fmt: skip
+        return tf.T5EncoderModel(cfg), (_ids(),)
     raise ValueError(name)
 
 
@@ -176,6 +180,8 @@ SLOW = [
     "deit",
     "convnext",
     "wav2vec2",
+    "whisper_encoder",
+    "t5_encoder",
 ]
 
 
