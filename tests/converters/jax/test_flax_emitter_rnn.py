@@ -19,10 +19,12 @@ from tests.converters.jax.test_flax_emitter import (
     run_generated,
 )
 from xconv.converters.jax import flax_ops
-from xconv.converters.jax.flax_emitter import generate
+from xconv.converters.jax.flax_emitter import FlaxOptions, generate
 from xconv.errors import UnsupportedOpError
 
 SEQ, BATCH, D_IN, HIDDEN = 5, 3, 4, 6
+NATIVE = FlaxOptions(native_conv_transpose=True)
+BLOCKS = FlaxOptions(share_blocks=True)
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +274,9 @@ def test_conv_transpose_is_native_and_matches_torch(tmp_path, api, which):
     else:
         make, n_native = _up_zoo, 3
     model, xs, expected = _from_torch_or_skip(make)
-    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    plain = (xconv.to_flax(model, tmp_path / "plain", api=api) / "model.py").read_text()
+    assert "ConvTranspose(" not in plain.replace("class ConvTranspose", "")  # opt-in
+    out = xconv.to_flax(model, tmp_path / "out", api=api, options=NATIVE)
     src = (out / "model.py").read_text()
     layer = "nn.ConvTranspose(" if api == "linen" else "nnx.ConvTranspose("
     assert src.count(layer) == n_native
@@ -297,7 +301,7 @@ def test_resnet_blocks_become_shared_classes(tmp_path, api):
     from fixtures import torch_models
 
     model, xs, expected = _from_torch_or_skip(torch_models.make_resnet)
-    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    out = xconv.to_flax(model, tmp_path / "out", api=api, options=BLOCKS)
     src = (out / "model.py").read_text()
     # layer1.0 and layer1.1 are identical BasicBlocks: one class used twice; layer2.0 (with a
     # downsample) and layer2.1 (16 channels) differ in structure / hyper-parameters.
@@ -312,18 +316,19 @@ def test_resnet_blocks_become_shared_classes(tmp_path, api):
     ok, msg = ruff_ok(out / "model.py")
     assert ok, msg
     assert check_grads(api, handle, *xs) == 32
-    _, variables = generate(model, api=api)
+    _, variables = generate(model, api=api, options=BLOCKS)
     params = variables["params"] if api == "linen" else variables
     assert sorted(params["layer1_0"]) == ["bn1", "bn2", "conv1", "conv2"]
     assert "downsample_0" in params["layer2_0"]
-    assert generate(model, api=api)[0] == src
+    assert generate(model, api=api, options=BLOCKS)[0] == src
+    assert "class BasicBlock" not in generate(model, api=api)[0]  # opt-in
 
 
 def test_resnet_block_train_mode_updates_nested_stats(tmp_path):
     from fixtures import torch_models
 
     model, xs, _ = _from_torch_or_skip(torch_models.make_resnet)
-    out = xconv.to_flax(model, tmp_path / "out", api="linen")
+    out = xconv.to_flax(model, tmp_path / "out", api="linen", options=BLOCKS)
     flax_model, variables = import_generated(out).load(out)
     _, updates = flax_model.apply(variables, *xs, train=True, mutable=["batch_stats"])
     before = variables["batch_stats"]["layer1_1"]["bn2"]["mean"]
@@ -335,7 +340,7 @@ def test_transformer_layers_become_block_classes(tmp_path):
     from fixtures import torch_models
 
     model, xs, expected = _from_torch_or_skip(torch_models.make_transformer)
-    out = xconv.to_flax(model, tmp_path / "out", api="nnx")
+    out = xconv.to_flax(model, tmp_path / "out", api="nnx", options=BLOCKS)
     src = (out / "model.py").read_text()
     # The two EncoderLayers differ (gelu erf vs tanh): two classes, one MultiheadAttention.
     assert src.count("class EncoderLayer") == 2

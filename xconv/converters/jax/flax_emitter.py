@@ -155,6 +155,26 @@ class LayerPlan:
         return self.outputs[0]
 
 
+@dataclass(frozen=True)
+class FlaxOptions:
+    """Choices for the generated Flax source.
+
+    Attributes:
+        native_conv_transpose: Write group-1 transposed convolutions as ``nn.ConvTranspose``
+            (``transpose_kernel=True``, kernel ``(*k, out, in)``) instead of a generated class
+            holding torch's ``(in, out, *k)`` kernel.
+        share_blocks: Write each instance of a source block class (a torch ``BasicBlock``)
+            as a generated class, one class for identical instances, variables nested per
+            block (DESIGN rule 10).
+
+    Both are off by default until ``xconv.weights.mapping`` predicts their variable paths
+    and kernel layout.
+    """
+
+    native_conv_transpose: bool = False
+    share_blocks: bool = False
+
+
 @dataclass
 class Block:
     """One instance of a source block class: its scope, class and contiguous nodes."""
@@ -186,9 +206,10 @@ def _copy(model: ir.Model) -> ir.Model:
 
 
 class _Emitter:
-    def __init__(self, model: ir.Model, api: str) -> None:
+    def __init__(self, model: ir.Model, api: str, options: FlaxOptions | None = None) -> None:
         self.model = model
         self.api = api
+        self.options = options or FlaxOptions()
         self.graph = model.graph
         self.annotated = is_annotated(self.graph)
         self.ns = Namespace()  # local variables of __call__
@@ -293,7 +314,8 @@ class _Emitter:
         if p.kind == "conv_transpose":
             attrs = p.anchor.attributes
             return (
-                p.anchor.op_type == "ConvTranspose"
+                self.options.native_conv_transpose
+                and p.anchor.op_type == "ConvTranspose"
                 and "kernel" in roles
                 and ("bias" in roles) == bool(h["use_bias"])
                 and h["groups"] == 1
@@ -991,26 +1013,36 @@ def _sorted(tree: Any) -> Any:
     return tree
 
 
-def generate(model: ir.Model, *, api: str = "linen") -> tuple[str, dict[str, Any]]:
+def generate(
+    model: ir.Model, *, api: str = "linen", options: FlaxOptions | None = None
+) -> tuple[str, dict[str, Any]]:
     """Return ``(model.py source, variables tree)`` without writing anything."""
     if api not in ("linen", "nnx"):
         raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
     model = canonicalize(_copy(model))
-    em = _Emitter(model, api)
+    em = _Emitter(model, api, options)
     em.plan_layers()
-    em.plan_blocks()
+    if em.options.share_blocks:
+        em.plan_blocks()
     em.check_supported()
     em.emit()
     return render(em, model.graph.name or "model"), variables_tree(em)
 
 
-def to_flax(model: ir.Model, out_dir: str | os.PathLike, *, api: str = "linen") -> Path:
+def to_flax(
+    model: ir.Model,
+    out_dir: str | os.PathLike,
+    *,
+    api: str = "linen",
+    options: FlaxOptions | None = None,
+) -> Path:
     """Write a Flax module for ``model``: ``out_dir/model.py`` and ``variables.msgpack``.
 
     Args:
         model: The IR model (not modified; canonicalised on a copy).
         out_dir: Directory to create (replaced atomically when it exists).
         api: ``"linen"`` (``load`` returns ``(model, variables)``) or ``"nnx"`` (a ready model).
+        options: :class:`FlaxOptions` (native ConvTranspose, shared block classes).
 
     Returns:
         ``out_dir`` as a Path.
@@ -1020,7 +1052,7 @@ def to_flax(model: ir.Model, out_dir: str | os.PathLike, *, api: str = "linen") 
     """
     from flax import serialization
 
-    source, variables = generate(model, api=api)
+    source, variables = generate(model, api=api, options=options)
     data = serialization.msgpack_serialize(variables)
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
