@@ -16,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 from jax import lax
 
+from xconv.converters.common import attention as attention_attrs
 from xconv.converters.jax.linalg import reference_sum
 from xconv.converters.jax.registry import builtin
 
@@ -307,9 +308,6 @@ def tensor_scatter(ctx, past_cache, update, write_indices=None, *, axis, mode):
     return jnp.moveaxis(cache, 1, ax)
 
 
-_UPDATE_RULES = ("linear", "gated", "delta", "gated_delta")
-
-
 @builtin(
     "LinearAttention",
     since=27,
@@ -340,19 +338,14 @@ def linear_attention(
     (output, present_state): the recurrent state S += k v^T (with optional exp(decay)
     gating and beta delta correction), read as scale * q S; float32 internally."""
     del chunk_size  # a kernel tiling hint; it does not change the result
-    if update_rule not in _UPDATE_RULES:
-        raise ctx.error(f"update_rule {update_rule!r} is not one of {list(_UPDATE_RULES)}")
-    if q_num_heads <= 0 or kv_num_heads <= 0 or q_num_heads % kv_num_heads:
-        raise ctx.error(
-            f"q_num_heads ({q_num_heads}) must be a positive multiple of kv_num_heads "
-            f"({kv_num_heads})"
-        )
-    gating = update_rule in ("gated", "gated_delta")
-    delta = update_rule in ("delta", "gated_delta")
-    if gating != (decay is not None):
-        raise ctx.error(f"update_rule {update_rule!r} {'needs' if gating else 'forbids'} decay")
-    if delta != (beta is not None):
-        raise ctx.error(f"update_rule {update_rule!r} {'needs' if delta else 'forbids'} beta")
+    gating, delta = attention_attrs.linear_attention_rule(
+        update_rule,
+        q_num_heads,
+        kv_num_heads,
+        has_decay=decay is not None,
+        has_beta=beta is not None,
+        fail=ctx.error,
+    )
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     out_dtype = query.dtype
     b, t, _ = query.shape
