@@ -235,18 +235,6 @@ def _fresh_cli(pt2: str, out) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "importer bug (xconv/converters/torch/files.py:_load_pt2): a .pt2 of an HF model whose "
-        "forward returns a ModelOutput names transformers.modeling_outputs.<Output> in its "
-        "out_spec; torch.export.load only deserializes it once that class is registered with "
-        "pytree (i.e. transformers' module imported), so a fresh `xconv torch-to-flax` exits 3 "
-        "'not a readable torch.export archive' (torch logs: 'Deserializing "
-        "transformers.modeling_outputs.BaseModelOutputWithPoolingAndCrossAttentions in pytree "
-        "is not registered')"
-    ),
-)
 def test_fresh_process_model_output(tmp_path):
     pt2, _, _ = _export("bert", tmp_path)
     result = _fresh_cli(pt2, tmp_path / "out")

@@ -130,15 +130,6 @@ def trained(tmp_path_factory):
     return run
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason=(
-        "emitter bug: the nnx load() puts msgpack_restore's read-only numpy arrays into the "
-        "state (no jnp.asarray, unlike the linen load), so BatchNorm's train-mode update "
-        "`self.mean[...] = ...` raises 'assignment destination is read-only'"
-    ),
-)
 def test_nnx_loaded_module_runs_in_train_mode(tmp_path):
     model = _generated(tmp_path, "nnx")
     _, (x,) = make_resnet()

@@ -324,7 +324,13 @@ class _Emitter:
                 and getattr(attrs.get("auto_pad"), "value", "NOTSET") == "NOTSET"
             )
         if p.kind == "batch_norm":
-            return {"mean", "var"} <= roles and bool(h["track_running_stats"])
+            # torch's momentum=None (a cumulative average) has no Flax equivalent: rather
+            # than guess a momentum, such a layer stays a generated (inference) class.
+            return (
+                {"mean", "var"} <= roles
+                and bool(h["track_running_stats"])
+                and h["momentum"] is not None
+            )
         if p.kind == "layer_norm":
             return len(h["normalized_shape"]) == 1
         if p.kind in ("group_norm", "rms_norm"):
@@ -656,7 +662,7 @@ class _Emitter:
                 f"nnx.ConvTranspose({h['in_channels']}, {h['out_channels']}, {common}, rngs=rngs)"
             )
         elif kind == "batch_norm":
-            m = 1.0 - float(h["momentum"] if h["momentum"] is not None else 0.1)
+            m = 1.0 - float(h["momentum"])
             aff = bool(h["affine"])
             common = (
                 f"momentum={scalar_literal(m)}, epsilon={scalar_literal(h['epsilon'])}, "
@@ -985,7 +991,9 @@ def render(em: _Emitter, name: str) -> str:
             '    path = Path(out_dir or Path(__file__).parent) / "variables.msgpack"',
             "    model = Model(rngs=nnx.Rngs(0))",
             f"    state = nnx.state(model, nnx.Any({saved}))",
-            "    nnx.replace_by_pure_dict(state, serialization.msgpack_restore(path.read_bytes()))",
+            "    saved = serialization.msgpack_restore(path.read_bytes())",
+            "    # msgpack gives read-only numpy arrays; train-mode BatchNorm updates in place.",
+            "    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map(jnp.asarray, saved))",
             "    nnx.update(model, state)",
             "    return model",
         ]

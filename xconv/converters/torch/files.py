@@ -16,8 +16,12 @@ dtype, or ``"2,16:int64"``) or from an ``.npz`` file (:func:`example_inputs`).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
 import os
 import pickle
+import re
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -101,11 +105,59 @@ def _is_export_archive(path: Path) -> bool:
     return any("/models/" in n or n.endswith("archive_format") for n in _zip_names(path))
 
 
+#: A pytree node type recorded in a .pt2 archive's input/output specs.
+_PYTREE_TYPE = re.compile(r'type\\*"\s*:\s*\\*"((?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*)\\*"')
+
+
+def _pytree_types(path: Path) -> set[str]:
+    """The pytree node types (``transformers.modeling_outputs.BaseModelOutput``) an archive's
+    input/output specs name."""
+    names: set[str] = set()
+    try:
+        with zipfile.ZipFile(path) as z:
+            for member in z.namelist():
+                if member.endswith(".json") and "/models/" in member:
+                    names.update(_PYTREE_TYPE.findall(z.read(member).decode("utf-8", "ignore")))
+    except (OSError, zipfile.BadZipFile):
+        return set()
+    return names
+
+
+def _register_pytree_types(names: set[str]) -> list[str]:
+    """Import the installed modules that define the archive's pytree types (importing
+    ``transformers.modeling_outputs`` registers its output classes), so the archive loads
+    in a fresh process. Only modules of installed packages are imported, never code from the
+    archive. Returns the names still unknown."""
+    from torch.utils import _pytree
+
+    known = _pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+    missing = []
+    for name in sorted(names):
+        if name in known:
+            continue
+        module = name.rpartition(".")[0]
+        if importlib.util.find_spec(module.partition(".")[0]) is not None:
+            with contextlib.suppress(Exception):
+                importlib.import_module(module)
+        if name not in known:
+            missing.append(name)
+    return missing
+
+
 def _load_pt2(path: Path):
+    missing = _register_pytree_types(_pytree_types(path))
     try:
         program = torch.export.load(str(path))
     except Exception as e:
-        raise InvalidModelError(f"{path} is not a readable torch.export archive: {_line(e)}") from e
+        hint = (
+            f" (its outputs use {', '.join(missing)}, which no installed package defines; "
+            "install the package or export with return_dict=False)"
+            if missing
+            else ""
+        )
+        raise InvalidModelError(
+            f"{path} is not a readable torch.export archive: {_line(e)}{hint}"
+        ) from e
     inputs = None
     if program.example_inputs is not None:
         args, kwargs = program.example_inputs
