@@ -275,3 +275,36 @@ def test_unsupported_ops_are_listed_together():
         to_torch_source(ir.from_proto(proto))
     text = str(err.value)
     assert "Hardmax x2" in text and "Det x1" in text and "Relu" not in text
+
+
+def test_conv_with_asymmetric_pads_pads_explicitly():
+    """TensorFlow's SAME padding with stride 2 gives pads [0, 0, 1, 1]: no conv argument."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    import xconv
+    from xconv.converters.torch.source_emitter import to_torch_source
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[0, 0, 1, 1], strides=[2, 2])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
+    source, state = to_torch_source(xconv.load(proto))
+    assert "F.pad(" in source
+    namespace: dict = {}
+    exec(compile(source, "<generated>", "exec"), namespace)
+    module = namespace["Model"]()
+    module.load_state_dict(state)
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = ort.InferenceSession(proto.SerializeToString()).run(None, {"x": x})[0]
+    with torch.no_grad():
+        got = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

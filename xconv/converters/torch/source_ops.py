@@ -393,12 +393,20 @@ def _sym_pads(c: OpCall, n: int) -> list[int]:
 )
 def _conv(c: OpCall) -> str:
     n = c.need_rank() - 2
-    pad = _sym_pads(c, n)
+    x = c.args[0]
+    pads = c.attrs.get("pads") or [0] * (2 * n)
+    if c.attrs.get("auto_pad", "NOTSET") == "NOTSET" and list(pads[:n]) != list(pads[n:]):
+        # Asymmetric zero padding (TensorFlow's SAME with stride 2) has no conv argument:
+        # pad explicitly (F.pad lists the last dim first), then convolve unpadded.
+        order = [v for i in reversed(range(n)) for v in (pads[i], pads[n + i])]
+        x, pad = f"F.pad({x}, {int_tuple(order)})", [0] * n
+    else:
+        pad = _sym_pads(c, n)
     s = c.attrs["strides"] or [1] * n
     d = c.attrs["dilations"] or [1] * n
     b = c.args[2] if c.has(2) else "None"
     return (
-        f"F.conv{n}d({c.args[0]}, {c.args[1]}, {b}, stride={int_tuple(s)}, "
+        f"F.conv{n}d({x}, {c.args[1]}, {b}, stride={int_tuple(s)}, "
         f"padding={int_tuple(pad)}, dilation={int_tuple(d)}, groups={c.attrs['group']})"
     )
 
