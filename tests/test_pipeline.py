@@ -191,3 +191,17 @@ def test_tf_to_flax_and_torch_from_a_keras_file(tmp_path):
         r = CliRunner().invoke(main, [f"tf-to-{target}", str(path), "-o", str(out)])
         assert r.exit_code == 0, r.output
         assert json.loads((out / "parity.json").read_text())["passed"] is True
+
+
+@pytest.mark.slow
+def test_keras_applications_mobilenet_to_flax_and_torch(tmp_path):
+    """keras.applications built with weights=None (no download), as a new user would."""
+    keras = pytest.importorskip("keras")
+    model = keras.applications.MobileNetV2(input_shape=(64, 64, 3), alpha=0.35, weights=None)
+    path = tmp_path / "mobilenet_v2.keras"
+    model.save(path)
+    for target in ("flax", "torch"):
+        out = tmp_path / target
+        r = CliRunner().invoke(main, [f"tf-to-{target}", str(path), "-o", str(out)])
+        assert r.exit_code == 0, r.output
+        assert json.loads((out / "parity.json").read_text())["passed"] is True
