@@ -172,29 +172,9 @@ def test_running_mean_matches_torch(trained, api):
 
 
 @pytest.mark.parametrize("api", ["linen", "nnx"])
-def test_running_var_flax_convention(trained, api):
-    """What Flax does, exactly: ``0.9 * running + 0.1 * biased batch variance``."""
-    _, got, _, stats = trained(api)
-    module0, _ = make_resnet()
-    seen = _bn_inputs()
-    for name in stats:
-        before = dict(module0.named_modules())[name].running_var.numpy()
-        biased = seen[name].var(dim=(0, 2, 3), unbiased=False).numpy()
-        want = 0.9 * before + 0.1 * biased
-        np.testing.assert_allclose(got[_flax_key(name)]["var"], want, rtol=1e-4, atol=1e-6)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Flax nn.BatchNorm / nnx.BatchNorm update running var with the biased batch variance; "
-        "torch uses the unbiased one (factor n/(n-1), n = N*H*W per channel). The emitter "
-        "writes plain nn.BatchNorm(momentum=1-m), so running_var differs from torch by "
-        "m*var_batch/(n-1) per step (n=128 for layer2 at batch 2: up to 4.3e-3 relative after one step)."
-    ),
-)
-@pytest.mark.parametrize("api", ["linen", "nnx"])
 def test_running_var_torch_convention(trained, api):
+    """torch's running_var update uses the unbiased batch variance; the generated module
+    keeps that convention (plain Flax BatchNorm would use the biased one)."""
     _, got, _, stats = trained(api)
     for name, (_, var) in stats.items():
         np.testing.assert_allclose(got[_flax_key(name)]["var"], var, rtol=1e-5, atol=1e-6)

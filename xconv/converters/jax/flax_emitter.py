@@ -671,6 +671,9 @@ class _Emitter:
             linen = f"nn.BatchNorm({common})"
             nnx_ = f"nnx.BatchNorm({h['num_features']}, {common}, rngs=rngs)"
             call = f"self.{attr}({x}, use_running_average=not train)"
+            if p.anchor.metadata_props.get(MODULE, "").startswith("torch."):
+                self.src.helpers.add(f"torch_batch_norm_{self.api}")
+                call = f"_torch_batch_norm(self.{attr}, {x}, train)"
         elif kind == "layer_norm":
             aff = bool(h["elementwise_affine"])
             common = (

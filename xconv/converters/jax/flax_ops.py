@@ -1067,6 +1067,29 @@ TEMPLATES["LSTM"] = Template(_recurrent, {**_RNN_ATTRS, "input_forget": 0})
 # ---------------------------------------------------------------- helper functions
 
 HELPERS: dict[str, str] = {
+    # torch updates running_var with the unbiased batch variance (n / (n - 1)), Flax's
+    # BatchNorm with the biased one; a torch source's BatchNorm keeps torch's statistics.
+    "torch_batch_norm_linen": '''
+def _torch_batch_norm(bn, x, train):
+    """Flax BatchNorm with torch's running-variance update (unbiased batch variance)."""
+    y = bn(x, use_running_average=not train)
+    if train and not bn.is_initializing():
+        n = x.size // x.shape[-1]
+        batch_var = jnp.var(x, axis=tuple(range(x.ndim - 1)))
+        var = bn.get_variable("batch_stats", "var")
+        bn.put_variable("batch_stats", "var", var + (1.0 - bn.momentum) * batch_var / (n - 1))
+    return y
+''',
+    "torch_batch_norm_nnx": '''
+def _torch_batch_norm(bn, x, train):
+    """Flax BatchNorm with torch's running-variance update (unbiased batch variance)."""
+    y = bn(x, use_running_average=not train)
+    if train:
+        n = x.size // x.shape[-1]
+        batch_var = jnp.var(x, axis=tuple(range(x.ndim - 1)))
+        bn.var.value = bn.var.value + (1.0 - bn.momentum) * batch_var / (n - 1)
+    return y
+''',
     "reshape": '''
 def _reshape(x, shape):
     """ONNX Reshape: 0 copies the input dimension, -1 is inferred."""
