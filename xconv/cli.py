@@ -267,11 +267,27 @@ _COMMANDS = (
     ("onnx", "flax", "an ONNX MODEL"),
     ("onnx", "jax", "an ONNX MODEL"),
     ("onnx", "torch", "an ONNX MODEL"),
-    ("flax", "torch", "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model"),
-    ("flax", "onnx", "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model"),
+    (
+        "flax",
+        "torch",
+        "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model",
+    ),
+    (
+        "flax",
+        "onnx",
+        "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model",
+    ),
     ("flax", "jax", "Flax VARIABLES (msgpack, Orbax, safetensors) of the --module factory's model"),
-    ("jax", "torch", "JAX PARAMS (msgpack, Orbax, safetensors) of the --module factory's (fn, params)"),
-    ("jax", "onnx", "JAX PARAMS (msgpack, Orbax, safetensors) of the --module factory's (fn, params)"),
+    (
+        "jax",
+        "torch",
+        "JAX PARAMS (msgpack, Orbax, safetensors) of the --module factory's (fn, params)",
+    ),
+    (
+        "jax",
+        "onnx",
+        "JAX PARAMS (msgpack, Orbax, safetensors) of the --module factory's (fn, params)",
+    ),
     ("tf", "flax", "a TensorFlow MODEL (SavedModel folder, .keras file or frozen .pb)"),
     ("tf", "torch", "a TensorFlow MODEL (SavedModel folder, .keras file or frozen .pb)"),
     ("tf", "onnx", "a TensorFlow MODEL (SavedModel folder, .keras file or frozen .pb)"),
@@ -376,8 +392,9 @@ def demo(out: Path | None) -> None:
             f"[green]wrote[/] {result.out_dir}/: " + ", ".join(p.name for p in result.files)
         )
         source = (result.out_dir / "model.py").read_text().splitlines()
-        console.print(f"model.py ({len(source)} lines), first lines:")
-        console.print("\n".join(source[:25]), markup=False, soft_wrap=True)
+        start = next((i for i, line in enumerate(source) if line.startswith("class Model")), 0)
+        console.print(f"model.py ({len(source)} lines), from line {start + 1}:")
+        console.print("\n".join(source[start : start + 30]), markup=False, soft_wrap=True)
         console.print(result.parity)
     if not result.passed:
         raise ParityError("the demo conversion does not match torch")

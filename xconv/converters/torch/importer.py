@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -230,8 +231,16 @@ def _from_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...] | No
 
 def _to_ir(program) -> ir.Model:
     try:
-        # The exporter prints progress lines; the library never prints.
-        with contextlib.redirect_stdout(io.StringIO()):
+        # The exporter prints progress lines, warns that torchvision's ops are not registered
+        # and trips torch's own pytree deprecation warning; the library never prints.
+        registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+        level = registration.level
+        registration.setLevel(logging.ERROR)
+        with (
+            contextlib.redirect_stdout(io.StringIO()),
+            warnings.catch_warnings(),
+        ):
+            warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
             onnx_program = torch.onnx.export(
                 program, (), dynamo=True, optimize=False, opset_version=OPSET, verbose=False
             )
@@ -239,6 +248,8 @@ def _to_ir(program) -> ir.Model:
         raise ConversionError(
             f"torch.onnx could not translate the exported program: {_first_line(e)}"
         ) from e
+    finally:
+        logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(level)
     model = onnx_program.model
     version = model.opset_imports.get("", OPSET)
     if version < OPSET:
