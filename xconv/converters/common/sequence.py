@@ -49,3 +49,70 @@ def erase(seq, at, static: Static, fail: Fail) -> list:
     pos = len(seq) - 1 if at is None else position(at, len(seq), static, fail, insert=False)
     del seq[pos]
     return seq
+
+
+def split_sizes(split: np.ndarray, dim: int, fail: Fail) -> list[int]:
+    """SplitToSequence's piece sizes along an axis of length ``dim`` from a static ``split``:
+    a scalar chunk size (the last piece may be shorter) or a list summing to ``dim``."""
+    if split.ndim == 0:
+        size = int(split)
+        if size <= 0:
+            raise fail(f"split must be positive, got {size}")
+        return [size] * (dim // size) + ([dim % size] if dim % size else [])
+    sizes = [int(s) for s in split]
+    if sum(sizes) != dim:
+        raise fail(f"split sizes {sizes} do not sum to the axis length {dim}")
+    return sizes
+
+
+def register_list_ops(builtin: Callable[..., Any], required: Any) -> None:
+    """Register the sequence and optional ops that only move Python objects around, the same in
+    every backend: ``builtin`` is a backend registry's decorator factory, ``required`` its
+    REQUIRED marker. Ops that build arrays (SequenceAt, SequenceLength, SplitToSequence,
+    ConcatFromSequence, OptionalHasElement) stay in each backend."""
+
+    @builtin("SequenceConstruct", since=11)
+    def sequence_construct(ctx, *inputs):
+        """SequenceConstruct(inputs...) -> output_sequence."""
+        return list(inputs)
+
+    @builtin("SequenceEmpty", since=11, attrs={"dtype": None})
+    def sequence_empty(ctx, *, dtype):
+        """SequenceEmpty() -> an empty sequence (of element type ``dtype``)."""
+        return []
+
+    @builtin("SequenceInsert", since=11)
+    def sequence_insert(ctx, seq, tensor, position=None):
+        """SequenceInsert(input_sequence, tensor, position?) -> output_sequence."""
+        return insert(seq, tensor, position, ctx.static, ctx.error)
+
+    @builtin("SequenceErase", since=11)
+    def sequence_erase(ctx, seq, position=None):
+        """SequenceErase(input_sequence, position?) -> output_sequence (default: the last)."""
+        return erase(seq, position, ctx.static, ctx.error)
+
+    @builtin("SequenceMap", since=17, attrs={"body": required})
+    def sequence_map(ctx, seq, *additional, body):
+        """SequenceMap(input_sequence, additional_inputs...) -> out_sequence... (body per item)."""
+        seq = as_sequence(seq, ctx.error)
+        for extra in additional:
+            if isinstance(extra, list) and len(extra) != len(seq):
+                raise ctx.error(f"sequence inputs differ in length ({len(extra)} vs {len(seq)})")
+        results: list[list] = [[] for _ in body.outputs]
+        for i, item in enumerate(seq):
+            feeds = [item, *(e[i] if isinstance(e, list) else e for e in additional)]
+            for k, out in enumerate(ctx.run_subgraph(body, feeds)):
+                results[k].append(out)
+        return tuple(results)
+
+    @builtin("Optional", since=15, attrs={"type": None})
+    def optional(ctx, x=None, *, type):  # noqa: A002 - the ONNX attribute name
+        """Optional(input?) -> an optional holding input, or empty (None)."""
+        return x
+
+    @builtin("OptionalGetElement", since=15)
+    def optional_get_element(ctx, x):
+        """OptionalGetElement(input) -> the value held (a tensor or sequence passes through)."""
+        if x is None:
+            raise ctx.error("the optional input is empty")
+        return x

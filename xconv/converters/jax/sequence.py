@@ -23,28 +23,8 @@ def _sequence(ctx, seq, what: str = "input_sequence") -> list:
     return sequences.as_sequence(seq, ctx.error, what)
 
 
-@builtin("SequenceConstruct", since=11)
-def sequence_construct(ctx, *inputs):
-    """SequenceConstruct(inputs...) -> output_sequence."""
-    return list(inputs)
-
-
-@builtin("SequenceEmpty", since=11, attrs={"dtype": None})
-def sequence_empty(ctx, *, dtype):
-    """SequenceEmpty() -> an empty sequence (of element type ``dtype``)."""
-    return []
-
-
-@builtin("SequenceInsert", since=11)
-def sequence_insert(ctx, seq, tensor, position=None):
-    """SequenceInsert(input_sequence, tensor, position?) -> output_sequence."""
-    return sequences.insert(seq, tensor, position, ctx.static, ctx.error)
-
-
-@builtin("SequenceErase", since=11)
-def sequence_erase(ctx, seq, position=None):
-    """SequenceErase(input_sequence, position?) -> output_sequence (default: the last)."""
-    return sequences.erase(seq, position, ctx.static, ctx.error)
+# SequenceConstruct/Empty/Insert/Erase/Map, Optional, OptionalGetElement: backend-free.
+sequences.register_list_ops(builtin, REQUIRED)
 
 
 @builtin("SequenceAt", since=11)
@@ -79,16 +59,7 @@ def split_to_sequence(ctx, x, split=None, *, axis, keepdims):
         if keepdims:
             pieces = [jnp.expand_dims(p, axis) for p in pieces]
         return pieces
-    split = ctx.static(split, "split")
-    if split.ndim == 0:
-        size = int(split)
-        if size <= 0:
-            raise ctx.error(f"split must be positive, got {size}")
-        sizes = [size] * (dim // size) + ([dim % size] if dim % size else [])
-    else:
-        sizes = [int(s) for s in split]
-        if sum(sizes) != dim:
-            raise ctx.error(f"split sizes {sizes} do not sum to the axis length {dim}")
+    sizes = sequences.split_sizes(ctx.static(split, "split"), dim, ctx.error)
     offsets = np.cumsum([0, *sizes])
     return [
         jax_slice(x, axis, int(start), int(stop))
@@ -114,36 +85,7 @@ def concat_from_sequence(ctx, seq, *, axis, new_axis):
     return jnp.concatenate(arrays, axis=axis)
 
 
-@builtin("SequenceMap", since=17, attrs={"body": REQUIRED})
-def sequence_map(ctx, seq, *additional, body):
-    """SequenceMap(input_sequence, additional_inputs...) -> out_sequence... (body per item)."""
-    seq = _sequence(ctx, seq)
-    for extra in additional:
-        if isinstance(extra, list) and len(extra) != len(seq):
-            raise ctx.error(f"sequence inputs differ in length ({len(extra)} vs {len(seq)})")
-    results: list[list] = [[] for _ in body.outputs]
-    for i, item in enumerate(seq):
-        feeds = [item, *(e[i] if isinstance(e, list) else e for e in additional)]
-        for k, out in enumerate(ctx.run_subgraph(body, feeds)):
-            results[k].append(out)
-    return tuple(results)
-
-
-@builtin("Optional", since=15, attrs={"type": None})
-def optional(ctx, x=None, *, type):  # noqa: A002 - the ONNX attribute name
-    """Optional(input?) -> an optional holding input, or empty (None)."""
-    return x
-
-
 @builtin("OptionalHasElement", since=15)
 def optional_has_element(ctx, x=None):
     """OptionalHasElement(input?) -> bool scalar: whether the optional holds a value."""
     return np.array(x is not None)
-
-
-@builtin("OptionalGetElement", since=15)
-def optional_get_element(ctx, x):
-    """OptionalGetElement(input) -> the value held (a tensor or sequence passes through)."""
-    if x is None:
-        raise ctx.error("the optional input is empty")
-    return x
