@@ -13,8 +13,6 @@ import json
 import keyword
 import os
 import re
-import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.codegen import Namespace, parse_attrs, write_dir_atomic
 from xconv.converters.jax import layout
 from xconv.converters.jax.flax_ops import (
     HELPERS,
@@ -33,8 +32,7 @@ from xconv.converters.jax.flax_ops import (
     find_template,
     scalar_literal,
 )
-from xconv.converters.registry import REQUIRED, attribute_value
-from xconv.errors import ConversionError, MissingOp, UnsupportedAttributeError
+from xconv.errors import ConversionError, MissingOp
 from xconv.ir.metadata import LAYOUT, MODULE, ROLE, SOURCE_LINE, get_layer, get_scope
 from xconv.ir.passes import canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
@@ -113,23 +111,9 @@ _MODULE_MEMBERS = frozenset(
 )
 
 
-class Namespace:
-    """Unique, readable identifiers that never shadow builtins (after torch.fx's)."""
-
-    def __init__(self, reserved: frozenset[str] = _RESERVED) -> None:
-        self._used: set[str] = set(reserved)
-
-    def new(self, hint: str | None) -> str:
-        base = re.sub(r"\W", "_", hint or "v").strip("_") or "v"
-        base = re.sub(r"_+", "_", base)
-        if base[0].isdigit():
-            base = f"v_{base}"
-        name, i = base, 0
-        while name in self._used or name.startswith("_") and name[1:] in HELPERS:
-            i += 1
-            name = f"{base}_{i}"
-        self._used.add(name)
-        return name
+def _namespace(reserved: frozenset[str] = _RESERVED) -> Namespace:
+    """Unique, readable identifiers that never shadow builtins or a generated helper."""
+    return Namespace(reserved, avoid=lambda name: name.startswith("_") and name[1:] in HELPERS)
 
 
 @dataclass
@@ -212,8 +196,8 @@ class _Emitter:
         self.options = options or FlaxOptions()
         self.graph = model.graph
         self.annotated = is_annotated(self.graph)
-        self.ns = Namespace()  # local variables of __call__
-        self.attrs = Namespace(_RESERVED | _MODULE_MEMBERS)  # self.<attribute> names
+        self.ns = _namespace()  # local variables of __call__
+        self.attrs = _namespace(_RESERVED | _MODULE_MEMBERS)  # self.<attribute> names
         self.src = _Source()
         self.env: dict[ir.Value, dict[layout.Perm, str]] = {}
         self.native: dict[ir.Value, layout.Perm] = {}
@@ -227,7 +211,7 @@ class _Emitter:
         #: generate identical classes (shared, like a torch block class used many times).
         self.canonical = False
         self.classes: dict[str, str] = {}  # generated submodule source -> class name
-        self.class_ns = Namespace(_RESERVED | {"Model", "Constant"})
+        self.class_ns = _namespace(_RESERVED | {"Model", "Constant"})
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         #: Instances of one source block class (a torch ``BasicBlock``): node -> its block.
@@ -754,7 +738,7 @@ class _Emitter:
         if node.op_type in ("Shape", "Size") and self._emit_shape(node):
             return
         tpl = find_template(node)
-        attrs = _parse_attrs(node, tpl.attrs)
+        attrs = parse_attrs(node, tpl.attrs, "Flax")
         ins = list(node.inputs)
         consts = [None if v is None or not v.name else constant_of(v, self.annotated) for v in ins]
         data = [
@@ -877,30 +861,6 @@ def _dims(value: ir.Value) -> list[int | None] | None:
     if value.shape is None:
         return None
     return [d if isinstance(d, int) else None for d in value.shape]
-
-
-def _parse_attrs(node: ir.Node, spec: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(node.attributes) - set(spec))
-    if unknown:
-        raise UnsupportedAttributeError(
-            f"attribute(s) {unknown} not supported by the Flax emitter; it understands "
-            f"{sorted(spec) or 'no attributes'}",
-            op=node.op_type,
-            node=node.name,
-            scope=get_scope(node),
-        )
-    out = {}
-    for name, default in spec.items():
-        attr = node.attributes.get(name)
-        if attr is None:
-            if default is REQUIRED:
-                raise UnsupportedAttributeError(
-                    f"required attribute {name!r} is missing", op=node.op_type, node=node.name
-                )
-            out[name] = default
-        else:
-            out[name] = attribute_value(attr)
-    return out
 
 
 # ---------------------------------------------------------------- source assembly
@@ -1065,21 +1025,12 @@ def to_flax(
 
     source, variables = generate(model, api=api, options=options)
     data = serialization.msgpack_serialize(variables)
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        (tmp / "model.py").write_text(source)
-        (tmp / "variables.msgpack").write_bytes(data)
-        (tmp / "xconv.json").write_text(json.dumps({"api": api, "format": 1}, sort_keys=True))
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    meta = json.dumps({"api": api, "format": 1}, sort_keys=True)
+    return write_dir_atomic(
+        out_dir,
+        {
+            "model.py": source.encode("utf-8"),
+            "variables.msgpack": data,
+            "xconv.json": meta.encode("utf-8"),
+        },
+    )
