@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -193,3 +194,98 @@ def resize_sizes(
                 int(common * in_shape[i] + 0.5) if i in axes else in_shape[i] for i in range(rank)
             ]
     return scale_v, size_v, roi_v
+
+
+_RESIZE_MODES = ("nearest", "linear", "cubic")
+_COORD_MODES = (
+    "half_pixel",
+    "half_pixel_symmetric",
+    "pytorch_half_pixel",
+    "align_corners",
+    "asymmetric",
+    "tf_crop_and_resize",
+)
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+#: Resize's attributes with their spec defaults (every opset from 10 on).
+RESIZE_ATTRS = {
+    "antialias": 0,
+    "axes": None,
+    "coordinate_transformation_mode": "half_pixel",
+    "cubic_coeff_a": -0.75,
+    "exclude_outside": 0,
+    "extrapolation_value": 0.0,
+    "keep_aspect_ratio_policy": "stretch",
+    "mode": "nearest",
+    "nearest_mode": "round_prefer_floor",
+}
+
+
+def resize_arguments(
+    ctx,
+    in_shape: Sequence[int],
+    roi,
+    scales,
+    sizes,
+    attrs: dict,
+    *,
+    normalize_axis: Callable[[Any, int, int], int],
+    present: Callable[[Any], bool],
+) -> dict:
+    """Validate a Resize node and resolve its per-axis scales, sizes and roi.
+
+    Returns the keyword arguments of a backend's resampling function: ``scales``, ``sizes``,
+    ``roi``, ``mode``, ``coord_mode``, ``nearest_mode``, ``cubic_a``, ``antialias``,
+    ``exclude_outside``, ``extrapolation_value``. ``present(v)`` says whether an optional
+    input holds data (an empty tensor means absent).
+    """
+    from xconv.converters.common.attrs import check_choice, static_ints, unsupported
+
+    mode = attrs["mode"]
+    coord_mode = attrs["coordinate_transformation_mode"]
+    nearest_mode = attrs["nearest_mode"]
+    policy = attrs["keep_aspect_ratio_policy"]
+    if ctx.opset < 11:  # Resize-10 is Resize(X, scales) with asymmetric coordinates.
+        roi, scales = None, roi
+        coord_mode, nearest_mode = "asymmetric", "simple"
+    else:
+        check_choice(ctx, "coordinate_transformation_mode", coord_mode, _COORD_MODES)
+        check_choice(ctx, "nearest_mode", nearest_mode, _NEAREST_MODES)
+    check_choice(ctx, "mode", mode, _RESIZE_MODES)
+    check_choice(ctx, "keep_aspect_ratio_policy", policy, ("stretch", "not_larger", "not_smaller"))
+    if attrs["antialias"] and mode == "nearest":
+        raise unsupported(ctx, "antialias is only defined for linear and cubic modes")
+    rank = len(in_shape)
+    axes = attrs["axes"]
+    ax = [normalize_axis(ctx, a, rank) for a in axes] if axes is not None else list(range(rank))
+    roi_v = None
+    if roi is not None and present(roi):
+        roi_v = list(np.asarray(ctx.static(roi, "roi")).reshape(-1))
+    has_scales = scales is not None and present(scales)
+    has_sizes = sizes is not None and present(sizes)
+    if has_scales == has_sizes:
+        raise ctx.error("Resize needs exactly one of 'scales' and 'sizes'")
+    scale_v, size_v, roi_v = resize_sizes(
+        in_shape,
+        ax,
+        roi=roi_v,
+        scales=(
+            [float(v) for v in np.asarray(ctx.static(scales, "scales")).reshape(-1)]
+            if has_scales
+            else None
+        ),
+        sizes=None if has_scales else static_ints(ctx, sizes, "sizes"),
+        keep_aspect_ratio_policy=policy,
+    )
+    return {
+        "scales": scale_v,
+        "sizes": size_v,
+        "roi": roi_v,
+        "mode": mode,
+        "coord_mode": coord_mode,
+        "nearest_mode": nearest_mode,
+        "cubic_a": attrs["cubic_coeff_a"],
+        "antialias": bool(attrs["antialias"]),
+        "exclude_outside": bool(attrs["exclude_outside"]),
+        "extrapolation_value": attrs["extrapolation_value"],
+    }

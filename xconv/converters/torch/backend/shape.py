@@ -16,10 +16,9 @@ import onnx_ir as ir
 import torch
 
 from xconv.converters.common import resize as resizing
+from xconv.converters.common.attrs import check_choice, static_ints, unsupported
 from xconv.converters.torch.backend.dtypes import to_tensor, torch_dtype
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
-from xconv.errors import UnsupportedAttributeError
-from xconv.ir.metadata import SOURCE_LINE, get_scope
 
 #: Unsigned types torch stores but hardly computes with on CPU.
 _WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
@@ -50,27 +49,6 @@ def back(y: np.ndarray, like: Any = None) -> Any:
     if isinstance(out, torch.Tensor) and isinstance(like, torch.Tensor):
         out = out.to(like.device)
     return out
-
-
-def static_ints(ctx, value: Any, what: str) -> list[int]:
-    """A static 0-d or 1-d integer input as a list of Python ints."""
-    return [int(v) for v in np.asarray(ctx.static(value, what)).reshape(-1)]
-
-
-def unsupported(ctx, message: str) -> UnsupportedAttributeError:
-    node = ctx.node
-    return UnsupportedAttributeError(
-        message,
-        op=node.op_type,
-        node=node.name,
-        scope=get_scope(node),
-        source_line=node.metadata_props.get(SOURCE_LINE),
-    )
-
-
-def check_choice(ctx, name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise unsupported(ctx, f"{name} {value!r} not supported; supported: {list(choices)}")
 
 
 def normalize_axis(ctx, axis: int, rank: int) -> int:
@@ -544,105 +522,20 @@ def _resize(
     return y
 
 
-_RESIZE_MODES = ("nearest", "linear", "cubic")
-_COORD_MODES = (
-    "half_pixel",
-    "half_pixel_symmetric",
-    "pytorch_half_pixel",
-    "align_corners",
-    "asymmetric",
-    "tf_crop_and_resize",
-)
-_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
-
-
-@builtin(
-    "Resize",
-    since=10,
-    attrs={
-        "antialias": 0,
-        "axes": None,
-        "coordinate_transformation_mode": "half_pixel",
-        "cubic_coeff_a": -0.75,
-        "exclude_outside": 0,
-        "extrapolation_value": 0.0,
-        "keep_aspect_ratio_policy": "stretch",
-        "mode": "nearest",
-        "nearest_mode": "round_prefer_floor",
-    },
-)
-def resize(
-    ctx,
-    x,
-    roi=None,
-    scales=None,
-    sizes=None,
-    *,
-    antialias,
-    axes,
-    coordinate_transformation_mode,
-    cubic_coeff_a,
-    exclude_outside,
-    extrapolation_value,
-    keep_aspect_ratio_policy,
-    mode,
-    nearest_mode,
-):
+@builtin("Resize", since=10, attrs=resizing.RESIZE_ATTRS)
+def resize(ctx, x, roi=None, scales=None, sizes=None, **attrs):
     """Resize(X, roi?, scales?, sizes?) -> Y: nearest, linear or cubic resampling."""
-    legacy = ctx.opset < 11
-    if legacy:  # Resize-10 is Resize(X, scales) with asymmetric coordinates.
-        roi, scales = None, roi
-        coordinate_transformation_mode, nearest_mode = "asymmetric", "simple"
-    else:
-        check_choice(
-            ctx, "coordinate_transformation_mode", coordinate_transformation_mode, _COORD_MODES
-        )
-        check_choice(ctx, "nearest_mode", nearest_mode, _NEAREST_MODES)
-    check_choice(ctx, "mode", mode, _RESIZE_MODES)
-    check_choice(
+    kwargs = resizing.resize_arguments(
         ctx,
-        "keep_aspect_ratio_policy",
-        keep_aspect_ratio_policy,
-        ("stretch", "not_larger", "not_smaller"),
+        shape_of(x),
+        roi,
+        scales,
+        sizes,
+        attrs,
+        normalize_axis=normalize_axis,
+        present=lambda v: np.size(to_np(v)) > 0,
     )
-    if antialias and mode == "nearest":
-        raise unsupported(ctx, "antialias is only defined for linear and cubic modes")
-    in_shape = shape_of(x)
-    rank = len(in_shape)
-    ax = [normalize_axis(ctx, a, rank) for a in axes] if axes is not None else list(range(rank))
-    roi_v = None
-    if roi is not None and np.size(to_np(roi)) > 0:
-        roi_v = list(np.asarray(ctx.static(roi, "roi")).reshape(-1))
-    has_scales = scales is not None and np.size(to_np(scales)) > 0
-    has_sizes = sizes is not None and np.size(to_np(sizes)) > 0
-    if has_scales == has_sizes:
-        raise ctx.error("Resize needs exactly one of 'scales' and 'sizes'")
-    scale_v, size_v, roi_v = resizing.resize_sizes(
-        in_shape,
-        ax,
-        roi=roi_v,
-        scales=(
-            [float(v) for v in np.asarray(ctx.static(scales, "scales")).reshape(-1)]
-            if has_scales
-            else None
-        ),
-        sizes=None if has_scales else static_ints(ctx, sizes, "sizes"),
-        keep_aspect_ratio_policy=keep_aspect_ratio_policy,
-    )
-    return _resize(
-        ctx,
-        x,
-        scales=scale_v,
-        sizes=size_v,
-        roi=roi_v,
-        mode=mode,
-        coord_mode=coordinate_transformation_mode,
-        nearest_mode=nearest_mode,
-        cubic_a=cubic_coeff_a,
-        antialias=bool(antialias),
-        exclude_outside=bool(exclude_outside),
-        extrapolation_value=extrapolation_value,
-    )
+    return _resize(ctx, x, **kwargs)
 
 
 @builtin(

@@ -1,0 +1,35 @@
+"""Attribute and static-input helpers every backend's handlers share (``ctx`` is the
+backend's handler context: it has ``node``, ``static`` and ``error``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from xconv.errors import UnsupportedAttributeError
+from xconv.ir.metadata import SOURCE_LINE, get_scope
+
+
+def static_ints(ctx, value: Any, what: str) -> list[int]:
+    """A static 0-d or 1-d integer input as a list of Python ints."""
+    return [int(v) for v in np.asarray(ctx.static(value, what)).reshape(-1)]
+
+
+def unsupported(ctx, message: str) -> UnsupportedAttributeError:
+    """An UnsupportedAttributeError carrying the node's op, name, scope and source line."""
+    node = ctx.node
+    return UnsupportedAttributeError(
+        message,
+        op=node.op_type,
+        node=node.name,
+        scope=get_scope(node),
+        source_line=node.metadata_props.get(SOURCE_LINE),
+    )
+
+
+def check_choice(ctx, name: str, value: str, choices: Sequence[str]) -> None:
+    """Reject an attribute value outside ``choices``, listing the supported ones."""
+    if value not in choices:
+        raise unsupported(ctx, f"{name} {value!r} not supported; supported: {list(choices)}")
