@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ import onnx_ir as ir
 
 from xconv.converters.flax import layers as fl
 from xconv.converters.flax.primitives import HANDLERS, INLINE, sub_jaxpr
+from xconv.converters.flax.symbolic import BATCH, ir_dim, static_dim, symbolic_specs
 from xconv.errors import ConversionError, MissingOp, UnsupportedOpError
 from xconv.ir import OPSET
 from xconv.ir.metadata import MODULE, SCOPE
@@ -30,7 +32,12 @@ REGISTRY_MODULE = "xconv.converters.flax.primitives"
 
 
 def from_flax(
-    module: Any, variables: Any, example_inputs: Any, *, method: str = "__call__"
+    module: Any,
+    variables: Any,
+    example_inputs: Any,
+    *,
+    method: str = "__call__",
+    dynamic_batch: bool = True,
 ) -> ir.Model:
     """Convert a Flax linen module (with its variables) or an nnx module to the IR.
 
@@ -40,6 +47,13 @@ def from_flax(
             for nnx (the module holds its state; it is traced in eval mode on a copy).
         example_inputs: One array or a tuple of positional inputs.
         method: The method to trace (linen only).
+        dynamic_batch: Trace with a symbolic leading dimension ``batch`` (``jax.export``
+            shape polymorphism) shared by every input whose leading size equals the first
+            input's, so the graph's inputs and outputs have the dim ``batch`` and the model runs
+            at any batch size. Scalars and inputs with another leading size keep their example
+            shape. When the model cannot be traced or converted that way (shape-dependent
+            Python code, a primitive that needs static sizes) the example shapes are used,
+            with a warning. False traces at the example shapes only.
 
     Returns:
         The annotated ``onnx_ir.Model`` at opset ``xconv.ir.OPSET``.
@@ -49,7 +63,7 @@ def from_flax(
 
     inputs = _as_inputs(example_inputs)
     if isinstance(module, nnx.Module):
-        return _from_nnx(module, inputs)
+        return _batched(lambda xs: _from_nnx(module, xs), inputs, dynamic_batch)
     if not isinstance(module, nn.Module):
         raise ConversionError(
             f"from_flax takes a flax.linen or flax.nnx Module, got {type(module).__name__}"
@@ -57,22 +71,49 @@ def from_flax(
     if variables is None:
         raise ConversionError("from_flax needs the linen module's variables dict")
     variables = _plain(variables)
-    classes: dict[str, type] = {}
-    modules: dict[str, Any] = {}
-
-    def record(next_fun, args, kwargs, context):
-        path = "/".join(str(p) for p in context.module.path)
-        classes.setdefault(path, type(context.module))
-        modules.setdefault(path, context.module)
-        return next_fun(*args, **kwargs)
 
     def fn(v, *xs):
         return module.apply(v, *xs, method=method)
 
-    with nn.intercept_methods(record):
-        closed = jax.make_jaxpr(fn)(variables, *inputs)
-    root = type(module).__name__
-    return _build(closed, variables, inputs, classes, modules, root, "flax.linen")
+    def convert(xs: tuple) -> ir.Model:
+        classes: dict[str, type] = {}
+        modules: dict[str, Any] = {}
+
+        def record(next_fun, args, kwargs, context):
+            path = "/".join(str(p) for p in context.module.path)
+            classes.setdefault(path, type(context.module))
+            modules.setdefault(path, context.module)
+            return next_fun(*args, **kwargs)
+
+        with nn.intercept_methods(record):
+            closed = jax.make_jaxpr(fn)(variables, *xs)
+        root = type(module).__name__
+        return _build(closed, variables, xs, classes, modules, root, "flax.linen")
+
+    return _batched(convert, inputs, dynamic_batch)
+
+
+def _batched(convert: Callable[[tuple], ir.Model], inputs: tuple, dynamic: bool) -> ir.Model:
+    """``convert`` at a symbolic batch size, or at the example shapes (warning) when that fails.
+
+    ``UnsupportedOpError`` is not retried: missing primitives are missing at any shape.
+    """
+    specs, symbolic = symbolic_specs(inputs, dynamic)
+    if not symbolic:
+        return convert(inputs)
+    try:
+        return convert(specs)
+    except UnsupportedOpError:
+        raise
+    except Exception as e:  # jax shape-polymorphism errors have no common base class
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    warnings.warn(
+        f"xconv: converting with a symbolic batch dimension failed ({reason}); converting at "
+        "the example input shapes instead, so the model only runs at that batch size. Pass "
+        "dynamic_batch=False to skip the attempt.",
+        stacklevel=3,
+    )
+    return convert(inputs)
 
 
 def _from_nnx(module: Any, inputs: tuple) -> ir.Model:
@@ -126,15 +167,24 @@ def _named_calls(paths: dict[int, str], types: set[type]):
             cls.__call__ = original
 
 
-def from_jax(fn: Callable[..., Any], params: Any, example_inputs: Any) -> ir.Model:
+def from_jax(
+    fn: Callable[..., Any], params: Any, example_inputs: Any, *, dynamic_batch: bool = True
+) -> ir.Model:
     """Convert a plain JAX function ``fn(params, *inputs)`` to the IR.
 
     ``params`` is any pytree of arrays; each leaf becomes an initializer named by its path.
+    ``dynamic_batch`` makes the inputs' leading dimension the symbol ``batch``, as in
+    ``from_flax`` (falling back to the example shapes, with a warning, when ``fn`` cannot be
+    traced that way).
     """
     inputs = _as_inputs(example_inputs)
     params = _plain(params)
-    closed = jax.make_jaxpr(fn)(params, *inputs)
-    return _build(closed, params, inputs, {}, {}, None, None, collections=False)
+
+    def convert(xs: tuple) -> ir.Model:
+        closed = jax.make_jaxpr(fn)(params, *xs)
+        return _build(closed, params, xs, {}, {}, None, None, collections=False)
+
+    return _batched(convert, inputs, dynamic_batch)
 
 
 def _as_inputs(example_inputs: Any) -> tuple:
@@ -215,6 +265,9 @@ class _Context:
         self.root = root
         self.scope = ""
         self.node_info: dict[str, dict[str, Any]] = {}
+        # Symbolic dims: symbol -> (graph input, axis) it is read from; built Shape values.
+        self.dim_sources: dict[str, tuple[ir.Value, int]] = {}
+        self.dim_cache: dict[tuple[int, str], ir.Value] = {}
         self._count = 0
         attention = [p for p, c in classes.items() if fl.KINDS.get(c.__name__) == "attention"]
         self._attention = sorted(attention, key=len)
@@ -392,13 +445,16 @@ def _build(closed, tree, inputs, classes, modules, root, source, collections=Tru
         ctx.graph.register_initializer(value)
         values.append(value)
     in_leaves = jax.tree_util.tree_leaves(inputs)
-    for k, (var, leaf) in enumerate(zip(jx.invars[n_params:], in_leaves, strict=True)):
+    for k, (var, _leaf) in enumerate(zip(jx.invars[n_params:], in_leaves, strict=True)):
         dtype = np.dtype(var.aval.dtype)
         value = ir.Value(
             name=f"input_{k}" if len(in_leaves) > 1 else "input",
             type=ir.TensorType(ir.DataType.from_numpy(dtype)),
-            shape=ir.Shape([int(d) for d in np.shape(leaf)]),
+            shape=ir.Shape([ir_dim(d) for d in var.aval.shape]),
         )
+        for axis, d in enumerate(var.aval.shape):
+            if static_dim(d) is None and str(d) == BATCH:
+                ctx.dim_sources.setdefault(BATCH, (value, axis))
         ctx.graph.inputs.append(value)
         values.append(value)
     consts = [ctx.const(np.asarray(c)) for c in closed.consts]
@@ -424,6 +480,9 @@ def _build(closed, tree, inputs, classes, modules, root, source, collections=Tru
     RemoveUnusedNodesPass()(model)
     with contextlib.suppress(Exception):
         ShapeInferencePass()(model)
+    if ctx.dim_sources:  # inference may lose a symbol (Reshape to -1): jax knows each one
+        for out, var in zip(ctx.graph.outputs, jx.outvars, strict=True):
+            out.shape = ir.Shape([ir_dim(d) for d in var.aval.shape])
     return model
 
 

@@ -14,6 +14,17 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.flax.symbolic import (
+    as_dims,
+    dim_value,
+    dims,
+    expand_target,
+    is_static,
+    require_static,
+    reshape_target,
+    shape_value,
+    static_dim,
+)
 from xconv.errors import ConversionError
 
 Handler = Callable[[Any, Any, list], list]
@@ -52,8 +63,14 @@ def _aval(var: Any):
     return var.aval
 
 
-def _shape(var: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in var.aval.shape)
+def _shape(var: Any) -> tuple[Any, ...]:
+    """Ints, or jax symbolic dims (``batch``) under ``dynamic_batch``: see ``symbolic``."""
+    return dims(var)
+
+
+def _dim_i64(ctx, d: Any) -> ir.Value:
+    """A dimension as an int64 scalar constant, or a run-time ``[d]`` when symbolic."""
+    return ctx.i64(d) if static_dim(d) is not None else dim_value(ctx, d)
 
 
 def _ir_dtype(dtype: Any) -> ir.DataType:
@@ -210,7 +227,8 @@ def _integer_pow(ctx, eqn, inputs):
     if y < 0:
         raise ConversionError(f"integer_pow with negative exponent {y} on integers")
     if y == 0:
-        return [ctx.op("Expand", [ctx.const(np.ones((), dtype)), ctx.i64(_shape(eqn.invars[0]))])]
+        target = shape_value(ctx, _shape(eqn.invars[0]))
+        return [ctx.op("Expand", [ctx.const(np.ones((), dtype)), target])]
     out = inputs[0]
     for _ in range(y - 1):
         out = ctx.op("Mul", [out, inputs[0]])
@@ -428,7 +446,7 @@ def _sort(ctx, eqn, inputs):
     n = _shape(eqn.invars[0])[dim]
     values, idx = ctx.op(
         "TopK",
-        [inputs[0], ctx.i64([n])],
+        [inputs[0], shape_value(ctx, [n])],
         {"axis": dim, "largest": 0, "sorted": 1},
         num_outputs=2,
     )
@@ -508,27 +526,27 @@ def _reduce_window(ctx, eqn, inputs):
 
 @register("broadcast_in_dim")
 def _broadcast_in_dim(ctx, eqn, inputs):
-    shape = [int(d) for d in eqn.params["shape"]]
-    dims = [int(d) for d in eqn.params["broadcast_dimensions"]]
+    shape = list(as_dims(eqn.params["shape"]))
+    bdims = [int(d) for d in eqn.params["broadcast_dimensions"]]
     in_shape = _shape(eqn.invars[0])
     x = inputs[0]
     target = [1] * len(shape)
-    for d, s in zip(dims, in_shape, strict=True):
+    for d, s in zip(bdims, in_shape, strict=True):
         target[d] = s
     if tuple(target) == tuple(in_shape) and target == shape:
         return [ctx.op("Identity", [x])]
     if len(target) != len(in_shape) or tuple(target) != tuple(in_shape):
-        x = ctx.op("Reshape", [x, ctx.i64(target)])
+        x = ctx.op("Reshape", [x, reshape_target(ctx, target)])
     if target == shape:
         return [x]
-    return [ctx.op("Expand", [x, ctx.i64(shape)])]
+    return [ctx.op("Expand", [x, expand_target(ctx, target, shape)])]
 
 
 @register("reshape")
 def _reshape(ctx, eqn, inputs):
     if eqn.params.get("dimensions") is not None:
         raise ConversionError("reshape with `dimensions` is not supported")
-    return [ctx.op("Reshape", [inputs[0], ctx.i64(_shape(eqn.outvars[0]))])]
+    return [ctx.op("Reshape", [inputs[0], reshape_target(ctx, _shape(eqn.outvars[0]))])]
 
 
 @register("squeeze")
@@ -556,10 +574,10 @@ def _concatenate(ctx, eqn, inputs):
 
 @register("split")
 def _split(ctx, eqn, inputs):
-    sizes = [int(s) for s in eqn.params["sizes"]]
+    sizes = list(as_dims(eqn.params["sizes"]))
     outs = ctx.op(
         "Split",
-        [inputs[0], ctx.i64(sizes)],
+        [inputs[0], shape_value(ctx, sizes)],
         {"axis": int(eqn.params["axis"])},
         num_outputs=len(sizes),
     )
@@ -601,23 +619,46 @@ def _pad(ctx, eqn, inputs):
         shape = _shape(eqn.invars[0])
         starts = [max(-a, 0) for a, _, _ in config]
         ends = [shape[i] + max(config[i][0], 0) - max(-config[i][1], 0) for i in range(rank)]
-        x = ctx.op("Slice", [x, ctx.i64(starts), ctx.i64(ends), ctx.i64(list(range(rank)))])
+        if not is_static(ends):
+            padded = [shape[i] + max(a, 0) + max(b, 0) for i, (a, b, _) in enumerate(config)]
+            starts, ends = _from_end(padded, starts, ends)
+        axes = ctx.i64(list(range(rank)))
+        x = ctx.op("Slice", [x, ctx.i64(starts), shape_value(ctx, ends), axes])
     return [x if x is not inputs[0] else ctx.op("Identity", [x])]
 
 
 @register("slice")
 def _slice(ctx, eqn, inputs):
-    starts = [int(s) for s in eqn.params["start_indices"]]
-    ends = [int(s) for s in eqn.params["limit_indices"]]
+    starts = list(as_dims(eqn.params["start_indices"]))
+    ends = list(as_dims(eqn.params["limit_indices"]))
+    if not is_static(starts + ends):
+        starts, ends = _from_end(_shape(eqn.invars[0]), starts, ends)
     strides = eqn.params.get("strides") or [1] * len(starts)
     args = [
         inputs[0],
-        ctx.i64(starts),
-        ctx.i64(ends),
+        shape_value(ctx, starts),
+        shape_value(ctx, ends),
         ctx.i64(list(range(len(starts)))),
         ctx.i64([int(s) for s in strides]),
     ]
     return [ctx.op("Slice", args)]
+
+
+def _from_end(shape, starts, ends):
+    """Symbolic slice bounds a static distance from the dim's end, as negative indices (or
+    INT64_MAX for the end itself), so the bounds stay constants; others stay symbolic."""
+    big = int(np.iinfo(np.int64).max)
+
+    def rel(bound, dim, is_end):
+        k = static_dim(dim - bound) if static_dim(bound) is None else None
+        if k is None or k < 0:
+            return bound
+        return big if (k == 0 and is_end) else -k
+
+    return (
+        [rel(s, d, False) for s, d in zip(starts, shape, strict=True)],
+        [rel(e, d, True) for e, d in zip(ends, shape, strict=True)],
+    )
 
 
 def _clamped_starts(ctx, eqn, starts, operand_shape, sizes):
@@ -625,25 +666,25 @@ def _clamped_starts(ctx, eqn, starts, operand_shape, sizes):
     pieces = []
     for s, dim, size in zip(starts, operand_shape, sizes, strict=True):
         s64 = ctx.op("Cast", [s], {"to": ir.DataType.INT64})
-        s64 = ctx.op("Max", [ctx.op("Min", [s64, ctx.i64(dim - size)]), ctx.i64(0)])
+        s64 = ctx.op("Max", [ctx.op("Min", [s64, _dim_i64(ctx, dim - size)]), ctx.i64(0)])
         pieces.append(ctx.op("Reshape", [s64, ctx.i64([1])]))
     return ctx.op("Concat", pieces, {"axis": 0}) if len(pieces) > 1 else pieces[0]
 
 
 @register("dynamic_slice")
 def _dynamic_slice(ctx, eqn, inputs):
-    sizes = [int(s) for s in eqn.params["slice_sizes"]]
+    sizes = list(as_dims(eqn.params["slice_sizes"]))
     shape = _shape(eqn.invars[0])
     x, *starts = inputs
     begin = _clamped_starts(ctx, eqn, starts, shape, sizes)
-    end = ctx.op("Add", [begin, ctx.i64(sizes)])
+    end = ctx.op("Add", [begin, shape_value(ctx, sizes)])
     return [ctx.op("Slice", [x, begin, end, ctx.i64(list(range(len(shape))))])]
 
 
 @register("dynamic_update_slice")
 def _dynamic_update_slice(ctx, eqn, inputs):
     x, update, *starts = inputs
-    ushape = _shape(eqn.invars[1])
+    ushape = require_static(_shape(eqn.invars[1]), "dynamic_update_slice's update")
     begin = _clamped_starts(ctx, eqn, starts, _shape(eqn.invars[0]), ushape)
     grid = np.stack(np.meshgrid(*[np.arange(n) for n in ushape], indexing="ij"), axis=-1)
     indices = ctx.op("Add", [ctx.const(grid.astype(np.int64)), begin])
@@ -652,11 +693,19 @@ def _dynamic_update_slice(ctx, eqn, inputs):
 
 @register("iota")
 def _iota(ctx, eqn, inputs):
-    shape = [int(d) for d in eqn.params["shape"]]
+    shape = list(as_dims(eqn.params["shape"]))
     dim = int(eqn.params["dimension"])
     dtype = np.dtype(eqn.params["dtype"])
     view = [1] * len(shape)
     view[dim] = shape[dim]
+    if not is_static(shape):
+        n = ctx.op("Squeeze", [dim_value(ctx, shape[dim]), ctx.i64([0])])
+        values = ctx.op("Range", [ctx.i64(0), n, ctx.i64(1)])
+        values = ctx.op("Cast", [values], {"to": _ir_dtype(dtype)})
+        values = ctx.op("Reshape", [values, reshape_target(ctx, view)])
+        if view == shape:
+            return [values]
+        return [ctx.op("Expand", [values, expand_target(ctx, view, shape)])]
     values = np.broadcast_to(np.arange(shape[dim]).reshape(view), shape).astype(dtype)
     return [ctx.const(np.ascontiguousarray(values))]
 
