@@ -691,6 +691,13 @@ def _dynamic_update_slice(ctx, eqn, inputs):
     return [ctx.op("ScatterND", [x, indices, update])]
 
 
+@register("dim_as_value")
+def _dim_as_value(ctx, eqn, inputs):
+    """A symbolic dimension used as a number (``x.shape[0]`` in arithmetic, ``jnp.mean``)."""
+    n = ctx.op("Reshape", [dim_value(ctx, eqn.params["dim"]), ctx.i64([])])
+    return [ctx.op("Cast", [n], {"to": _ir_dtype(eqn.outvars[0].aval.dtype)})]
+
+
 @register("iota")
 def _iota(ctx, eqn, inputs):
     shape = list(as_dims(eqn.params["shape"]))
