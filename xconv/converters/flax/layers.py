@@ -39,6 +39,7 @@ _ANCHORS = {
     "layer_norm": ("LayerNormalization",),
     "embedding": ("Gather",),
     "attention": ("MatMul", "Einsum"),
+    "dropout": ("Dropout",),
 }
 _ATTN_ROLES = {"query": "q", "key": "k", "value": "v", "out": "out_proj"}
 _SPATIAL = {1: "W", 2: "HW", 3: "DHW"}
@@ -115,11 +116,17 @@ def mark_layers(
             by_scope.setdefault(scope, []).append(node)
     for path, cls in classes.items():
         kind = KINDS.get(cls.__name__)
-        if kind is None or kind == "dropout" or kind not in _ANCHORS:
+        if kind is None or kind not in _ANCHORS:
             continue
-        anchor = next((n for n in by_scope.get(path, []) if n.op_type in _ANCHORS[kind]), None)
-        if anchor is None:
+        candidates = [n for n in by_scope.get(path, []) if n.op_type in _ANCHORS[kind]]
+        if not candidates:
             continue
+        # The op reading the layer's own weight (an Embed's table Gather, not the Gather that
+        # squeezes its ids), else the first.
+        anchor = next(
+            (n for n in candidates if any(v is not None and v.is_initializer() for v in n.inputs)),
+            candidates[0],
+        )
         params = _layer_params(kind, graph, path, modules.get(path), node_info.get(anchor.name))
         if params is not None:
             mark_layer(anchor, kind, **params)
@@ -171,6 +178,8 @@ def _layer_params(kind, graph, path, module, info) -> dict[str, Any] | None:
             "elementwise_affine": scale is not None,
             "use_bias": bias is not None,
         }
+    if kind == "dropout":
+        return {"rate": float(_attr(module, "rate", 0.0))}
     if kind == "embedding":
         table = _shape(_weight(graph, path, "embedding"))
         return {"num_embeddings": table[0], "features": table[1]} if len(table) == 2 else None

@@ -175,6 +175,7 @@ class _Var:
     collection: str
     path: tuple[str, ...]
     value: np.ndarray
+    source: str | None = None  # the IR initializer (source weight) name
 
 
 @dataclass
@@ -183,6 +184,8 @@ class _Source:
     body: list[str] = field(default_factory=list)
     variables: list[_Var] = field(default_factory=list)
     helpers: set[str] = field(default_factory=set)
+    # submodule path ("/"-joined) -> (source scope, source module class)
+    scopes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _copy(model: ir.Model) -> ir.Model:
@@ -411,8 +414,7 @@ class _Emitter:
             self.classes[text] = cls
         attr = self.attrs.new(module_name(self._relative(b.scope)))
         self.src.setup.append((f"self.{attr} = {cls}()", f"self.{attr} = {cls}(rngs=rngs)"))
-        for var in sub.src.variables:
-            self.src.variables.append(_Var(var.collection, (attr, *var.path), var.value))
+        self._adopt(attr, sub, b.scope, b.module)
         args = [self.env[v][self.native[v]] for v in b.inputs]
         if train:
             args.append("train=train")
@@ -422,6 +424,17 @@ class _Emitter:
         )
         for v, name in zip(b.outputs, outs, strict=True):
             self.bind(v, name, sub.native[v], v in sub.static)
+
+    def _adopt(self, attr: str, sub: _Emitter, scope: str | None, module: str) -> None:
+        """Take a generated submodule's variables and source names under ``attr``."""
+        for var in sub.src.variables:
+            self.src.variables.append(
+                _Var(var.collection, (attr, *var.path), var.value, var.source)
+            )
+        if scope:
+            self.src.scopes[attr] = (scope, module)
+        for path, origin in sub.src.scopes.items():
+            self.src.scopes[f"{attr}/{path}"] = origin
 
     def _relative(self, name: str | None) -> str | None:
         """A scope or weight name relative to the block being generated."""
@@ -510,7 +523,7 @@ class _Emitter:
                     f"self.{attr} = nnx.Param(jnp.zeros({shape}, {dt}))",
                 )
             )
-            self.src.variables.append(_Var("params", (attr,), arr))
+            self.src.variables.append(_Var("params", (attr,), arr, value.name))
             self.raw[value] = f"self.{attr}[...]"
         return self.raw[value]
 
@@ -533,7 +546,7 @@ class _Emitter:
                     f"self.{attr} = Constant(jnp.zeros({shape}, {dt}))",
                 )
             )
-            self.src.variables.append(_Var("constants", (attr,), arr))
+            self.src.variables.append(_Var("constants", (attr,), arr, value.name))
             self.raw[key] = f"self.{attr}[...]"
         return self.raw[key]
 
@@ -689,7 +702,9 @@ class _Emitter:
         self.src.setup.append((f"self.{attr} = {linen}", f"self.{attr} = {nnx_}"))
         for role, arr in sorted(w.items()):
             collection, var = FLAX_VARIABLES[kind][role]
-            self.src.variables.append(_Var(collection, (attr, var), arr))
+            self.src.variables.append(_Var(collection, (attr, var), arr, p.weights[role].name))
+        if p.scope:
+            self.src.scopes[attr] = (p.scope, p.anchor.metadata_props.get(MODULE, ""))
         out = self.ns.new(self.hint(p.output))
         self.src.body.append(f"{out} = {call}{self._comment(p.anchor, p.scope)}")
         out_perm = perm if kind != "embedding" else None
@@ -719,8 +734,7 @@ class _Emitter:
         attr = self.attrs.new(module_name(self._relative(p.scope)))
         self.src.setup.append((f"self.{attr} = {cls}()", f"self.{attr} = {cls}(rngs=rngs)"))
         self.has_constants |= sub.has_constants
-        for var in sub.src.variables:
-            self.src.variables.append(_Var(var.collection, (attr, *var.path), var.value))
+        self._adopt(attr, sub, p.scope, p.anchor.metadata_props.get(MODULE, ""))
         args = ", ".join(self.get(v, None) for v in p.inputs)
         outs = ", ".join(self.ns.new(self.hint(v)) for v in p.outputs)
         comment = self._comment(p.anchor, p.scope)
@@ -961,10 +975,40 @@ def render(em: _Emitter, name: str) -> str:
             "    return model",
         ]
     helpers = [HELPERS[h].strip("\n") for h in sorted(em.src.helpers)]
-    code_parts = [*helpers, "\n".join(cls), "\n".join(load)]
+    code_parts = [*helpers, "\n".join(cls), "\n".join(load), *_source_names(em)]
     text = "\n\n\n".join(code_parts)
     imports = _imports(text, api)
     return doc + "\n\n" + "\n".join(imports) + "\n\n\n" + text + "\n"
+
+
+def _source_names(em: _Emitter) -> list[str]:
+    """``SOURCE_SCOPES`` / ``SOURCE_NAMES``: where each submodule and variable came from, so
+    converting the module back (``xconv.from_flax``) restores the source model's names."""
+    if em.model.metadata_props.get("xconv.source", "").startswith("flax"):
+        return []
+    names = {
+        "/".join(v.path): v.source
+        for v in em.src.variables
+        if v.source and v.source != "/".join(v.path)
+    }
+    if not names and not em.src.scopes:
+        return []
+    lines = [
+        "#: Where each submodule and variable of ``Model`` came from in the source model",
+        "#: (submodule -> (scope, class); variable path -> weight name). ``xconv`` reads them",
+        "#: when converting this module back, so the source model's names return.",
+        "SOURCE_SCOPES = {",
+        *(f"    {_q(k)}: ({_q(a)}, {_q(b)})," for k, (a, b) in sorted(em.src.scopes.items())),
+        "}",
+        "SOURCE_NAMES = {",
+        *(f"    {_q(k)}: {_q(v)}," for k, v in sorted(names.items())),
+        "}",
+    ]
+    return ["\n".join(lines)]
+
+
+def _q(text: str) -> str:
+    return json.dumps(text)
 
 
 def variables_tree(em: _Emitter) -> dict[str, Any]:

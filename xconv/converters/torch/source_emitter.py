@@ -34,10 +34,11 @@ from xconv.converters.codegen import (
 from xconv.converters.jax.flax_ops import scalar_literal
 from xconv.converters.torch.source_ops import TEMPLATES, OpCall, dtype_expr, tensor_literal
 from xconv.errors import ConversionError
-from xconv.ir.metadata import LAYOUT, ROLE, get_scope
+from xconv.ir.metadata import LAYOUT, MODULE, ROLE, get_scope
 from xconv.ir.naming import split_path
 from xconv.ir.passes import canonicalize
-from xconv.ir.passes._utils import constant_of, is_annotated
+from xconv.ir.passes._utils import constant_of, is_annotated, static_dims
+from xconv.ir.passes.layout import sink_transposes
 
 #: Constants up to this many elements are written inline; larger ones are buffers.
 INLINE_LIMIT = 64
@@ -104,6 +105,13 @@ BODY_OPS: dict[str, frozenset[str]] = {
     "embedding": _PLUMBING | {"Gather"},
     "dropout": _PLUMBING | {"Dropout"},
 }
+#: What ``jnp.take`` (Flax's ``Embed``) adds around its Gather: negative ids wrap, out-of-range
+#: ids clamp or give NaN rows. For valid ids these are identities; ``nn.Embedding`` raises on
+#: invalid ids instead, a loud difference only for inputs a model never receives.
+_TAKE_INDEXING = frozenset(
+    {"Less", "Add", "Where", "Min", "Max", "Cast", "GreaterOrEqual", "LessOrEqual", "And"}
+)
+BODY_OPS["embedding"] |= _TAKE_INDEXING
 
 
 #: Ops allowed on the body's data path (between its input and its output): the native layer
@@ -115,7 +123,8 @@ DATA_PATH_OPS: dict[str, frozenset[str]] = {
     "conv": frozenset({"Conv", "Add", "Pad", "Identity"}),
     "conv_transpose": frozenset({"ConvTranspose", "Add", "Identity"}),
     "batch_norm": frozenset({"BatchNormalization", "Identity"}),
-    "embedding": frozenset({"Gather", "Identity"}),
+    "embedding": frozenset({"Gather", "Identity", "Reshape", "Squeeze", "Unsqueeze"})
+    | _TAKE_INDEXING,
     "dropout": frozenset({"Dropout", "Identity"}),
 }
 
@@ -133,6 +142,8 @@ def _data_path(p: LayerBody) -> list[ir.Node]:
 
 def _native_ok(p: LayerBody) -> bool:
     known = TORCH_NAMES.get(p.kind)
+    if p.kind == "attention" and "q_kernel" in p.weights:
+        return _separate_qkv_ok(p)
     if known is None or not set(p.weights) <= set(known):
         return False
     allowed = BODY_OPS.get(p.kind)
@@ -148,10 +159,16 @@ def _native_ok(p: LayerBody) -> bool:
         "kernel" not in roles or ("bias" in roles) != bool(h["use_bias"])
     ):
         return False
-    if p.kind in ("conv", "conv_transpose") and (
-        not 1 <= h["ndim"] <= 3 or any(lo != hi for lo, hi in h["padding"])
-    ):
+    if p.kind in ("conv", "conv_transpose") and not 1 <= h["ndim"] <= 3:
         return False
+    if any(lo != hi for lo, hi in h.get("padding", ())) and (
+        p.kind != "conv" or (h.get("padding_mode") or "zeros") != "zeros"
+    ):
+        return False  # asymmetric zero padding is an F.pad before the Conv call
+    if p.kind == "embedding":
+        ids, out = static_dims(p.inputs[0]), static_dims(p.outputs[0])
+        if ids is not None and out is not None and out != (*ids, h["features"]):
+            return False
     if p.kind == "batch_norm":
         rank = None if p.inputs[0].shape is None else len(p.inputs[0].shape)
         return rank in (2, 3, 4, 5) and (
@@ -165,6 +182,47 @@ def _native_ok(p: LayerBody) -> bool:
             need |= {"in_proj_bias", "out_proj_bias"}
         return roles == need and not h.get("causal")
     return True
+
+
+#: Ops of an unmasked scaled-dot-product attention body with separate q/k/v projections
+#: (Flax's ``MultiHeadDotProductAttention``): projections, scaling, a stable softmax, output.
+_PLAIN_ATTENTION_OPS = frozenset(
+    {"Einsum", "MatMul", "Reshape", "Transpose", "Add", "Mul", "Sub", "Div", "Exp", "Softmax"}
+    | {"ReduceMax", "ReduceSum", "Max", "Cast", "Identity", "Constant", "Squeeze", "Unsqueeze"}
+)
+
+
+def _separate_qkv_ok(p: LayerBody) -> bool:
+    """Separate ``(E, H, D)`` q/k/v kernels and an ``(H, D, E)`` output kernel pack into
+    ``nn.MultiheadAttention`` when ``H * D == E`` and the body applies no mask (a mask,
+    constant or not, shows as a ``Where``/extra ``Add`` operand outside this op set)."""
+    h, w = p.hyper, p.weights
+    need = {"q_kernel", "k_kernel", "v_kernel", "out_proj_kernel"}
+    if h["use_bias"]:
+        need |= {"q_bias", "k_bias", "v_bias", "out_proj_bias"}
+    if set(w) != need or any(n.op_type not in _PLAIN_ATTENTION_OPS for n in p.body):
+        return False
+    e = h["embed_dim"]
+    shapes = [static_dims(w[r]) for r in ("q_kernel", "k_kernel", "v_kernel")]
+    out = static_dims(w["out_proj_kernel"])
+    if any(s is None or len(s) != 3 or s[0] != e or s[1] * s[2] != e for s in shapes):
+        return False
+    return out is not None and len(out) == 3 and out[0] * out[1] == e and out[2] == e
+
+
+def _pack_qkv(w: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Flax's ``(E, H, D)`` q/k/v and ``(H, D, E)`` out kernels -> torch's packed weights."""
+    e = w["q_kernel"].shape[0]
+    packed = {
+        "in_proj_kernel": np.concatenate(
+            [w[f"{r}_kernel"].reshape(e, -1).T for r in ("q", "k", "v")], axis=0
+        ),
+        "out_proj_kernel": np.ascontiguousarray(w["out_proj_kernel"].reshape(-1, e).T),
+    }
+    if "q_bias" in w:
+        packed["in_proj_bias"] = np.concatenate([w[f"{r}_bias"].reshape(-1) for r in "qkv"])
+        packed["out_proj_bias"] = w["out_proj_bias"]
+    return packed
 
 
 def _kernel_to_torch(arr: np.ndarray, layout: str | None, target: str) -> np.ndarray:
@@ -190,6 +248,7 @@ class _Emitter:
         self.raw: dict[ir.Value, str] = {}
         self.uses_scope = False
         self.uses_f = False
+        self.helpers: set[str] = set()  # generated helper classes (BatchNorm2d, ...)
 
     # ------------------------------------------------------------ checks
 
@@ -333,7 +392,14 @@ class _Emitter:
             lay = p.weights["kernel"].metadata_props.get(LAYOUT)
             w["kernel"] = _kernel_to_torch(w["kernel"], lay, target)
             cls = f"nn.Conv{n}d" if kind == "conv" else f"nn.ConvTranspose{n}d"
-            pad = tuple(int(lo) for lo, _ in h["padding"])
+            pad = tuple(min(int(lo), int(hi)) for lo, hi in h["padding"])
+            extra = [
+                (int(lo) - m, int(hi) - m) for (lo, hi), m in zip(h["padding"], pad, strict=True)
+            ]
+            if any(lo or hi for lo, hi in extra):
+                self.uses_f = True  # F.pad lists the last dimension first
+                flat = ", ".join(f"{lo}, {hi}" for lo, hi in reversed(extra))
+                call = f"{self._access(parts)}(F.pad({x}, ({flat})))"
             args = [
                 str(h["in_channels"]),
                 str(h["out_channels"]),
@@ -356,8 +422,15 @@ class _Emitter:
             rank = len(p.inputs[0].shape)
             nd = {2: 1, 3: 1, 4: 2, 5: 3}[rank]
             mom = h["momentum"]
+            cls = f"nn.BatchNorm{nd}d"
+            if h["track_running_stats"] and not p.anchor.metadata_props.get(MODULE, "").startswith(
+                "torch."
+            ):
+                # Flax, Keras and ONNX update running_var with the biased batch variance.
+                cls = f"BiasedVarBatchNorm{nd}d"
+                self.helpers.add(cls)
             layer = (
-                f"nn.BatchNorm{nd}d({h['num_features']}, eps={scalar_literal(h['epsilon'])}, "
+                f"{cls}({h['num_features']}, eps={scalar_literal(h['epsilon'])}, "
                 f"momentum={'None' if mom is None else scalar_literal(mom)}, "
                 f"affine={bool(h['affine'])}, "
                 f"track_running_stats={bool(h['track_running_stats'])}{dt})"
@@ -387,6 +460,8 @@ class _Emitter:
             pad_s = "" if pad is None else f", padding_idx={pad}"
             layer = f"nn.Embedding({h['num_embeddings']}, {h['features']}{pad_s}{dt})"
         elif kind == "attention":
+            if "q_kernel" in w:
+                w = _pack_qkv(w)
             extra = ""
             for key in ("kdim", "vdim"):
                 if h.get(key) not in (None, h["embed_dim"]):
@@ -472,6 +547,24 @@ _SCOPE_CLASS = '''class Scope(nn.Module):
     def __getitem__(self, key):
         return getattr(self, str(key))'''
 
+_BIASED_BATCH_NORM = '''class BiasedVarBatchNorm{n}d(nn.BatchNorm{n}d):
+    """``nn.BatchNorm{n}d`` that updates ``running_var`` with the biased batch variance.
+
+    torch uses the unbiased one (``n / (n - 1)`` larger); the source model (Flax, Keras or
+    ONNX) uses the biased one. Normalisation and the state_dict are those of the base class.
+    """
+
+    def forward(self, x):
+        if not self.training:
+            return super().forward(x)
+        dims = [0, *range(2, x.dim())]
+        with torch.no_grad():
+            var, mean = torch.var_mean(x, dim=dims, unbiased=False)
+            self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum)
+            self.running_var.lerp_(var.to(self.running_var.dtype), self.momentum)
+            self.num_batches_tracked += 1
+        return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)'''
+
 _LOAD = '''def load(out_dir=None):
     """Return the model in eval mode with its weights loaded from ``out_dir``."""
     path = Path(out_dir or Path(__file__).parent)
@@ -499,7 +592,8 @@ def render(em: _Emitter, inputs: list[str], outputs: list[str], name: str) -> st
         f"    def forward(self, {', '.join(inputs)}):",
         *_indent([*em.body, f"return {ret}"], 8),
     ]
-    parts = ([_SCOPE_CLASS] if em.uses_scope else []) + ["\n".join(cls), _LOAD]
+    helpers = [_BIASED_BATCH_NORM.replace("{n}", name[-2]) for name in sorted(em.helpers)]
+    parts = ([_SCOPE_CLASS] if em.uses_scope else []) + helpers + ["\n".join(cls), _LOAD]
     text = "\n\n\n".join(parts)
     imports = ["from pathlib import Path", "", "import torch"]
     if re.search(r"(?<![\w.])F\.", text):
@@ -516,6 +610,9 @@ def _copy(model: ir.Model) -> ir.Model:
 def generate(model: ir.Model) -> tuple[str, dict[str, np.ndarray]]:
     """Return ``(model.py source, state_dict as numpy arrays)`` without writing anything."""
     model = canonicalize(_copy(model))
+    if model.metadata_props.get("xconv.source") != "torch":
+        # A channels-last source: compute channels-first between layers (see layout.py).
+        sink_transposes(model)
     em = _Emitter(model)
     em.check_supported()
     inputs, outputs = em.emit()

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from xconv.converters.common import shapes
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import check_choice
+from xconv.ir.metadata import MODULE
 
 
 def _pad_spatial(x, lo_hi, value=0.0):
@@ -378,9 +379,13 @@ def batch_normalization(
         with torch.no_grad():
             if torch_momentum is None:  # cumulative moving average
                 torch_momentum = 0.0
-            unbiased = batch_var * (count / max(count - 1, 1))
+            # torch updates running_var with the unbiased batch variance; Flax, Keras and
+            # ONNX with the biased one.
+            update = batch_var
+            if ctx.node.metadata_props.get(MODULE, "").startswith("torch."):
+                update = batch_var * (count / max(count - 1, 1))
             mean.mul_(1 - torch_momentum).add_(batch_mean.detach().to(mean.dtype) * torch_momentum)
-            var.mul_(1 - torch_momentum).add_(unbiased.detach().to(var.dtype) * torch_momentum)
+            var.mul_(1 - torch_momentum).add_(update.detach().to(var.dtype) * torch_momentum)
         inv = torch.rsqrt(bc(batch_var) + epsilon)
         y = (x - bc(batch_mean)) * inv * bc(scale) + bc(b)
         return (y, *([None] * (len(ctx.node.outputs) - 1)))
