@@ -235,6 +235,9 @@ def check_supported(jaxpr: Any, registry: dict[str, Any] | None = None) -> None:
                     walk(branch, scope)
             elif name == "scan":
                 walk(eqn.params["jaxpr"], scope)
+            elif name == "while":
+                walk(eqn.params["cond_jaxpr"], scope)
+                walk(eqn.params["body_jaxpr"], scope)
             elif name not in handlers:
                 entry = missing.setdefault(name, [0, scope])
                 entry[0] += 1

@@ -717,66 +717,6 @@ def _iota(ctx, eqn, inputs):
     return [ctx.const(np.ascontiguousarray(values))]
 
 
-@register("gather")
-def _gather(ctx, eqn, inputs):
-    dn = eqn.params["dimension_numbers"]
-    offset = list(dn.offset_dims)
-    collapsed = list(dn.collapsed_slice_dims)
-    index_map = list(dn.start_index_map)
-    if getattr(dn, "operand_batching_dims", ()) or getattr(dn, "start_indices_batching_dims", ()):
-        raise ConversionError("gather with batching dims is not supported")
-    sizes = [int(s) for s in eqn.params["slice_sizes"]]
-    shape = _shape(eqn.invars[0])
-    x, idx = inputs
-    ishape = _shape(eqn.invars[1])
-    full = [i for i in range(len(shape)) if i not in index_map]
-    if (
-        collapsed != sorted(index_map)
-        or any(sizes[i] != 1 for i in index_map)
-        or any(sizes[i] != shape[i] for i in full)
-        or not ishape
-        or ishape[-1] != len(index_map)
-    ):
-        raise ConversionError(
-            "gather: only take/indexing patterns (whole slices along the indexed axes) are "
-            "supported"
-        )
-    idx = ctx.op("Cast", [idx], {"to": ir.DataType.INT64})
-    # Clip like jax's "clip"/"promise_in_bounds" modes; in-bounds "fill" indices agree.
-    if len(index_map) == 1:
-        a = index_map[0]
-        idx = ctx.op("Squeeze", [idx, ctx.i64([len(ishape) - 1])])
-        idx = ctx.op("Max", [ctx.op("Min", [idx, ctx.i64(shape[a] - 1)]), ctx.i64(0)])
-        y = ctx.op("Gather", [x, idx], {"axis": a})
-        batch = len(ishape) - 1
-        # ONNX puts index dims at `a`; jax puts them where the non-offset output dims are.
-        onnx_order = [("o", i) for i in range(a)] + [("b", i) for i in range(batch)]
-        onnx_order += [("o", i) for i in range(a, len(shape) - 1)]
-    else:
-        if index_map != list(range(len(index_map))):
-            raise ConversionError("gather over non-leading axes with several indices")
-        bound = np.array([shape[i] - 1 for i in index_map], np.int64)
-        idx = ctx.op("Max", [ctx.op("Min", [idx, ctx.const(bound)]), ctx.i64(0)])
-        y = ctx.op("GatherND", [x, idx])
-        batch = len(ishape) - 1
-        onnx_order = [("b", i) for i in range(batch)]
-        onnx_order += [("o", i) for i in range(len(shape) - len(index_map))]
-    out_rank = batch + len(offset)
-    jax_order = []
-    b = o = 0
-    for d in range(out_rank):
-        if d in offset:
-            jax_order.append(("o", o))
-            o += 1
-        else:
-            jax_order.append(("b", b))
-            b += 1
-    perm = [onnx_order.index(t) for t in jax_order]
-    if perm != list(range(out_rank)):
-        y = ctx.op("Transpose", [y], {"perm": perm})
-    return [y]
-
-
 # --- control flow ------------------------------------------------------------------------
 
 
@@ -845,3 +785,7 @@ def _scan(ctx, eqn, inputs):
         for k in range(len(ys[0]))
     ]
     return [*carry, *stacked]
+
+
+# Handler families in their own modules register themselves on import.
+from xconv.converters.flax import control, indexing, math  # noqa: E402,F401

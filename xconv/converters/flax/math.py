@@ -1,0 +1,366 @@
+"""jaxpr handlers for math ONNX has no single op for: special functions, bit counting and
+shifts, cumulative reductions, total-order comparisons, multi-key sort, min pooling.
+
+- ``erf_inv``: Giles' single-precision polynomial (the one XLA uses for f32), plus two
+  Newton steps on ``Erf`` for f64; ``erf_inv(+-1) = +-inf``.
+- ``erfc``: ``1 - erf(x)`` (absolute error ~1 ulp of 1; tiny tails round to 0).
+- ``cbrt``: ``sign(x) * |x| ** (1/3)``. ``atan2``: ``atan(y/x)`` with quadrant fixes (signed
+  zeros and infinite pairs are not distinguished).
+- ``clz`` / ``population_count`` / shifts: on the unsigned type of the same width (16-bit
+  values widen to 32 bits, which onnxruntime's ``BitShift`` needs); jax's rule for shift
+  amounts outside ``[0, bits)`` (0, or the sign for arithmetic right shifts) is kept.
+- ``cumprod`` / ``cummax`` / ``cummin`` / ``cumlogsumexp``: an ``n x n`` triangular mask and
+  one reduction, exact but O(n^2) in the scanned axis.
+- ``lt_to`` / ``le_to`` / ``eq_to`` (total order, used by ``searchsorted``): ``-0 < +0`` and
+  NaN above everything; negative NaNs are treated like positive ones.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from xconv.converters.flax.primitives import HANDLERS, register
+from xconv.converters.flax.symbolic import dims, require_static
+from xconv.errors import ConversionError
+
+
+def _dtype(var: Any) -> np.dtype:
+    return np.dtype(var.aval.dtype)
+
+
+def _shape(var: Any) -> tuple[Any, ...]:
+    return dims(var)
+
+
+def _c(ctx, value, dtype):
+    return ctx.const(np.asarray(value, dtype))
+
+
+# --- special functions -------------------------------------------------------------------
+
+_ERFINV_SMALL = (
+    2.81022636e-08,
+    3.43273939e-07,
+    -3.5233877e-06,
+    -4.39150654e-06,
+    0.00021858087,
+    -0.00125372503,
+    -0.00417768164,
+    0.246640727,
+    1.50140941,
+)
+_ERFINV_LARGE = (
+    -0.000200214257,
+    0.000100950558,
+    0.00134934322,
+    -0.00367342844,
+    0.00573950773,
+    -0.0076224613,
+    0.00943887047,
+    1.00167406,
+    2.83297682,
+)
+
+
+@register("erf_inv")
+def _erf_inv(ctx, eqn, inputs):
+    dt = _dtype(eqn.invars[0])
+    (x,) = inputs
+    one = _c(ctx, 1, dt)
+    # w = -log((1 - x)(1 + x)): more accurate near |x| -> 1 than -log(1 - x^2).
+    w = ctx.op(
+        "Neg",
+        [ctx.op("Log", [ctx.op("Mul", [ctx.op("Sub", [one, x]), ctx.op("Add", [one, x])])])],
+    )
+    small = ctx.op("Less", [w, _c(ctx, 5, dt)])
+    w_small = ctx.op("Sub", [w, _c(ctx, 2.5, dt)])
+    w_large = ctx.op("Sub", [ctx.op("Sqrt", [w]), _c(ctx, 3, dt)])
+    t = ctx.op("Where", [small, w_small, w_large])
+
+    def coef(i):
+        return ctx.op(
+            "Where", [small, _c(ctx, _ERFINV_SMALL[i], dt), _c(ctx, _ERFINV_LARGE[i], dt)]
+        )
+
+    poly = coef(0)
+    for i in range(1, len(_ERFINV_SMALL)):
+        poly = ctx.op("Add", [coef(i), ctx.op("Mul", [poly, t])])
+    y = ctx.op("Mul", [poly, x])
+    if dt == np.float64:  # Newton on erf(y) = x: each step doubles the correct digits
+        k = _c(ctx, 2 / np.sqrt(np.pi), dt)
+        for _ in range(2):
+            err = ctx.op("Sub", [ctx.op("Erf", [y]), x])
+            slope = ctx.op("Mul", [k, ctx.op("Exp", [ctx.op("Neg", [ctx.op("Mul", [y, y])])])])
+            y = ctx.op("Sub", [y, ctx.op("Div", [err, slope])])
+    edge = ctx.op("Equal", [ctx.op("Abs", [x]), one])
+    return [ctx.op("Where", [edge, ctx.op("Mul", [x, _c(ctx, np.inf, dt)]), y])]
+
+
+@register("erfc")
+def _erfc(ctx, eqn, inputs):
+    one = _c(ctx, 1, _dtype(eqn.invars[0]))
+    return [ctx.op("Sub", [one, ctx.op("Erf", inputs)])]
+
+
+@register("cbrt")
+def _cbrt(ctx, eqn, inputs):
+    dt = _dtype(eqn.invars[0])
+    mag = ctx.op("Pow", [ctx.op("Abs", inputs), _c(ctx, 1 / 3, dt)])
+    return [ctx.op("Mul", [ctx.op("Sign", inputs), mag])]
+
+
+@register("atan2")
+def _atan2(ctx, eqn, inputs):
+    y, x = inputs
+    dt = _dtype(eqn.invars[0])
+    zero, pi = _c(ctx, 0, dt), _c(ctx, np.pi, dt)
+    base = ctx.op("Atan", [ctx.op("Div", [y, x])])
+    upper = ctx.op("GreaterOrEqual", [y, zero])
+    left = ctx.op("Where", [upper, ctx.op("Add", [base, pi]), ctx.op("Sub", [base, pi])])
+    half = _c(ctx, np.pi / 2, dt)
+    on_axis = ctx.op(
+        "Where",
+        [
+            ctx.op("Greater", [y, zero]),
+            half,
+            ctx.op("Where", [ctx.op("Less", [y, zero]), ctx.op("Neg", [half]), zero]),
+        ],
+    )
+    right = ctx.op("Greater", [x, zero])
+    out = ctx.op("Where", [ctx.op("Less", [x, zero]), left, on_axis])
+    return [ctx.op("Where", [right, base, out])]
+
+
+# --- bits --------------------------------------------------------------------------------
+
+_UNSIGNED = {1: np.uint8, 2: np.uint32, 4: np.uint32, 8: np.uint64}
+
+
+def _as_unsigned(ctx, x, dt: np.dtype):
+    """``x`` reinterpreted as unsigned (two's complement), in a type BitShift supports."""
+    if dt.kind not in "iu":
+        raise ConversionError(f"bit operation on non-integer dtype {dt}")
+    ut = np.dtype(_UNSIGNED[dt.itemsize])
+    same = np.dtype(f"u{dt.itemsize}")
+    if dt != same:
+        x = ctx.op("Cast", [x], {"to": ir.DataType.from_numpy(same)})
+    if same != ut:
+        x = ctx.op("Cast", [x], {"to": ir.DataType.from_numpy(ut)})
+    return x, ut
+
+
+def _back(ctx, x, dt: np.dtype):
+    """Wrap an unsigned result back to ``dt`` (truncate to its width, then reinterpret)."""
+    same = np.dtype(f"u{dt.itemsize}")
+    x = ctx.op("Cast", [x], {"to": ir.DataType.from_numpy(same)})
+    return x if dt == same else ctx.op("Cast", [x], {"to": ir.DataType.from_numpy(dt)})
+
+
+def _shift(ctx, x, amount: int | Any, ut, direction: str):
+    if isinstance(amount, int):
+        amount = _c(ctx, amount, ut)
+    return ctx.op("BitShift", [x, amount], {"direction": direction})
+
+
+@register("clz")
+def _clz(ctx, eqn, inputs):
+    dt = _dtype(eqn.invars[0])
+    u, ut = _as_unsigned(ctx, inputs[0], dt)
+    width = 8 * ut.itemsize
+    zero = _c(ctx, 0, ut)
+    n = zero
+    s = width // 2
+    while s >= 1:  # binary search for the highest set bit
+        empty = ctx.op("Equal", [_shift(ctx, u, width - s, ut, "RIGHT"), zero])
+        n = ctx.op("Add", [n, ctx.op("Where", [empty, _c(ctx, s, ut), zero])])
+        u = ctx.op("Where", [empty, _shift(ctx, u, s, ut, "LEFT"), u])
+        s //= 2
+    n = ctx.op("Add", [n, ctx.op("Where", [ctx.op("Equal", [u, zero]), _c(ctx, 1, ut), zero])])
+    extra = width - 8 * dt.itemsize  # 16-bit values counted in 32 bits
+    if extra:
+        n = ctx.op("Sub", [n, _c(ctx, extra, ut)])
+    return [_back(ctx, n, dt)]
+
+
+@register("population_count")
+def _population_count(ctx, eqn, inputs):
+    dt = _dtype(eqn.invars[0])
+    u, ut = _as_unsigned(ctx, inputs[0], dt)
+    width = 8 * ut.itemsize
+
+    def mask(byte):
+        return _c(ctx, int.from_bytes(bytes([byte]) * ut.itemsize, "little"), ut)
+
+    def band(a, b):
+        return ctx.op("BitwiseAnd", [a, b])
+
+    u = ctx.op("Sub", [u, band(_shift(ctx, u, 1, ut, "RIGHT"), mask(0x55))])
+    u = ctx.op("Add", [band(u, mask(0x33)), band(_shift(ctx, u, 2, ut, "RIGHT"), mask(0x33))])
+    u = band(ctx.op("Add", [u, _shift(ctx, u, 4, ut, "RIGHT")]), mask(0x0F))
+    s = 8
+    while s < width:  # sum the byte counts into the low byte
+        u = ctx.op("Add", [u, _shift(ctx, u, s, ut, "RIGHT")])
+        s *= 2
+    return [_back(ctx, band(u, _c(ctx, 0xFF, ut)), dt)]
+
+
+def _shift_amount(ctx, eqn, s, ut, bits: int):
+    """(amount as ``ut`` clamped into [0, bits - 1], out-of-range mask)."""
+    sdt = _dtype(eqn.invars[1])
+    bad = ctx.op("GreaterOrEqual", [s, _c(ctx, bits, sdt)])
+    if sdt.kind == "i":
+        bad = ctx.op("Or", [bad, ctx.op("Less", [s, _c(ctx, 0, sdt)])])
+    safe = ctx.op("Where", [bad, _c(ctx, bits - 1, sdt), s])
+    return ctx.op("Cast", [safe], {"to": ir.DataType.from_numpy(ut)}), bad
+
+
+@register("shift_left", "shift_right_logical")
+def _shift_logical(ctx, eqn, inputs):
+    dt = _dtype(eqn.invars[0])
+    x, s = inputs
+    u, ut = _as_unsigned(ctx, x, dt)
+    amount, bad = _shift_amount(ctx, eqn, s, ut, 8 * dt.itemsize)
+    direction = "LEFT" if eqn.primitive.name == "shift_left" else "RIGHT"
+    out = _back(ctx, _shift(ctx, u, amount, ut, direction), dt)
+    return [ctx.op("Where", [bad, _c(ctx, 0, dt), out])]
+
+
+@register("shift_right_arithmetic")
+def _shift_right_arithmetic(ctx, eqn, inputs):
+    dt = _dtype(eqn.invars[0])
+    x, s = inputs
+    if dt.kind == "u":
+        return _shift_logical(ctx, eqn, inputs)
+    # Shifting by bits - 1 fills with the sign: the answer for out-of-range amounts too.
+    neg = ctx.op("Less", [x, _c(ctx, 0, dt)])
+    pos = ctx.op("Where", [neg, ctx.op("BitwiseNot", [x]), x])  # ~x >= 0 when x < 0
+    u, ut = _as_unsigned(ctx, pos, dt)
+    amount, _ = _shift_amount(ctx, eqn, s, ut, 8 * dt.itemsize)
+    out = _back(ctx, _shift(ctx, u, amount, ut, "RIGHT"), dt)
+    return [ctx.op("Where", [neg, ctx.op("BitwiseNot", [out]), out])]
+
+
+# --- cumulative reductions ---------------------------------------------------------------
+
+
+def _identity(name: str, dt: np.dtype):
+    if name == "cumprod":
+        return 1
+    big = np.inf if dt.kind == "f" else np.iinfo(dt).max
+    small = -np.inf if dt.kind == "f" else np.iinfo(dt).min
+    if dt == np.bool_:
+        big, small = True, False
+    return {"cummax": small, "cummin": big, "cumlogsumexp": -np.inf}[name]
+
+
+@register("cumprod", "cummax", "cummin", "cumlogsumexp")
+def _cumulative(ctx, eqn, inputs):
+    name = eqn.primitive.name
+    dt = _dtype(eqn.invars[0])
+    shape = _shape(eqn.invars[0])
+    axis = int(eqn.params["axis"]) % len(shape)
+    (n,) = require_static([shape[axis]], f"{name} along axis {axis}")
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    keep = (j >= i) if eqn.params.get("reverse") else (j <= i)
+    view = [1] * (len(shape) + 1)
+    view[axis], view[axis + 1] = n, n
+    # pairs[..., i, j, ...] = x[..., j, ...] where j is in the prefix (suffix) of i.
+    xj = ctx.op("Unsqueeze", [inputs[0], ctx.i64([axis])])
+    pairs = ctx.op("Where", [ctx.const(keep.reshape(view)), xj, _c(ctx, _identity(name, dt), dt)])
+    red = ctx.i64([axis + 1])
+    if name == "cumlogsumexp":  # max-shifted, so large values do not overflow
+        top = ctx.op("ReduceMax", [pairs, red], {"keepdims": 1})
+        total = ctx.op("ReduceSum", [ctx.op("Exp", [ctx.op("Sub", [pairs, top])]), red])
+        out = ctx.op("Add", [ctx.op("Log", [total]), top])
+        return [ctx.op("Squeeze", [out, red])]
+    op = {"cumprod": "ReduceProd", "cummax": "ReduceMax", "cummin": "ReduceMin"}[name]
+    return [ctx.op(op, [pairs, red], {"keepdims": 0})]
+
+
+# --- total-order comparisons -------------------------------------------------------------
+
+
+def _lt_total(ctx, a, b, dt):
+    """a < b in IEEE total order (for floats; plain Less for the rest)."""
+    if dt.kind != "f":
+        return ctx.op("Less", [a, b])
+    zero = _c(ctx, 0, dt)
+
+    def neg_zero(v):
+        is_zero = ctx.op("Equal", [v, zero])
+        return ctx.op("And", [is_zero, ctx.op("Less", [ctx.op("Reciprocal", [v]), zero])])
+
+    zeros = ctx.op("And", [neg_zero(a), ctx.op("Not", [neg_zero(b)])])
+    zeros = ctx.op("And", [zeros, ctx.op("Equal", [b, zero])])
+    nan_b = ctx.op("And", [ctx.op("IsNaN", [b]), ctx.op("Not", [ctx.op("IsNaN", [a])])])
+    return ctx.op("Or", [ctx.op("Or", [ctx.op("Less", [a, b]), zeros]), nan_b])
+
+
+@register("lt_to")
+def _lt_to(ctx, eqn, inputs):
+    return [_lt_total(ctx, *inputs, _dtype(eqn.invars[0]))]
+
+
+@register("le_to")
+def _le_to(ctx, eqn, inputs):
+    a, b = inputs
+    return [ctx.op("Not", [_lt_total(ctx, b, a, _dtype(eqn.invars[0]))])]
+
+
+@register("eq_to")
+def _eq_to(ctx, eqn, inputs):
+    a, b = inputs
+    dt = _dtype(eqn.invars[0])
+    lt = _lt_total(ctx, a, b, dt)
+    gt = _lt_total(ctx, b, a, dt)
+    return [ctx.op("Not", [ctx.op("Or", [lt, gt])])]
+
+
+# --- sort with several keys, min pooling ---------------------------------------------------
+
+_SORT_ONE_KEY = HANDLERS["sort"]
+
+
+@register("sort")
+def _sort(ctx, eqn, inputs):
+    """sort(operands...; dimension, num_keys): lexicographic over the first num_keys."""
+    num_keys = int(eqn.params.get("num_keys", 1))
+    if num_keys == 1:
+        return _SORT_ONE_KEY(ctx, eqn, inputs)
+    dim = int(eqn.params["dimension"])
+    shape = _shape(eqn.invars[0])
+    n = ctx.op("Shape", [inputs[0]], {"start": dim, "end": dim + 1})
+    view = [1] * len(shape)
+    view[dim] = -1
+    iota = ctx.op("Range", [ctx.i64(0), ctx.op("Squeeze", [n]), ctx.i64(1)])
+    iota = ctx.op("Reshape", [iota, ctx.i64(view)])
+    order = ctx.op("Expand", [iota, ctx.op("Shape", [inputs[0]])])
+    # Stable sorts from the least significant key to the most significant one.
+    for key in reversed(inputs[:num_keys]):
+        permuted = ctx.op("GatherElements", [key, order], {"axis": dim})
+        _, idx = ctx.op(
+            "TopK",
+            [permuted, n],
+            {"axis": dim, "largest": 0, "sorted": 1},
+            num_outputs=2,
+        )
+        order = ctx.op("GatherElements", [order, idx], {"axis": dim})
+    return [ctx.op("GatherElements", [v, order], {"axis": dim}) for v in inputs]
+
+
+@register("reduce_window_min")
+def _reduce_window_min(ctx, eqn, inputs):
+    # min pooling = -max pooling of -x (padding -inf there is +inf here).
+    as_max = SimpleNamespace(
+        primitive=SimpleNamespace(name="reduce_window_max"),
+        params=eqn.params,
+        invars=eqn.invars,
+        outvars=eqn.outvars,
+        source_info=eqn.source_info,
+    )
+    (out,) = HANDLERS["reduce_window_max"](ctx, as_max, [ctx.op("Neg", inputs)])
+    return [ctx.op("Neg", [out])]
