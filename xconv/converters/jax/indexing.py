@@ -113,7 +113,7 @@ def gather_elements(ctx, x, indices, *, axis):
         _wrap(xp, indices, np.shape(x)[axis]) if d == axis else _grid(xp, shape, d)
         for d in range(rank)
     )
-    return x[index]
+    return xp.asarray(x)[index]  # constant data, traced indices: index the jax array
 
 
 @builtin("GatherND", since=11, attrs={"batch_dims": 0})
