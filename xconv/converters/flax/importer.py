@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from xconv.converters.flax import layers as fl
 from xconv.converters.flax.primitives import HANDLERS, INLINE, sub_jaxpr
+from xconv.converters.flax.source_names import restore_source_names
 from xconv.converters.flax.symbolic import BATCH, ir_dim, static_dim, symbolic_specs
 from xconv.errors import ConversionError, MissingOp, UnsupportedOpError
 from xconv.ir import OPSET
@@ -63,7 +64,8 @@ def from_flax(
 
     inputs = _as_inputs(example_inputs)
     if isinstance(module, nnx.Module):
-        return _batched(lambda xs: _from_nnx(module, xs), inputs, dynamic_batch)
+        model = _batched(lambda xs: _from_nnx(module, xs), inputs, dynamic_batch)
+        return restore_source_names(model, module)
     if not isinstance(module, nn.Module):
         raise ConversionError(
             f"from_flax takes a flax.linen or flax.nnx Module, got {type(module).__name__}"
@@ -83,14 +85,17 @@ def from_flax(
             path = "/".join(str(p) for p in context.module.path)
             classes.setdefault(path, type(context.module))
             modules.setdefault(path, context.module)
-            return next_fun(*args, **kwargs)
+            out = next_fun(*args, **kwargs)
+            if context.method_name == "__call__":
+                out = _mark_dropout(context.module, args, out)
+            return out
 
         with nn.intercept_methods(record):
             closed = jax.make_jaxpr(fn)(variables, *xs)
         root = type(module).__name__
         return _build(closed, variables, xs, classes, modules, root, "flax.linen")
 
-    return _batched(convert, inputs, dynamic_batch)
+    return restore_source_names(_batched(convert, inputs, dynamic_batch), module)
 
 
 def _batched(convert: Callable[[tuple], ir.Model], inputs: tuple, dynamic: bool) -> ir.Model:
@@ -139,7 +144,8 @@ def _from_nnx(module: Any, inputs: tuple) -> ir.Model:
             return m(*xs)
 
     closed = jax.make_jaxpr(fn)(pure, *inputs)
-    return _build(closed, pure, inputs, classes, modules, None, "flax.nnx")
+    # nnx state has no collection level: every path element is a module or variable name.
+    return _build(closed, pure, inputs, classes, modules, None, "flax.nnx", collections=False)
 
 
 @contextlib.contextmanager
@@ -156,7 +162,7 @@ def _named_calls(paths: dict[int, str], types: set[type]):
             if not path:
                 return _orig(self, *a, **k)
             with jax.named_scope(path):
-                return _orig(self, *a, **k)
+                return _mark_dropout(self, a, _orig(self, *a, **k))
 
         saved[cls] = original
         cls.__call__ = wrapped
@@ -165,6 +171,24 @@ def _named_calls(paths: dict[int, str], types: set[type]):
     finally:
         for cls, original in saved.items():
             cls.__call__ = original
+
+
+def _xconv_dropout(x: Any) -> Any:
+    """Identity marking where a Flax ``Dropout`` ran deterministically (see ``_mark_dropout``)."""
+    return x
+
+
+_DROPOUT_MARK = jax.jit(_xconv_dropout)
+_DROPOUT_NAME = _xconv_dropout.__name__
+
+
+def _mark_dropout(module: Any, args: Any, out: Any) -> Any:
+    """A deterministic Dropout leaves no equation in the jaxpr; mark it with a named identity
+    call so the IR keeps a ``Dropout`` node (an identity in inference) that target frameworks
+    turn into their dropout layer, active in their train mode."""
+    if fl.KINDS.get(type(module).__name__) == "dropout" and args and out is args[0]:
+        return _DROPOUT_MARK(out)
+    return out
 
 
 def from_jax(
@@ -311,6 +335,11 @@ class _Context:
         self.graph.append(node)
         return node.outputs[0] if num_outputs == 1 else tuple(node.outputs)
 
+    def dropout(self, x: ir.Value) -> ir.Value:
+        """An inference-mode ``Dropout`` node with the scope's Flax module rate."""
+        rate = float(getattr(self.modules.get(self.scope), "rate", 0.0))
+        return self.op("Dropout", [x, self.const(np.asarray(rate, np.float32))])
+
     def const(self, array: Any) -> ir.Value:
         return self.op("Constant", [], {"value": ir.tensor(np.asarray(array))})
 
@@ -349,7 +378,10 @@ class _Context:
             args = [self.value_of(env, v) for v in eqn.invars]
             self._stack = stacks[i]
             try:
-                outs = HANDLERS[eqn.primitive.name](self, eqn, args)
+                if eqn.primitive.name in INLINE and eqn.params.get("name") == _DROPOUT_NAME:
+                    outs = [self.dropout(args[-1])]
+                else:
+                    outs = HANDLERS[eqn.primitive.name](self, eqn, args)
             except ConversionError as e:
                 if e.scope is None:
                     e.scope = self.scope or None

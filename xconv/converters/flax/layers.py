@@ -88,10 +88,11 @@ def role_of(name: str, value: ir.Value, classes: dict[str, type]) -> tuple[str, 
 
 
 def mark_weights(graph: ir.Graph, classes: dict[str, type]) -> None:
+    """Every variable is a weight: a recognised layer's gets its role and layout, any other
+    (``self.param`` of a custom module) its leaf name as role, as the torch importer does."""
     for name, value in graph.initializers.items():
         found = role_of(name, value, classes)
-        if found:
-            mark_weight(value, *found)
+        mark_weight(value, *found) if found else mark_weight(value, name.rsplit(".", 1)[-1])
 
 
 def _attr(module: Any, name: str, default: Any = None) -> Any:
@@ -128,6 +129,9 @@ def mark_layers(
             candidates[0],
         )
         params = _layer_params(kind, graph, path, modules.get(path), node_info.get(anchor.name))
+        if params is not None and kind == "layer_norm" and not params["normalized_shape"]:
+            features = _shape(anchor.inputs[0])[-1:]  # no scale or bias: the normalised axis
+            params = {**params, "normalized_shape": features} if features else None
         if params is not None:
             mark_layer(anchor, kind, **params)
 

@@ -15,6 +15,8 @@ source ones. A torch emitter then writes the original ``state_dict`` keys and la
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,21 +26,27 @@ from xconv.ir.metadata import MODULE, SCOPE
 
 
 def recorded_names(module: Any) -> tuple[dict[str, tuple[str, str]], dict[str, str]] | None:
-    """``(SOURCE_SCOPES, SOURCE_NAMES)`` from the module's defining source, if it has them."""
+    """``(SOURCE_SCOPES, SOURCE_NAMES)`` from the module's defining source, if it has them.
+
+    Looked up in the class's Python module, or (for a ``model.py`` executed without being
+    registered in ``sys.modules``) in the globals of the class's own methods.
+    """
     cls = type(module)
+    namespaces = []
+    defining = sys.modules.get(cls.__module__)
+    if defining is not None:
+        namespaces.append(vars(defining))
     for attr in ("__call__", "setup", "__init__"):
         fn = vars(cls).get(attr)
-        namespace = getattr(fn, "__globals__", None)
-        if namespace is not None:
-            break
-    else:
-        return None
-    scopes, names = namespace.get("SOURCE_SCOPES"), namespace.get("SOURCE_NAMES")
-    if not isinstance(scopes, Mapping) or not isinstance(names, Mapping):
-        return None
-    return {str(k): (str(v[0]), str(v[1])) for k, v in scopes.items()}, {
-        str(k): str(v) for k, v in names.items()
-    }
+        if callable(fn):
+            namespaces.append(getattr(inspect.unwrap(fn), "__globals__", {}))
+    for namespace in namespaces:
+        scopes, names = namespace.get("SOURCE_SCOPES"), namespace.get("SOURCE_NAMES")
+        if isinstance(scopes, Mapping) and isinstance(names, Mapping):
+            return {str(k): (str(v[0]), str(v[1])) for k, v in scopes.items()}, {
+                str(k): str(v) for k, v in names.items()
+            }
+    return None
 
 
 def restore_source_names(model: ir.Model, module: Any) -> ir.Model:

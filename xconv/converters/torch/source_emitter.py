@@ -327,6 +327,9 @@ class _Emitter:
     def constant(self, value: ir.Value, arr: np.ndarray, bare: bool) -> str:
         if arr.size <= INLINE_LIMIT:
             return tensor_literal(arr, bare_scalar=bare)
+        expr = structured_constant(arr)
+        if expr is not None:
+            return expr
         if value not in self.raw:
             attr = self.top.new(f"const_{value.name or 'value'}")
             dt = dtype_expr(ir.DataType.from_numpy(arr.dtype))
@@ -517,6 +520,47 @@ class _Emitter:
         for o, name in zip(node.outputs, outs, strict=True):
             if name != "_":
                 self.env[o] = name
+
+
+def _broadcast_base(arr: np.ndarray) -> np.ndarray:
+    """The smallest array that ``arr`` is a broadcast of (size-1 where all slices agree)."""
+    base = arr
+    for axis in range(arr.ndim):
+        first = np.take(base, [0], axis=axis)
+        if base.shape[axis] > 1 and np.array_equal(np.broadcast_to(first, base.shape), base):
+            base = first
+    return base
+
+
+def structured_constant(arr: np.ndarray) -> str | None:
+    """A short torch expression for a large constant that has one: a splat (``torch.full``),
+    a broadcast of a small tensor, or of a ``tril``/``triu`` mask (``.expand``). Such
+    constants come from tracing (a causal mask built with ``jnp.tril``, an ``-inf`` fill):
+    writing them as code keeps them out of the state_dict."""
+    dt = dtype_expr(ir.DataType.from_numpy(arr.dtype))
+    shape = _shape(arr.shape)
+    flat = arr.reshape(-1)
+    if np.all(flat == flat[0]) or (arr.dtype.kind == "f" and np.all(np.isnan(flat))):
+        return f"torch.full({shape}, {scalar_literal(flat[0])}, dtype={dt})"
+    base = _broadcast_base(arr)
+    expand = "" if base.shape == arr.shape else f".expand({shape})"
+    if base.size <= INLINE_LIMIT:
+        return tensor_literal(base) + expand
+    core = base.reshape([d for d in base.shape if d != 1] or [1])
+    if core.ndim != 2 or not np.all((core == 0) | (core == 1)):
+        return None
+    n, m = core.shape
+    ones = np.ones((n, m), dtype=arr.dtype)
+    row, col = core[0].astype(bool), core[:, 0].astype(bool)
+    # tril(k) / triu(k) are fixed by the first row and column: try just those diagonals.
+    ks = {int(row.sum()) - 1, -int(np.argmax(col)), int(np.argmax(row)), 1 - int(col.sum())}
+    for k in sorted(ks):
+        for fn in ("tril", "triu"):
+            if np.array_equal(getattr(np, fn)(ones, k), core):
+                diag = f"diagonal={k}" if k else ""
+                mask = f"torch.ones(({n}, {m}), dtype={dt}).{fn}({diag})"
+                return mask + (f".reshape({_shape(base.shape)})" if base.ndim != 2 else "") + expand
+    return None
 
 
 def _dense_layout(p: LayerBody) -> str:
