@@ -351,10 +351,12 @@ def _conv(ctx, eqn, inputs):
             raise ConversionError("conv_general_dilated: this lhs_dilation padding is unsupported")
         out_pad = [max(0, -v) for v in hi]
         hi = [max(0, v) for v in hi]
-        starts = ctx.i64([0, 0] + [0] * nsp)
-        ends = ctx.i64([np.iinfo(np.int64).max] * (nsp + 2))
-        axes = ctx.i64(list(range(nsp + 2)))
-        steps = ctx.i64([1, 1] + [-1] * nsp)
+        # Reverse the spatial axes (ONNX: a negative step starts at -1 and runs to INT64_MIN).
+        big = np.iinfo(np.int64)
+        starts = ctx.i64([-1] * nsp)
+        ends = ctx.i64([big.min] * nsp)
+        axes = ctx.i64(list(range(2, nsp + 2)))
+        steps = ctx.i64([-1] * nsp)
         w = ctx.op("Slice", [w, starts, ends, axes, steps])
         w = ctx.op("Transpose", [w], {"perm": [1, 0, *range(2, nsp + 2)]})
         y = ctx.op(

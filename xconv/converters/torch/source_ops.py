@@ -426,16 +426,27 @@ def _conv_transpose(c: OpCall) -> str:
     n = c.need_rank() - 2
     if c.attrs["output_shape"] is not None:
         raise c.fail("output_shape is not supported; canonicalise to pads")
-    pad = _sym_pads(c, n)
+    pads = c.attrs.get("pads") or [0] * (2 * n)
+    crop = None
+    if c.attrs.get("auto_pad", "NOTSET") == "NOTSET" and list(pads[:n]) != list(pads[n:]):
+        # Asymmetric pads crop the output unevenly: pad the common part, slice the rest off.
+        pad = [min(lo, hi) for lo, hi in zip(pads[:n], pads[n:], strict=True)]
+        crop = [(lo - m, hi - m) for lo, hi, m in zip(pads[:n], pads[n:], pad, strict=True)]
+    else:
+        pad = _sym_pads(c, n)
     s = c.attrs["strides"] or [1] * n
     d = c.attrs["dilations"] or [1] * n
     op = c.attrs["output_padding"] or [0] * n
     b = c.args[2] if c.has(2) else "None"
-    return (
+    expr = (
         f"F.conv_transpose{n}d({c.args[0]}, {c.args[1]}, {b}, stride={int_tuple(s)}, "
         f"padding={int_tuple(pad)}, output_padding={int_tuple(op)}, "
         f"groups={c.attrs['group']}, dilation={int_tuple(d)})"
     )
+    if crop is None:
+        return expr
+    index = [":", ":"] + [f"{lo or ''}:{-hi if hi else ''}" for lo, hi in crop]
+    return f"{expr}[{', '.join(index)}]"
 
 
 @template(
@@ -720,12 +731,20 @@ def _slice(c: OpCall) -> str:
     steps = np.asarray(c.const(4, "steps")).reshape(-1) if c.has(4) else np.ones_like(starts)
     index = [":"] * r
     dims = c.shapes[0]
+    flips = []
     for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
         a = int(a) + r if a < 0 else int(a)
         s, e, st = int(s), int(e), int(st)
-        if st < 0:
-            raise c.fail("negative Slice steps have no torch indexing form")
         dim = dims[a] if dims is not None else None
+        if st < 0:
+            # torch has no negative steps: flip the axis, then slice forward. ONNX clamps a
+            # negative-step start into [0, dim - 1] and its end into [-1, dim - 1].
+            if not isinstance(dim, int):
+                raise c.fail("a negative Slice step needs the axis size")
+            s = min(max(s + dim if s < 0 else s, 0), dim - 1)
+            e = min(max(e + dim if e < 0 else e, -1), dim - 1)
+            flips.append(a)
+            s, e, st = dim - 1 - s, dim - 1 - e, -st
         if isinstance(dim, int):
             s = min(max(s + dim if s < 0 else s, 0), dim)
             e = min(max(e + dim if e < 0 else e, 0), dim)
@@ -740,9 +759,14 @@ def _slice(c: OpCall) -> str:
         index[a] = text
     while index and index[-1] == ":":
         index.pop()
+    base = f"{c.args[0]}.flip({_ints_tuple(flips)})" if flips else c.args[0]
     if not index:
-        return c.args[0]
-    return f"{c.args[0]}[{', '.join(index)}]"
+        return base
+    return f"{base}[{', '.join(index)}]"
+
+
+def _ints_tuple(values: list[int]) -> str:
+    return "(" + ", ".join(map(str, values)) + ("," if len(values) == 1 else "") + ")"
 
 
 @template("Gather", axis=0)
