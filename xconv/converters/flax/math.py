@@ -325,11 +325,23 @@ def _eq_to(ctx, eqn, inputs):
 _SORT_ONE_KEY = HANDLERS["sort"]
 
 
+def _topk_type(dt: np.dtype) -> np.dtype | None:
+    """The dtype to sort ``dt`` keys in, or None when TopK takes ``dt`` as is."""
+    if dt in (np.float32, np.float64, np.int32, np.int64):
+        return None
+    if dt.kind == "f":
+        return np.dtype(np.float32)
+    if dt.kind == "u" and dt.itemsize >= 4:
+        return np.dtype(np.int64) if dt.itemsize == 4 else np.dtype(np.float64)
+    return np.dtype(np.int32)
+
+
 @register("sort")
 def _sort(ctx, eqn, inputs):
     """sort(operands...; dimension, num_keys): lexicographic over the first num_keys."""
     num_keys = int(eqn.params.get("num_keys", 1))
-    if num_keys == 1:
+    key_types = [_topk_type(_dtype(v)) for v in eqn.invars[:num_keys]]
+    if num_keys == 1 and key_types[0] is None:
         return _SORT_ONE_KEY(ctx, eqn, inputs)
     dim = int(eqn.params["dimension"])
     shape = _shape(eqn.invars[0])
@@ -340,7 +352,9 @@ def _sort(ctx, eqn, inputs):
     iota = ctx.op("Reshape", [iota, ctx.i64(view)])
     order = ctx.op("Expand", [iota, ctx.op("Shape", [inputs[0]])])
     # Stable sorts from the least significant key to the most significant one.
-    for key in reversed(inputs[:num_keys]):
+    for key, to in reversed(list(zip(inputs[:num_keys], key_types, strict=True))):
+        if to is not None:  # an order-preserving widening TopK has a kernel for
+            key = ctx.op("Cast", [key], {"to": ir.DataType.from_numpy(to)})
         permuted = ctx.op("GatherElements", [key, order], {"axis": dim})
         _, idx = ctx.op(
             "TopK",
@@ -364,3 +378,93 @@ def _reduce_window_min(ctx, eqn, inputs):
     )
     (out,) = HANDLERS["reduce_window_max"](ctx, as_max, [ctx.op("Neg", inputs)])
     return [ctx.op("Neg", [out])]
+
+
+# --- edge cases of primitives.py's handlers ------------------------------------------------
+# These wrap the handler registered in primitives.py and delegate to it for the common case,
+# adding what it lacks: XLA's integer division by zero, bool arguments of ArgMax,
+# reductions over no axes, interior padding.
+
+_BASE = {name: HANDLERS[name] for name in ("div", "rem", "argmax", "argmin", "pad")}
+_BASE["reduce_or"] = HANDLERS["reduce_or"]
+_BASE["reduce_and"] = HANDLERS["reduce_and"]
+
+
+@register("div", "rem")
+def _int_div(ctx, eqn, inputs):
+    """Integer div/rem never trap: x / 0 is all ones (-1, or the uint max), x % 0 is x, and
+    INT_MIN / -1 wraps (XLA's rules); onnxruntime would fail or fault on them."""
+    name = eqn.primitive.name
+    dt = _dtype(eqn.invars[0])
+    if dt.kind not in "iu":
+        return _BASE[name](ctx, eqn, inputs)
+    x, y = inputs
+    zero = ctx.op("Equal", [y, _c(ctx, 0, dt)])
+    bad = zero
+    if dt.kind == "i":
+        minus_one = ctx.op("Equal", [y, _c(ctx, -1, dt)])
+        bad = ctx.op("Or", [zero, minus_one])
+    safe = ctx.op("Where", [bad, _c(ctx, 1, dt), y])
+    (out,) = _BASE[name](ctx, eqn, [x, safe])
+    if name == "div":
+        if dt.kind == "i":
+            out = ctx.op("Where", [minus_one, ctx.op("Neg", [x]), out])
+        ones = -1 if dt.kind == "i" else np.iinfo(dt).max
+        return [ctx.op("Where", [zero, _c(ctx, ones, dt), out])]
+    if dt.kind == "i":
+        out = ctx.op("Where", [minus_one, _c(ctx, 0, dt), out])
+    return [ctx.op("Where", [zero, x, out])]
+
+
+@register("argmax", "argmin")
+def _argmax_bool(ctx, eqn, inputs):
+    if _dtype(eqn.invars[0]) == np.bool_:  # ArgMax has no bool kernel
+        inputs = [ctx.op("Cast", inputs, {"to": ir.DataType.INT32})]
+    return _BASE[eqn.primitive.name](ctx, eqn, inputs)
+
+
+@register("reduce_or", "reduce_and")
+def _reduce_bool_axes(ctx, eqn, inputs):
+    if not eqn.params["axes"]:  # ONNX reduces everything when given no axes
+        return [ctx.op("Identity", inputs)]
+    return _BASE[eqn.primitive.name](ctx, eqn, inputs)
+
+
+@register("pad")
+def _pad_interior(ctx, eqn, inputs):
+    """Interior padding (``lax.associative_scan``, dilations) spreads each axis first:
+    ``[n] -> [n, 1 + c] -> [n * (1 + c)] -> [:-c]``; the edge padding then goes to the base."""
+    config = [tuple(int(v) for v in cfg) for cfg in eqn.params["padding_config"]]
+    if all(c == 0 for _, _, c in config):
+        return _BASE["pad"](ctx, eqn, inputs)
+    x, value = inputs
+    shape = list(_shape(eqn.invars[0]))
+    rank = len(config)
+    for axis, (_, _, c) in enumerate(config):
+        if c == 0 or shape[axis] == 0:
+            continue
+        if c < 0:
+            raise ConversionError(f"pad with negative interior padding {c}")
+        last = [d for d in range(rank) if d != axis] + [axis]
+        t = ctx.op("Transpose", [x], {"perm": last}) if axis != rank - 1 else x
+        t = ctx.op("Unsqueeze", [t, ctx.i64([rank])])
+        pads = [0] * (2 * (rank + 1))
+        pads[2 * (rank + 1) - 1] = c
+        t = ctx.op("Pad", [t, ctx.i64(pads), value], {"mode": "constant"})
+        t = ctx.op("Reshape", [t, ctx.i64([0] * (rank - 1) + [-1])])
+        t = ctx.op("Slice", [t, ctx.i64([0]), ctx.i64([-c]), ctx.i64([rank - 1])])
+        if axis != rank - 1:
+            t = ctx.op("Transpose", [t], {"perm": [int(p) for p in np.argsort(last)]})
+        x = t
+        shape[axis] = shape[axis] + (shape[axis] - 1) * c
+    spread = SimpleNamespace(
+        aval=SimpleNamespace(shape=tuple(shape), dtype=eqn.invars[0].aval.dtype)
+    )
+    edges = SimpleNamespace(
+        primitive=eqn.primitive,
+        params={**eqn.params, "padding_config": tuple((a, b, 0) for a, b, _ in config)},
+        invars=[spread, eqn.invars[1]],
+        outvars=eqn.outvars,
+        source_info=eqn.source_info,
+    )
+    return _BASE["pad"](ctx, edges, [x, value])
