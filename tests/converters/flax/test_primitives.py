@@ -26,6 +26,9 @@ X3 = RNG.standard_normal((3, 4, 5)).astype(np.float32)
 IDX = np.array([1, 3, 0], np.int32)
 DUP = np.array([1, 1, 0], np.int32)
 ROWS = np.array([0, 5, 2, 3], np.int32)
+GAMMA_X = np.concatenate(
+    [np.linspace(-4.7, 12, 60), [0.5, 1, 2, 3, 1e-3, 30.5, -0.5, -1.5, -2.0, 0.0]]
+).astype(np.float32)
 INTS = np.array([0, 1, 3, 255, -1, 2**30, -(2**31), 12345], np.int32)
 
 
@@ -183,6 +186,9 @@ CASES = {
     ),
     "erfc_gelu_exact": (lambda a: jax.nn.gelu(a, approximate=False), (X,), {"Erf"}, 1e-6),
     "cbrt": (jnp.cbrt, (X,), {"Pow"}, 1e-6),
+    "lgamma": (lax.lgamma, (GAMMA_X,), {"Sin"}, 2e-5),
+    "digamma": (lax.digamma, (GAMMA_X,), {"Cos"}, 2e-5),
+    "betaln": (lambda a: jax.scipy.special.betaln(jnp.abs(a) + 0.1, 2.5), (X,), set(), 1e-5),
     "atan2": (jnp.arctan2, (X, X[::-1].copy()), {"Atan"}, 1e-6),
     "clz": (lax.clz, (INTS,), {"BitShift"}, 0),
     "population_count": (lax.population_count, (INTS,), {"BitwiseAnd"}, 0),

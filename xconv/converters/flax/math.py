@@ -4,6 +4,8 @@ shifts, cumulative reductions, total-order comparisons, multi-key sort, min pool
 - ``erf_inv``: Giles' single-precision polynomial (the one XLA uses for f32), plus two
   Newton steps on ``Erf`` for f64; ``erf_inv(+-1) = +-inf``.
 - ``erfc``: ``1 - erf(x)`` (absolute error ~1 ulp of 1; tiny tails round to 0).
+- ``lgamma`` / ``digamma``: the Lanczos (g=7) approximation with Euler's reflection below
+  0.5, as XLA computes them (measured: relative error <= 1.1e-6 in f32 on [-4.7, 100]).
 - ``cbrt``: ``sign(x) * |x| ** (1/3)``. ``atan2``: ``atan(y/x)`` with quadrant fixes (signed
   zeros and infinite pairs are not distinguished).
 - ``clz`` / ``population_count`` / shifts: on the unsigned type of the same width (16-bit
@@ -13,6 +15,11 @@ shifts, cumulative reductions, total-order comparisons, multi-key sort, min pool
   one reduction, exact but O(n^2) in the scanned axis.
 - ``lt_to`` / ``le_to`` / ``eq_to`` (total order, used by ``searchsorted``): ``-0 < +0`` and
   NaN above everything; negative NaNs are treated like positive ones.
+- ``sort``: several keys sort stably from the last key to the first (one ``TopK`` each);
+  keys TopK has no kernel for are widened first (bool and small ints to int32, f16 to f32,
+  uint32 to int64, uint64 to float64, which orders values above 2**53 approximately).
+
+Some wrappers also extend handlers of ``primitives.py`` (see the last section).
 """
 
 from __future__ import annotations
@@ -133,6 +140,89 @@ def _atan2(ctx, eqn, inputs):
     right = ctx.op("Greater", [x, zero])
     out = ctx.op("Where", [ctx.op("Less", [x, zero]), left, on_axis])
     return [ctx.op("Where", [right, base, out])]
+
+
+_LANCZOS_G = 7.0
+_LANCZOS_BASE = 0.99999999999980993227684700473478
+_LANCZOS = (
+    676.520368121885098567009190444019,
+    -1259.13921672240287047156078755283,
+    771.3234287776530788486528258894,
+    -176.61502916214059906584551354,
+    12.507343278686904814458936853,
+    -0.13857109526572011689554707,
+    9.984369578019570859563e-6,
+    1.50563273514931155834e-7,
+)
+
+
+def _lanczos_parts(ctx, x, dt, derivative: bool):
+    """Shared Lanczos (g=7) terms: z, the series, its derivative series, t and log t."""
+    one, half = _c(ctx, 1, dt), _c(ctx, 0.5, dt)
+    reflect = ctx.op("Less", [x, half])
+    z = ctx.op("Where", [reflect, ctx.op("Neg", [x]), ctx.op("Sub", [x, one])])
+    series = _c(ctx, _LANCZOS_BASE, dt)
+    slope = _c(ctx, 0, dt)
+    for i, coef in enumerate(_LANCZOS):
+        denom = ctx.op("Add", [z, _c(ctx, i + 1, dt)])
+        series = ctx.op("Add", [series, ctx.op("Div", [_c(ctx, coef, dt), denom])])
+        if derivative:
+            sq = ctx.op("Mul", [denom, denom])
+            slope = ctx.op("Sub", [slope, ctx.op("Div", [_c(ctx, coef, dt), sq])])
+    t = ctx.op("Add", [z, _c(ctx, _LANCZOS_G + 0.5, dt)])
+    log_t = ctx.op("Log", [t])
+    return reflect, z, series, slope, t, log_t
+
+
+@register("lgamma")
+def _lgamma(ctx, eqn, inputs):
+    """log|gamma(x)|: Lanczos for x >= 0.5, Euler's reflection below (XLA's formula)."""
+    dt = _dtype(eqn.invars[0])
+    (x,) = inputs
+    reflect, z, series, _, t, log_t = _lanczos_parts(ctx, x, dt, derivative=False)
+    half = _c(ctx, 0.5, dt)
+    # (z + 1/2 - t / log t) * log t avoids overflowing (z + 1/2) * log t - t.
+    body = ctx.op(
+        "Mul", [ctx.op("Sub", [ctx.op("Add", [z, half]), ctx.op("Div", [t, log_t])]), log_t]
+    )
+    log_y = ctx.op(
+        "Add",
+        [ctx.op("Add", [_c(ctx, 0.5 * np.log(2 * np.pi), dt), body]), ctx.op("Log", [series])],
+    )
+    # Reflection: log(pi) - lgamma(1 - x) - log|sin(pi x)|, with sin taken on frac(|x|).
+    mag = ctx.op("Abs", [x])
+    frac = ctx.op("Sub", [mag, ctx.op("Floor", [mag])])
+    frac = ctx.op(
+        "Where", [ctx.op("Greater", [frac, half]), ctx.op("Sub", [_c(ctx, 1, dt), frac]), frac]
+    )
+    denom = ctx.op("Log", [ctx.op("Sin", [ctx.op("Mul", [_c(ctx, np.pi, dt), frac])])])
+    finite = ctx.op("Not", [ctx.op("Or", [ctx.op("IsInf", [denom]), ctx.op("IsNaN", [denom])])])
+    reflected = ctx.op("Sub", [ctx.op("Sub", [_c(ctx, np.log(np.pi), dt), denom]), log_y])
+    reflected = ctx.op("Where", [finite, reflected, ctx.op("Neg", [denom])])
+    out = ctx.op("Where", [reflect, reflected, log_y])
+    return [ctx.op("Where", [ctx.op("IsInf", [x]), _c(ctx, np.inf, dt), out])]
+
+
+@register("digamma")
+def _digamma(ctx, eqn, inputs):
+    """d/dx log gamma(x): the Lanczos series' log-derivative, reflected below 0.5."""
+    dt = _dtype(eqn.invars[0])
+    (x,) = inputs
+    reflect, _, series, slope, t, log_t = _lanczos_parts(ctx, x, dt, derivative=True)
+    y = ctx.op("Add", [log_t, ctx.op("Div", [slope, series])])
+    y = ctx.op("Sub", [y, ctx.op("Div", [_c(ctx, _LANCZOS_G, dt), t])])
+    # Reflection: digamma(x) = digamma(1 - x) - pi / tan(pi x), with x shifted by a whole
+    # number of periods towards 0 for an accurate tan.
+    shift = ctx.op("Abs", [ctx.op("Floor", [ctx.op("Add", [x, _c(ctx, 0.5, dt)])])])
+    reduced = ctx.op("Mul", [_c(ctx, np.pi, dt), ctx.op("Add", [x, shift])])
+    cot = ctx.op("Div", [ctx.op("Cos", [reduced]), ctx.op("Sin", [reduced])])
+    reflected = ctx.op("Sub", [y, ctx.op("Mul", [_c(ctx, np.pi, dt), cot])])
+    out = ctx.op("Where", [reflect, reflected, y])
+    pole = ctx.op(
+        "And",
+        [ctx.op("LessOrEqual", [x, _c(ctx, 0, dt)]), ctx.op("Equal", [x, ctx.op("Floor", [x])])],
+    )
+    return [ctx.op("Where", [pole, _c(ctx, np.nan, dt), out])]
 
 
 # --- bits --------------------------------------------------------------------------------
