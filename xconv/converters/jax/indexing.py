@@ -127,7 +127,7 @@ def gather_nd(ctx, x, indices, *, batch_dims):
         raise ctx.error(f"indices {i_shape} do not fit data {d_shape} with batch_dims={b}")
     nb = math.prod(d_shape[:b])
     inner = i_shape[b:-1]
-    data = xp.reshape(x, (nb, *d_shape[b:]))
+    data = xp.reshape(xp.asarray(x), (nb, *d_shape[b:]))  # jnp.reshape keeps numpy as numpy
     idx = xp.reshape(indices, (nb, *inner, k))
     comps = tuple(_wrap(xp, idx[..., j], d_shape[b + j]) for j in range(k))
     batch = xp.arange(nb).reshape((nb,) + (1,) * len(inner))
