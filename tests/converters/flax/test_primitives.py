@@ -269,7 +269,6 @@ CASES = {
 # Cases the JAX backend can run eagerly but not under jax.jit (its limits, not the importer's).
 NO_JIT = {
     "roll_traced_shift": "Slice with run-time starts needs concrete values under jit",
-    "histogram": "the JAX backend's GatherND fails on folded data with traced indices",
 }
 
 
