@@ -177,6 +177,12 @@ CASES = {
         {"Loop"},
         1e-5,
     ),
+    "while_cond_reads_outer_value": (
+        lambda a, limit: lax.while_loop(lambda v: v.sum() < limit, lambda v: v + jnp.abs(a), a),
+        (X, np.float32(40.0)),
+        {"Loop"},
+        1e-4,
+    ),
     # math
     "erf_inv": (
         lambda a: lax.erf_inv(a),
