@@ -250,3 +250,12 @@ def test_jaxpr_symbolic_tracing_is_what_the_importer_relies_on():
         jax.ShapeDtypeStruct((b, 2, 3), np.float32)
     )
     assert str(closed.jaxpr.outvars[0].aval.shape[0]) == "batch"
+
+
+def test_inputs_that_do_not_fit_the_module_are_a_conversion_error():
+    from xconv.errors import ConversionError
+
+    module, variables, (x,) = fm.linen_cnn()
+    wrong = np.zeros((2, 3, 16, 16), np.float32)  # channels-first input for a channels-last CNN
+    with pytest.raises(ConversionError, match=r"example inputs float32\[2, 3, 16, 16\]"):
+        from_flax(module, variables, (wrong,))

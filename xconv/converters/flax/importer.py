@@ -101,24 +101,44 @@ def from_flax(
 def _batched(convert: Callable[[tuple], ir.Model], inputs: tuple, dynamic: bool) -> ir.Model:
     """``convert`` at a symbolic batch size, or at the example shapes (warning) when that fails.
 
-    ``UnsupportedOpError`` is not retried: missing primitives are missing at any shape.
+    ``UnsupportedOpError`` is not retried: missing primitives are missing at any shape. When the
+    model cannot be traced at the example shapes either (inputs that do not fit the module),
+    the error is a ``ConversionError`` naming those shapes.
     """
     specs, symbolic = symbolic_specs(inputs, dynamic)
     if not symbolic:
-        return convert(inputs)
+        return _traced(convert, inputs)
     try:
         return convert(specs)
     except UnsupportedOpError:
         raise
     except Exception as e:  # jax shape-polymorphism errors have no common base class
-        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        reason = _first_line(e)
+    model = _traced(convert, inputs)
     warnings.warn(
-        f"xconv: converting with a symbolic batch dimension failed ({reason}); converting at "
+        f"xconv: converting with a symbolic batch dimension failed ({reason}); converted at "
         "the example input shapes instead, so the model only runs at that batch size. Pass "
         "dynamic_batch=False to skip the attempt.",
         stacklevel=3,
     )
-    return convert(inputs)
+    return model
+
+
+def _traced(convert: Callable[[tuple], ir.Model], inputs: tuple) -> ir.Model:
+    try:
+        return convert(inputs)
+    except ConversionError:
+        raise
+    except Exception as e:  # the user's model raised while being traced
+        shapes = ", ".join(f"{np.dtype(x.dtype).name}{list(np.shape(x))}" for x in inputs)
+        raise ConversionError(
+            f"tracing the model with example inputs {shapes} failed: {_first_line(e)}"
+        ) from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _from_nnx(module: Any, inputs: tuple) -> ir.Model:
