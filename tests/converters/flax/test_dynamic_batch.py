@@ -32,15 +32,13 @@ ATOL = RTOL = 1e-5
 @functools.cache
 def _fixture(name: str):
     """``(module, variables, example_inputs, flax_fn, model)``: converted once, no fallback."""
-    built = getattr(fm, name)()
-    if name.startswith("linen"):
-        module, variables, xs = built
+    module, variables, xs = fm.build(name)
+    if variables is not None:
 
         def flax_fn(*a):
             return module.apply(variables, *a)
 
     else:
-        (module, xs), variables = built, None
         flax_fn = module
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # a fallback to static shapes warns

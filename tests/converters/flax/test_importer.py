@@ -20,14 +20,8 @@ NNX = ["nnx_mlp", "nnx_cnn", "nnx_transformer"]
 
 
 def _convert(name):
-    built = getattr(fm, name)()
-    if name.startswith("linen"):
-        module, variables, xs = built
-        ref = module.apply(variables, *xs)
-    else:
-        module, xs = built
-        variables = None
-        ref = module(*xs)
+    module, variables, xs = fm.build(name)
+    ref = module.apply(variables, *xs) if variables is not None else module(*xs)
     return from_flax(module, variables, xs), xs, np.asarray(ref)
 
 

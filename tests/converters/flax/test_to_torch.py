@@ -32,21 +32,13 @@ ATOL = RTOL = 1e-5
 
 @functools.cache
 def _converted(name: str):
-    built = getattr(fm, name)()
-    if name.startswith("linen"):
-        module, variables, xs = built
-    else:
-        (module, xs), variables = built, None
+    module, variables, xs = fm.build(name)
     return xconv.from_flax(module, variables, xs), xs
 
 
 def _build(name: str):
     """A fresh fixture (nnx modules are stateful: train mode updates them)."""
-    built = getattr(fm, name)()
-    if name.startswith("linen"):
-        return built
-    module, xs = built
-    return module, None, xs
+    return fm.build(name)
 
 
 def _source_module(tmp_path, model):
