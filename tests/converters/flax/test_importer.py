@@ -145,3 +145,111 @@ def test_unsupported_primitives_listed_at_once():
     counts = {m.op_type: m.count for m in info.value.missing}
     assert counts == {"cholesky": 1, "xconv_test_unknown": 2}
     assert "flax frontend" in str(info.value)
+
+
+# --- models as outside packages write them ---------------------------------------------------
+
+
+def _linen_parity(module, x, **kwargs):
+    from flax import linen as nn  # noqa: F401  (linen modules below)
+
+    variables = module.init(jax.random.PRNGKey(0), x)
+    model = from_flax(module, variables, (x,), **kwargs)
+    fn, params = xconv.to_jax(model)
+    want = np.asarray(
+        module.apply(variables, x, **({"method": kwargs["method"]} if "method" in kwargs else {}))
+    )
+    np.testing.assert_allclose(np.asarray(fn(params, x)[0]), want, atol=1e-5, rtol=1e-5)
+    return model
+
+
+def test_layers_built_in_a_helper_method_keep_their_module_scope():
+    from flax import linen as nn
+
+    class Net(nn.Module):
+        def _block(self, x, name):
+            return nn.relu(nn.Conv(4, (3, 3), name=name)(x))
+
+        @nn.compact
+        def __call__(self, x):
+            return self._block(self._block(x, "conv1"), "conv2")
+
+    model = _linen_parity(Net(), np.ones((1, 8, 8, 3), np.float32))
+    convs = [n for n in model.graph if n.op_type == "Conv"]
+    assert [n.metadata_props.get(SCOPE) for n in convs] == ["conv1", "conv2"]
+    assert all(LAYER in n.metadata_props for n in convs)
+
+
+def test_a_packages_own_named_scope_does_not_hide_module_paths():
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self):
+            self.lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+
+        def __call__(self, x):
+            with jax.named_scope("net_forward"):
+                return self.lin(x)
+
+    net = Net()
+    model = from_flax(net, None, (np.ones((2, 3), np.float32),))
+    matmul = next(n for n in model.graph if n.op_type == "MatMul")
+    assert matmul.metadata_props.get(SCOPE) == "lin" and LAYER in matmul.metadata_props
+
+
+def test_python_constants_computed_in_call_and_norm_recovery():
+    """``[float(r) for r in jnp.linspace(...)]`` in ``__call__`` (drop-path rates) needs the
+    constant's value while tracing; the LayerNorm is still one node, applied once."""
+    from flax import linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            rates = [float(r) for r in jnp.linspace(0.0, 0.2, 3)]
+            return nn.Dense(4)(nn.LayerNorm()(x)) * (1.0 + rates[1])
+
+    model = _linen_parity(
+        Net(), np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)
+    )
+    assert [n.op_type for n in model.graph].count("LayerNormalization") == 1
+
+
+def test_unused_random_draws_are_dropped():
+    def fn(params, x):
+        unused = jax.random.normal(jax.random.PRNGKey(0), (3,))  # noqa: F841
+        return x * params["w"]
+
+    x = np.ones((2, 3), np.float32)
+    model = from_jax(fn, {"w": np.float32(2.0)}, (x,))
+    assert not any("random" in n.op_type.lower() for n in model.graph)
+    f, p = xconv.to_jax(model)
+    np.testing.assert_allclose(np.asarray(f(p, x)[0]), 2 * x)
+
+
+def test_inner_jit_closing_over_a_constant():
+    table = np.arange(16, dtype=np.float32).reshape(4, 4)
+
+    @jax.jit
+    def inner(x):
+        return x @ jnp.asarray(table) + 1.0
+
+    def fn(params, x):
+        return inner(x) * params["w"]
+
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    params = {"w": np.ones((4,), np.float32)}
+    f, p = xconv.to_jax(from_jax(fn, params, (x,)))
+    np.testing.assert_allclose(np.asarray(f(p, x)[0]), np.asarray(fn(params, x)), rtol=1e-6)
+
+
+def test_method_may_be_a_callable_for_eval_mode_keywords():
+    from flax import linen as nn
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = True):
+            return nn.BatchNorm(use_running_average=not train)(nn.Dense(3)(x))
+
+    x = np.random.default_rng(0).standard_normal((4, 2)).astype(np.float32)
+    model = _linen_parity(Net(), x, method=lambda m, v: m(v, train=False))
+    assert any(n.op_type == "BatchNormalization" for n in model.graph)

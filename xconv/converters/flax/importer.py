@@ -37,7 +37,7 @@ def from_flax(
     variables: Any,
     example_inputs: Any,
     *,
-    method: str = "__call__",
+    method: str | Callable[..., Any] = "__call__",
     dynamic_batch: bool = True,
 ) -> ir.Model:
     """Convert a Flax linen module (with its variables) or an nnx module to the IR.
@@ -47,7 +47,9 @@ def from_flax(
         variables: The linen variables dict (``{"params": ..., "batch_stats": ...}``); None
             for nnx (the module holds its state; it is traced in eval mode on a copy).
         example_inputs: One array or a tuple of positional inputs.
-        method: The method to trace (linen only).
+        method: The method to trace (linen only): a name, or a callable ``fn(module, *inputs)``
+            as ``Module.apply`` takes, e.g. ``lambda m, x: m(x, train=False)`` for a model
+            whose ``__call__`` needs a keyword to run in eval mode.
         dynamic_batch: Trace with a symbolic leading dimension ``batch`` (``jax.export``
             shape polymorphism) shared by every input whose leading size equals the first
             input's, so the graph's inputs and outputs have the dim ``batch`` and the model runs
@@ -129,11 +131,25 @@ def _traced(convert: Callable[[tuple], ir.Model], inputs: tuple) -> ir.Model:
         return convert(inputs)
     except ConversionError:
         raise
+    except jax.errors.ConcretizationTypeError:
+        failure = None  # retried below
     except Exception as e:  # the user's model raised while being traced
-        shapes = ", ".join(f"{np.dtype(x.dtype).name}{list(np.shape(x))}" for x in inputs)
-        raise ConversionError(
-            f"tracing the model with example inputs {shapes} failed: {_first_line(e)}"
-        ) from e
+        failure = e
+    if failure is None:
+        # Python code in the model needs the concrete value of something that depends on
+        # constants only (``[float(r) for r in jnp.linspace(0, p, n)]``): trace again with
+        # constant-only operations evaluated eagerly (slower, so only when needed).
+        try:
+            with jax.ensure_compile_time_eval():
+                return convert(inputs)
+        except ConversionError:
+            raise
+        except Exception as e:
+            failure = e
+    shapes = ", ".join(f"{np.dtype(x.dtype).name}{list(np.shape(x))}" for x in inputs)
+    raise ConversionError(
+        f"tracing the model with example inputs {shapes} failed: {_first_line(failure)}"
+    ) from failure
 
 
 def _first_line(e: BaseException) -> str:
@@ -316,6 +332,9 @@ class _Context:
         self.dim_sources: dict[str, tuple[ir.Value, int]] = {}
         self.dim_cache: dict[tuple[int, str], ir.Value] = {}
         self._count = 0
+        self._prefixes = {
+            "/".join(path.split("/")[:k]) for path in classes for k in range(1, path.count("/") + 2)
+        }
         attention = [p for p, c in classes.items() if fl.KINDS.get(c.__name__) == "attention"]
         self._attention = sorted(attention, key=len)
 
@@ -323,9 +342,16 @@ class _Context:
         parts = [p for p in stack.split("/") if p]
         if self.root is not None and parts and parts[0] == self.root:
             parts = parts[1:]
+        # Keep the name-stack segments that extend a module path; others are pushed by a
+        # helper method (linen's ``VGG._conv_block``), a user's ``jax.named_scope`` or a
+        # transformation (``jvp(...)``), and are not modules.
+        kept: list[str] = []
+        for part in parts:
+            if "/".join([*kept, part]) in self._prefixes:
+                kept.append(part)
         best = ""
-        for i in range(len(parts), 0, -1):
-            candidate = "/".join(parts[:i])
+        for i in range(len(kept), 0, -1):
+            candidate = "/".join(kept[:i])
             if candidate in self.classes:
                 best = candidate
                 break
@@ -369,6 +395,8 @@ class _Context:
     def inline(self, closed: Any, inputs: Sequence[ir.Value]) -> list[ir.Value]:
         jx = getattr(closed, "jaxpr", closed)
         consts = [self.const(np.asarray(c)) for c in getattr(closed, "consts", [])]
+        if jx.constvars:  # a closed sub-jaxpr binds its consts to its constvars
+            return _translate_with_consts(self, jx, consts, list(inputs))
         return self.translate(jx, [*consts, *inputs])
 
     def value_of(self, env: dict, atom: Any) -> ir.Value:
@@ -388,7 +416,9 @@ class _Context:
             self.scope = scopes[i]
             j = i
             kind = fl.KINDS.get(getattr(self.classes.get(scopes[i]), "__name__", ""))
-            if kind in ("layer_norm", "batch_norm"):
+            run_start = i == 0 or scopes[i - 1] != scopes[i]
+            if kind in ("layer_norm", "batch_norm") and run_start:
+                # Only the whole run of the layer's equations is one norm: never a suffix of it.
                 while j + 1 < len(eqns) and scopes[j + 1] == scopes[i]:
                     j += 1
                 if self._recover(kind, jx, eqns, i, j, env):
@@ -436,8 +466,8 @@ class _Context:
             val = env[v]
             if val.is_initializer() and val.name:
                 weights[val.name.rsplit(".", 1)[-1]] = val
-            else:
-                data.append(v)
+            elif val.producer() is None or val.producer().op_type != "Constant":
+                data.append(v)  # (constants, e.g. a divisor evaluated at trace time, are not)
         if len(data) != 1 or tuple(data[0].aval.shape) != tuple(outs[0].aval.shape):
             return False
         x = env[data[0]]
@@ -483,7 +513,22 @@ class _Context:
         return True
 
 
+def _dead_code_eliminated(closed: Any) -> Any:
+    """The jaxpr without equations no output depends on (a module that draws unused random
+    weights during ``apply``); the inputs stay as they are. Unchanged if jax cannot do it."""
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        jx, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    except Exception:  # a private jax API: keep the full jaxpr rather than fail
+        return closed
+    if len(jx.invars) != len(closed.jaxpr.invars) or len(jx.constvars) != len(closed.consts):
+        return closed
+    return type(closed)(jx, closed.consts)
+
+
 def _build(closed, tree, inputs, classes, modules, root, source, collections=True) -> ir.Model:
+    closed = _dead_code_eliminated(closed)
     check_supported(closed)
     ctx = _Context(classes, modules, root)
     jx = closed.jaxpr

@@ -769,6 +769,14 @@ def _ints_tuple(values: list[int]) -> str:
     return "(" + ", ".join(map(str, values)) + ("," if len(values) == 1 else "") + ")"
 
 
+@template("GatherND", batch_dims=0)
+def _gather_nd(c: OpCall) -> str:
+    if c.attrs["batch_dims"]:
+        raise c.fail("batch_dims > 0 is not supported")
+    # The last index axis picks one coordinate per leading data axis (negatives wrap in both).
+    return f"{c.args[0]}[{c.args[1]}.long().unbind(-1)]"
+
+
 @template("Gather", axis=0)
 def _gather(c: OpCall) -> str:
     a = c.attrs["axis"]
@@ -806,7 +814,8 @@ def _split_sizes(c: OpCall, n: int) -> str:
 @template("Split", axis=0, num_outputs=None)
 def _split(c: OpCall) -> str:
     n = len(c.node.outputs)
-    return f"torch.split({c.args[0]}, {_split_sizes(c, n)}, dim={c.attrs['axis']})"
+    expr = f"torch.split({c.args[0]}, {_split_sizes(c, n)}, dim={c.attrs['axis']})"
+    return f"{expr}[0]" if n == 1 else expr  # one piece: the tensor, not a 1-tuple
 
 
 @template("SplitToSequence", axis=0, keepdims=1)
