@@ -80,13 +80,26 @@ def _flaxmodels_vgg16():
     module = fm.VGG16(output="logits", pretrained=None, include_head=False)
     x = _images(32)
     variables = _nudged(module.init(jax.random.PRNGKey(0), x, train=False))
-    # No layer markers: VGG builds its convs in a helper method, see the xfail test below.
-    return module, variables, (x,), _eval_train, ()
+    # VGG builds its convs in a helper method (``self._conv_block``): the name stack holds
+    # ``VGG/VGG._conv_block/conv1_1`` and the importer still finds the module ``conv1_1``.
+    return module, variables, (x,), _eval_train, ("nn.Conv2d(",)
 
 
 def _jax_models(name: str):
     pytest.importorskip("jax_models")
-    from jax_models.models import cait, conv_mixer, mlp_mixer, mpvit, patchconvnet, poolformer
+    from jax_models.models import (
+        cait,
+        conv_mixer,
+        convnext,
+        mlp_mixer,
+        mpvit,
+        patchconvnet,
+        poolformer,
+        pvit,
+        segformer,
+        swin_transformer,
+        van,
+    )
 
     builders = {
         "mlp_mixer": lambda: mlp_mixer.MLPMixer(
@@ -109,6 +122,33 @@ def _jax_models(name: str):
             channels_list=(8, 16, 24, 32), num_layers_list=(1, 1, 1, 1), num_classes=10
         ),
         "patchconvnet": lambda: patchconvnet.PatchConvNet(depth=2, dim=32, num_classes=10),
+        # These compute Python floats from `jnp.linspace` in __call__ (drop-path rates): the
+        # importer retraces them with constant-only operations evaluated eagerly.
+        "convnext": lambda: convnext.ConvNeXt(
+            depths=(1, 1, 1, 1), dims=(8, 16, 32, 64), num_classes=10
+        ),
+        "van": lambda: van.VAN(embed_dims=(8, 16, 32, 64), depths=(1, 1, 1, 1), num_classes=10),
+        "pvit": lambda: pvit.PyramidViT(
+            embed_dims=(8, 16, 32, 64), depths=(1, 1, 1, 1), num_classes=10
+        ),
+        "segformer": lambda: segformer.SegFormer(
+            emb_dims=(8, 16, 32, 64),
+            num_heads=(1, 2, 4, 8),
+            depths=(1, 1, 1, 1),
+            drop_path=0.0,
+            decoder_emb=16,
+            attach_head=True,
+            num_classes=5,
+        ),
+        "swin": lambda: swin_transformer.SwinTransformer(
+            patch_size=4,
+            emb_dim=16,
+            depths=(2, 2),
+            num_heads=(2, 4),
+            window_size=4,
+            drop_path=0.0,
+            num_classes=10,
+        ),
     }
     markers = {
         "mlp_mixer": ("nn.Conv2d(", "nn.LayerNorm(", "nn.Linear("),
@@ -117,9 +157,14 @@ def _jax_models(name: str):
         "cait": ("nn.Conv2d(", "nn.LayerNorm(", "nn.Linear("),
         "mpvit": ("nn.Conv2d(", "BatchNorm2d(", "nn.Linear("),
         "patchconvnet": ("nn.Conv2d(", "nn.Linear("),
+        "convnext": ("nn.Conv2d(", "nn.LayerNorm(", "nn.Linear("),
+        "van": ("nn.Conv2d(", "BatchNorm2d("),
+        "pvit": ("nn.Conv2d(", "nn.LayerNorm(", "nn.Linear("),
+        "segformer": ("nn.Conv2d(", "nn.LayerNorm("),
+        "swin": ("nn.LayerNorm(", "nn.Linear("),
     }
     module = builders[name]()
-    x = _images(64 if name == "mpvit" else 32)
+    x = _images(64 if name in ("mpvit", "convnext", "van", "pvit", "segformer") else 32)
     variables = _nudged(module.init(jax.random.PRNGKey(0), x, deterministic=True))
     return module, variables, (x,), _eval_deterministic, markers[name]
 
@@ -160,8 +205,8 @@ def _vitax_vit(fsdp: bool):
 def _mamba2(kind: str):
     """mamba2-jax (nnx), tiny: the causal LM's logits, or the time-series forecaster.
 
-    No layer markers: the package opens its own ``jax.named_scope`` in every module, which hides
-    the module paths from the importer (see the xfail below).
+    The package opens its own ``jax.named_scope`` in every module (``mamba2_forecaster/...``);
+    the importer skips name-stack segments that are not module paths.
     """
     mj = pytest.importorskip("mamba2_jax")
     from flax import nnx
@@ -185,19 +230,18 @@ def _mamba2(kind: str):
         model = LogitsOnly(mj.create_random_model(cfg, seed=0))
         x = np.random.default_rng(1).integers(0, 100, (2, 16)).astype(np.int32)
     model.eval()
-    return model, None, (x,), None, ()
+    return model, None, (x,), None, ("nn.Linear(",)
 
-
-#: Converted at the example batch size: with a symbolic batch their IR holds GatherND, which
-#: the torch source backend has no template for (see the xfail below).
-STATIC_BATCH = {"mamba2_jax.Mamba2ForCausalLM", "mamba2_jax.Mamba2Forecaster"}
 
 CASES: dict[str, Callable[[], tuple]] = {
     "flaxmodels.ResNet18": _flaxmodels_resnet18,
     "flaxmodels.VGG16": _flaxmodels_vgg16,
     **{
         f"jax_models.{n}": (lambda n=n: _jax_models(n))
-        for n in ("mlp_mixer", "conv_mixer", "poolformer_s12", "cait", "mpvit", "patchconvnet")
+        for n in (
+            *("mlp_mixer", "conv_mixer", "poolformer_s12", "cait", "mpvit", "patchconvnet"),
+            *("convnext", "van", "pvit", "segformer", "swin"),
+        )
     },
     "vitax.VisionTransformer": lambda: _vitax_vit(fsdp=False),
     "vitax.VisionTransformer(fsdp)": lambda: _vitax_vit(fsdp=True),
@@ -239,7 +283,7 @@ def test_outside_flax_model_to_torch(name):
     module, variables, inputs, method, markers = CASES[name]()
     want = _reference(module, variables, inputs, method)
     assert any(np.abs(w).max() > 1e-3 for w in want), "reference output is trivially zero"
-    model = _convert(module, variables, inputs, method, dynamic_batch=name not in STATIC_BATCH)
+    model = _convert(module, variables, inputs, method)
 
     runtime, _ = xconv.to_torch(model)
     _assert_close(_torch_outputs(runtime, inputs), want)
@@ -286,66 +330,3 @@ def test_outside_flax_model_through_the_cli(tmp_path):
     generated = _load_generated(out / "model.py").load(out)
     generated.eval()
     _assert_close(_torch_outputs(generated, (x,)), [np.asarray(module.apply(variables, x))])
-
-
-# --- known gaps (strict xfails: they start passing when the importer is fixed) ---------------
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="ConvNeXt computes `[x.item() for x in jnp.linspace(...)]` in __call__: under "
-    "jax.make_jaxpr that constant is a tracer (ConcretizationTypeError). Tracing under "
-    "jax.ensure_compile_time_eval() fixes it, once LayerNorm recovery never runs on a suffix",
-)
-@pytest.mark.filterwarnings("ignore:xconv. converting with a symbolic batch dimension")
-def test_jax_models_convnext_with_python_constants_in_call():
-    pytest.importorskip("jax_models")
-    from jax_models.models import convnext
-
-    module = convnext.ConvNeXt(depths=(1, 1, 1, 1), dims=(8, 16, 32, 64), num_classes=10)
-    x = _images(64)
-    variables = _nudged(module.init(jax.random.PRNGKey(0), x, deterministic=True))
-    want = _reference(module, variables, (x,), _eval_deterministic)
-    model = _convert(module, variables, (x,), _eval_deterministic)
-    runtime, _ = xconv.to_torch(model)
-    _assert_close(_torch_outputs(runtime, (x,)), want)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="flaxmodels' VGG builds its convs in a helper method (self._conv_block): the name "
-    "stack holds 'VGG/VGG._conv_block/conv1_1', which the importer does not resolve to the module "
-    "path 'conv1_1', so the layers get no scope and the source has no nn.Conv2d",
-)
-def test_flaxmodels_vgg16_convs_are_torch_layers():
-    module, variables, inputs, method, _ = _flaxmodels_vgg16()
-    source, _ = xconv.to_torch_source(_convert(module, variables, inputs, method))
-    assert "nn.Conv2d(" in source
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="with a symbolic batch the Mamba2 IR holds GatherND (a gather the importer emits for "
-    "slicing with a symbolic dimension), and to_torch_source has no GatherND template",
-)
-def test_mamba2_with_a_symbolic_batch_to_torch_source():
-    module, _, inputs, _, _ = _mamba2("forecaster")
-    source, state = xconv.to_torch_source(_convert(module, None, inputs, None))
-    namespace: dict[str, Any] = {}
-    exec(compile(source, "<mamba2>", "exec"), namespace)
-    generated = namespace["Model"]()
-    generated.load_state_dict(state)
-    generated.eval()
-    _assert_close(_torch_outputs(generated, inputs), [np.asarray(module(*inputs))])
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="mamba2-jax opens its own jax.named_scope in each module: name stacks read "
-    "'mamba2_forecaster/input_proj', which the importer does not resolve to 'input_proj', so no "
-    "layer is recovered and the source has no nn.Linear",
-)
-def test_mamba2_linears_are_torch_layers():
-    module, _, inputs, _, _ = _mamba2("forecaster")
-    source, _ = xconv.to_torch_source(_convert(module, None, inputs, None, dynamic_batch=False))
-    assert "nn.Linear(" in source
