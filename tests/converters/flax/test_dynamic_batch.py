@@ -8,7 +8,6 @@ source, against the Flax module itself at that batch size.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import uuid
 import warnings
 
@@ -21,6 +20,7 @@ from jax import lax
 
 import xconv
 from fixtures import flax_models as fm
+from tests.torch_source import load_generated
 from xconv.converters.flax.importer import from_flax, from_jax
 
 LINEN = ["linen_mlp", "linen_cnn", "linen_transformer"]
@@ -102,15 +102,7 @@ def test_jax_and_onnxruntime_at_any_batch(name, tmp_path):
 
 
 def _source_module(model, tmp_path):
-    source, state = xconv.to_torch_source(model)
-    path = tmp_path / f"gen_{uuid.uuid4().hex[:8]}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    module = mod.Model()
-    module.load_state_dict(state)
-    return module.eval()
+    return load_generated(model, tmp_path)[0].eval()
 
 
 @pytest.mark.parametrize("route", ["runtime", "source"])

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
-import uuid
 
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 import xconv  # noqa: E402
 from fixtures import flax_models as fm  # noqa: E402
+from tests.torch_source import load_generated  # noqa: E402
 
 LINEN = ["linen_mlp", "linen_cnn", "linen_transformer"]
 NNX = ["nnx_mlp", "nnx_cnn", "nnx_transformer"]
@@ -42,15 +41,7 @@ def _build(name: str):
 
 
 def _source_module(tmp_path, model):
-    source, state = xconv.to_torch_source(model)
-    path = tmp_path / f"gen_{uuid.uuid4().hex[:8]}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    module = mod.Model()
-    module.load_state_dict(state)
-    return module, source
+    return load_generated(model, tmp_path)
 
 
 def _runtime_module(model):
