@@ -250,3 +250,34 @@ def test_jax_conversion_as_reference_with_its_own_float64_oracle(net, x):
     bad.blocks[1].bn.eps = 1e-3
     broken = xconv.check_parity((fn, params), bad, x)
     assert broken.first_divergence == "blocks.1.bn", broken.summary()
+
+
+def test_reference_pinned_to_float32_uses_the_candidates_float64_run(tmp_path):
+    """A Flax reference whose layers pin ``dtype=float32`` has no float64 twin; the candidate's
+    float64 run estimates the rounding error (noise policy): a correct conversion passes and a
+    x1.001 weight fails."""
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    nn = pytest.importorskip("flax.linen")
+    torch = pytest.importorskip("torch")
+    from tests.torch_source import load_generated
+
+    class Deep(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(8):
+                x = nn.gelu(nn.Dense(32, dtype=jnp.float32)(x)) + x
+            return nn.Dense(10, dtype=jnp.float32)(x) * 50.0
+
+    module = Deep()
+    x = np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32)
+    variables = module.init(jax.random.PRNGKey(0), x)
+    generated, _ = load_generated(xconv.from_flax(module, variables, (x,)), tmp_path)
+    generated.eval()
+    report = xconv.check_parity((module, variables), generated, (x,))
+    assert report.passed, report.summary()
+    assert report.policy.startswith("noise")
+    with torch.no_grad():
+        next(generated.parameters()).mul_(1.001)
+    bugged = xconv.check_parity((module, variables), generated, (x,))
+    assert not bugged.passed

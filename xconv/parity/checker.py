@@ -196,9 +196,16 @@ def check_parity(
                 if low or len(oracle_out) != len(ref_out):
                     oracle, why = None, f"{why}; but its outputs are not all float64"
         if oracle is None:
-            notes.append(f"no float64 oracle ({why}): fell back to the dtype policy")
-            pol = pol.as_dtype_policy()
-            oracle_out = None
+            oracle_out = _candidate_float64(cand, arrays, len(ref_out), timings)
+            if oracle_out is not None:
+                notes.append(
+                    f"no float64 oracle for the reference ({why}): its rounding error is "
+                    "estimated from the candidate's float64 run (noise policy)"
+                )
+                pol = pol.as_noise_policy()
+            else:
+                notes.append(f"no float64 oracle ({why}): fell back to the dtype policy")
+                pol = pol.as_dtype_policy()
 
     def judge(outs: list[np.ndarray]) -> list[Metrics]:
         if len(outs) != len(ref_out):
@@ -248,6 +255,24 @@ def check_parity(
         _localize_into(report, ref, cand, oracle, arrays, ref_dev, failing.device, pol)
         timings["localize"] = time.perf_counter() - t
     return report
+
+
+def _candidate_float64(
+    cand: Adapter, arrays: list[np.ndarray], n_outputs: int, timings: dict[str, float]
+) -> list[np.ndarray] | None:
+    """The candidate's float64 outputs, or None when it has no float64 twin."""
+    try:
+        twin, _ = cand.oracle()
+        if twin is None:
+            return None
+        twin.prepare(_cpu(twin))
+        outs, timings["candidate-float64"] = _timed(twin.run, to_float64(arrays), _cpu(twin))
+    except Exception:
+        logger.debug("the candidate's float64 twin failed", exc_info=True)
+        return None
+    if len(outs) != n_outputs or any(is_float(o) and o.dtype != np.float64 for o in outs):
+        return None
+    return outs
 
 
 def _cpu(adapter: Adapter) -> str:

@@ -134,7 +134,22 @@ def compare(
     if logits and c64.ndim >= 2 and c64.shape[-1] >= 2 and c64.size:
         _fill_logit_agreement(m, c64, r64)
 
-    if policy.uses_oracle and oracle is not None:
+    if policy.kind == "noise" and oracle is not None:
+        # ``oracle`` is the candidate's own float64 run: its distance to ``cand`` estimates
+        # the rounding error of either float32 side.
+        o64 = np.asarray(oracle).astype(np.float64)
+        if o64.shape != c64.shape:
+            m.error = f"oracle shape {o64.shape} != {c64.shape}"
+            return m
+        noise = _nan_aware_abs(c64, o64)
+        finite = np.isfinite(o64)
+        scale = float(np.max(np.abs(o64[finite]))) if finite.any() else 0.0
+        m.ref_err = float(np.max(noise)) if noise.size else 0.0
+        m.cand_err = float(np.max(diff)) if diff.size else 0.0
+        low = _less_precise(cand.dtype, ref.dtype)
+        m.bound = policy.k * 2.0 * m.ref_err + policy.floor(low, scale)
+        _fill_mismatches(m, ~((diff <= m.bound) | both_nan))
+    elif policy.uses_oracle and oracle is not None:
         o64 = np.asarray(oracle).astype(np.float64)
         if o64.shape != c64.shape:
             m.error = f"oracle shape {o64.shape} != {c64.shape}"

@@ -15,6 +15,11 @@ Three policies:
 - ``dtype``: elementwise ``|cand - ref| <= atol + rtol * |ref|`` with per-dtype defaults as
   ``torch.testing.assert_close``.
 - explicit: ``Policy(rtol=..., atol=...)`` (or ``rtol=``/``atol=`` keyword arguments).
+- ``noise``: the oracle policy's fallback when the reference has no float64 twin but the
+  candidate has: ``max|cand - ref| <= k * 2 * max|cand - cand64| + floor``. The candidate's
+  own rounding error (against its float64 run) stands for the reference's, both computing
+  the same function at the same precision; a conversion bug is in both ``cand`` and
+  ``cand64``, so it does not widen the bound.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ DTYPE_TOLERANCES: dict[str, tuple[float, float]] = {
     "complex128": (1e-7, 1e-7),
 }
 
-_KINDS = ("oracle", "dtype", "explicit")
+_KINDS = ("oracle", "dtype", "explicit", "noise")
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,11 @@ class Policy:
     def describe(self) -> str:
         if self.kind == "oracle":
             return f"oracle (float64 reference; k={self.k:g}, floor={self.floor_ulps:g} ulp)"
+        if self.kind == "noise":
+            return (
+                f"noise (reference error estimated from the candidate's float64 run; "
+                f"k={self.k:g}, floor={self.floor_ulps:g} ulp)"
+            )
         if self.kind == "dtype":
             return "dtype (per-dtype rtol/atol as torch.testing.assert_close)"
         return f"explicit (rtol={self.rtol}, atol={self.atol})"
@@ -90,6 +100,11 @@ class Policy:
     def as_dtype_policy(self) -> Policy:
         """The fallback when no float64 oracle can be built."""
         return replace(self, kind="dtype")
+
+    def as_noise_policy(self) -> Policy:
+        """The fallback when only the candidate has a float64 twin (a reference that pins
+        float32 inside, e.g. Flax layers built with ``dtype="float32"``)."""
+        return replace(self, kind="noise")
 
 
 def resolve_policy(policy: str | Policy | None, **overrides: Any) -> Policy:
