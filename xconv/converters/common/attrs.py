@@ -11,6 +11,17 @@ import numpy as np
 from xconv.errors import UnsupportedAttributeError
 from xconv.ir.metadata import SOURCE_LINE, get_scope
 
+#: The attributes (and defaults) every ONNX convolution op shares: Conv, ConvTranspose,
+#: ConvInteger, QLinearConv.
+CONV_ATTRS = {
+    "auto_pad": "NOTSET",
+    "dilations": None,
+    "group": 1,
+    "kernel_shape": None,
+    "pads": None,
+    "strides": None,
+}
+
 
 def static_ints(ctx, value: Any, what: str) -> list[int]:
     """A static 0-d or 1-d integer input as a list of Python ints."""

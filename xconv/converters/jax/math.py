@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from xconv.converters.common.attrs import CONV_ATTRS
 from xconv.converters.jax.context import is_static
 from xconv.converters.jax.registry import REQUIRED, builtin
 
@@ -505,16 +506,6 @@ def qlinear_matmul(ctx, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_sc
     return _requantize(acc, factor, y_zero_point, out)
 
 
-_CONV_ATTRS = {
-    "auto_pad": "NOTSET",
-    "dilations": None,
-    "group": 1,
-    "kernel_shape": None,
-    "pads": None,
-    "strides": None,
-}
-
-
 def _conv_int32(ctx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides):
     """N-D integer convolution (NC..., OI...) with ONNX padding rules, int32 accumulation."""
     nd = x.ndim - 2
@@ -556,7 +547,7 @@ def _per_channel(value, rank: int):
     return value.reshape(()) if value.size == 1 else value
 
 
-@builtin("ConvInteger", since=10, attrs=_CONV_ATTRS)
+@builtin("ConvInteger", since=10, attrs=CONV_ATTRS)
 def conv_integer(ctx, x, w, x_zero_point=None, w_zero_point=None, **attrs):
     """ConvInteger(x, w, x_zero_point?, w_zero_point?) -> int32 conv of zero-shifted inputs."""
     x = _minus_zero_point(x, x_zero_point)
@@ -566,7 +557,7 @@ def conv_integer(ctx, x, w, x_zero_point=None, w_zero_point=None, **attrs):
     return _conv_int32(ctx, x, w, **attrs)
 
 
-@builtin("QLinearConv", since=10, attrs=_CONV_ATTRS)
+@builtin("QLinearConv", since=10, attrs=CONV_ATTRS)
 def qlinear_conv(
     ctx,
     x,

@@ -16,6 +16,7 @@ import numpy as np
 from jax import lax
 
 from xconv.converters.common import shapes
+from xconv.converters.common.attrs import CONV_ATTRS
 from xconv.converters.jax.registry import REQUIRED, builtin
 
 # --------------------------------------------------------------------------- geometry
@@ -28,17 +29,7 @@ def _bias_shape(b, ndim: int):
 # --------------------------------------------------------------------------- convolution
 
 
-_CONV_ATTRS = {
-    "auto_pad": "NOTSET",
-    "dilations": None,
-    "group": 1,
-    "kernel_shape": None,
-    "pads": None,
-    "strides": None,
-}
-
-
-@builtin("Conv", attrs=_CONV_ATTRS)
+@builtin("Conv", attrs=CONV_ATTRS)
 def conv(ctx, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides):
     """Conv(X, W, B?) -> Y: N-d cross-correlation, NC[spatial] layout, grouped."""
     x, w = jnp.asarray(x), jnp.asarray(w)
@@ -54,7 +45,7 @@ def conv(ctx, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, s
     return y
 
 
-@builtin("ConvTranspose", attrs={**_CONV_ATTRS, "output_padding": None, "output_shape": None})
+@builtin("ConvTranspose", attrs={**CONV_ATTRS, "output_padding": None, "output_shape": None})
 def conv_transpose(
     ctx,
     x,

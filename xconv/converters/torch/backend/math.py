@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from xconv.converters.common.attrs import CONV_ATTRS
 from xconv.converters.torch.backend.dtypes import to_tensor
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 
@@ -527,16 +528,6 @@ def qlinear_matmul(ctx, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_sc
     return _requantize(acc, factor, y_zero_point, out)
 
 
-_CONV_ATTRS = {
-    "auto_pad": "NOTSET",
-    "dilations": None,
-    "group": 1,
-    "kernel_shape": None,
-    "pads": None,
-    "strides": None,
-}
-
-
 def _conv_exact(ctx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides):
     """N-D convolution (NC..., OI...) of float64 integer data with ONNX padding rules."""
     nd = x.ndim - 2
@@ -572,7 +563,7 @@ def _per_channel(value, rank: int):
     return value.reshape(()) if value.numel() == 1 else value
 
 
-@builtin("ConvInteger", since=10, attrs=_CONV_ATTRS)
+@builtin("ConvInteger", since=10, attrs=CONV_ATTRS)
 def conv_integer(ctx, x, w, x_zero_point=None, w_zero_point=None, **attrs):
     """ConvInteger(x, w, x_zero_point?, w_zero_point?) -> int32 conv of zero-shifted inputs."""
     x = _minus_zero_point(x, x_zero_point)
@@ -582,7 +573,7 @@ def conv_integer(ctx, x, w, x_zero_point=None, w_zero_point=None, **attrs):
     return _conv_exact(ctx, x, w, **attrs).to(torch.int32)
 
 
-@builtin("QLinearConv", since=10, attrs=_CONV_ATTRS)
+@builtin("QLinearConv", since=10, attrs=CONV_ATTRS)
 def qlinear_conv(
     ctx,
     x,

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from xconv.converters.common import shapes
+from xconv.converters.common.attrs import CONV_ATTRS
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import check_choice
 from xconv.ir.metadata import MODULE
@@ -43,17 +44,7 @@ def _conv_nd(x, w, stride, dilation, groups):
     return fn(x, w, stride=stride, dilation=dilation, groups=groups)
 
 
-_CONV_ATTRS = {
-    "auto_pad": "NOTSET",
-    "dilations": None,
-    "group": 1,
-    "kernel_shape": None,
-    "pads": None,
-    "strides": None,
-}
-
-
-@builtin("Conv", attrs=_CONV_ATTRS)
+@builtin("Conv", attrs=CONV_ATTRS)
 def conv(ctx, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides):
     """Conv(X, W, B?) -> Y: N-d cross-correlation, NC[spatial] layout, grouped."""
     n = x.ndim - 2
@@ -66,7 +57,7 @@ def conv(ctx, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, s
     return y
 
 
-@builtin("ConvTranspose", attrs={**_CONV_ATTRS, "output_padding": None, "output_shape": None})
+@builtin("ConvTranspose", attrs={**CONV_ATTRS, "output_padding": None, "output_shape": None})
 def conv_transpose(
     ctx,
     x,
