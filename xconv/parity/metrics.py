@@ -103,7 +103,9 @@ def compare(
 
     With the oracle policy and an ``oracle`` array the decision is
     ``max|cand - oracle| <= k * max|ref - oracle| + floor``; elements above that bound are
-    the mismatches. Otherwise it is elementwise ``|cand - ref| <= atol + rtol * |ref|``.
+    the mismatches. With the noise policy ``oracle`` is the candidate's float64 run and the
+    decision is ``|cand - ref| <= k * 2 * max|cand - oracle| + floor``. Otherwise it is
+    elementwise ``|cand - ref| <= atol + rtol * |ref|``.
     Non-float outputs must match exactly.
     """
     cand = np.asarray(cand)
@@ -134,35 +136,29 @@ def compare(
     if logits and c64.ndim >= 2 and c64.shape[-1] >= 2 and c64.size:
         _fill_logit_agreement(m, c64, r64)
 
-    if policy.kind == "noise" and oracle is not None:
-        # ``oracle`` is the candidate's own float64 run: its distance to ``cand`` estimates
-        # the rounding error of either float32 side.
+    if oracle is not None and (policy.kind == "noise" or policy.uses_oracle):
         o64 = np.asarray(oracle).astype(np.float64)
         if o64.shape != c64.shape:
             m.error = f"oracle shape {o64.shape} != {c64.shape}"
             return m
-        noise = _nan_aware_abs(c64, o64)
         finite = np.isfinite(o64)
         scale = float(np.max(np.abs(o64[finite]))) if finite.any() else 0.0
-        m.ref_err = float(np.max(noise)) if noise.size else 0.0
-        m.cand_err = float(np.max(diff)) if diff.size else 0.0
-        low = _less_precise(cand.dtype, ref.dtype)
-        m.bound = policy.k * 2.0 * m.ref_err + policy.floor(low, scale)
-        _fill_mismatches(m, ~((diff <= m.bound) | both_nan))
-    elif policy.uses_oracle and oracle is not None:
-        o64 = np.asarray(oracle).astype(np.float64)
-        if o64.shape != c64.shape:
-            m.error = f"oracle shape {o64.shape} != {c64.shape}"
-            return m
-        cerr = _nan_aware_abs(c64, o64)
-        rerr = _nan_aware_abs(r64, o64)
-        finite = np.isfinite(o64)
-        scale = float(np.max(np.abs(o64[finite]))) if finite.any() else 0.0
-        m.ref_err = float(np.max(rerr)) if rerr.size else 0.0
-        m.cand_err = float(np.max(cerr)) if cerr.size else 0.0
-        low = _less_precise(cand.dtype, ref.dtype)
-        m.bound = policy.k * m.ref_err + policy.floor(low, scale)
-        _fill_mismatches(m, ~(cerr <= m.bound))
+        floor = policy.floor(_less_precise(cand.dtype, ref.dtype), scale)
+        if policy.kind == "noise":
+            # ``oracle`` is the candidate's own float64 run: its distance to ``cand``
+            # estimates the rounding error of either float32 side.
+            noise = _nan_aware_abs(c64, o64)
+            m.ref_err = float(np.max(noise)) if noise.size else 0.0
+            m.cand_err = float(np.max(diff)) if diff.size else 0.0
+            m.bound = policy.k * 2.0 * m.ref_err + floor
+            _fill_mismatches(m, ~((diff <= m.bound) | both_nan))
+        else:
+            cerr = _nan_aware_abs(c64, o64)
+            rerr = _nan_aware_abs(r64, o64)
+            m.ref_err = float(np.max(rerr)) if rerr.size else 0.0
+            m.cand_err = float(np.max(cerr)) if cerr.size else 0.0
+            m.bound = policy.k * m.ref_err + floor
+            _fill_mismatches(m, ~(cerr <= m.bound))
     else:
         rtol, atol = policy.tolerances(_less_precise(cand.dtype, ref.dtype))
         m.rtol, m.atol = rtol, atol

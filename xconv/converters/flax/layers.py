@@ -91,8 +91,8 @@ def mark_weights(graph: ir.Graph, classes: dict[str, type]) -> None:
     """Every variable is a weight: a recognised layer's gets its role and layout, any other
     (``self.param`` of a custom module) its leaf name as role, as the torch importer does."""
     for name, value in graph.initializers.items():
-        found = role_of(name, value, classes)
-        mark_weight(value, *found) if found else mark_weight(value, name.rsplit(".", 1)[-1])
+        role, layout = role_of(name, value, classes) or (name.rsplit(".", 1)[-1], None)
+        mark_weight(value, role, layout)
 
 
 def _attr(module: Any, name: str, default: Any = None) -> Any:

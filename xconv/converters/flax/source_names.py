@@ -79,7 +79,6 @@ def restore_source_names(model: ir.Model, module: Any) -> ir.Model:
                 if source_module and not rest:
                     node.metadata_props[MODULE] = source_module
                 break
-    model.metadata_props["xconv.source_names"] = "restored"
     return model
 
 

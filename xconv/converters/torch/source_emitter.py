@@ -94,6 +94,13 @@ def plan_layers(graph: ir.Graph, annotated: bool) -> dict[ir.Node, LayerBody]:
     return plans
 
 
+#: What ``jnp.take`` (Flax's ``Embed``) adds around its Gather: negative ids wrap, out-of-range
+#: ids clamp or give NaN rows. For valid ids these are identities; ``nn.Embedding`` raises on
+#: invalid ids instead, a loud difference only for inputs a model never receives.
+_TAKE_INDEXING = frozenset(
+    {"Less", "Add", "Where", "Min", "Max", "Cast", "GreaterOrEqual", "LessOrEqual", "And"}
+)
+
 #: Ops a layer body may hold besides Constants for the native layer to replace it exactly
 #: (layout plumbing around the anchor); a body holding anything else stays inline.
 _PLUMBING = frozenset({"Transpose", "Reshape", "Identity", "Cast", "Squeeze", "Unsqueeze"})
@@ -102,16 +109,9 @@ BODY_OPS: dict[str, frozenset[str]] = {
     "conv": _PLUMBING | {"Conv", "Add", "Pad"},
     "conv_transpose": _PLUMBING | {"ConvTranspose", "Add"},
     "batch_norm": _PLUMBING | {"BatchNormalization"},
-    "embedding": _PLUMBING | {"Gather"},
+    "embedding": _PLUMBING | {"Gather"} | _TAKE_INDEXING,
     "dropout": _PLUMBING | {"Dropout"},
 }
-#: What ``jnp.take`` (Flax's ``Embed``) adds around its Gather: negative ids wrap, out-of-range
-#: ids clamp or give NaN rows. For valid ids these are identities; ``nn.Embedding`` raises on
-#: invalid ids instead, a loud difference only for inputs a model never receives.
-_TAKE_INDEXING = frozenset(
-    {"Less", "Add", "Where", "Min", "Max", "Cast", "GreaterOrEqual", "LessOrEqual", "And"}
-)
-BODY_OPS["embedding"] |= _TAKE_INDEXING
 
 
 #: Ops allowed on the body's data path (between its input and its output): the native layer

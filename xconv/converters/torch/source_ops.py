@@ -759,14 +759,10 @@ def _slice(c: OpCall) -> str:
         index[a] = text
     while index and index[-1] == ":":
         index.pop()
-    base = f"{c.args[0]}.flip({_ints_tuple(flips)})" if flips else c.args[0]
+    base = f"{c.args[0]}.flip({int_tuple(flips)})" if flips else c.args[0]
     if not index:
         return base
     return f"{base}[{', '.join(index)}]"
-
-
-def _ints_tuple(values: list[int]) -> str:
-    return "(" + ", ".join(map(str, values)) + ("," if len(values) == 1 else "") + ")"
 
 
 @template("GatherND", batch_dims=0)

@@ -45,8 +45,9 @@ REDUCTIONS = frozenset(
         *("ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"),
     }
 )
-#: Ops with one ``axis`` attribute that a transpose renames.
-AXIS_OPS = frozenset({"Softmax", "LogSoftmax", "Concat"})
+#: Single-input ops with one ``axis`` attribute that a transpose renames (Concat, with several
+#: inputs, moves with the elementwise ops).
+AXIS_OPS = frozenset({"Softmax", "LogSoftmax"})
 
 #: Upper bound on sweeps over the graph (each sweep moves every movable transpose one op).
 MAX_SWEEPS = 64
