@@ -339,13 +339,29 @@ for _source, _target, _what in _COMMANDS:
               help="Also write an HTML report here.")  # fmt: skip
 @click.option("--trust-code", is_flag=True,
               help="Allow importing a converted folder's generated model.py.")  # fmt: skip
+@click.option("--devices", default="all", show_default=True,
+              help="Devices to run the candidate on: all, cpu, or a comma list.")  # fmt: skip
+@click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False), default=None,
+              help="Example inputs from an .npz file (arrays in input order).")  # fmt: skip
+@click.option("--random-inputs", default=2, show_default=True, type=click.IntRange(0),
+              help="Random input sets drawn within the example inputs' range.")  # fmt: skip
 def check(reference: Path, candidate: Path, policy: str, html: Path | None,
-          trust_code: bool) -> None:  # fmt: skip
-    """Check that CANDIDATE matches REFERENCE (.onnx files or xconv output folders)."""
+          trust_code: bool, devices: str, inputs_npz: str | None,
+          random_inputs: int) -> None:  # fmt: skip
+    """Check that CANDIDATE matches REFERENCE (.onnx files or xconv output folders) on the
+    example inputs, random draws within their range, and edge inputs (zeros, large)."""
     from xconv.errors import ParityError
-    from xconv.parity.checker import check_files
+    from xconv.parity.checker import check_files, read_inputs_npz
 
-    report = check_files(reference, candidate, policy=policy, trust_code=trust_code)
+    report = check_files(
+        reference,
+        candidate,
+        None if inputs_npz is None else read_inputs_npz(inputs_npz),
+        policy=policy,
+        trust_code=trust_code,
+        devices=[d for d in devices.split(",") if d.strip()] if "," in devices else devices,
+        n_random=random_inputs,
+    )
     _console().print(report)
     if html is not None:
         report.to_html(html)

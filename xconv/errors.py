@@ -89,6 +89,13 @@ class ParityError(ConversionError):
     exit_code = 1
 
 
+class ParityConfigError(ConversionError, ValueError):
+    """A parity check was asked for something it cannot do: a device no framework sees, an
+    unknown or invalid policy, inputs that cannot be read or that the reference cannot run."""
+
+    exit_code = 2
+
+
 @dataclass(frozen=True)
 class MissingOp:
     """One op type a backend lacks, as found by a whole-graph scan."""
@@ -154,5 +161,6 @@ EXIT_CODES: dict[type[ConversionError], int] = {
         WeightsError,
         MissingFrameworkError,
         ParityError,
+        ParityConfigError,
     )
 }

@@ -45,6 +45,8 @@ class ConvertOptions:
         input_shapes: Example input shapes (``"2,3,224,224"``, optionally ``":int64"``).
         input_dtypes: Their dtypes (one for all, or one each).
         inputs_npz: Example inputs from an ``.npz`` file instead.
+        parity_random_inputs: Random input sets the parity check draws within the example
+            inputs' range (besides the example and edge inputs).
     """
 
     api: str = "linen"
@@ -57,6 +59,7 @@ class ConvertOptions:
     input_shapes: tuple[str, ...] = ()
     input_dtypes: tuple[str, ...] = ("float32",)
     inputs_npz: str | None = None
+    parity_random_inputs: int = 2
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -431,6 +434,7 @@ def _check(imported: _Imported, candidate: Any, options: ConvertOptions):
         imported.inputs,
         policy=options.policy,
         devices=options.devices,
+        n_random=options.parity_random_inputs,
     )
 
 

@@ -47,10 +47,14 @@ def test_oracle_rule_separates_noise_from_bugs():
     assert compare("y", noisy, ref, pol, oracle).passed
     m = compare("y", buggy, ref, pol, oracle)
     assert not m.passed and m.ratio > 4
-    # the bound is k x ref error + floor
-    assert m.bound == pytest.approx(
-        4 * m.ref_err + 8 * np.finfo(np.float32).eps * np.abs(oracle).max()
-    )
+    # Each element's bound is (k * c + floor_ulps * eps) * (|oracle_i| + rms(oracle)), with
+    # c the reference's largest error per unit of that magnitude.
+    s = np.sqrt(np.mean(oracle**2))
+    c = np.max(np.abs(ref.astype(np.float64) - oracle) / (np.abs(oracle) + s))
+    i = tuple(m.worst[0]["index"])
+    expect = (4 * c + 8 * np.finfo(np.float32).eps) * (abs(oracle[i]) + s)
+    assert m.bound == pytest.approx(expect)
+    assert m.bound >= 4 * abs(float(ref[i]) - oracle[i])
 
 
 def test_dtype_defaults_and_integer_outputs():
@@ -85,7 +89,11 @@ def test_nnx_module_and_grads_by_name():
 
     x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
     r = xconv.check_parity(lin, M(), x, grads=True)
+    assert not r.passed  # torch "weight" and nnx "fc.kernel" are not matched by name
+    names = {"weight": "fc.kernel", "bias": "fc.bias"}
+    r = xconv.check_parity(lin, M(), x, grads=True, grad_names=names)
     assert r.passed, r.summary()
+    assert {"d/weight", "d/bias"} <= {m.name for m in r.grads}
     assert not xconv.check_parity(lin, M(1.001), x).passed
 
 

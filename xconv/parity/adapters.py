@@ -45,6 +45,8 @@ class Grads:
 
     inputs: list[np.ndarray | None]
     params: dict[str, np.ndarray]
+    #: Names of state the model does not differentiate (torch buffers, frozen parameters).
+    frozen: tuple[str, ...] = ()
 
 
 class Adapter:
@@ -268,7 +270,12 @@ class TorchAdapter(Adapter):
         for x in xs:
             gin.append(_grad_np(next(it), x) if x.requires_grad else None)
         params = {n: _grad_np(g, p) for (n, p), g in zip(named, it, strict=False)}
-        return Grads(gin, params)
+        frozen = ()
+        if isinstance(fn, torch.nn.Module):
+            frozen = tuple(n for n, _ in fn.named_buffers()) + tuple(
+                n for n, p in fn.named_parameters() if not p.requires_grad
+            )
+        return Grads(gin, params, frozen)
 
 
 def _grad_np(g, like) -> np.ndarray:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from xconv.errors import InvalidModelError
+from xconv.errors import ConversionError, InvalidModelError, ParityConfigError
 from xconv.parity.adapters import Adapter, is_float, to_float64, to_numpy, wrap
 from xconv.parity.localize import localize
 from xconv.parity.metrics import Metrics, compare
@@ -47,11 +47,17 @@ class InputSpec:
             return spec
         if isinstance(spec, dict):
             d = dict(spec)
-            d["shape"] = tuple(d["shape"])
-            return cls(**d)
+            try:
+                d["shape"] = tuple(int(n) for n in d["shape"])
+                return cls(**d)
+            except (KeyError, TypeError, ValueError) as e:
+                raise ParityConfigError(
+                    f"cannot read input spec {spec!r} ({type(e).__name__}: {e}): a dict needs "
+                    "shape and may have dtype/low/high/vocab"
+                ) from e
         if isinstance(spec, tuple | list) and all(isinstance(d, int) for d in spec):
             return cls(tuple(spec))
-        raise TypeError(
+        raise ParityConfigError(
             f"cannot read input spec {spec!r}: use a shape tuple, a dict with shape/dtype/low/"
             "high/vocab, or xconv.parity.InputSpec"
         )
@@ -81,11 +87,24 @@ def make_inputs(
     """Inputs as numpy: given ones converted, else generated from specs (given, or read
     from an IR-backed side's graph inputs), deterministically from ``seed``."""
     if inputs is not None:
-        if isinstance(inputs, tuple | list):
-            return [to_numpy(x) for x in inputs]
         if isinstance(inputs, dict):
-            return [to_numpy(x) for x in inputs.values()]
-        return [to_numpy(inputs)]
+            inputs = list(inputs.values())
+        elif not isinstance(inputs, tuple | list):
+            inputs = [inputs]
+        try:
+            arrays = [to_numpy(x) for x in inputs]
+        except Exception as e:
+            raise ParityConfigError(
+                f"cannot read the inputs as arrays ({type(e).__name__}: {e}); pass numpy, "
+                "torch or JAX arrays"
+            ) from e
+        bad = [i for i, a in enumerate(arrays) if a.dtype.kind in "OSUV"]
+        if bad:
+            raise ParityConfigError(
+                f"input(s) {bad} are not numeric arrays "
+                f"({[arrays[i].dtype.name for i in bad]}); pass numpy, torch or JAX arrays"
+            )
+        return arrays
     specs = None
     if input_spec is not None:
         if isinstance(input_spec, InputSpec | dict) or (
@@ -99,12 +118,27 @@ def make_inputs(
             if specs:
                 break
     if not specs:
-        raise ValueError(
+        raise ParityConfigError(
             "no inputs to run: pass inputs=..., or input_spec=[(shape), ...] "
             "(or InputSpec(shape, dtype, low, high, vocab))"
         )
     rng = np.random.default_rng(seed)
     return [s.generate(rng) for s in specs]
+
+
+def read_inputs_npz(path: str | os.PathLike) -> list[np.ndarray]:
+    """Inputs from an ``.npz`` file, in the file's order (no pickles)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = [np.array(data[k]) for k in data.files]
+    except Exception as e:
+        raise ParityConfigError(
+            f"cannot read inputs from {os.fspath(path)!r} ({type(e).__name__}: {e}); pass an "
+            ".npz file of arrays in input order (numpy.savez)"
+        ) from e
+    if not arrays:
+        raise ParityConfigError(f"{os.fspath(path)!r} holds no arrays")
+    return arrays
 
 
 def _select_devices(available: list[str], devices: Any) -> list[str]:
@@ -126,6 +160,44 @@ def _timed(fn, *args):
     return out, time.perf_counter() - t
 
 
+def input_sets(
+    arrays: Sequence[np.ndarray], *, n_random: int = 2, edges: bool = True, seed: int = 0
+) -> list[tuple[str, list[np.ndarray]]]:
+    """The input sets a check runs: the example inputs, ``n_random`` seeded draws within
+    each input's observed range (integer ids within their observed ids, booleans kept), and
+    edge draws where there is a float input: ``zeros`` and ``large`` (4x the example)."""
+    arrays = list(arrays)
+    out: list[tuple[str, list[np.ndarray]]] = [("example", arrays)]
+    rng = np.random.default_rng([seed, 13])
+    for j in range(n_random):
+        out.append((f"random_{j}", [_draw(a, rng) for a in arrays]))
+    floats = [is_float(a) and a.size > 0 for a in arrays]
+    if edges and any(floats):
+        out.append(
+            ("zeros", [np.zeros_like(a) if f else a for a, f in zip(arrays, floats, strict=True)])
+        )
+        large = [
+            (a.astype(np.float64) * 4.0).astype(a.dtype) if f else a
+            for a, f in zip(arrays, floats, strict=True)
+        ]
+        out.append(("large", large))
+    return out
+
+
+def _draw(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A random array like ``a`` within its observed range (booleans and empties kept)."""
+    if a.size == 0 or a.dtype.kind == "b" or not (is_float(a) or a.dtype.kind in "iu"):
+        return a
+    if is_float(a):
+        x = a.astype(np.float64)
+        x = x[np.isfinite(x)]
+        if x.size == 0:
+            return a
+        return rng.uniform(float(x.min()), float(x.max()), size=a.shape).astype(a.dtype)
+    lo, hi = int(a.min()), int(a.max())
+    return rng.integers(lo, hi + 1, size=a.shape).astype(a.dtype)
+
+
 def check_parity(
     reference: Any,
     candidate: Any,
@@ -140,6 +212,11 @@ def check_parity(
     atol: float | None = None,
     k: float | None = None,
     seed: int = 0,
+    n_random: int = 2,
+    edges: bool = True,
+    allow_constant: bool | None = None,
+    allow_dtype: Any = None,
+    grad_names: Mapping[str, str] | None = None,
 ) -> ParityReport:
     """Run ``reference`` and ``candidate`` on the same inputs and compare them.
 
@@ -158,120 +235,230 @@ def check_parity(
         intermediates: When outputs part, compare module-scope outputs to name the first
             divergent scope.
         grads: Also compare gradients of ``sum(outputs * fixed random cotangents)`` with
-            respect to float inputs and weights (matched by name).
+            respect to float inputs and weights, matched by name; a weight gradient either
+            side lacks is an error unless ``grad_names`` maps it.
         rtol / atol: Explicit tolerances (switch to the explicit policy).
         k: Oracle policy: allowed ratio to the reference's own float64 error.
-        seed: Seed for generated inputs and cotangents.
+        seed: Seed for generated inputs, random input draws and cotangents.
+        n_random: Random input sets drawn within the example inputs' observed range.
+        edges: Also run edge input sets (zeros, large magnitude) when there is a float input.
+        allow_constant: Accept reference outputs that are constant on every input set.
+        allow_dtype: Allowed dtype changes, reference -> candidate (``Policy.allow_dtype``).
+        grad_names: Reference weight name -> candidate weight name, for ``grads=True``.
 
     Returns:
-        A :class:`ParityReport`; ``report.passed`` says whether the candidate agrees.
+        A :class:`ParityReport`; ``report.passed`` says whether the candidate agrees on
+        every input set (``report.input_sets``).
+
+    Raises:
+        ParityConfigError: Unknown devices, an invalid policy, or unusable inputs.
     """
     pol = resolve_policy(policy, rtol=rtol, atol=atol, k=k)
+    if allow_constant is not None or allow_dtype is not None:
+        pol = replace(
+            pol,
+            allow_constant=pol.allow_constant if allow_constant is None else allow_constant,
+            allow_dtype=pol.allow_dtype if allow_dtype is None else allow_dtype,
+        )
+    if not (isinstance(n_random, int) and n_random >= 0):
+        raise ParityConfigError(f"n_random must be an int >= 0, not {n_random!r}")
     ref = wrap(reference)
     cand = wrap(candidate)
     arrays = make_inputs(inputs, input_spec, [ref, cand], seed)
+    sets = input_sets(arrays, n_random=n_random, edges=edges, seed=seed)
     notes: list[str] = []
     timings: dict[str, float] = {}
 
+    cand_devs = _select_devices(cand.devices(), devices)
+    if not cand_devs:
+        raise ParityConfigError(
+            f"none of the devices {devices!r} is visible to {cand.framework}: {cand.devices()}; "
+            "pass devices='all' or one of those"
+        )
+
     ref_dev = ref.devices()[0]
     ref.prepare(ref_dev)
-    ref_out, timings["reference"] = _timed(ref.run, arrays, ref_dev)
+    ref_outs: list[list[np.ndarray]] = []
+    kept: list[tuple[str, list[np.ndarray]]] = []
+    for name, xs in sets:
+        try:
+            out, secs = _timed(ref.run, xs, ref_dev)
+        except ConversionError:
+            raise
+        except Exception as e:
+            if name == "example":
+                raise ParityConfigError(
+                    f"the reference ({ref.describe()}) cannot run on the inputs "
+                    f"{[(list(a.shape), a.dtype.name) for a in xs]}: {type(e).__name__}: {e}"
+                ) from e
+            notes.append(f"input set {name!r} skipped: the reference cannot run on it ({e})")
+            continue
+        timings["reference" + ("" if name == "example" else f"[{name}]")] = secs
+        ref_outs.append(out)
+        kept.append((name, xs))
+    sets = kept
+    ref_out = ref_outs[0]
     names = ref.output_names(len(ref_out))
 
-    oracle, oracle_out = None, None
+    oracle, oracle_outs = None, None
     if pol.uses_oracle:
         oracle, why = ref.oracle()
         if oracle is not None:
             try:
                 oracle.prepare(_cpu(oracle))
-                oracle_out, timings["oracle"] = _timed(oracle.run, to_float64(arrays), _cpu(oracle))
+                oracle_outs = [oracle.run(to_float64(xs), _cpu(oracle)) for _, xs in sets]
             except Exception as e:
                 oracle, why = None, f"{why}; it failed to run ({type(e).__name__}: {e})"
             else:
                 low = [
                     o
-                    for o, r in zip(oracle_out, ref_out, strict=False)
+                    for oo, rr in zip(oracle_outs, ref_outs, strict=True)
+                    for o, r in zip(oo, rr, strict=False)
                     if is_float(r) and o.dtype != np.float64
                 ]
-                if low or len(oracle_out) != len(ref_out):
+                if low or any(len(o) != len(r) for o, r in zip(oracle_outs, ref_outs, strict=True)):
                     oracle, why = None, f"{why}; but its outputs are not all float64"
         if oracle is None:
-            oracle_out = _candidate_float64(cand, arrays, len(ref_out), timings)
-            if oracle_out is not None:
+            oracle_outs = _candidate_float64(cand, sets, len(ref_out), timings)
+            if oracle_outs is not None:
                 notes.append(
                     f"no float64 oracle for the reference ({why}): its rounding error is "
-                    "estimated from the candidate's float64 run (noise policy)"
+                    "estimated from the candidate's float64 run (noise policy, capped by the "
+                    "dtype policy)"
                 )
                 pol = pol.as_noise_policy()
             else:
                 notes.append(f"no float64 oracle ({why}): fell back to the dtype policy")
                 pol = pol.as_dtype_policy()
 
-    def judge(outs: list[np.ndarray]) -> list[Metrics]:
-        if len(outs) != len(ref_out):
-            m = Metrics(name="outputs", passed=False, shape=(len(outs),), dtype="-")
-            m.error = f"{len(outs)} outputs, the reference has {len(ref_out)}"
-            return [m]
-        return [
-            compare(n, c, r, pol, None if oracle_out is None else oracle_out[i])
-            for i, (n, c, r) in enumerate(zip(names, outs, ref_out, strict=True))
-        ]
+    def judge_for(si: int):
+        def judge(outs: list[np.ndarray]) -> list[Metrics]:
+            if len(outs) != len(ref_outs[si]):
+                m = Metrics(name="outputs", passed=False, shape=(len(outs),), dtype="-")
+                m.error = f"{len(outs)} outputs, the reference has {len(ref_outs[si])}"
+                return [m]
+            return [
+                compare(n, c, r, pol, None if oracle_outs is None else oracle_outs[si][i])
+                for i, (n, c, r) in enumerate(zip(names, outs, ref_outs[si], strict=True))
+            ]
+
+        return judge
 
     matrix: list[DeviceRun] = []
-    cand_devs = _select_devices(cand.devices(), devices)
-    if not cand_devs:
-        raise ValueError(
-            f"none of the devices {devices!r} is visible to {cand.framework}: {cand.devices()}"
-        )
-    for dev in cand_devs:
-        matrix.append(_run_row(cand, "candidate", dev, arrays, judge, timings))
-    for dev in _select_devices(ref.devices(), devices):
-        if dev != ref_dev:
-            matrix.append(_run_row(ref, "reference", dev, arrays, judge, timings))
+    for si, (set_name, xs) in enumerate(sets):
+        for dev in cand_devs:
+            row = _run_row(cand, "candidate", dev, xs, judge_for(si), timings, set_name)
+            matrix.append(row)
+        for dev in _select_devices(ref.devices(), devices):
+            if dev != ref_dev:
+                matrix.append(_run_row(ref, "reference", dev, xs, judge_for(si), timings, set_name))
     cand_rows = [r for r in matrix if r.role == "candidate"]
     passed = all(r.passed for r in cand_rows)
+    failing = next((r for r in cand_rows if not r.passed), None)
+    shown = failing if failing is not None else cand_rows[0]
 
     report = ParityReport(
         passed=passed,
         reference=ref.describe(),
         candidate=cand.describe(),
         policy=pol.describe(),
-        outputs=cand_rows[0].outputs,
+        outputs=shown.outputs,
         matrix=matrix,
         inputs=[{"shape": list(a.shape), "dtype": a.dtype.name} for a in arrays],
         notes=notes,
         timings=timings,
     )
+    report.policy_kind = pol.kind
+    report.input_sets = [
+        {
+            "name": set_name,
+            "passed": all(r.passed for r in cand_rows if r.inputs == set_name),
+            "inputs": [{"shape": list(a.shape), "dtype": a.dtype.name} for a in xs],
+        }
+        for set_name, xs in sets
+    ]
+    reason = _vacuous(names, ref_outs, pol)
+    if reason is not None:
+        report.passed = False
+        report.reason = reason
 
     if grads:
         report.grads = _check_grads(
-            ref, cand, oracle, arrays, ref_out, cand_devs[0], ref_dev, pol, seed, notes
+            ref,
+            cand,
+            oracle,
+            arrays,
+            ref_out,
+            cand_devs[0],
+            ref_dev,
+            pol,
+            seed,
+            notes,
+            grad_names,
         )
         report.passed = report.passed and all(m.passed for m in report.grads)
 
-    failing = next((r for r in cand_rows if not r.passed and r.error is None), None)
-    if intermediates and failing is not None:
+    if intermediates and failing is not None and failing.error is None:
         t = time.perf_counter()
-        _localize_into(report, ref, cand, oracle, arrays, ref_dev, failing.device, pol)
+        xs = dict(sets)[failing.inputs]
+        _localize_into(report, ref, cand, oracle, xs, ref_dev, failing.device, pol)
         timings["localize"] = time.perf_counter() - t
     return report
 
 
+def _vacuous(names: list[str], ref_outs: list[list[np.ndarray]], pol: Policy) -> str | None:
+    """Why the check compares nothing, or None: no outputs, or an output whose reference is
+    empty or constant on every input set (unless the policy allows constants)."""
+    if not ref_outs[0]:
+        return "vacuous: the reference returns no outputs, so nothing was compared"
+    if pol.allow_constant:
+        return None
+    const = []
+    for i, name in enumerate(names):
+        vals = [np.asarray(outs[i]) for outs in ref_outs if i < len(outs)]
+        total = sum(v.size for v in vals)
+        if total == 0:
+            const.append(f"{name} (empty)")
+            continue
+        if total == 1:
+            continue
+        first = vals[0].reshape(-1)[0]
+        same = all(
+            np.all((v == first) | (np.isnan(v) & np.isnan(first)) if is_float(v) else v == first)
+            for v in vals
+        )
+        if same:
+            const.append(f"{name} (always {first!r})")
+    if const:
+        return (
+            f"vacuous: the reference output(s) {', '.join(const)} are constant on every input "
+            "set, so they cannot tell a right model from a wrong one; pass "
+            "allow_constant=True if that is expected"
+        )
+    return None
+
+
 def _candidate_float64(
-    cand: Adapter, arrays: list[np.ndarray], n_outputs: int, timings: dict[str, float]
-) -> list[np.ndarray] | None:
-    """The candidate's float64 outputs, or None when it has no float64 twin."""
+    cand: Adapter,
+    sets: list[tuple[str, list[np.ndarray]]],
+    n_outputs: int,
+    timings: dict[str, float],
+) -> list[list[np.ndarray]] | None:
+    """The candidate's float64 outputs per input set, or None when it has no float64 twin."""
     try:
         twin, _ = cand.oracle()
         if twin is None:
             return None
         twin.prepare(_cpu(twin))
-        outs, timings["candidate-float64"] = _timed(twin.run, to_float64(arrays), _cpu(twin))
+        t = time.perf_counter()
+        outs = [twin.run(to_float64(xs), _cpu(twin)) for _, xs in sets]
+        timings["candidate-float64"] = time.perf_counter() - t
     except Exception:
         logger.debug("the candidate's float64 twin failed", exc_info=True)
         return None
-    if len(outs) != n_outputs or any(is_float(o) and o.dtype != np.float64 for o in outs):
-        return None
+    for o in outs:
+        if len(o) != n_outputs or any(is_float(a) and a.dtype != np.float64 for a in o):
+            return None
     return outs
 
 
@@ -280,17 +467,26 @@ def _cpu(adapter: Adapter) -> str:
     return next((d for d in devs if d.startswith("cpu")), devs[0])
 
 
-def _run_row(adapter, role, dev, arrays, judge, timings) -> DeviceRun:
+def _run_row(adapter, role, dev, arrays, judge, timings, set_name="example") -> DeviceRun:
     try:
         adapter.prepare(dev)
         outs, secs = _timed(adapter.run, arrays, dev)
     except Exception as e:
         logger.debug("run failed", exc_info=True)
-        return DeviceRun(adapter.framework, dev, role, False, [], f"{type(e).__name__}: {e}")
-    timings[f"{role}:{dev}"] = secs
+        return DeviceRun(
+            adapter.framework, dev, role, False, [], f"{type(e).__name__}: {e}", inputs=set_name
+        )
+    timings[f"{role}:{dev}" + ("" if set_name == "example" else f"[{set_name}]")] = secs
     metrics = judge(outs)
     return DeviceRun(
-        adapter.framework, dev, role, all(m.passed for m in metrics), metrics, None, secs
+        adapter.framework,
+        dev,
+        role,
+        all(m.passed for m in metrics),
+        metrics,
+        None,
+        secs,
+        inputs=set_name,
     )
 
 
@@ -326,7 +522,7 @@ def _localize_into(report, ref, cand, oracle, arrays, ref_dev, cand_dev, pol) ->
 
 
 def _check_grads(
-    ref, cand, oracle, arrays, ref_out, cand_dev, ref_dev, pol, seed, notes
+    ref, cand, oracle, arrays, ref_out, cand_dev, ref_dev, pol, seed, notes, grad_names=None
 ) -> list[Metrics]:
     rng = np.random.default_rng(seed + 1)
     cots = [rng.standard_normal(o.shape) if is_float(o) else None for o in ref_out]
@@ -357,14 +553,86 @@ def _check_grads(
             continue
         o = og.inputs[i] if og is not None else None
         out.append(compare(f"d/input_{i}", c, r, gpol, o))
-    common = [n for n in rg.params if n in cg.params]
-    unmatched = sorted(set(rg.params) ^ set(cg.params))
-    if unmatched:
-        notes.append(f"{len(unmatched)} weight gradient(s) not matched by name: {unmatched[:6]}")
-    for n in common:
-        o = og.params.get(n) if og is not None else None
-        out.append(compare(f"d/{n}", cg.params[n], rg.params[n], gpol, o))
+    mapping = match_param_names(rg.params, cg.params, grad_names)
+    lost_ref = [n for n in rg.params if n not in mapping]
+    # A candidate-only leaf whose gradient is identically zero is not trained, and state
+    # either side keeps out of differentiation (torch buffers) is not a weight.
+    frozen = {_loose_param(n) for n in (*rg.frozen, *cg.frozen)}
+    lost_ref = [n for n in lost_ref if _loose_param(n) not in frozen]
+    lost_cand = sorted(
+        n
+        for n in set(cg.params) - set(mapping.values())
+        if _loose_param(n) not in frozen
+        and np.any(np.asarray(cg.params[n], dtype=np.float64) != 0)
+    )
+    if lost_ref or lost_cand:
+        what = (
+            f"{len(lost_ref)} reference weight gradient(s) {lost_ref[:6]} and "
+            f"{len(lost_cand)} candidate one(s) {lost_cand[:6]} are not matched by name"
+        )
+        if grad_names is None:
+            m = Metrics(name="d/<weights>", passed=False, shape=(), dtype="-")
+            m.error = f"{what}; pass grad_names={{reference name: candidate name}}"
+            out.append(m)
+        else:
+            notes.append(f"{what} (outside grad_names, not compared)")
+    for rn, cn in mapping.items():
+        r, c = rg.params[rn], _to_layout(cg.params[cn], rg.params[rn].shape)
+        o = og.params.get(rn) if og is not None else None
+        out.append(compare(f"d/{rn}", c, r, gpol, o))
     return out
+
+
+def match_param_names(
+    ref_names: Sequence[str], cand_names: Sequence[str], explicit: Mapping[str, str] | None
+) -> dict[str, str]:
+    """Reference weight name -> candidate weight name: ``explicit`` entries, then equal
+    names, then names equal up to separators (``/`` or ``.``), a ``params.`` prefix, an nnx
+    ``.value`` suffix and the role's spelling (Flax ``kernel``/``scale``/``embedding`` for
+    torch ``weight``)."""
+    cand_set = set(cand_names)
+    out: dict[str, str] = {}
+    for r, c in (explicit or {}).items():
+        if r in ref_names and c in cand_set:
+            out[r] = c
+    used = set(out.values())
+    for r in ref_names:
+        if r not in out and r in cand_set and r not in used:
+            out[r] = r
+            used.add(r)
+    loose: dict[str, str | None] = {}
+    for c in cand_names:
+        if c not in used:
+            key = _loose_param(c)
+            loose[key] = None if key in loose else c  # ambiguous names match nothing
+    for r in ref_names:
+        if r not in out:
+            hit = loose.get(_loose_param(r))
+            if hit is not None and hit not in used:
+                out[r] = hit
+                used.add(hit)
+    return out
+
+
+def _loose_param(name: str) -> str:
+    parts = [p for p in name.replace("/", ".").split(".") if p]
+    if parts and parts[0] == "params":
+        parts = parts[1:]
+    if parts and parts[-1] == "value":
+        parts = parts[:-1]
+    if parts and parts[-1] in ("kernel", "scale", "embedding"):
+        parts[-1] = "weight"
+    return ".".join(parts)
+
+
+def _to_layout(c: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A candidate weight gradient in the reference's layout: Flax ``[spatial..., I, O]``
+    (or ``[I, O]``) to torch ``[O, I, spatial...]`` when that is what makes shapes agree."""
+    if c.shape == tuple(shape) or c.ndim != len(shape) or c.ndim < 2:
+        return c
+    perm = (c.ndim - 1, c.ndim - 2, *range(c.ndim - 2))
+    moved = np.transpose(c, perm)
+    return moved if moved.shape == tuple(shape) else c
 
 
 def check_files(

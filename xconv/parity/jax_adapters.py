@@ -258,11 +258,16 @@ class FlaxLinenAdapter(JaxAdapter):
             jax.default_device(self._device(device)),
             nn.intercept_methods(interceptor),
         ):
-            self.module.apply(self._params_on(device), *self._args(inputs, device))
+            self._call(self._params_on(device), self._args(inputs, device))
         return trace
 
     def _call(self, params, xs):
-        return self.module.apply(params, *xs)
+        if not self.x64:
+            return self.module.apply(params, *xs)
+        import flax.linen as nn
+
+        with nn.intercept_methods(_compute_in_float64):
+            return self.module.apply(params, *xs)
 
     def grads(self, inputs, cotangents, device):
         # Differentiate with respect to the "params" collection only.
@@ -270,11 +275,37 @@ class FlaxLinenAdapter(JaxAdapter):
         if not isinstance(variables, Mapping) or "params" not in variables:
             return super().grads(inputs, cotangents, device)
         rest = {k: v for k, v in variables.items() if k != "params"}
-        module = self.module
         sub = JaxAdapter(
-            lambda p, *x: module.apply({"params": p, **rest}, *x), variables["params"], x64=self.x64
+            lambda p, *x: self._call({"params": p, **rest}, x), variables["params"], x64=self.x64
         )
         return sub.grads(inputs, cotangents, device)
+
+
+_LOW_FLOATS = ("float16", "bfloat16", "float32")
+
+
+def _compute_in_float64(next_fun, args, kwargs, context):
+    """Flax interceptor for the float64 oracle: a layer pinned to a low-precision compute or
+    parameter dtype (``nn.Dense(dtype=jnp.float32)``) computes in float64 for this call."""
+    mod = context.module
+    saved = {}
+    for attr in ("dtype", "param_dtype"):
+        value = getattr(mod, attr, None)
+        if value is not None and _dtype_name(value) in _LOW_FLOATS:
+            saved[attr] = value
+            object.__setattr__(mod, attr, np.float64)
+    try:
+        return next_fun(*args, **kwargs)
+    finally:
+        for attr, value in saved.items():
+            object.__setattr__(mod, attr, value)
+
+
+def _dtype_name(value) -> str:
+    try:
+        return np.dtype(value).name
+    except TypeError:
+        return str(value)
 
 
 class NnxAdapter(JaxAdapter):

@@ -230,7 +230,7 @@ def localize(
                 if ri < len(outs) and outs[ri].shape == r.shape
                 else _oracle_for(oracle, name, r, "out")
             )
-        m = compare(name, c, r, policy, o, logits=False)
+        m = compare(name, c, r, policy, o, logits=False, check_dtype=False)
         in_metrics = []
         cins = cand.inputs.get(cname, [])
         for ci, rj in _pairs(cins, ref.inputs.get(name, [])):
@@ -247,6 +247,7 @@ def localize(
                     policy,
                     oin,
                     logits=False,
+                    check_dtype=False,
                 )
             )
         inputs_ok = all(x.passed for x in in_metrics) if in_metrics else None

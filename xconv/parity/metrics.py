@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from xconv.parity.policies import Policy, dtype_name
+from xconv.parity.policies import Policy, dtype_name, eps
 
 
 @dataclass
@@ -31,7 +31,10 @@ class Metrics:
         ref_err: Oracle policy: ``max |ref - oracle|``.
         bound: Oracle policy: the allowed ``max |cand - oracle|``; dtype policy: None.
         rtol / atol: The elementwise tolerances used (dtype / explicit policies).
-        error: Why the arrays are not comparable (shape or dtype-kind mismatch), if so.
+        error: Why the arrays are not comparable (shape or dtype mismatch), if so.
+        excess: ``max_i err_i / bound_i`` (> 1 fails; inf for a NaN/inf out of place).
+        worst: The elements furthest outside their bound: index, cand, ref, oracle, err,
+            bound. ``bound`` is the bound at the worst element.
     """
 
     name: str
@@ -55,6 +58,8 @@ class Metrics:
     atol: float | None = None
     ref_shape: tuple[int, ...] | None = None
     error: str | None = None
+    excess: float | None = None
+    worst: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ratio(self) -> float | None:
@@ -70,6 +75,8 @@ class Metrics:
         """A scalar for plots: error relative to the allowed error (>1 fails)."""
         if self.error:
             return float("inf")
+        if self.excess is not None:
+            return self.excess
         if self.bound is not None and self.cand_err is not None:
             return self.cand_err / self.bound if self.bound > 0 else float(self.cand_err > 0)
         if self.atol is not None and self.rtol is not None:
@@ -85,8 +92,10 @@ class Metrics:
 def _json_number(v: Any) -> Any:
     if isinstance(v, float) and not np.isfinite(v):
         return str(v)
-    if isinstance(v, tuple):
-        return list(v)
+    if isinstance(v, tuple | list):
+        return [_json_number(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _json_number(x) for k, x in v.items()}
     return v
 
 
@@ -98,15 +107,18 @@ def compare(
     oracle: np.ndarray | None = None,
     *,
     logits: bool = True,
+    check_dtype: bool = True,
 ) -> Metrics:
-    """Compare one candidate array with the reference under ``policy``.
+    """Compare one candidate array with the reference under ``policy``, element by element.
 
-    With the oracle policy and an ``oracle`` array the decision is
-    ``max|cand - oracle| <= k * max|ref - oracle| + floor``; elements above that bound are
-    the mismatches. With the noise policy ``oracle`` is the candidate's float64 run and the
-    decision is ``|cand - ref| <= k * 2 * max|cand - oracle| + floor``. Otherwise it is
-    elementwise ``|cand - ref| <= atol + rtol * |ref|``.
-    Non-float outputs must match exactly.
+    NaN and ±inf must sit at the same positions in ``cand`` and ``ref``. Finite elements are
+    judged by the policy (see :mod:`xconv.parity.policies`): with the oracle policy and an
+    ``oracle`` array, ``|cand_i - oracle_i|`` against a per-element bound; with the noise
+    policy ``oracle`` is the candidate's own float64 run and the bound is capped by the dtype
+    policy's; otherwise ``|cand_i - ref_i| <= atol + rtol * |ref_i|``. Non-float outputs must
+    match exactly. The dtypes must match unless ``policy.allow_dtype`` names the pair
+    (``check_dtype=False`` skips that, for scope localisation). ``worst`` lists the elements
+    furthest outside their bound, with indices.
     """
     cand = np.asarray(cand)
     ref = np.asarray(ref)
@@ -115,8 +127,20 @@ def compare(
         m.ref_shape = tuple(ref.shape)
         m.error = f"shape {tuple(cand.shape)} != reference shape {tuple(ref.shape)}"
         return m
-    floating = _is_float(cand) or _is_float(ref)
-    if not floating:
+    if _is_float(cand) != _is_float(ref):
+        m.error = (
+            f"dtype {dtype_name(cand.dtype)} != reference dtype {dtype_name(ref.dtype)} "
+            "(a float and a non-float output are never equal)"
+        )
+        return m
+    if check_dtype and not policy.allows(ref.dtype, cand.dtype):
+        r, c = dtype_name(ref.dtype), dtype_name(cand.dtype)
+        m.error = (
+            f"dtype {c} != reference dtype {r}; if the change is deliberate, pass "
+            f'Policy(allow_dtype={{"{r}": "{c}"}})'
+        )
+        return m
+    if not _is_float(cand):
         if cand.dtype.kind == "b" or ref.dtype.kind == "b" or cand.dtype.kind in "OSU":
             bad = cand != ref
         else:
@@ -129,53 +153,93 @@ def compare(
 
     c64 = cand.astype(np.float64)
     r64 = ref.astype(np.float64)
-    diff = np.abs(c64 - r64)
-    both_nan = np.isnan(c64) & np.isnan(r64)
-    diff = np.where(both_nan, 0.0, diff)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(c64 - r64)
+    # Non-finite values are judged by position: NaN where the reference has NaN, ±inf where
+    # it has the same inf. Anything else non-finite, on either side, is a mismatch.
+    c_nan, r_nan = np.isnan(c64), np.isnan(r64)
+    same_special = (c_nan & r_nan) | (np.isinf(c64) & np.isinf(r64) & (c64 == r64))
+    finite = np.isfinite(c64) & np.isfinite(r64)
+    special_bad = ~finite & ~same_special
+    diff = np.where(same_special, 0.0, diff)
     _fill_diff_stats(m, diff, r64, cand, ref)
     if logits and c64.ndim >= 2 and c64.shape[-1] >= 2 and c64.size:
         _fill_logit_agreement(m, c64, r64)
 
+    dt = _less_precise(cand.dtype, ref.dtype)
+    rtol, atol = policy.tolerances(dt)
+    dtype_bound = atol + rtol * np.abs(np.where(finite, r64, 0.0))
     if oracle is not None and (policy.kind == "noise" or policy.uses_oracle):
         o64 = np.asarray(oracle).astype(np.float64)
         if o64.shape != c64.shape:
             m.error = f"oracle shape {o64.shape} != {c64.shape}"
             return m
-        finite = np.isfinite(o64)
-        scale = float(np.max(np.abs(o64[finite]))) if finite.any() else 0.0
-        floor = policy.floor(_less_precise(cand.dtype, ref.dtype), scale)
+        judged = finite & np.isfinite(o64)
+        o0 = np.where(judged, o64, 0.0)
+        o_abs = np.abs(o0)
+        s = float(np.sqrt(np.mean(o_abs[judged] ** 2))) if judged.any() else 0.0
+        s = max(s, float(np.finfo(np.float64).tiny))
         if policy.kind == "noise":
-            # ``oracle`` is the candidate's own float64 run: its distance to ``cand``
-            # estimates the rounding error of either float32 side.
-            noise = _nan_aware_abs(c64, o64)
-            m.ref_err = float(np.max(noise)) if noise.size else 0.0
-            m.cand_err = float(np.max(diff)) if diff.size else 0.0
-            m.bound = policy.k * 2.0 * m.ref_err + floor
-            _fill_mismatches(m, ~((diff <= m.bound) | both_nan))
+            # ``oracle`` is the candidate's float64 run: its distance to ``cand`` estimates
+            # the rounding error of either float32 side; the error judged is cand vs ref.
+            own = np.where(judged, np.abs(np.where(finite, c64, 0.0) - o0), 0.0)
+            err = np.where(finite, diff, 0.0)
+            k = 2.0 * policy.k
         else:
-            cerr = _nan_aware_abs(c64, o64)
-            rerr = _nan_aware_abs(r64, o64)
-            m.ref_err = float(np.max(rerr)) if rerr.size else 0.0
-            m.cand_err = float(np.max(cerr)) if cerr.size else 0.0
-            m.bound = policy.k * m.ref_err + floor
-            _fill_mismatches(m, ~(cerr <= m.bound))
+            own = np.where(judged, np.abs(np.where(finite, r64, 0.0) - o0), 0.0)
+            err = np.where(judged, np.abs(np.where(finite, c64, 0.0) - o0), 0.0)
+            k = policy.k
+        # The reference's own error per unit of magnitude: every element's bound is at
+        # least k times the reference's error there, and scales with the element.
+        per_unit = float(np.max(own / (o_abs + s))) if judged.any() else 0.0
+        bound = (k * per_unit + policy.floor_ulps * eps(dt)) * (o_abs + s)
+        if policy.kind == "noise":
+            bound = np.minimum(bound, dtype_bound)
+        # Elements the oracle cannot judge (it is non-finite there) fall back to the dtype
+        # policy against the reference.
+        unjudged = finite & ~judged
+        err = np.where(unjudged, diff, err)
+        bound = np.where(unjudged, dtype_bound, bound)
+        m.ref_err = float(np.max(own)) if own.size else 0.0
+        m.cand_err = float(np.max(err)) if err.size else 0.0
     else:
-        rtol, atol = policy.tolerances(_less_precise(cand.dtype, ref.dtype))
         m.rtol, m.atol = rtol, atol
-        ok = (diff <= atol + rtol * np.abs(r64)) | both_nan
-        # inf == inf of the same sign counts as equal.
-        ok |= np.isinf(c64) & (c64 == r64)
-        _fill_mismatches(m, ~ok)
+        err = np.where(finite, diff, 0.0)
+        bound = dtype_bound
+    bad = ~(finite & (err <= bound)) & ~same_special
+    _fill_mismatches(m, bad)
+    _fill_worst(m, err, bound, special_bad, c64, r64, oracle)
     m.passed = m.mismatches == 0
     return m
 
 
-def _nan_aware_abs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore"):
-        d = np.abs(a - b)
-    same = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
-    d = np.where(same, 0.0, d)
-    return np.where(np.isnan(d), np.inf, d)
+def _fill_worst(m, err, bound, special_bad, c64, r64, oracle, n: int = 5) -> None:
+    """The ``n`` elements with the largest error over bound (misplaced NaN/inf first)."""
+    if err.size == 0:
+        return
+    with np.errstate(divide="ignore", invalid="ignore"):
+        excess = np.where(
+            bound > 0, err / np.where(bound > 0, bound, 1.0), np.where(err > 0, np.inf, 0.0)
+        )
+    excess = np.where(special_bad, np.inf, excess).reshape(-1)
+    m.excess = float(np.max(excess))
+    order = np.argsort(-excess, kind="stable")[:n]
+    flat_b, flat_e = bound.reshape(-1), err.reshape(-1)
+    m.bound = float(flat_b[int(order[0])])
+    o = None if oracle is None else np.asarray(oracle, dtype=np.float64).reshape(-1)
+    for i in (int(j) for j in order):
+        if excess[i] == 0 and m.worst:
+            break
+        m.worst.append(
+            {
+                "index": [int(j) for j in np.unravel_index(i, err.shape)],
+                "cand": float(c64.reshape(-1)[i]),
+                "ref": float(r64.reshape(-1)[i]),
+                "oracle": None if o is None else float(o[i]),
+                "err": float(flat_e[i]),
+                "bound": float(flat_b[i]),
+            }
+        )
 
 
 def _fill_diff_stats(m: Metrics, diff: np.ndarray, r64: np.ndarray, cand, ref) -> None:
@@ -221,7 +285,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float | None:
     # Plain reductions, not BLAS dot/norm: BLAS thread pools oversubscribe busy CPUs.
     na, nb = float(np.sqrt(np.sum(a * a))), float(np.sqrt(np.sum(b * b)))
     if na == 0 and nb == 0:
-        return 1.0
+        return None  # undefined: two zero arrays agree on nothing
     if na == 0 or nb == 0:
         return 0.0
     return float(np.sum(a * b) / (na * nb))
@@ -270,8 +334,6 @@ def _is_float(x: np.ndarray) -> bool:
 
 
 def _less_precise(a: np.dtype, b: np.dtype) -> np.dtype:
-    from xconv.parity.policies import eps
-
     try:
         return a if eps(a) >= eps(b) else b
     except (TypeError, ValueError):

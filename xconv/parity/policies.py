@@ -1,33 +1,42 @@
 """Tolerance policies: when does a candidate output count as equal to the reference?
 
-Three policies:
+Every policy judges each element on its own, after a position check: NaN and ±inf must sit
+at exactly the same places in the candidate and the reference (same sign for inf), or the
+output fails. Bounds are always finite.
 
-- ``oracle`` (default): the reference is also run in float64 as ground truth. The candidate
-  passes when its error against the oracle is at most ``k`` times the reference's own
-  low-precision error against the oracle, plus a floor::
+- ``oracle`` (default): the reference is also run in float64 as ground truth. Element ``i``
+  of the candidate passes when::
 
-      max|cand - oracle| <= k * max|ref - oracle| + floor_ulps * eps(dtype) * max|oracle|
+      |cand_i - oracle_i| <= (k * c + floor_ulps * eps(dtype)) * (|oracle_i| + s)
 
-  The floor (8 ULP of the output's largest magnitude by default; fp32: ~9.5e-7 relative to
-  the output scale) covers outputs the reference happens to compute almost exactly. This
-  separates a conversion bug (an error far above rounding noise) from the rounding noise
-  a deep network accumulates, without hand-tuned tolerances.
+  where ``c = max_j |ref_j - oracle_j| / (|oracle_j| + s)`` is the reference's own rounding
+  error per unit of magnitude (so every element's bound is at least ``k`` times the
+  reference's error at that element), ``s`` is the tensor's RMS magnitude (the absolute
+  floor for elements near zero, whose rounding error comes from the larger values they are
+  computed from) and ``floor_ulps * eps * |oracle_i|`` is a floor in ULPs at the element's
+  own magnitude. A small element cannot hide behind a large one: its bound scales with it.
 - ``dtype``: elementwise ``|cand - ref| <= atol + rtol * |ref|`` with per-dtype defaults as
   ``torch.testing.assert_close``.
 - explicit: ``Policy(rtol=..., atol=...)`` (or ``rtol=``/``atol=`` keyword arguments).
-- ``noise``: the oracle policy's fallback when the reference has no float64 twin but the
-  candidate has: ``max|cand - ref| <= k * 2 * max|cand - cand64| + floor``. The candidate's
-  own rounding error (against its float64 run) stands for the reference's, both computing
-  the same function at the same precision; a conversion bug is in both ``cand`` and
-  ``cand64``, so it does not widen the bound.
+- ``noise``: used only when the reference has no float64 twin at all but the candidate has.
+  The candidate's float64 run stands in for the oracle, but the candidate must never widen
+  its own bound (a precision bug makes ``cand`` and ``cand64`` differ), so an element passes
+  only when it is within both the oracle-style bound (with ``2 k``) and the dtype policy's.
+
+dtype: the candidate's dtype must equal the reference's, unless ``allow_dtype`` names the
+promotion (``{"float32": "bfloat16"}``: a deliberate bfloat16 conversion of a float32 model,
+judged at bfloat16 precision). A float candidate of an integer reference always fails.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+
+from xconv.errors import ParityConfigError
 
 #: Per-dtype (rtol, atol), as torch.testing.assert_close.
 DTYPE_TOLERANCES: dict[str, tuple[float, float]] = {
@@ -52,7 +61,12 @@ class Policy:
         rtol: Relative tolerance (explicit policy; overrides the per-dtype default).
         atol: Absolute tolerance (explicit policy; overrides the per-dtype default).
         k: Oracle policy: allowed ratio of the candidate's error to the reference's.
-        floor_ulps: Oracle policy: floor in ULPs of the output's largest magnitude.
+        floor_ulps: Oracle policy: floor in ULPs at each element's magnitude (and of the
+            tensor's RMS magnitude for elements near zero).
+        allow_dtype: Reference dtype -> candidate dtype(s) allowed to differ from it, e.g.
+            ``{"float32": "bfloat16"}``; the pair is judged at the less precise dtype.
+        allow_constant: Accept a reference output that is constant on every input set
+            (otherwise such a check compares nothing and fails as vacuous).
     """
 
     kind: str = "oracle"
@@ -60,14 +74,30 @@ class Policy:
     atol: float | None = None
     k: float = 4.0
     floor_ulps: float = 8.0
+    allow_dtype: Any = None
+    allow_constant: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
-            raise ValueError(f"unknown parity policy {self.kind!r}; use one of {list(_KINDS)}")
+            raise ParityConfigError(
+                f"unknown parity policy {self.kind!r}; use one of {list(_KINDS)}"
+            )
         if (self.rtol is not None or self.atol is not None) and self.kind == "oracle":
             object.__setattr__(self, "kind", "explicit")
+        for name in ("k", "floor_ulps", "rtol", "atol"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, int | float) and np.isfinite(v)):
+                raise ParityConfigError(f"Policy.{name} must be a finite number, not {v!r}")
         if self.k <= 0 or self.floor_ulps < 0:
-            raise ValueError("Policy.k must be > 0 and Policy.floor_ulps >= 0")
+            raise ParityConfigError("Policy.k must be > 0 and Policy.floor_ulps >= 0")
+        if (self.rtol is not None and self.rtol < 0) or (self.atol is not None and self.atol < 0):
+            raise ParityConfigError("Policy.rtol and Policy.atol must be >= 0")
+        object.__setattr__(self, "allow_dtype", _dtype_pairs(self.allow_dtype))
+
+    def allows(self, ref_dtype: Any, cand_dtype: Any) -> bool:
+        """Whether a candidate of ``cand_dtype`` may stand for a reference of ``ref_dtype``."""
+        r, c = dtype_name(ref_dtype), dtype_name(cand_dtype)
+        return r == c or (r, c) in self.allow_dtype
 
     @property
     def uses_oracle(self) -> bool:
@@ -86,16 +116,22 @@ class Policy:
         return self.floor_ulps * eps(dtype) * max(scale, np.finfo(np.float64).tiny)
 
     def describe(self) -> str:
+        extra = ""
+        if self.allow_dtype:
+            extra += ", allow_dtype " + ", ".join(f"{r}->{c}" for r, c in self.allow_dtype)
+        if self.allow_constant:
+            extra += ", allow_constant"
         if self.kind == "oracle":
-            return f"oracle (float64 reference; k={self.k:g}, floor={self.floor_ulps:g} ulp)"
+            return f"oracle (float64 reference; k={self.k:g}, floor={self.floor_ulps:g} ulp{extra})"
         if self.kind == "noise":
             return (
-                f"noise (reference error estimated from the candidate's float64 run; "
-                f"k={self.k:g}, floor={self.floor_ulps:g} ulp)"
+                "noise (NO float64 reference: error estimated from the candidate's float64 "
+                f"run, capped by the dtype policy; k={self.k:g}, floor={self.floor_ulps:g} ulp"
+                f"{extra})"
             )
         if self.kind == "dtype":
-            return "dtype (per-dtype rtol/atol as torch.testing.assert_close)"
-        return f"explicit (rtol={self.rtol}, atol={self.atol})"
+            return f"dtype (per-dtype rtol/atol as torch.testing.assert_close{extra})"
+        return f"explicit (rtol={self.rtol}, atol={self.atol}{extra})"
 
     def as_dtype_policy(self) -> Policy:
         """The fallback when no float64 oracle can be built."""
@@ -114,16 +150,41 @@ def resolve_policy(policy: str | Policy | None, **overrides: Any) -> Policy:
         policy = "oracle"
     if isinstance(policy, str):
         if policy not in ("oracle", "dtype"):
-            raise ValueError(f"unknown parity policy {policy!r}; use 'oracle', 'dtype' or Policy")
+            raise ParityConfigError(
+                f"unknown parity policy {policy!r}; use 'oracle', 'dtype' or a Policy"
+            )
         base = Policy(kind=policy)
     elif isinstance(policy, Policy):
         base = policy
     else:
-        raise TypeError(f"policy must be a str or Policy, not {type(policy).__name__}")
+        raise ParityConfigError(
+            f"policy must be 'oracle', 'dtype' or a Policy, not {type(policy).__name__}"
+        )
     if not overrides:
         return base
     kind = "explicit" if ("rtol" in overrides or "atol" in overrides) else base.kind
     return replace(base, kind=kind, **overrides)
+
+
+def _dtype_pairs(allow: Any) -> tuple[tuple[str, str], ...]:
+    """``{"float32": "bfloat16"}`` (values may be lists) as sorted (ref, cand) name pairs."""
+    if not allow:
+        return ()
+    if isinstance(allow, Mapping):
+        items = []
+        for r, cs in allow.items():
+            for c in [cs] if isinstance(cs, str) else list(cs):
+                items.append((r, c))
+    else:
+        items = [tuple(p) for p in allow]
+    try:
+        pairs = {(dtype_name(r), dtype_name(c)) for r, c in items}
+    except (TypeError, ValueError) as e:
+        raise ParityConfigError(
+            f"Policy.allow_dtype must map reference dtype names to candidate dtype names, "
+            f'e.g. {{"float32": "bfloat16"}} ({e})'
+        ) from e
+    return tuple(sorted(pairs))
 
 
 def dtype_name(dtype: Any) -> str:

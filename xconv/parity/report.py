@@ -26,12 +26,14 @@ class DeviceRun:
     outputs: list[Metrics] = field(default_factory=list)
     error: str | None = None
     seconds: float | None = None
+    inputs: str = "example"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "framework": self.framework,
             "device": self.device,
             "role": self.role,
+            "inputs": self.inputs,
             "passed": self.passed,
             "error": self.error,
             "seconds": self.seconds,
@@ -53,6 +55,10 @@ class ParityReport:
         grads: Metrics per gradient (inputs ``d/input_i``, weights by name), if checked.
         policy: The policy used (after any fallback).
         notes: Fallbacks and caveats (e.g. no float64 oracle: dtype policy used).
+        reason: Why the check failed as a whole (``"vacuous: ..."``), if so.
+        input_sets: One entry per input set (name, passed, input shapes); the example
+            inputs first, then random and edge draws.
+        policy_kind: ``oracle``, ``noise``, ``dtype`` or ``explicit`` after any fallback.
     """
 
     passed: bool
@@ -67,6 +73,9 @@ class ParityReport:
     inputs: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    reason: str | None = None
+    input_sets: list[dict[str, Any]] = field(default_factory=list)
+    policy_kind: str | None = None
 
     def __bool__(self) -> bool:
         return self.passed
@@ -76,9 +85,12 @@ class ParityReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
+            "verdict": self.verdict,
+            "reason": self.reason,
             "reference": self.reference,
             "candidate": self.candidate,
             "policy": self.policy,
+            "input_sets": self.input_sets,
             "first_divergence": self.first_divergence,
             "inputs": self.inputs,
             "outputs": [m.to_dict() for m in self.outputs],
@@ -97,16 +109,33 @@ class ParityReport:
 
     # ------------------------------------------------------------------ text
 
+    @property
+    def verdict(self) -> str:
+        """One line: PASSED/FAILED, the models, and what the verdict rests on when that is
+        weaker than a float64 oracle (noise or dtype policy) or why it failed as a whole."""
+        line = (
+            f"parity {'PASSED' if self.passed else 'FAILED'}: {self.candidate} vs {self.reference}"
+        )
+        if self.reason:
+            line += f" ({self.reason})"
+        if self.policy_kind == "noise":
+            line += " [noise policy: the reference has no float64 twin]"
+        elif self.policy_kind == "dtype" and any("fell back" in n for n in self.notes):
+            line += " [dtype policy: no float64 oracle]"
+        failed_sets = [s["name"] for s in self.input_sets if not s["passed"]]
+        if failed_sets and len(self.input_sets) > 1:
+            line += f" [failing input sets: {', '.join(failed_sets)}]"
+        return line
+
     def summary(self, *, max_scopes: int = 12) -> str:
         """A readable multi-line summary (used by ``assert_parity`` messages)."""
-        lines = [
-            f"parity {'PASSED' if self.passed else 'FAILED'}: {self.candidate} vs {self.reference}",
-            f"policy: {self.policy}",
-        ]
+        lines = [self.verdict, f"policy: {self.policy}"]
         for row in self.matrix:
             state = "ok" if row.passed else "FAIL"
             extra = f" error: {row.error}" if row.error else ""
-            lines.append(f"  [{state}] {row.role} {row.framework} on {row.device}{extra}")
+            lines.append(
+                f"  [{state}] {row.role} {row.framework} on {row.device} inputs={row.inputs}{extra}"
+            )
         if self.outputs:
             lines.append("outputs:")
             lines.extend("  " + format_metrics(m) for m in self.outputs)
@@ -135,13 +164,10 @@ class ParityReport:
         from rich.table import Table
         from rich.text import Text
 
-        head = Text(
-            f"parity {'PASSED' if self.passed else 'FAILED'}: {self.candidate} vs {self.reference}",
-            style="bold green" if self.passed else "bold red",
-        )
+        head = Text(self.verdict, style="bold green" if self.passed else "bold red")
         parts: list[Any] = [head, Text(f"policy: {self.policy}")]
         matrix = Table(title="framework x device")
-        for col in ("role", "framework", "device", "result", "worst output"):
+        for col in ("role", "framework", "device", "inputs", "result", "worst output"):
             matrix.add_column(col)
         for row in self.matrix:
             worst = max(row.outputs, key=lambda m: m.severity, default=None)
@@ -149,6 +175,7 @@ class ParityReport:
                 row.role,
                 row.framework,
                 row.device,
+                row.inputs,
                 "[green]ok[/]" if row.passed else "[red]FAIL[/]",
                 row.error or (format_metrics(worst) if worst else ""),
             )
@@ -173,18 +200,19 @@ class ParityReport:
         color = "#1a7f37" if self.passed else "#cf222e"
         body = [
             f"<h1 style='color:{color}'>parity {'PASSED' if self.passed else 'FAILED'}</h1>",
-            f"<p>{e(self.candidate)} vs {e(self.reference)}<br>policy: {e(self.policy)}</p>",
+            f"<p>{e(self.verdict)}<br>policy: {e(self.policy)}</p>",
         ]
         if self.first_divergence:
             body.append(f"<p><b>first divergence:</b> <code>{e(self.first_divergence)}</code></p>")
         body.append(
             "<h2>framework &times; device</h2><table><tr><th>role</th><th>framework</th>"
-            "<th>device</th><th>result</th><th>error</th></tr>"
+            "<th>device</th><th>inputs</th><th>result</th><th>error</th></tr>"
         )
         for r in self.matrix:
             res = "ok" if r.passed else "FAIL"
             body.append(
                 f"<tr><td>{e(r.role)}</td><td>{e(r.framework)}</td><td>{e(r.device)}</td>"
+                f"<td>{e(r.inputs)}</td>"
                 f"<td>{res}</td><td>{e(r.error or '')}</td></tr>"
             )
         body.append("</table>")
@@ -231,7 +259,21 @@ def format_metrics(m: Metrics) -> str:
         parts.append(f"rtol={m.rtol:g} atol={m.atol:g}")
     if m.mismatches:
         parts.append(f"mismatches={m.mismatches} first at {list(m.first_mismatch or ())}")
+        worst = [w for w in m.worst if w["err"] > w["bound"] or not _finite(w["cand"])][:3]
+        if worst:
+            parts.append(
+                "worst: "
+                + "; ".join(
+                    f"{w['index']} cand={w['cand']:.6g} ref={w['ref']:.6g} "
+                    f"err={w['err']:.3g} > bound={w['bound']:.3g}"
+                    for w in worst
+                )
+            )
     return " ".join(parts)
+
+
+def _finite(v: float) -> bool:
+    return math.isfinite(v)
 
 
 def _metrics_table(title: str, metrics: list[Metrics]):
