@@ -217,6 +217,7 @@ def check_parity(
     allow_constant: bool | None = None,
     allow_dtype: Any = None,
     grad_names: Mapping[str, str] | None = None,
+    layerwise: Any = False,
 ) -> ParityReport:
     """Run ``reference`` and ``candidate`` on the same inputs and compare them.
 
@@ -245,6 +246,11 @@ def check_parity(
         allow_constant: Accept reference outputs that are constant on every input set.
         allow_dtype: Allowed dtype changes, reference -> candidate (``Policy.allow_dtype``).
         grad_names: Reference weight name -> candidate weight name, for ``grads=True``.
+        layerwise: Build the float64 oracle one block at a time (reference: a
+            ``torch.export.ExportedProgram``), and judge each block of the candidate's IR
+            too (see :mod:`xconv.parity.layerwise`). ``True`` takes the IR from the
+            candidate (``xconv.to_jax`` results) or converts the program; an
+            ``onnx_ir.Model`` is used as given.
 
     Returns:
         A :class:`ParityReport`; ``report.passed`` says whether the candidate agrees on
@@ -301,7 +307,22 @@ def check_parity(
     names = ref.output_names(len(ref_out))
 
     oracle, oracle_outs = None, None
-    if pol.uses_oracle:
+    blocks = None
+    if layerwise is not False and layerwise is not None:
+        from xconv.parity.layerwise import layerwise_oracle
+
+        # One block-by-block float64 run per input set; the example set's blocks are the
+        # per-scope verdicts, and any set's failing block fails the check.
+        runs = [layerwise_oracle(reference, cand, layerwise, xs, pol) for _, xs in sets]
+        blocks = runs[0]
+        for run in runs[1:]:
+            if not run.passed and blocks.passed:
+                blocks = run
+        if all(run.oracle_outputs for run in runs):
+            oracle_outs = [run.oracle_outputs for run in runs]
+        for run in runs:
+            notes.extend(n for n in run.notes if n not in notes)
+    elif pol.uses_oracle:
         oracle, why = ref.oracle()
         if oracle is not None:
             try:
@@ -382,6 +403,10 @@ def check_parity(
         report.passed = False
         report.reason = reason
 
+    if blocks is not None:
+        report.scopes = [b.as_scope() for b in blocks.blocks]
+        report.first_divergence = blocks.first_divergence
+        report.passed = report.passed and blocks.passed
     if grads:
         report.grads = _check_grads(
             ref,
@@ -398,7 +423,7 @@ def check_parity(
         )
         report.passed = report.passed and all(m.passed for m in report.grads)
 
-    if intermediates and failing is not None and failing.error is None:
+    if intermediates and failing is not None and failing.error is None and blocks is None:
         t = time.perf_counter()
         xs = dict(sets)[failing.inputs]
         _localize_into(report, ref, cand, oracle, xs, ref_dev, failing.device, pol)
