@@ -163,7 +163,9 @@ def schedule_for(scheduler: Any, group: int = 0, *, base: float | None = None) -
         )
     if kind == "OneCycleLR":
         return _one_cycle_lr(scheduler, group)
-    base = scheduler.base_lrs[group] if base is None else base
+    if base is None:
+        bases = getattr(scheduler, "base_lrs", None)
+        base = bases[group] if bases else scheduler.optimizer.param_groups[group]["initial_lr"]
     if kind == "SequentialLR":
         return _sequential_lr(scheduler, base, group)
     if kind in _SIMPLE:
