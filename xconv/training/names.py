@@ -1,0 +1,129 @@
+"""Which leaf of a Flax / JAX variable tree holds each torch ``state_dict`` entry.
+
+``torch-to-flax`` names a layer's weights after the layer (``layer1.0.conv1.weight`` ->
+``params/layer1_0_conv1/kernel``, transposed ``OIHW`` -> ``HWIO``; see
+:mod:`xconv.weights.flax_names`), ``to_jax`` keeps the ``state_dict`` name
+(``params["layer1"]["0"]["conv1"]["weight"]``). Optimizer state must follow the same path and
+the same transpose, so the correspondence is read off the two trees themselves: each torch
+entry goes to the leaf that holds its values, preferring the leaf its name predicts. The
+variables must therefore be the conversion of the module's current weights (as written by
+``torch-to-flax`` / ``to_jax``); a torch entry no leaf holds is a :class:`WeightsError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from xconv.errors import WeightsError
+from xconv.weights.flax_names import identifier
+
+Path = tuple[str, ...]
+
+#: torch name suffix -> the Flax variable names it usually becomes.
+_ROLE_NAMES = {
+    "weight": ("kernel", "scale", "embedding", "weight"),
+    "bias": ("bias",),
+    "running_mean": ("mean", "running_mean"),
+    "running_var": ("var", "running_var"),
+}
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """Where one torch tensor lives: the tree path and the axis permutation (or None)."""
+
+    name: str
+    path: Path
+    perm: tuple[int, ...] | None
+
+    def to_flax(self, array):
+        return array if self.perm is None else array.transpose(self.perm)
+
+    def to_torch(self, array):
+        return array if self.perm is None else array.transpose(np.argsort(self.perm))
+
+
+def flatten_tree(tree: Mapping[str, Any], prefix: Path = ()) -> dict[Path, Any]:
+    """``{path: leaf}`` of a nested mapping (Flax variables, ``to_jax`` params, nnx state)."""
+    out: dict[Path, Any] = {}
+    for key, value in tree.items():
+        path = (*prefix, str(key))
+        if isinstance(value, Mapping):
+            out.update(flatten_tree(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def _perms(ndim: int) -> list[tuple[int, ...] | None]:
+    """Identity, then torch's kernel layouts moved to Flax's (``O I ...`` / ``I O ...`` ->
+    ``... I O``)."""
+    out: list[tuple[int, ...] | None] = [None]
+    if ndim >= 2:
+        spatial = tuple(range(2, ndim))
+        out += [(*spatial, 1, 0), (*spatial, 0, 1)]
+    return [p for p in out if p is None or p != tuple(range(ndim))]
+
+
+def _rank(name: str, path: Path) -> int:
+    """Lower is a better name match for the torch entry ``name``."""
+    if path[-len(name.split(".")) :] == tuple(name.split(".")):
+        return 0
+    scope, _, attr = name.rpartition(".")
+    roles = _ROLE_NAMES.get(attr, (attr,))
+    module = identifier(scope) if scope else ""
+    if module and module in path and path[-1] in roles:
+        return 1
+    if module and module in path:
+        return 2
+    if identifier(name) in path:
+        return 3
+    return 4
+
+
+def match_leaves(
+    state: Mapping[str, Any], tree: Mapping[str, Any], *, what: str = "the variables"
+) -> dict[str, Leaf]:
+    """Map each torch entry of ``state`` (``{name: tensor}``) to the leaf of ``tree`` holding
+    its values, transposed as the converters transpose kernels.
+
+    Raises:
+        WeightsError: an entry no unclaimed leaf holds; the message lists them all.
+    """
+    flat = {p: np.asarray(v) for p, v in flatten_tree(tree).items()}
+    claimed: set[Path] = set()
+    out: dict[str, Leaf] = {}
+    missing: list[str] = []
+    for name, tensor in state.items():
+        arr = tensor.detach().cpu().numpy() if hasattr(tensor, "detach") else np.asarray(tensor)
+        best: tuple[int, Leaf] | None = None
+        for path in sorted(flat, key=lambda p: _rank(name, p)):
+            rank = _rank(name, path)
+            if best is not None and rank > best[0]:
+                break
+            if path in claimed:
+                continue
+            got = flat[path]
+            for perm in _perms(arr.ndim):
+                want = arr if perm is None else arr.transpose(perm)
+                if got.shape == want.shape and np.array_equal(got, want.astype(got.dtype)):
+                    best = best or (rank, Leaf(name, path, perm))
+                    break
+        if best is None:
+            missing.append(name)
+            continue
+        claimed.add(best[1].path)
+        out[name] = best[1]
+    if missing:
+        raise WeightsError(
+            f"{len(missing)} torch tensor(s) are held by no leaf of {what}: "
+            + ", ".join(missing[:10])
+            + ("..." if len(missing) > 10 else "")
+            + ". Pass the variables converted from this module's current weights "
+            "(torch-to-flax / to_jax output), before any training step."
+        )
+    return out

@@ -1,0 +1,265 @@
+"""``torch.optim`` optimizers (with their state, schedule and clipping) <-> optax.
+
+:func:`from_torch_optimizer` turns a torch optimizer into an optax transform whose state holds
+torch's per-parameter buffers at the paths (and in the layouts) of the converted variables;
+:func:`to_torch_optimizer` writes such a state back into a torch optimizer for the module.
+Each param group becomes one :func:`~xconv.training.transforms.torch_transform` inside an
+``optax.multi_transform`` labelled ``group_<i>``; variables no torch parameter maps to
+(buffers in ``to_jax`` params, constants) are labelled ``frozen`` and never change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from xconv.errors import ConversionError, UnsupportedAttributeError
+from xconv.training.names import Leaf, flatten_tree, match_leaves
+
+#: torch optimizer class -> (transform kind, hyper-parameters read from each group)
+OPTIMIZERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "SGD": ("sgd", ("momentum", "dampening", "nesterov", "weight_decay", "maximize")),
+    "Adam": ("adam", ("betas", "eps", "weight_decay", "amsgrad", "maximize")),
+    "AdamW": ("adam", ("betas", "eps", "weight_decay", "amsgrad", "maximize")),
+    "RMSprop": ("rmsprop", ("alpha", "eps", "weight_decay", "momentum", "centered", "maximize")),
+    "Adagrad": (
+        "adagrad",
+        ("lr_decay", "weight_decay", "initial_accumulator_value", "eps", "maximize"),
+    ),
+    "Adamax": ("adamax", ("betas", "eps", "weight_decay", "maximize")),
+    "NAdam": ("nadam", ("betas", "eps", "weight_decay", "momentum_decay", "maximize")),
+    "RAdam": ("radam", ("betas", "eps", "weight_decay", "maximize")),
+}
+
+#: Group options that change the math but are not part of the converted rule.
+_REJECT = {"differentiable": True, "capturable": True}
+
+FROZEN = "frozen"
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """What was read from the torch optimizer: kind, per-group hyper-parameters, names."""
+
+    torch_class: str
+    kind: str
+    groups: tuple[dict[str, Any], ...]
+    group_names: tuple[tuple[str, ...], ...]  # torch parameter names per group
+
+
+def _param_names(optimizer, model) -> list[list[str]]:
+    if model is None:
+        raise ConversionError(
+            "from_torch_optimizer needs model= (the torch module the optimizer trains) to "
+            "name its parameters"
+        )
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    out = []
+    for i, group in enumerate(optimizer.param_groups):
+        names = []
+        for p in group["params"]:
+            if id(p) not in by_id:
+                raise ConversionError(
+                    f"param group {i} holds a tensor of shape {tuple(p.shape)} that is not a "
+                    "parameter of the given model; pass the module the optimizer was built on"
+                )
+            names.append(by_id[id(p)])
+        out.append(names)
+    return out
+
+
+def read_optimizer(optimizer, model) -> OptimizerSpec:
+    """Read a torch optimizer's kind and groups, rejecting what cannot convert exactly."""
+    cls = type(optimizer).__name__
+    if cls not in OPTIMIZERS:
+        raise UnsupportedAttributeError(
+            f"torch optimizer {cls} has no optax conversion; supported: {', '.join(OPTIMIZERS)}"
+        )
+    kind, keys = OPTIMIZERS[cls]
+    groups = []
+    for i, g in enumerate(optimizer.param_groups):
+        for key, bad in _REJECT.items():
+            if g.get(key) == bad:
+                raise UnsupportedAttributeError(f"{cls} group {i}: {key}={bad} is not supported")
+        if g.get("fused"):
+            raise UnsupportedAttributeError(
+                f"{cls} group {i}: fused=True runs a different kernel; use fused=False"
+            )
+        hp = {k: g[k] for k in keys if k in g}
+        if kind == "adam":
+            hp["decoupled"] = cls == "AdamW" or bool(g.get("decoupled_weight_decay", False))
+        if kind in ("nadam", "radam"):
+            hp["decoupled"] = bool(g.get("decoupled_weight_decay", False))
+        if kind == "sgd" and g.get("nesterov") and (g["momentum"] <= 0 or g["dampening"] != 0):
+            raise UnsupportedAttributeError("SGD nesterov needs momentum > 0 and dampening 0")
+        if isinstance(g["lr"], float) is False and hasattr(g["lr"], "item"):
+            hp["lr"] = float(g["lr"].item())
+        else:
+            hp["lr"] = float(g["lr"])
+        groups.append(hp)
+    return OptimizerSpec(
+        cls, kind, tuple(groups), tuple(map(tuple, _param_names(optimizer, model)))
+    )
+
+
+def _set_path(tree: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _labels(params: Mapping[str, Any], spec: OptimizerSpec, leaves: Mapping[str, Leaf], prefix):
+    labels: dict = {}
+    for path in flatten_tree(params):
+        _set_path(labels, path, FROZEN)
+    for gi, names in enumerate(spec.group_names):
+        for name in names:
+            _set_path(labels, leaves[name].path[len(prefix) :], f"group_{gi}")
+    return labels
+
+
+def _params_of(variables: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple[str, ...]]:
+    """The trainable tree: linen's ``params`` collection, else the tree itself."""
+    if "params" in variables and isinstance(variables["params"], Mapping):
+        return variables["params"], ("params",)
+    return variables, ()
+
+
+def from_torch_optimizer(
+    optimizer,
+    variables: Mapping[str, Any],
+    *,
+    scheduler=None,
+    model=None,
+    clip_grad_norm: float | tuple[float, float] | None = None,
+    clip_grad_value: float | None = None,
+    accumulate_steps: int = 1,
+):
+    """A torch optimizer (and its scheduler) as an optax transform with torch's state.
+
+    Args:
+        optimizer: A ``torch.optim`` optimizer (SGD, Adam, AdamW, RMSprop, Adagrad, Adamax,
+            NAdam, RAdam), fresh or mid-run.
+        variables: The converted variables (``torch-to-flax``'s ``{"params", "batch_stats"}``
+            or ``to_jax``'s params), holding the module's current weights. The transform
+            updates ``variables["params"]`` when present, else the whole tree.
+        scheduler: A ``torch.optim.lr_scheduler`` scheduler of ``optimizer``; the schedule
+            continues from its ``last_epoch``.
+        model: The torch module the optimizer trains (names its parameters).
+        clip_grad_norm: ``max_norm`` or ``(max_norm, norm_type)``: torch's
+            ``clip_grad_norm_`` over all of the optimizer's parameters, before the step.
+        clip_grad_value: torch's ``clip_grad_value_`` before the step.
+        accumulate_steps: Step every ``k`` calls on the mean gradient (``optax.MultiSteps``),
+            as torch accumulating ``loss / k`` over ``k`` micro-batches.
+
+    Returns:
+        ``(tx, opt_state)``: ``updates, opt_state = tx.update(grads, opt_state, params)``
+        then ``optax.apply_updates(params, updates)`` is torch's ``optimizer.step()``
+        (then ``scheduler.step()``).
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from xconv.training.schedules import schedule_for
+    from xconv.training.transforms import TorchState, slot_names, torch_transform
+
+    spec = read_optimizer(optimizer, model)
+    params, prefix = _params_of(variables)
+    named = dict(model.named_parameters())
+    wanted = {n: named[n] for names in spec.group_names for n in names}
+    leaves = match_leaves(wanted, variables, what="the variables")
+    for name, leaf in leaves.items():
+        if leaf.path[: len(prefix)] != prefix:
+            raise ConversionError(
+                f"torch parameter {name!r} maps to {'/'.join(leaf.path)}, outside the "
+                f"trainable {'/'.join(prefix) or 'tree'}"
+            )
+    labels = _labels(params, spec, leaves, prefix)
+    transforms: dict[str, optax.GradientTransformation] = {FROZEN: optax.set_to_zero()}
+    for gi, hp in enumerate(spec.groups):
+        lr = schedule_for(scheduler, gi) if scheduler is not None else hp["lr"]
+        transforms[f"group_{gi}"] = torch_transform(spec.kind, hp, lr)
+    chain = []
+    frozen_mask = jax.tree_util.tree_map(lambda label: label == FROZEN, labels)
+    if clip_grad_norm is not None or clip_grad_value is not None:
+        from xconv.training.transforms import clip_grad_norm as norm_clip
+        from xconv.training.transforms import clip_grad_value as value_clip
+
+        # Only the optimizer's parameters count towards torch's norm.
+        chain.append(optax.masked(optax.set_to_zero(), frozen_mask))
+        if clip_grad_value is not None:
+            chain.append(value_clip(clip_grad_value))
+        if clip_grad_norm is not None:
+            max_norm, norm_type = (
+                clip_grad_norm if isinstance(clip_grad_norm, tuple) else (clip_grad_norm, 2.0)
+            )
+            chain.append(norm_clip(max_norm, norm_type))
+    chain.append(optax.multi_transform(transforms, labels))
+    tx = optax.chain(*chain) if len(chain) > 1 else chain[0]
+    if accumulate_steps > 1:
+        from xconv.training.transforms import accumulate_gradients
+
+        tx = accumulate_gradients(tx, accumulate_steps)
+    state = tx.init(params)
+
+    # Fill each group's state from torch's.
+    torch_state = optimizer.state
+    last_epoch = int(scheduler.last_epoch) if scheduler is not None else 0
+
+    def fill(gi: int, s):
+        group_params = optimizer.param_groups[gi]["params"]
+        steps = set()
+        slots = dict(s.slots)
+        for name, p in zip(spec.group_names[gi], group_params, strict=True):
+            st = torch_state.get(p, {})
+            if "step" in st:
+                steps.add(int(float(st["step"])))
+            else:  # SGD keeps no step; a momentum buffer means it has stepped
+                steps.add(1 if st.get("momentum_buffer") is not None else 0)
+            leaf = leaves[name]
+            rel = leaf.path[len(prefix) :]
+            for slot in slot_names(spec.kind, spec.groups[gi]):
+                if st.get(slot) is None:
+                    continue
+                value = st[slot].detach().cpu().numpy().copy()  # jax may alias numpy
+                value = value if value.ndim == 0 else leaf.to_flax(value)
+                slots[slot] = _replace(slots[slot], rel, value)
+        if len(steps) > 1:
+            raise ConversionError(
+                f"param group {gi} has parameters at different steps {sorted(steps)}; torch "
+                "updated only some of them (no gradient), which one optax state cannot hold"
+            )
+        count = steps.pop() if steps else 0
+        return TorchState(jnp.asarray(count, jnp.int32), jnp.asarray(last_epoch, jnp.int32), slots)
+
+    def fill_groups(s):
+        if not isinstance(s, optax.MultiTransformState):
+            return s
+        inner = dict(s.inner_states)
+        for label, masked in inner.items():
+            if label.startswith("group_"):
+                gi = int(label.split("_")[1])
+                inner[label] = masked._replace(inner_state=fill(gi, masked.inner_state))
+        return s._replace(inner_states=inner)
+
+    state = jax.tree_util.tree_map(
+        fill_groups, state, is_leaf=lambda x: isinstance(x, optax.MultiTransformState)
+    )
+    return tx, state
+
+
+def _replace(tree, rel: tuple[str, ...], value):
+    import jax.numpy as jnp
+
+    node = dict(tree)
+    if len(rel) == 1:
+        old = node[rel[0]]
+        node[rel[0]] = jnp.asarray(value, dtype=old.dtype).reshape(old.shape)
+        return node
+    node[rel[0]] = _replace(node[rel[0]], rel[1:], value)
+    return node
+
+
+__all__ = ["OPTIMIZERS", "from_torch_optimizer", "read_optimizer"]
