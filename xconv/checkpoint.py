@@ -52,12 +52,14 @@ class Traced:
         index: The checkpoint's tensors (from the shard headers).
         meta: The weightless module, its expected entries and ties.
         inputs: The example inputs it was traced with.
+        program: The weightless ``torch.export`` program (the layerwise reference).
     """
 
     model: ir.Model
     index: CheckpointIndex
     meta: Any
     inputs: tuple[Any, ...]
+    program: Any = None
 
     @property
     def sources(self) -> dict[str, str]:
@@ -140,7 +142,7 @@ def from_checkpoint(
     ]
     if fake:
         raise ConversionError(f"weights with no checkpoint entry and no value: {fake[:10]}")
-    return Traced(model, index, meta, inputs)
+    return Traced(model, index, meta, inputs, program)
 
 
 def _is_fake(tensor: Any) -> bool:
@@ -312,6 +314,22 @@ def convert_checkpoint(
         dynamic_batch=options.dynamic_batch,
         input_shapes=options.input_shapes,
     )
+    return write_target(traced, target=target, out_dir=out_dir, options=options, progress=say)
+
+
+def write_target(
+    traced: Traced,
+    *,
+    target: str,
+    out_dir: str | os.PathLike,
+    options: CheckpointOptions | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CheckpointResult:
+    """Write a traced checkpoint as ``target`` into ``out_dir`` (staged, then moved in place)."""
+    options = options or CheckpointOptions()
+    say = progress or (lambda msg: logger.info(msg))
+    if target not in _WRITERS:
+        raise ConversionError(f"unknown target {target!r} for a checkpoint; choose {TARGETS}")
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     parent = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.staging."))
@@ -319,12 +337,14 @@ def convert_checkpoint(
         stage = parent / out.name
         stage.mkdir()
         say(f"writing {target} output")
-        report = _WRITERS[target](traced, stage, options, say)
+        report, targets = _WRITERS[target](traced, stage, options, say)
         _save_ir(traced, stage, out)
         parity = None
         if options.parity == "layerwise":
+            from xconv.parity.streamed import check_streamed
+
             say("checking parity block by block")
-            parity = _layerwise(traced, stage, target, options)
+            parity = check_streamed(traced, stage, targets, progress=say)
             parity.to_json(stage / "parity.json")
         _replace_dir(stage, out)
     finally:
@@ -333,7 +353,9 @@ def convert_checkpoint(
     return CheckpointResult(out, files, report, traced.index.nbytes, parity)
 
 
-def _write_flax(traced: Traced, stage: Path, options: CheckpointOptions, say) -> StreamReport:
+def _write_flax(
+    traced: Traced, stage: Path, options: CheckpointOptions, say
+) -> tuple[StreamReport, list[Target]]:
     import json
 
     from xconv.weights.stream import stream_targets
@@ -343,7 +365,7 @@ def _write_flax(traced: Traced, stage: Path, options: CheckpointOptions, say) ->
     (stage / "xconv.json").write_text(
         json.dumps({"api": options.api, "format": 1, "weights": INDEX_NAME}, sort_keys=True)
     )
-    return stream_targets(targets, traced.index, stage, progress=say)
+    return stream_targets(targets, traced.index, stage, progress=say), targets
 
 
 def _save_ir(traced: Traced, stage: Path, final: Path) -> None:
@@ -367,12 +389,6 @@ def _replace_dir(src: Path, dst: Path) -> None:
     from xconv.pipeline import _replace_dir as replace
 
     replace(src, dst)
-
-
-def _layerwise(traced: Traced, stage: Path, target: str, options: CheckpointOptions):
-    from xconv.parity.streamed import check_streamed
-
-    return check_streamed(traced, stage, target, api=options.api)
 
 
 _WRITERS = {"flax": _write_flax}

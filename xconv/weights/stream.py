@@ -271,6 +271,7 @@ def stream_targets(
     if unknown:
         raise ConversionError(f"targets read tensors the checkpoint lacks: {unknown}")
     report = StreamReport()
+    before = dict(index.log.bytes_read)
     weight_map: dict[str, str] = {}
     out_dir.mkdir(parents=True, exist_ok=True)
     n = len(groups)
@@ -301,7 +302,9 @@ def stream_targets(
         report.bytes_written += writer.nbytes
     write_index(out_dir / index_name, weight_map, report.bytes_written)
     report.files.append(out_dir / index_name)
-    report.bytes_read = dict(index.log.bytes_read)
+    report.bytes_read = {
+        k: n - before.get(k, 0) for k, n in index.log.bytes_read.items() if n != before.get(k, 0)
+    }
     return report
 
 
