@@ -271,6 +271,27 @@ class TorchAdapter(Adapter):
         return Grads(gin, params)
 
 
+class ExportedProgramAdapter(TorchAdapter):
+    """A ``torch.export.ExportedProgram`` (a loaded ``.pt2``): runs ``program.module()``;
+    its float64 oracle runs the program's graph with float64 weights and every float dtype
+    argument cast to float64 (``module().double()`` trips the program's dtype guards)."""
+
+    def __init__(self, program: Any) -> None:
+        super().__init__(program.module())
+        self.program = program
+
+    def describe(self) -> str:
+        return "torch ExportedProgram"
+
+    def oracle(self):
+        from xconv.parity.layerwise import float64_program
+
+        return (
+            TorchAdapter(float64_program(self.program), double=True),
+            "torch: the exported graph with float64 weights and dtypes",
+        )
+
+
 def _grad_np(g, like) -> np.ndarray:
     if g is None:
         return np.zeros(tuple(like.shape), dtype=to_numpy(like).dtype)
@@ -371,6 +392,8 @@ def wrap(obj: Any, *, framework: str | None = None) -> Adapter:
             return FlaxLinenAdapter(first, second)
         if callable(first):
             return JaxAdapter(first, second)
+    if _is_instance(obj, "torch.export", "ExportedProgram"):
+        return ExportedProgramAdapter(obj)
     if _is_instance(obj, "torch.nn", "Module"):
         return TorchAdapter(obj)
     if _is_instance(obj, "flax.nnx", "Module"):

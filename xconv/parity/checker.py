@@ -140,6 +140,7 @@ def check_parity(
     atol: float | None = None,
     k: float | None = None,
     seed: int = 0,
+    layerwise: Any = False,
 ) -> ParityReport:
     """Run ``reference`` and ``candidate`` on the same inputs and compare them.
 
@@ -162,6 +163,11 @@ def check_parity(
         rtol / atol: Explicit tolerances (switch to the explicit policy).
         k: Oracle policy: allowed ratio to the reference's own float64 error.
         seed: Seed for generated inputs and cotangents.
+        layerwise: Build the float64 oracle one block at a time (reference: a
+            ``torch.export.ExportedProgram``), and judge each block of the candidate's IR
+            too (see :mod:`xconv.parity.layerwise`). ``True`` takes the IR from the
+            candidate (``xconv.to_jax`` results) or converts the program; an
+            ``onnx_ir.Model`` is used as given.
 
     Returns:
         A :class:`ParityReport`; ``report.passed`` says whether the candidate agrees.
@@ -179,7 +185,14 @@ def check_parity(
     names = ref.output_names(len(ref_out))
 
     oracle, oracle_out = None, None
-    if pol.uses_oracle:
+    blocks = None
+    if layerwise is not False and layerwise is not None:
+        from xconv.parity.layerwise import layerwise_oracle
+
+        blocks = layerwise_oracle(reference, cand, layerwise, arrays, pol)
+        oracle_out = blocks.oracle_outputs or None
+        notes.extend(blocks.notes)
+    elif pol.uses_oracle:
         oracle, why = ref.oracle()
         if oracle is not None:
             try:
@@ -243,6 +256,10 @@ def check_parity(
         timings=timings,
     )
 
+    if blocks is not None:
+        report.scopes = [b.as_scope() for b in blocks.blocks]
+        report.first_divergence = blocks.first_divergence
+        report.passed = report.passed and blocks.passed
     if grads:
         report.grads = _check_grads(
             ref, cand, oracle, arrays, ref_out, cand_devs[0], ref_dev, pol, seed, notes
@@ -250,7 +267,7 @@ def check_parity(
         report.passed = report.passed and all(m.passed for m in report.grads)
 
     failing = next((r for r in cand_rows if not r.passed and r.error is None), None)
-    if intermediates and failing is not None:
+    if intermediates and failing is not None and blocks is None:
         t = time.perf_counter()
         _localize_into(report, ref, cand, oracle, arrays, ref_dev, failing.device, pol)
         timings["localize"] = time.perf_counter() - t

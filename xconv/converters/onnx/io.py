@@ -86,18 +86,40 @@ def load(source: str | os.PathLike | bytes | onnx.ModelProto | ir.Model) -> ir.M
             raise InvalidModelError(f"no such model file: {path}")
         proto = _parse(path.read_bytes(), str(path))
         base_dir = path.parent
-    if base_dir is not None and _has_external_data(proto):
+    if not proto.graph.node and not proto.graph.output:
+        raise InvalidModelError(f"{_describe(source)} holds no graph; is it an ONNX model?")
+    external = base_dir is not None and _has_external_data(proto)
+    version = _default_opset(proto)
+    if external and (version is None or version >= OPSET):
+        # Weights stay on disk: the IR's external tensors memory-map them when read.
+        return _deserialize(proto, source, base_dir)
+    if external:
         try:
             onnx.load_external_data_for_model(proto, str(base_dir))
         except Exception as e:
             raise InvalidModelError(f"cannot read the external weights of {source}: {e}") from e
-    if not proto.graph.node and not proto.graph.output:
-        raise InvalidModelError(f"{_describe(source)} holds no graph; is it an ONNX model?")
-    proto = upgrade(proto)
+    return _deserialize(upgrade(proto), source, None)
+
+
+def _deserialize(proto: onnx.ModelProto, source, base_dir: Path | None) -> ir.Model:
     try:
-        return ir.serde.deserialize_model(proto)
+        model = ir.serde.deserialize_model(proto)
     except Exception as e:
         raise InvalidModelError(f"{_describe(source)} is not a valid ONNX model: {e}") from e
+    if base_dir is not None:
+        missing = []
+        for value in model.graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                tensor.base_dir = str(base_dir)
+                if not (base_dir / tensor.location).is_file():
+                    missing.append(tensor.location)
+        if missing:
+            raise InvalidModelError(
+                f"cannot read the external weights of {source}: missing "
+                f"{sorted(set(missing))} beside it"
+            )
+    return model
 
 
 def _describe(source) -> str:
@@ -121,26 +143,60 @@ def _has_external_data(proto: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
 
 
-def save(model: ir.Model, path: str | os.PathLike, *, check: bool = True) -> Path:
+def external_bytes(model: ir.Model) -> int:
+    """Bytes of tensor data the model holds (initializers and tensor attributes), counted
+    from the IR without serialising it."""
+    total = 0
+    for value in model.graph.initializers.values():
+        if value.const_value is not None:
+            total += value.const_value.nbytes
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for attr in node.attributes.values():
+            if attr.type == ir.AttributeType.TENSOR:
+                total += attr.value.nbytes
+    return total
+
+
+def _reads_external(model: ir.Model) -> bool:
+    return any(
+        isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
+    )
+
+
+def save(
+    model: ir.Model,
+    path: str | os.PathLike,
+    *,
+    check: bool = True,
+    external: bool | None = None,
+) -> Path:
     """Write the IR to ``path`` atomically, checked by ``onnx.checker``.
 
-    Weights go to ``<name>.data`` beside the file when the model is over 2 GB. Nothing is
-    left behind at ``path`` if writing or checking fails.
+    Weights go to ``<name>.data`` beside the file when the model's tensors pass 2 GB (counted
+    from the IR, never by serialising the whole proto), or when ``external=True``. Tensors are
+    streamed one at a time from wherever they live (torch storage, mmap'd files), so writing
+    does not hold a second copy of the weights. Nothing is left behind at ``path`` if writing
+    or checking fails.
 
     Returns:
         The path written.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    proto = ir.serde.serialize_model(model)
-    large = proto.ByteSize() > _PROTO_LIMIT if proto.ByteSize() >= 0 else True
+    if external is None:
+        # A model read from external data keeps it external (its tensors point at a file).
+        external = _reads_external(model) or external_bytes(model) > _PROTO_LIMIT
+    large = external
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         tmp_path = Path(tmp) / path.name
         data_name = f"{path.name}.data"
-        if large:
-            ir.save(model, tmp_path, external_data=data_name)
-        else:
-            tmp_path.write_bytes(proto.SerializeToString())
+        try:
+            if large:
+                ir.save(model, tmp_path, external_data=data_name, size_threshold_bytes=1024)
+            else:
+                ir.save(model, tmp_path)
+        except Exception as e:
+            raise InvalidModelError(f"cannot write {path}: {type(e).__name__}: {e}") from e
         if check:
             try:
                 onnx.checker.check_model(str(tmp_path), full_check=False)
@@ -148,5 +204,7 @@ def save(model: ir.Model, path: str | os.PathLike, *, check: bool = True) -> Pat
                 raise InvalidModelError(f"the model fails onnx.checker: {e}") from e
         if large:
             os.replace(Path(tmp) / data_name, path.parent / data_name)
+        elif (path.parent / data_name).exists():
+            os.remove(path.parent / data_name)  # left by an earlier, larger save
         os.replace(tmp_path, path)
     return path
