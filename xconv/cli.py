@@ -295,8 +295,57 @@ _COMMANDS = (
 )
 
 
+def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
+    """``--weights``: a checkpoint larger than memory, traced without weights, streamed."""
+    from xconv.checkpoint import CheckpointOptions, convert_checkpoint
+    from xconv.errors import ParityError
+
+    if not kw.get("module_factory"):
+        raise click.UsageError("--weights needs --module (a class taking the config, or a factory)")
+    if "." not in sys.path and "" not in sys.path:
+        sys.path.insert(0, ".")
+    options = CheckpointOptions(
+        api=kw["api"],
+        parity="none" if kw["no_check"] else kw["parity"],
+        dynamic_batch=kw["dynamic_batch"],
+        input_shapes=tuple(kw["input_shapes"]),
+    )
+    out = out or Path(f"{kw['module_factory'].rpartition(':')[2]}_{target}")
+    console = _console()
+    with console.status("converting") as status:
+        result = convert_checkpoint(
+            kw["module_factory"],
+            kw["weights"],
+            target=target,
+            out_dir=out,
+            config=kw["config"],
+            options=options,
+            progress=lambda msg: status.update(msg + " ..."),
+        )
+    console.print(
+        f"[green]wrote[/] {result.out_dir}/: {len(result.files)} files, "
+        f"{result.stream.bytes_written / 2**30:.2f} GiB of weights streamed"
+    )
+    if result.parity is not None:
+        console.print(result.parity)
+        if not result.parity.passed:
+            raise ParityError(
+                "the converted model does not match the source block by block (first "
+                f"divergence: {result.parity.first_divergence}); see {result.out_dir}/parity.json"
+            )
+
+
 def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
-    def command(model: Path, out: Path | None, **kw) -> None:
+    def command(model: Path | None, out: Path | None, **kw) -> None:
+        if kw.get("weights"):
+            if model is not None:
+                raise click.UsageError("give either MODEL or --weights, not both")
+            _run_checkpoint(target, out, kw)
+            return
+        if model is None:
+            raise click.UsageError("missing argument MODEL (or --module/--config/--weights)")
+        for key in ("weights", "config", "parity"):
+            kw.pop(key, None)
         _run_conversion(model, source_kind, target, out, **kw)
 
     command.__doc__ = (
@@ -313,16 +362,33 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
     if source_kind == "torch":
         command = click.option(
             "--module", "module_factory", default=None,
-            help="pkg.mod:factory building the module a state_dict loads into.",
+            help="pkg.mod:factory building the module a state_dict loads into (with "
+                 "--weights: a class taking the --config, e.g. transformers:LlamaForCausalLM).",
         )(command)  # fmt: skip
         command = click.option(
             "--trust-pickle", is_flag=True,
             help="Allow loading a fully pickled module (runs code from the file).",
         )(command)  # fmt: skip
+        if target in ("flax", "jax", "onnx"):
+            command = click.option(
+                "--weights", default=None,
+                help="A safetensors checkpoint (index .json, folder or 'model-*.safetensors' "
+                     "glob) converted without loading it: the --module is traced on fake "
+                     "weights and the weights are streamed shard by shard.",
+            )(command)  # fmt: skip
+            command = click.option(
+                "--config", default=None, type=click.Path(exists=True, path_type=Path),
+                help="config.json the --module class is built from (with --weights).",
+            )(command)  # fmt: skip
+            command = click.option(
+                "--parity", type=click.Choice(["layerwise", "none"]), default="layerwise",
+                show_default=True,
+                help="With --weights: check block by block (float64 oracle per block).",
+            )(command)  # fmt: skip
     # A TensorFlow SavedModel is a folder; every other source is a file.
     path_type = click.Path(dir_okay=source_kind == "tf", exists=source_kind == "tf",
                            path_type=Path)  # fmt: skip
-    command = click.argument("model", type=path_type)(command)
+    command = click.argument("model", type=path_type, required=source_kind != "torch")(command)
     main.command(f"{source_kind}-to-{target}")(command)
 
 

@@ -104,7 +104,9 @@ def flax_kernel_layout(layout: str) -> str:
 def to_flax_kernel(array: np.ndarray, layout: str) -> np.ndarray:
     """Transpose a kernel from its IR layout (``OIHW``, ``OI``) to Flax's (``HWIO``, ``IO``)."""
     perm = kernel_permutation(layout, flax_kernel_layout(layout))
-    return np.ascontiguousarray(np.transpose(array, perm))
+    out = np.transpose(array, perm)
+    # A weight of a model traced without its data is a stand-in recording the transpose.
+    return np.ascontiguousarray(out) if isinstance(out, np.ndarray) else out
 
 
 def from_flax_kernel(array: np.ndarray, layout: str) -> np.ndarray:

@@ -152,9 +152,7 @@ class Interpreter:
             if not a.is_ref()
         )
         static = (
-            node.op_type not in _STATEFUL
-            and not has_subgraph
-            and all(is_static(a) for a in args)
+            node.op_type not in _STATEFUL and not has_subgraph and all(is_static(a) for a in args)
         )
         try:
             if static:

@@ -1,0 +1,394 @@
+"""Checkpoints larger than memory: trace without weights, stream the weights, check by block.
+
+``xconv torch-to-flax --module transformers:LlamaForCausalLM --config config.json --weights
+'model-*.safetensors' -o OUT`` runs :func:`convert_checkpoint`:
+
+1. The checkpoint's headers are read and checked against the module built with no parameter
+   data (:mod:`xconv.converters.torch.meta`): every missing, unexpected, mis-shaped or
+   mis-typed tensor, truncated shard or missing shard file is listed in one
+   :class:`~xconv.errors.WeightsError` (exit 6) before anything is written.
+2. The module is traced with ``torch.export`` on fake parameters and translated to the IR; its
+   initializers become lazy references into the shards (:class:`~xconv.weights.stream.LazyWeight`).
+3. The target's source is generated against stand-in weights, then the weights are streamed
+   shard by shard into the target's shard files (:mod:`xconv.weights.stream`): Flax and JAX get
+   safetensors shards + index read by the generated ``load(out_dir)``; ONNX gets ``model.onnx``
+   whose external data are those shards.
+4. ``parity="layerwise"`` checks the result block by block against torch with a float64 oracle,
+   one block's weights in memory at a time.
+
+Everything is written into a staging folder moved into place at the end: a failure leaves
+nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from xconv.errors import ConversionError
+from xconv.weights.shards import CheckpointIndex
+from xconv.weights.stream import INDEX_NAME, Planned, StreamReport, Target, planning_copy
+
+logger = logging.getLogger(__name__)
+
+TARGETS = ("flax", "jax", "onnx")
+
+
+@dataclass
+class Traced:
+    """A model traced without its weights.
+
+    Attributes:
+        model: The IR; checkpoint entries are lazy references (``LazyWeight``).
+        index: The checkpoint's tensors (from the shard headers).
+        meta: The weightless module, its expected entries and ties.
+        inputs: The example inputs it was traced with.
+        program: The weightless ``torch.export`` program (the layerwise reference).
+    """
+
+    model: ir.Model
+    index: CheckpointIndex
+    meta: Any
+    inputs: tuple[Any, ...]
+    program: Any = None
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """``{initializer name: checkpoint key}`` for every lazy weight."""
+        from xconv.weights.stream import LazyWeight
+
+        return {
+            name: v.const_value.ref.name
+            for name, v in self.model.graph.initializers.items()
+            if isinstance(v.const_value, LazyWeight)
+        }
+
+
+def from_checkpoint(
+    module: Any,
+    weights: str | os.PathLike,
+    *,
+    config: Any = None,
+    example_inputs: Sequence[Any] | None = None,
+    dynamic_batch: bool = False,
+    input_shapes: tuple[str, ...] = (),
+) -> Traced:
+    """Trace ``module`` on fake parameters and point its IR weights into ``weights``.
+
+    Args:
+        module: A torch module class taking the config (``transformers.LlamaForCausalLM``), a
+            factory returning the module, or a ``"pkg.mod:name"`` string naming either.
+        weights: The checkpoint: ``*.safetensors.index.json``, a glob of shards, a folder.
+        config: ``config.json`` path, a dict, or None for a factory taking no config.
+        example_inputs: Inputs to trace with (default: token ids ``(1, 8)`` when the config has
+            a ``vocab_size``).
+        dynamic_batch: Symbolic batch dimension.
+        input_shapes: ``--input-shape`` strings instead of ``example_inputs``.
+
+    Raises:
+        WeightsError: The checkpoint does not fit the module (every problem listed).
+    """
+    import torch
+
+    from xconv.converters.torch.importer import _export, _to_ir, annotate
+    from xconv.converters.torch.meta import build_meta_module, default_inputs, load_config
+    from xconv.factories import resolve_factory
+    from xconv.weights.stream import attach
+
+    factory = resolve_factory(module) if isinstance(module, str) else module
+    index = CheckpointIndex(weights)
+    cfg = load_config(factory, config)
+    dtype = None
+    if not _config_dtype(cfg):
+        dtype = _majority_float_dtype(index)
+    meta = build_meta_module(factory, cfg, dtype=dtype)
+    index.check(meta.expected, tied=meta.tied)
+    inputs = tuple(example_inputs) if example_inputs is not None else None
+    if inputs is None:
+        inputs = default_inputs(cfg, input_shapes)
+    if inputs is None:
+        raise ConversionError("no example inputs: give --input-shape (e.g. 1,16:int64)")
+    inputs = tuple(
+        torch.as_tensor(np.asarray(x)) if isinstance(x, np.ndarray) else x for x in inputs
+    )
+    program = _export(meta.module, inputs, dynamic_batch)
+    model = _to_ir(program)
+    names = set(model.graph.initializers)
+    state = {k: v for k, v in meta.module.state_dict().items() if k in names}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # data_ptr of fake tensors (tie check)
+        annotate(
+            model,
+            dict(meta.module.named_modules(remove_duplicate=False)),
+            state,
+            dynamic_batch=dynamic_batch,
+        )
+    attach(model, index, meta.tied)
+    fake = [
+        n
+        for n, v in model.graph.initializers.items()
+        if v.const_value is not None and _is_fake(v.const_value)
+    ]
+    if fake:
+        raise ConversionError(f"weights with no checkpoint entry and no value: {fake[:10]}")
+    return Traced(model, index, meta, inputs, program)
+
+
+def _is_fake(tensor: Any) -> bool:
+    raw = getattr(tensor, "raw", None)
+    return type(raw).__name__ == "FakeTensor" or getattr(raw, "device", None) == "meta"
+
+
+def _config_dtype(cfg: Any) -> Any:
+    if cfg is None:
+        return None
+    if isinstance(cfg, dict):
+        return cfg.get("dtype") or cfg.get("torch_dtype")
+    return getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
+
+
+def _majority_float_dtype(index: CheckpointIndex):
+    import torch
+
+    sizes: dict[str, int] = {}
+    for ref in index.tensors.values():
+        if ref.dtype.startswith(("float", "bfloat")):
+            sizes[ref.dtype] = sizes.get(ref.dtype, 0) + ref.nbytes
+    if not sizes:
+        return None
+    return getattr(torch, max(sizes, key=sizes.get), None)
+
+
+# --- planning: the emitter's source against stand-in weights ------------------------------
+
+
+def plan_flax(traced: Traced, api: str = "linen") -> tuple[str, list[Target]]:
+    """Generated ``model.py`` (reading streamed shards) and the variables to stream."""
+    from xconv.converters.jax import flax_emitter as fe
+    from xconv.ir.passes import canonicalize
+
+    if api not in ("linen", "nnx"):
+        raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
+    model = canonicalize(planning_copy(traced.model, traced.sources))
+    em = fe._Emitter(model, api, fe.FlaxOptions())
+    em.plan_layers()
+    em.check_supported()
+    em.emit()
+    source = _streamed_loader(fe.render(em, model.graph.name or "model"), api)
+    targets = []
+    for var in em.src.variables:
+        path = (var.collection, *var.path) if api == "linen" else var.path
+        name = "/".join(path)
+        value = var.value
+        if isinstance(value, Planned):
+            targets.append(Target(name, value.shape, value.dtype.name, planned=value))
+        else:
+            arr = np.asarray(value)
+            targets.append(Target(name, tuple(arr.shape), arr.dtype.name, value=arr))
+    return source, sorted(targets, key=lambda t: t.name)
+
+
+_LINEN_LOAD = '''def load(out_dir=None):
+    """Return ``(model, variables)``; run with ``model.apply(variables, *inputs)``.
+
+    The variables are the safetensors shards listed in ``variables.safetensors.index.json``.
+    """
+    out_dir = Path(out_dir or Path(__file__).parent)
+    return Model(), _read_variables(out_dir)'''
+
+_NNX_LOAD = '''def load(out_dir=None):
+    """Return the model with its variables loaded; call ``model(*inputs)``.
+
+    The variables are the safetensors shards listed in ``variables.safetensors.index.json``.
+    """
+    out_dir = Path(out_dir or Path(__file__).parent)
+    model = nnx.eval_shape(lambda: Model(rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(model)
+    nnx.replace_by_pure_dict(state, _read_variables(out_dir))
+    return nnx.merge(graphdef, state)'''
+
+_READ = '''def _read_variables(out_dir):
+    """The variable tree from the shards, one shard file at a time."""
+    index = json.loads((out_dir / "variables.safetensors.index.json").read_text())
+    tree = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        for name, value in load_file(out_dir / shard).items():
+            *keys, leaf = name.split("/")
+            node = tree
+            for key in keys:
+                node = node.setdefault(key, {})
+            node[leaf] = value
+    return tree'''
+
+
+def _streamed_loader(source: str, api: str) -> str:
+    """Swap the generated ``load`` (one msgpack file) for one reading the streamed shards."""
+    start = source.index("def load(out_dir=None):")
+    end = source.find("\n\n\n", start)
+    end = len(source.rstrip("\n")) if end < 0 else end
+    new = _READ + "\n\n\n" + (_LINEN_LOAD if api == "linen" else _NNX_LOAD)
+    source = source[:start] + new + source[end:]
+    source = source.replace(
+        "from pathlib import Path\n", "import json\nfrom pathlib import Path\n", 1
+    )
+    source = source.replace(
+        "from flax import serialization\n",
+        "from flax import serialization\nfrom safetensors.flax import load_file\n",
+        1,
+    ).replace(
+        "from flax import nnx, serialization\n",
+        "from flax import nnx\nfrom safetensors.flax import load_file\n",
+        1,
+    )
+    if "serialization." not in source:
+        source = source.replace("from flax import serialization\n", "")
+    return source
+
+
+# --- the whole route ------------------------------------------------------------------------
+
+
+@dataclass
+class CheckpointResult:
+    """What :func:`convert_checkpoint` wrote and measured."""
+
+    out_dir: Path
+    files: list[Path]
+    stream: StreamReport
+    checkpoint_bytes: int
+    parity: Any = None
+
+    @property
+    def passed(self) -> bool:
+        return self.parity is None or bool(self.parity.passed)
+
+
+@dataclass
+class CheckpointOptions:
+    """Choices of :func:`convert_checkpoint` (frozen in spirit: built once, passed down)."""
+
+    api: str = "linen"
+    parity: str = "layerwise"  # "layerwise" or "none"
+    dynamic_batch: bool = False
+    input_shapes: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def convert_checkpoint(
+    module: Any,
+    weights: str | os.PathLike,
+    *,
+    target: str,
+    out_dir: str | os.PathLike,
+    config: Any = None,
+    options: CheckpointOptions | None = None,
+    example_inputs: Sequence[Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CheckpointResult:
+    """Convert a checkpoint larger than memory to ``target`` (``flax``, ``jax``, ``onnx``).
+
+    See the module docstring for the steps. Returns a :class:`CheckpointResult`; ``parity``
+    is the layerwise report (None with ``options.parity="none"``).
+    """
+    options = options or CheckpointOptions()
+    say = progress or (lambda msg: logger.info(msg))
+    if target not in TARGETS:
+        raise ConversionError(f"unknown target {target!r} for a checkpoint; choose {TARGETS}")
+    say("reading the checkpoint headers and tracing on fake weights")
+    traced = from_checkpoint(
+        module,
+        weights,
+        config=config,
+        example_inputs=example_inputs,
+        dynamic_batch=options.dynamic_batch,
+        input_shapes=options.input_shapes,
+    )
+    return write_target(traced, target=target, out_dir=out_dir, options=options, progress=say)
+
+
+def write_target(
+    traced: Traced,
+    *,
+    target: str,
+    out_dir: str | os.PathLike,
+    options: CheckpointOptions | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CheckpointResult:
+    """Write a traced checkpoint as ``target`` into ``out_dir`` (staged, then moved in place)."""
+    options = options or CheckpointOptions()
+    say = progress or (lambda msg: logger.info(msg))
+    if target not in _WRITERS:
+        raise ConversionError(f"unknown target {target!r} for a checkpoint; choose {TARGETS}")
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    parent = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.staging."))
+    try:
+        stage = parent / out.name
+        stage.mkdir()
+        say(f"writing {target} output")
+        report, targets = _WRITERS[target](traced, stage, options, say)
+        _save_ir(traced, stage, out)
+        parity = None
+        if options.parity == "layerwise":
+            from xconv.parity.streamed import check_streamed
+
+            say("checking parity block by block")
+            parity = check_streamed(traced, stage, targets, progress=say)
+            parity.to_json(stage / "parity.json")
+        _replace_dir(stage, out)
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    return CheckpointResult(out, files, report, traced.index.nbytes, parity)
+
+
+def _write_flax(
+    traced: Traced, stage: Path, options: CheckpointOptions, say
+) -> tuple[StreamReport, list[Target]]:
+    import json
+
+    from xconv.weights.stream import stream_targets
+
+    source, targets = plan_flax(traced, options.api)
+    (stage / "model.py").write_text(source)
+    (stage / "xconv.json").write_text(
+        json.dumps({"api": options.api, "format": 1, "weights": INDEX_NAME}, sort_keys=True)
+    )
+    return stream_targets(targets, traced.index, stage, progress=say), targets
+
+
+def _save_ir(traced: Traced, stage: Path, final: Path) -> None:
+    """``model.onnx`` whose external data are the checkpoint's shards (no bytes copied).
+
+    Locations are relative to the final output folder, as ONNX requires; the file stays valid
+    while the checkpoint and the folder keep their places.
+    """
+    proto = ir.to_proto(traced.model)  # lazy weights serialise as references: nothing read
+    inits = traced.model.graph.initializers
+    for init in proto.graph.initializer:
+        tensor = inits[init.name].const_value
+        for entry in init.external_data:
+            if entry.key == "location":
+                shard = Path(tensor.base_dir).resolve() / entry.value
+                entry.value = os.path.relpath(shard, final.resolve())
+    (stage / "model.onnx").write_bytes(proto.SerializeToString())
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    from xconv.pipeline import _replace_dir as replace
+
+    replace(src, dst)
+
+
+_WRITERS = {"flax": _write_flax}

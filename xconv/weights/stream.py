@@ -1,0 +1,340 @@
+"""Weights streamed from a checkpoint into a converted model's shard files, one at a time.
+
+The IR of a model traced without weights (:mod:`xconv.converters.torch.meta`) holds its
+initializers as lazy references into the checkpoint (:class:`LazyWeight`: shard file, byte
+offset, dtype, shape). Writing a target then takes two steps:
+
+1. **Plan.** The target's emitter runs on the IR with every lazy weight standing in as a
+   :class:`Planned` array: it has a shape and a dtype and records the layout operations the
+   emitter applies to it (a kernel transpose), but no data. What comes out is the generated
+   source and, for each target variable, the source tensor and the operations to replay.
+2. **Stream.** The checkpoint is read shard by shard, each tensor once, in file order; each is
+   transformed and appended to the output shard of its input shard, then dropped. Peak memory
+   is one tensor (and its transposed copy), not the model.
+
+Output shards are safetensors files written to a temporary name and renamed when complete,
+inside the caller's staging folder (the folder is moved into place only when everything was
+written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from xconv.errors import ConversionError
+from xconv.weights.shards import CheckpointIndex, ShardWriter, TensorRef, numpy_dtype, write_index
+
+#: Output names: ``variables-00001-of-00004.safetensors`` + this index.
+INDEX_NAME = "variables.safetensors.index.json"
+
+
+class LazyWeight(ir.ExternalTensor):
+    """An IR initializer that is a tensor of a safetensors shard, read only when used.
+
+    It is an ``onnx_ir`` external tensor (location = the shard, offset = the tensor's bytes),
+    so serialising the IR writes the reference, never the bytes.
+    """
+
+    def __init__(self, ref: TensorRef) -> None:
+        super().__init__(
+            ref.shard.name,
+            ref.offset,
+            ref.nbytes,
+            ir.DataType.from_numpy(numpy_dtype(ref.dtype)),
+            shape=ir.Shape(ref.shape),
+            name=ref.name,
+            base_dir=str(ref.shard.parent),
+        )
+        self.ref = ref
+
+
+def attach(model: ir.Model, index: CheckpointIndex, tied: Mapping[str, str] | None = None) -> int:
+    """Make every initializer that is a checkpoint entry a :class:`LazyWeight`; returns how many.
+
+    ``tied`` names entries stored once under another key (an LM head tied to the embedding).
+    """
+    tied = dict(tied or {})
+    n = 0
+    for name, value in model.graph.initializers.items():
+        ref = index.tensors.get(name) or index.tensors.get(tied.get(name, ""))
+        if ref is None:
+            continue
+        lazy = LazyWeight(ref)
+        if ref.name != name:
+            lazy = LazyWeight(
+                TensorRef(name, ref.shard, ref.offset, ref.nbytes, ref.dtype, ref.shape)
+            )
+            lazy.ref = ref
+        lazy.metadata_props.update(getattr(value.const_value, "metadata_props", {}) or {})
+        value.const_value = lazy
+        n += 1
+    return n
+
+
+class NeedsDataError(ConversionError):
+    """An emitter asked for the values of a weight it should only rearrange."""
+
+
+class Planned:
+    """A stand-in array for a checkpoint tensor: shape and dtype, and the operations applied.
+
+    Supports what emitters do to weights (``np.transpose``, ``np.ascontiguousarray``,
+    ``.reshape``, ``.astype`` to the same dtype, ``.T``); reading values raises
+    :class:`NeedsDataError`. :meth:`replay` applies the recorded operations to the real array.
+    """
+
+    __array_priority__ = 1000
+
+    def __init__(self, source: str, shape, dtype, ops: tuple = ()) -> None:
+        self.source = source
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.ops = ops
+
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
+    nbytes = property(lambda self: self.size * self.dtype.itemsize)
+    itemsize = property(lambda self: self.dtype.itemsize)
+
+    def __repr__(self) -> str:
+        return f"Planned({self.source!r}, {self.shape}, {self.dtype.name}, ops={self.ops})"
+
+    def transpose(self, *axes) -> Planned:
+        if len(axes) == 1 and isinstance(axes[0], tuple | list):
+            axes = tuple(axes[0])
+        perm = tuple(int(a) % max(self.ndim, 1) for a in axes) or tuple(reversed(range(self.ndim)))
+        shape = tuple(self.shape[a] for a in perm)
+        return Planned(self.source, shape, self.dtype, (*self.ops, ("transpose", perm)))
+
+    @property
+    def T(self) -> Planned:  # noqa: N802 (numpy's name)
+        return self.transpose()
+
+    def reshape(self, *shape) -> Planned:
+        if len(shape) == 1 and isinstance(shape[0], tuple | list):
+            shape = tuple(shape[0])
+        dims = [int(d) for d in shape]
+        if -1 in dims:
+            known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+            dims[dims.index(-1)] = self.size // max(known, 1)
+        new = tuple(dims)
+        return Planned(self.source, new, self.dtype, (*self.ops, ("reshape", new)))
+
+    def astype(self, dtype, copy: bool = True) -> Planned:
+        dtype = np.dtype(dtype)
+        if dtype == self.dtype:
+            return self
+        return Planned(self.source, self.shape, dtype, (*self.ops, ("astype", dtype.name)))
+
+    def copy(self) -> Planned:
+        return self
+
+    def __array_function__(self, func, types, args, kwargs):
+        if func is np.transpose:
+            axes = kwargs.get("axes", args[1] if len(args) > 1 else None)
+            return args[0].transpose(*(() if axes is None else (tuple(axes),)))
+        if func in (np.ascontiguousarray, np.copy):
+            return args[0]
+        if func is np.reshape:
+            shape = kwargs.get("shape", kwargs.get("newshape", args[1] if len(args) > 1 else None))
+            return args[0].reshape(shape)
+        if func is np.shape:
+            return args[0].shape
+        if func is np.ndim:
+            return args[0].ndim
+        if func is np.size:
+            return args[0].size
+        raise NeedsDataError(
+            f"the emitter applied {func.__name__} to the weight {self.source!r} of a model traced "
+            "without weights; only layout changes (transpose, reshape) can be streamed"
+        )
+
+    def __array__(self, dtype=None, copy=None):
+        raise NeedsDataError(
+            f"the emitter read the values of the weight {self.source!r} of a model traced without "
+            "weights; only layout changes (transpose, reshape) can be streamed"
+        )
+
+    def replay(self, array: np.ndarray) -> np.ndarray:
+        """Apply the recorded operations to the real source array."""
+        for op, arg in self.ops:
+            if op == "transpose":
+                array = np.transpose(array, arg)
+            elif op == "reshape":
+                array = array.reshape(arg)
+            else:
+                array = array.astype(numpy_dtype(arg))
+        return np.ascontiguousarray(array)
+
+
+class _PlanTensor(ir.ExternalTensor):
+    """A LazyWeight whose ``numpy()`` is a :class:`Planned` (used only while planning)."""
+
+    def __init__(self, lazy: ir.ExternalTensor, source: str) -> None:
+        super().__init__(
+            lazy.location,
+            lazy.offset,
+            lazy.length,
+            lazy.dtype,
+            shape=lazy.shape,
+            name=lazy.name,
+            base_dir=lazy.base_dir,
+        )
+        self.source = source
+
+    def numpy(self) -> Any:
+        return Planned(self.source, tuple(self.shape.numpy()), self.dtype.numpy())
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy().__array__()
+
+    def tobytes(self) -> bytes:
+        raise NeedsDataError(f"the bytes of {self.source!r} were asked for while planning")
+
+
+def planning_copy(model: ir.Model, sources: Mapping[str, str]) -> ir.Model:
+    """A copy of ``model`` whose lazy weights are :class:`Planned` stand-ins.
+
+    ``sources`` maps initializer names to checkpoint keys (``{name: ref.name}``).
+    """
+    copy = ir.from_proto(ir.to_proto(model))  # lazy weights serialise as references
+    for name, value in copy.graph.initializers.items():
+        tensor = value.const_value
+        if name in sources and isinstance(tensor, ir.ExternalTensor):
+            value.const_value = _PlanTensor(tensor, sources[name])
+    return copy
+
+
+@dataclass(frozen=True)
+class Target:
+    """One variable of the target: its flat name, where its data comes from, its type.
+
+    ``planned`` replays the layout change on the source tensor; ``value`` is a small array
+    computed while tracing (a non-persistent buffer) with no checkpoint entry.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    planned: Planned | None = None
+    value: np.ndarray | None = None
+
+
+@dataclass
+class StreamReport:
+    """What a streamed write did: files, bytes, and the bytes read per input shard."""
+
+    files: list[Path] = field(default_factory=list)
+    bytes_written: int = 0
+    bytes_read: dict[str, int] = field(default_factory=dict)
+    tensors: int = 0
+
+
+def stream_targets(
+    targets: Sequence[Target],
+    index: CheckpointIndex,
+    out_dir: Path,
+    *,
+    stem: str = "variables",
+    index_name: str = INDEX_NAME,
+    progress: Callable[[str], None] | None = None,
+) -> StreamReport:
+    """Write ``targets`` as safetensors shards (+ index) into ``out_dir``, streaming.
+
+    Output shard ``k`` holds the variables whose source is input shard ``k``, in its file
+    order; computed values go in one more shard. Each input shard is opened once and each of
+    its tensors read once, however many targets it feeds.
+    """
+    by_source: dict[str, list[Target]] = {}
+    computed: list[Target] = []
+    for t in targets:
+        if t.planned is not None:
+            by_source.setdefault(t.planned.source, []).append(t)
+        else:
+            computed.append(t)
+    groups: list[tuple[Path | None, list[tuple[TensorRef | None, list[Target]]]]] = []
+    for shard, refs in index.by_shard().items():
+        items = [(r, by_source[r.name]) for r in refs if r.name in by_source]
+        if items:
+            groups.append((shard, items))
+    if computed:
+        groups.append((None, [(None, computed)]))
+    unknown = sorted(set(by_source) - set(index.tensors))
+    if unknown:
+        raise ConversionError(f"targets read tensors the checkpoint lacks: {unknown}")
+    report = StreamReport()
+    before = dict(index.log.bytes_read)
+    weight_map: dict[str, str] = {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = len(groups)
+    for k, (shard, items) in enumerate(groups, start=1):
+        name = f"{stem}-{k:05d}-of-{n:05d}.safetensors"
+        specs = [(t.name, t.shape, numpy_dtype(t.dtype)) for _, ts in items for t in ts]
+        if progress:
+            progress(f"weights shard {k}/{n}")
+        writer = ShardWriter(out_dir / name, specs, metadata={"format": "flax"})
+        try:
+            handle = open(shard, "rb") if shard is not None else None  # noqa: SIM115
+            try:
+                for ref, ts in items:
+                    array = index_read(index, ref, handle) if ref is not None else None
+                    for t in ts:
+                        data = t.planned.replay(array) if t.planned is not None else t.value
+                        writer.write(t.name, np.asarray(data, dtype=numpy_dtype(t.dtype)))
+                        weight_map[t.name] = name
+                        report.tensors += 1
+                    del array
+            finally:
+                if handle is not None:
+                    handle.close()
+        except BaseException:
+            writer.abort()
+            raise
+        report.files.append(writer.close())
+        report.bytes_written += writer.nbytes
+    write_index(out_dir / index_name, weight_map, report.bytes_written)
+    report.files.append(out_dir / index_name)
+    report.bytes_read = {
+        k: n - before.get(k, 0) for k, n in index.log.bytes_read.items() if n != before.get(k, 0)
+    }
+    return report
+
+
+def index_read(index: CheckpointIndex, ref: TensorRef, handle: Any) -> np.ndarray:
+    from xconv.weights.shards import read_tensor
+
+    return read_tensor(ref, index.log, handle)
+
+
+def read_flat(out_dir: str | os.PathLike, index_name: str = INDEX_NAME) -> dict[str, np.ndarray]:
+    """Read a streamed output folder back as ``{flat name: array}`` (for tests and tools)."""
+    out = Path(out_dir)
+    weight_map = json.loads((out / index_name).read_text())["weight_map"]
+    result: dict[str, np.ndarray] = {}
+    for shard in sorted(set(weight_map.values())):
+        ix = CheckpointIndex(out / shard)
+        for name in ix.tensors:
+            result[name] = ix.read(name)
+    return result
+
+
+__all__ = [
+    "INDEX_NAME",
+    "LazyWeight",
+    "NeedsDataError",
+    "Planned",
+    "StreamReport",
+    "Target",
+    "attach",
+    "planning_copy",
+    "read_flat",
+    "stream_targets",
+]
