@@ -327,7 +327,7 @@ def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
         f"{result.stream.bytes_written / 2**30:.2f} GiB of weights streamed"
     )
     if result.parity is not None:
-        console.print(result.parity)
+        console.print(str(result.parity), markup=False, soft_wrap=True)
         if not result.parity.passed:
             raise ParityError(
                 "the converted model does not match the source block by block (first "
