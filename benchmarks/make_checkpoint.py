@@ -37,11 +37,12 @@ SHAPES = (
 
 def llama_config(params: float, dtype: str, layers: int | None = None) -> dict:
     """A LlamaConfig dict whose parameter count is close to ``params``."""
+    # The widest shape that still gets Llama's depth (about hidden / 128 layers: 4096 -> 32).
     best = SHAPES[0]
     for shape in SHAPES:
         h, f, heads, kv, vocab = shape
         per_layer = _layer_params(h, f, heads, kv)
-        if 2 * vocab * h + 2 * per_layer <= params:
+        if (params - 2 * vocab * h) / per_layer >= h / 128:
             best = shape
     h, f, heads, kv, vocab = best
     per_layer = _layer_params(h, f, heads, kv)

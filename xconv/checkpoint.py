@@ -99,7 +99,7 @@ def from_checkpoint(
     """
     import torch
 
-    from xconv.converters.torch.importer import _export, _to_ir, annotate
+    from xconv.converters.torch.importer import _export, annotate
     from xconv.converters.torch.meta import build_meta_module, default_inputs, load_config
     from xconv.factories import resolve_factory
     from xconv.weights.stream import attach
@@ -121,7 +121,7 @@ def from_checkpoint(
         torch.as_tensor(np.asarray(x)) if isinstance(x, np.ndarray) else x for x in inputs
     )
     program = _export(meta.module, inputs, dynamic_batch)
-    model = _to_ir(program)
+    model, program = _to_ir_and_program(program)
     names = set(model.graph.initializers)
     state = {k: v for k, v in meta.module.state_dict().items() if k in names}
     import warnings
@@ -143,6 +143,42 @@ def from_checkpoint(
     if fake:
         raise ConversionError(f"weights with no checkpoint entry and no value: {fake[:10]}")
     return Traced(model, index, meta, inputs, program)
+
+
+def _to_ir_and_program(program: Any) -> tuple[ir.Model, Any]:
+    """The IR and the decomposed program torch.onnx translated: the IR's value names are that
+    program's node names (an ``aten.to`` cast becomes ``_to_copy``), so the layerwise check
+    splits the same graph the IR came from."""
+    import contextlib
+    import io
+    import warnings
+
+    import torch
+
+    from xconv.ir import OPSET
+
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
+            onnx_program = torch.onnx.export(
+                program, (), dynamo=True, optimize=False, opset_version=OPSET, verbose=False
+            )
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:500]
+        raise ConversionError(
+            f"torch.onnx could not translate the exported program: {first}"
+        ) from e
+    finally:
+        registration.setLevel(level)
+    model = onnx_program.model
+    if model.opset_imports.get("", OPSET) < OPSET:
+        from xconv.converters.onnx.io import load
+
+        model = load(model)
+    return model, onnx_program.exported_program or program
 
 
 def _is_fake(tensor: Any) -> bool:
@@ -268,6 +304,7 @@ class CheckpointResult:
     stream: StreamReport
     checkpoint_bytes: int
     parity: Any = None
+    targets: list[Target] = field(default_factory=list, repr=False)
 
     @property
     def passed(self) -> bool:
@@ -350,7 +387,7 @@ def write_target(
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     files = sorted(p for p in out.rglob("*") if p.is_file())
-    return CheckpointResult(out, files, report, traced.index.nbytes, parity)
+    return CheckpointResult(out, files, report, traced.index.nbytes, parity, targets)
 
 
 def _write_flax(

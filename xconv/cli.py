@@ -202,6 +202,10 @@ def _conversion_options(fn):
                      show_default=True, help="Parity tolerance policy."),
         click.option("--devices", default="all", show_default=True,
                      help="Devices for the parity check: all, cpu, or a comma list."),
+        click.option("--parity", "parity_mode", type=click.Choice(["auto", "whole", "layerwise"]),
+                     default="auto", show_default=True,
+                     help="float64 oracle over the whole model, or one block at a time "
+                          "(per-block report; auto: layerwise for large .pt2 models)."),
         click.option("--input-shape", "input_shapes", multiple=True,
                      help="Example input shape, e.g. 2,3,224,224 (repeat for each input; "
                           "append :int64 for a dtype)."),
@@ -214,6 +218,10 @@ def _conversion_options(fn):
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def _cwd_on_path() -> bool:
+    return any(p in ("", ".") or Path(p).resolve() == Path.cwd() for p in sys.path if p != "..")
 
 
 def _run_conversion(source, source_kind: str, target: str, out: Path | None, **kw) -> None:
@@ -231,11 +239,13 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
         input_shapes=tuple(kw["input_shapes"]),
         input_dtypes=tuple(kw["input_dtypes"]),
         inputs_npz=kw["inputs_npz"],
+        parity=kw.get("parity_mode", "auto"),
     )
     if out is None:
         out = Path(f"{Path(str(source)).stem}_{target}")
-    if kw.get("module_factory") and "." not in sys.path and "" not in sys.path:
-        sys.path.insert(0, ".")  # factories name modules of the user's working directory
+    if (kw.get("module_factory") or kw.get("trust_pickle")) and not _cwd_on_path():
+        # Factories and pickled modules name modules of the user's working directory.
+        sys.path.insert(0, ".")
     console = _console()
     with console.status("converting") as status:
         result = convert(
@@ -327,7 +337,7 @@ def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
         f"{result.stream.bytes_written / 2**30:.2f} GiB of weights streamed"
     )
     if result.parity is not None:
-        console.print(result.parity)
+        console.print(str(result.parity), markup=False, soft_wrap=True)
         if not result.parity.passed:
             raise ParityError(
                 "the converted model does not match the source block by block (first "

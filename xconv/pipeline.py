@@ -28,6 +28,19 @@ logger = logging.getLogger(__name__)
 SOURCES = ("torch", "onnx", "flax", "jax", "tf")
 TARGETS = ("flax", "jax", "onnx", "torch")
 APIS = ("linen", "nnx")
+PARITY_MODES = ("auto", "whole", "layerwise")
+#: Float weight bytes above which ``parity="auto"`` checks a torch model block by block: a
+#: whole-model float64 oracle would hold twice these bytes again.
+LAYERWISE_BYTES = 256 * 2**20
+#: Weight bytes above which a by-product ``model.onnx`` keeps its weights in
+#: ``model.onnx.data`` (streamed tensor by tensor) instead of in one in-memory proto.
+EXTERNAL_BYTES = 64 * 2**20
+
+
+def _weight_bytes(model: ir.Model) -> int:
+    return sum(
+        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    )
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,10 @@ class ConvertOptions:
         inputs_npz: Example inputs from an ``.npz`` file instead.
         parity_random_inputs: Random input sets the parity check draws within the example
             inputs' range (besides the example and edge inputs).
+        parity: How the float64 oracle runs: ``"whole"`` (one float64 copy of the model),
+            ``"layerwise"`` (one block at a time, per-block report; torch ``.pt2`` /
+            ``nn.Module`` sources) or ``"auto"`` (layerwise once the model's float weights
+            pass :data:`LAYERWISE_BYTES`, so the float64 copy stays within memory bounds).
     """
 
     api: str = "linen"
@@ -60,8 +77,13 @@ class ConvertOptions:
     input_dtypes: tuple[str, ...] = ("float32",)
     inputs_npz: str | None = None
     parity_random_inputs: int = 2
+    parity: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.parity not in PARITY_MODES:
+            raise ConversionError(
+                f"unknown parity mode {self.parity!r}; choose one of {list(PARITY_MODES)}"
+            )
         if self.api not in APIS:
             raise ConversionError(f"unknown Flax api {self.api!r}; choose one of {list(APIS)}")
 
@@ -137,7 +159,11 @@ def convert(
         candidate_loader = _EMITTERS[target](imported.model, stage, options)
         from xconv.converters.onnx.io import save
 
-        save(imported.model, stage / "model.onnx")
+        # The IR is the main artifact only for target onnx (one file up to 2 GB); beside
+        # another target its weights are streamed to model.onnx.data, never serialised whole.
+        by_product = target != "onnx" and _weight_bytes(imported.model) > EXTERNAL_BYTES
+        say("writing model.onnx")
+        save(imported.model, stage / "model.onnx", external=True if by_product else None)
         report = None
         if options.check:
             say("checking parity against the source model")
@@ -180,7 +206,9 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
             "FILE.npz; a .pt2 file carries its own"
         )
     model = from_torch(module, inputs, dynamic_batch=options.dynamic_batch)
-    reference = module.module() if _is_exported_program(module) else module
+    # An ExportedProgram is its own reference: its adapter builds the float64 oracle from the
+    # graph (module().double() trips the program's dtype guards).
+    reference = module
     if inputs is None:
         inputs = _exported_example_inputs(module)
     return _Imported(model, reference, inputs, description)
@@ -356,7 +384,18 @@ def _emit_flax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
     from xconv.converters.jax.flax_emitter import to_flax
 
     to_flax(model, stage, api=options.api)
-    return lambda where: _load_generated(where / "model.py").load(where)
+
+    def load(where: Path) -> Any:
+        generated = _load_generated(where / "model.py")
+        if options.api != "linen":
+            return generated.load(where)
+        # The generated load() reads with flax (whole file in memory, then a copy per array);
+        # the check reads the same file one aligned array at a time (JAX takes them as is).
+        from xconv.weights.flax_msgpack import read_msgpack
+
+        return generated.Model(), read_msgpack(where / "variables.msgpack")
+
+    return load
 
 
 _JAX_LOADER = '''"""JAX function converted by xconv: ``fn(params, *inputs) -> tuple of outputs``.
@@ -435,7 +474,29 @@ def _check(imported: _Imported, candidate: Any, options: ConvertOptions):
         policy=options.policy,
         devices=options.devices,
         n_random=options.parity_random_inputs,
+        layerwise=imported.model if _layerwise(imported, options) else False,
     )
+
+
+def _layerwise(imported: _Imported, options: ConvertOptions) -> bool:
+    """Whether to run the float64 oracle block by block (see ``ConvertOptions.parity``)."""
+    if options.parity == "whole":
+        return False
+    program = imported.reference
+    if not _is_exported_program(program):
+        if options.parity == "layerwise":
+            raise ConversionError(
+                "--parity layerwise needs a torch.export program (.pt2) as the source; "
+                f"{imported.description} is checked whole (--parity whole)"
+            )
+        return False
+    if options.parity == "layerwise":
+        return True
+    total = 0
+    for t in (*program.state_dict.values(), *program.constants.values()):
+        if hasattr(t, "is_floating_point") and t.is_floating_point():
+            total += t.numel() * t.element_size()
+    return total > LAYERWISE_BYTES
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

@@ -194,8 +194,9 @@ def _body(anchor, meta, body, scope, annotated, order) -> LayerBody | None:
     return LayerBody(kind, meta, anchor, body, scope, inputs, constants, outputs, weights, last)
 
 
-def write_dir_atomic(out_dir: str | os.PathLike, files: Mapping[str, bytes]) -> Path:
-    """Write ``files`` (name -> bytes) into ``out_dir``: a temp sibling, then one rename.
+def write_dir_atomic(out_dir: str | os.PathLike, files: Mapping[str, Any]) -> Path:
+    """Write ``files`` (name -> bytes, or a function writing to a binary file) into
+    ``out_dir``: a temp sibling, then one rename.
 
     An existing ``out_dir`` is replaced; on any error nothing is left half-written.
     """
@@ -204,7 +205,11 @@ def write_dir_atomic(out_dir: str | os.PathLike, files: Mapping[str, bytes]) -> 
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
         for name, data in files.items():
-            (tmp / name).write_bytes(data)
+            if callable(data):
+                with open(tmp / name, "wb") as f:
+                    data(f)
+            else:
+                (tmp / name).write_bytes(data)
         if out.exists():
             old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
             os.replace(out, old / out.name)

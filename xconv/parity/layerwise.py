@@ -596,11 +596,14 @@ def _run_block(program, block, nodes, cand, env64, dtypes, by_name, weights, pol
     metrics = []
     for name, c, r, o in zip(block.outputs, got, ref, oracle, strict=True):
         dtypes[name] = _dtype_of(by_name[name], torch)
-        metrics.append(
-            compare(f"{block.name}:{name}", c, r, pol, o if r.dtype.kind == "f" else None)
-        )
+        metrics.append(compare(f"{block.name}:{name}", c, r, pol, o if _floating(r) else None))
         env64[name] = o
     return BlockResult(block, 0, all(m.passed for m in metrics), metrics)
+
+
+def _floating(a: np.ndarray) -> bool:
+    """Float arrays, bfloat16 / float8 included (ml_dtypes' kind is ``V``)."""
+    return a.dtype.kind == "f" or a.dtype.name.startswith(("bfloat16", "float8"))
 
 
 def _dtype_of(node, torch):

@@ -121,14 +121,16 @@ def check_streamed(
     index: CheckpointIndex = traced.index
     report = StreamedParity([], policy)
     done: set[str] = set()
+    own, constants = traced.program.state_dict, traced.program.constants
 
     @contextlib.contextmanager
     def weights(block: Any) -> Iterator[Mapping[str, Any]]:
         arrays: dict[str, Any] = {}
         for name in block.weights:
             key = sources.get(name)
-            if key is None:
-                continue  # a buffer computed while tracing: the program holds it
+            if key is None:  # a buffer computed while tracing (rotary inv_freq): real, small
+                arrays[name] = own[name] if name in own else constants[name]
+                continue
             array = index.read(key)
             if key not in done:
                 done.add(key)

@@ -107,3 +107,30 @@ def test_small_model_stays_one_file(tmp_path):
     np.testing.assert_array_equal(
         load(out).graph.initializers["w"].const_value.numpy(), range(1024)
     )
+
+
+def test_unused_state_is_metadata_not_an_initializer(tmp_path, capfd):
+    """``num_batches_tracked`` (read by no node) rides in metadata: onnxruntime loads the file
+    without "Removing initializer" warnings, and xconv.load gives it back."""
+    import torch
+
+    import xconv
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+    net[1].num_batches_tracked.fill_(7)
+    x = torch.randn(1, 3, 8, 8)
+    model = xconv.from_torch(net, (x,))
+    assert "1.num_batches_tracked" in model.graph.initializers
+    path = xconv.save(model, tmp_path / "m.onnx")
+    assert "1.num_batches_tracked" in model.graph.initializers  # the IR is left as it was
+    capfd.readouterr()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 2  # warnings and above
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+    np.testing.assert_allclose(y, net(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    err = capfd.readouterr().err
+    assert "Removing initializer" not in err and "[W:" not in err, err
+    back = load(path)
+    tracked = back.graph.initializers["1.num_batches_tracked"].const_value.numpy()
+    assert tracked.dtype == np.int64 and int(tracked) == 7

@@ -36,12 +36,14 @@ from xconv.errors import ConversionError, MissingOp
 from xconv.ir.metadata import LAYOUT, MODULE, ROLE, SOURCE_LINE, get_layer, get_scope
 from xconv.ir.passes import canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
+from xconv.weights.flax_msgpack import write_msgpack
 from xconv.weights.flax_names import (
     DROPPED_ROLES,
     FLAX_VARIABLES,
+    flax_kernel_layout,
+    kernel_permutation,
     module_name,
     raw_param_name,
-    to_flax_kernel,
 )
 
 #: Constants up to this many elements are written inline; larger ones are stored variables.
@@ -188,8 +190,15 @@ class _Source:
     scopes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
+def _kernel_view(array: np.ndarray, layout: str) -> np.ndarray:
+    """The kernel in Flax's layout as a transposed view: the copy happens when it is written,
+    one array at a time, not for the whole model at once."""
+    return np.transpose(array, kernel_permutation(layout, flax_kernel_layout(layout)))
+
+
 def _copy(model: ir.Model) -> ir.Model:
-    return ir.from_proto(ir.to_proto(model))
+    # Nodes and values are new; weight tensors are shared with ``model`` (no copy).
+    return model.clone()
 
 
 class _Emitter:
@@ -616,7 +625,7 @@ class _Emitter:
         call = f"self.{attr}({x})"
         if kind == "dense":
             lay = p.weights["kernel"].metadata_props.get(LAYOUT) or self._dense_layout(p)
-            w["kernel"] = to_flax_kernel(w["kernel"], lay) if lay == "OI" else w["kernel"]
+            w["kernel"] = _kernel_view(w["kernel"], lay) if lay == "OI" else w["kernel"]
             use_bias = bool(h["use_bias"])
             linen = f"nn.Dense(features={h['out_features']}, use_bias={use_bias}{pdt})"
             nnx_ = (
@@ -626,7 +635,7 @@ class _Emitter:
         elif kind == "conv":
             n = h["ndim"]
             lay = p.weights["kernel"].metadata_props.get(LAYOUT) or "OI" + "DHW"[-n:]
-            w["kernel"] = to_flax_kernel(w["kernel"], lay)
+            w["kernel"] = _kernel_view(w["kernel"], lay)
             k, s = tuple(h["kernel_size"]), tuple(h["strides"])
             pad = tuple(tuple(int(x) for x in pp) for pp in h["padding"])
             d, g, b = tuple(h["dilations"]), h["groups"], bool(h["use_bias"])
@@ -640,7 +649,7 @@ class _Emitter:
             n = h["ndim"]
             # torch's (in, out, *k) kernel is the kernel of the convolution this one is the
             # gradient of; Flax takes it as (*k, out, in) with transpose_kernel=True.
-            w["kernel"] = np.ascontiguousarray(np.transpose(w["kernel"], (*range(2, n + 2), 1, 0)))
+            w["kernel"] = np.transpose(w["kernel"], (*range(2, n + 2), 1, 0))
             k, s, d = tuple(h["kernel_size"]), tuple(h["strides"]), tuple(h["dilations"])
             # Explicit padding of the stride-dilated input, as lax.conv_transpose takes it.
             pad = tuple(
@@ -1065,16 +1074,13 @@ def to_flax(
     Raises:
         UnsupportedOpError: ops without a Flax template, all listed, before writing anything.
     """
-    from flax import serialization
-
     source, variables = generate(model, api=api, options=options)
-    data = serialization.msgpack_serialize(variables)
     meta = json.dumps({"api": api, "format": 1}, sort_keys=True)
     return write_dir_atomic(
         out_dir,
         {
             "model.py": source.encode("utf-8"),
-            "variables.msgpack": data,
+            "variables.msgpack": lambda f: write_msgpack(variables, f),  # streamed
             "xconv.json": meta.encode("utf-8"),
         },
     )

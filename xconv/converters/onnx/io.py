@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -17,6 +20,11 @@ logger = logging.getLogger(__name__)
 
 #: Protobuf cannot serialise a message over 2 GiB; larger models keep weights beside the file.
 _PROTO_LIMIT = 2**31 - 2**20
+#: Model metadata key holding small state the graph never reads (``num_batches_tracked``):
+#: JSON ``{name: [dtype, shape, base64 bytes]}``. As initializers they would make
+#: onnxruntime warn ("Removing initializer ... not used by any node"); load restores them.
+UNUSED_STATE = "xconv.unused_state"
+_UNUSED_LIMIT = 1024  # bytes per tensor kept in metadata; larger ones stay initializers
 
 
 def _default_opset(proto: onnx.ModelProto) -> int | None:
@@ -106,6 +114,7 @@ def _deserialize(proto: onnx.ModelProto, source, base_dir: Path | None) -> ir.Mo
         model = ir.serde.deserialize_model(proto)
     except Exception as e:
         raise InvalidModelError(f"{_describe(source)} is not a valid ONNX model: {e}") from e
+    _restore_unused(model)
     if base_dir is not None:
         missing = []
         for value in model.graph.initializers.values():
@@ -187,7 +196,10 @@ def save(
         # A model read from external data keeps it external (its tensors point at a file).
         external = _reads_external(model) or external_bytes(model) > _PROTO_LIMIT
     large = external
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+    with (
+        _unused_as_metadata(model),
+        tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp,
+    ):
         tmp_path = Path(tmp) / path.name
         data_name = f"{path.name}.data"
         try:
@@ -208,3 +220,50 @@ def save(
             os.remove(path.parent / data_name)  # left by an earlier, larger save
         os.replace(tmp_path, path)
     return path
+
+
+@contextlib.contextmanager
+def _unused_as_metadata(model: ir.Model):
+    """While saving: small initializers no node reads live in model metadata instead."""
+    graph = model.graph
+    unused = [
+        v
+        for v in graph.initializers.values()
+        if not v.uses()
+        and not v.is_graph_output()
+        and not v.is_graph_input()
+        and v.const_value is not None
+        and v.const_value.nbytes <= _UNUSED_LIMIT
+    ]
+    if not unused or UNUSED_STATE in model.metadata_props:
+        yield
+        return
+    entry = {
+        v.name: [v.const_value.dtype.name, list(v.const_value.shape.numpy()),
+                 base64.b64encode(v.const_value.tobytes()).decode("ascii")]
+        for v in unused
+    }  # fmt: skip
+    model.metadata_props[UNUSED_STATE] = json.dumps(entry, sort_keys=True)
+    for v in unused:
+        graph.initializers.pop(v.name)
+    try:
+        yield
+    finally:
+        del model.metadata_props[UNUSED_STATE]
+        for v in unused:
+            graph.register_initializer(v)
+
+
+def _restore_unused(model: ir.Model) -> None:
+    text = model.metadata_props.pop(UNUSED_STATE, None)
+    if not text:
+        return
+    import numpy as np
+
+    for name, (dtype, shape, data) in json.loads(text).items():
+        dt = ir.DataType[dtype]
+        array = np.frombuffer(base64.b64decode(data), dtype=dt.numpy()).reshape(shape)
+        tensor = ir.Tensor(array.copy(), dtype=dt, name=name)
+        value = ir.Value(name=name, shape=ir.Shape(shape), type=ir.TensorType(dt))
+        value.const_value = tensor
+        model.graph.register_initializer(value)
