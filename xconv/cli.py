@@ -19,28 +19,85 @@ def _console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
 
 
+#: Framework loggers silenced below ERROR unless --debug or -v (torch logs a whole traceback
+#: for a truncated .pt2 before xconv's own error; TF, absl and JAX print start-up noise).
+_FRAMEWORK_LOGGERS = ("torch.export", "torch._export", "torch.fx", "torch.onnx", "absl",
+                      "tensorflow", "tf2onnx", "jax", "flax", "orbax", "keras", "h5py")  # fmt: skip
+
+
+class _Command(click.Command):
+    """Records the command and its arguments so an unexpected error can name its files."""
+
+    def invoke(self, ctx: click.Context):
+        ctx.meta["xconv.command"] = ctx.command_path
+        ctx.meta["xconv.files"] = [
+            str(v) for k, v in ctx.params.items() if isinstance(v, Path) and k != "out"
+        ] + [str(ctx.params[k]) for k in ("inputs_npz",) if ctx.params.get(k)]
+        return super().invoke(ctx)
+
+
 class _Group(click.Group):
-    """Turns every ConversionError into a one-line message and its class's exit code."""
+    """Turns every error into a short message and its class's exit code: a ConversionError
+    keeps its own, any other exception becomes a one-paragraph error with exit code 10. The
+    full traceback is printed only under --debug."""
+
+    command_class = _Command
+    group_class = type
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except ConversionError as e:
-            first, *rest = str(e).splitlines() or [type(e).__name__]
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as e:
+            if not isinstance(e, ConversionError):
+                from xconv.errors import unexpected
+
+                what = ctx.meta.get("xconv.command") or ctx.command_path
+                e = unexpected(e, what=what, files=ctx.meta.get("xconv.files", ()))
             err = _console(stderr=True)
+            if ctx.meta.get("xconv.debug"):
+                import traceback
+
+                cause = e.__cause__ if e.__cause__ is not None else e
+                err.print("".join(traceback.format_exception(cause)), markup=False)
+            first, *rest = str(e).splitlines() or [type(e).__name__]
             err.print(f"[bold red]error:[/] {first}", markup=True, soft_wrap=True)
             for line in rest:
                 err.print(line, markup=False, soft_wrap=True)
             sys.exit(e.exit_code)
 
 
+class _NoTraceback(logging.Filter):
+    """Drops the traceback a framework attaches to a log record; the message stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
 @click.group(cls=_Group)
 @click.version_option(xconv.__version__, prog_name="xconv")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def main(verbose: int) -> None:
+@click.option("--debug", is_flag=True, help="Print the full traceback of an error.")
+@click.pass_context
+def main(ctx: click.Context, verbose: int, debug: bool) -> None:
     """Translate models between PyTorch, JAX/Flax, TensorFlow and ONNX, with parity proof."""
+    import os
+
+    ctx.meta["xconv.debug"] = debug
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if debug or verbose:
+        return
+    # Read when the framework is imported (lazily, inside the command).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TORCH_LOGS", "-all")  # every torch logger at ERROR
+    for name in _FRAMEWORK_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _NoTraceback) for f in handler.filters):
+            handler.addFilter(_NoTraceback())
 
 
 @main.command()

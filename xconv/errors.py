@@ -150,6 +150,59 @@ def require(module: str, extra: str):
         ) from e
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else "")[:300]
+
+
+def _known_fix(e: BaseException) -> str | None:
+    """What to do about an exception xconv did not expect, when the kind alone says it."""
+    import errno
+
+    if isinstance(e, MemoryError):
+        return "the machine ran out of memory; free memory or convert on a larger machine"
+    if isinstance(e, RecursionError):
+        return "the model nests too deeply for Python's recursion limit"
+    if isinstance(e, PermissionError):
+        return "check the permissions of the files and folders named"
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return "the disk is full; free space or write the output elsewhere (-o)"
+    if isinstance(e, FileNotFoundError | IsADirectoryError | NotADirectoryError):
+        return "check the paths given"
+    return None
+
+
+def unexpected(e: BaseException, *, what: str, files: Sequence[str] = ()) -> ConversionError:
+    """A one-paragraph ``ConversionError`` (exit code 10) for an exception no xconv code
+    turned into an error of the tree: what failed, on which files, and the fix when known.
+
+    Args:
+        e: The exception that escaped.
+        what: What was being done (``"xconv torch-to-flax"``).
+        files: The files the command was given.
+    """
+    on = f" on {', '.join(files)}" if files else ""
+    where = ""
+    if e.__traceback__ is not None:
+        import traceback
+
+        frames = traceback.extract_tb(e.__traceback__)
+        if frames:
+            last = frames[-1]
+            where = f" (raised at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})"
+    detail = _first_line(e)
+    fix = _known_fix(e)
+    message = f"{what} failed{on}: {type(e).__name__}{': ' + detail if detail else ''}{where}. " + (
+        f"{fix[0].upper()}{fix[1:]}."
+        if fix
+        else "xconv did not expect this error: check the input files, re-run with --debug "
+        "for the full traceback, and report it if the inputs are valid."
+    )
+    err = ConversionError(message)
+    err.__cause__ = e
+    return err
+
+
 EXIT_CODES: dict[type[ConversionError], int] = {
     cls: cls.exit_code
     for cls in (

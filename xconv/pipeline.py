@@ -244,8 +244,9 @@ def _numpy_inputs(options: ConvertOptions) -> tuple[Any, ...]:
     import numpy as np
 
     if options.inputs_npz:
-        with np.load(options.inputs_npz, allow_pickle=False) as data:
-            return tuple(np.array(data[k]) for k in data.files)
+        from xconv.weights.io import read_npz_inputs
+
+        return read_npz_inputs(options.inputs_npz)
     rng = np.random.default_rng(0)
     dtypes = list(options.input_dtypes)
     if len(dtypes) == 1:

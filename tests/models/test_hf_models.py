@@ -149,6 +149,28 @@ def _run_cli(pt2: str, out, command: str = "torch-to-flax", *options: str):
     return report
 
 
+def _doc_says(name: str, column: str, verdict: str = "pass") -> None:
+    """The committed docs/models.md table gives this cell the verdict the test just saw."""
+    from tests.models.models_table import MODELS, doc_verdicts
+
+    label = {m[0]: m[1] for m in MODELS}[name]
+    found = doc_verdicts().get((label, column))
+    assert found == verdict, (
+        f"docs/models.md says {found!r} for {label} / {column}, the CLI gave {verdict!r}: "
+        "regenerate the table with `python -m tests.models.models_table`"
+    )
+
+
+def test_models_table_is_written_by_the_script():
+    from tests.models.models_table import BEGIN, COMMANDS, DOC, MODELS, doc_verdicts
+
+    text = DOC.read_text()
+    block = text.split(BEGIN, 1)[1]
+    assert block.lstrip().startswith("Written by `python -m tests.models.models_table`")
+    verdicts = doc_verdicts(text)
+    assert set(verdicts) == {(m[1], c[0]) for m in MODELS for c in COMMANDS}
+
+
 def _check_generated(out, api: str, module, args) -> None:
     """model.py imports on its own and reproduces torch (not only the exported graph)."""
     gen = _import(out / "model.py")
@@ -166,8 +188,10 @@ def _check_generated(out, api: str, module, args) -> None:
         np.testing.assert_allclose(np.asarray(g), w, rtol=RTOL, atol=ATOL)
 
 
-# The four judged models (~10-20 s each on one core), then quick extras.
-DEFAULT = ["bert", "gpt2", "vit", "resnet", "distilbert"]
+#: The four headline models: linen, nnx and torch-to-jax in the default suite.
+HEADLINE = ["bert", "gpt2", "vit", "resnet"]
+# The headline models (~10-20 s each on one core), then quick extras.
+DEFAULT = [*HEADLINE, "distilbert"]
 SLOW = [
     "roberta",
     "albert",
@@ -185,9 +209,24 @@ SLOW = [
 ]
 
 
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """``exported(name)`` -> ``(pt2 path, module, args)``, exported once per module and shared
+    by the linen, nnx and torch-to-jax tests."""
+    where = tmp_path_factory.mktemp("pt2")
+    cache: dict[str, tuple[str, torch.nn.Module, tuple]] = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = _export(name, where)
+        return cache[name]
+
+    return get
+
+
 @pytest.mark.parametrize("name", DEFAULT + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW])
-def test_torch_to_flax_linen(tmp_path, name):
-    pt2, module, args = _export(name, tmp_path)
+def test_torch_to_flax_linen(tmp_path, exported, name):
+    pt2, module, args = exported(name)
     out = tmp_path / "out"
     report = _run_cli(pt2, out)
     assert report["candidate"].startswith("flax")
@@ -197,25 +236,22 @@ def test_torch_to_flax_linen(tmp_path, name):
     source = (out / "model.py").read_text()
     assert "class Model(nn.Module)" in source
     _check_generated(out, "linen", module, args)
+    _doc_says(name, "torch-to-flax (linen)")
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["bert", pytest.param("resnet", marks=pytest.mark.slow)]
-    + [pytest.param(n, marks=pytest.mark.slow) for n in ("gpt2", "vit", "llama")],
-)
-def test_torch_to_flax_nnx(tmp_path, name):
-    pt2, module, args = _export(name, tmp_path)
+@pytest.mark.parametrize("name", [*HEADLINE, pytest.param("llama", marks=pytest.mark.slow)])
+def test_torch_to_flax_nnx(tmp_path, exported, name):
+    pt2, module, args = exported(name)
     out = tmp_path / "out"
     _run_cli(pt2, out, "torch-to-flax", "--api", "nnx")
     assert "class Model(nnx.Module)" in (out / "model.py").read_text()
     _check_generated(out, "nnx", module, args)
+    _doc_says(name, "torch-to-flax --api nnx")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "resnet"])
-def test_torch_to_jax(tmp_path, name):
-    pt2, module, args = _export(name, tmp_path)
+@pytest.mark.parametrize("name", HEADLINE)
+def test_torch_to_jax(tmp_path, exported, name):
+    pt2, module, args = exported(name)
     out = tmp_path / "out"
     _run_cli(pt2, out, "torch-to-jax")
     fn, params = _import(out / "model.py").load(out)
@@ -224,6 +260,7 @@ def test_torch_to_jax(tmp_path, name):
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g), w, rtol=RTOL, atol=ATOL)
+    _doc_says(name, "torch-to-jax")
 
 
 # -- a new user's shell: the CLI in a fresh process, where transformers is not imported ------
@@ -235,8 +272,8 @@ def _fresh_cli(pt2: str, out) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
 
 
-def test_fresh_process_model_output(tmp_path):
-    pt2, _, _ = _export("bert", tmp_path)
+def test_fresh_process_model_output(tmp_path, exported):
+    pt2, _, _ = exported("bert")
     result = _fresh_cli(pt2, tmp_path / "out")
     assert result.returncode == 0, result.stderr[-2000:]
 

@@ -185,8 +185,22 @@ def safetensors_shards(path: Path) -> list[Path]:
         weight_map = index["weight_map"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise InvalidModelError(f"{path} is not a safetensors index (no weight_map): {e}") from e
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in weight_map.items()
+    ):
+        raise InvalidModelError(
+            f"{path} is not a safetensors index: its weight_map must map tensor names to shard "
+            "file names"
+        )
     shards = sorted(set(weight_map.values()))
     files = [path.parent / s for s in shards]
+    outside = [s for s, f in zip(shards, files, strict=True)
+               if f.resolve().parent != path.parent.resolve()]  # fmt: skip
+    if outside:
+        raise InvalidModelError(
+            f"{path} names shard files outside its folder: {outside[:3]}; shards must sit "
+            "beside the index"
+        )
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise InvalidModelError(f"{path} names shard files that do not exist: {missing}")
@@ -267,19 +281,41 @@ def _read_orbax(path: Path, trust_pickle: bool) -> Flat:
     return flatten(tree)
 
 
+def read_npz_inputs(path: str | os.PathLike) -> tuple[np.ndarray, ...]:
+    """The arrays of an ``.npz`` inputs file, in file order (positional inputs); pickled
+    object arrays are refused.
+
+    Raises:
+        InvalidModelError: The file is missing, corrupt, truncated or holds object arrays.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidModelError(f"no such inputs file: {p}")
+    return tuple(_read_npz(p, False).values())
+
+
 def _read_npz(path: Path, trust_pickle: bool) -> Flat:
     try:
         with np.load(path, allow_pickle=False) as data:
+            if not hasattr(data, "files"):  # a bare .npy, not an archive
+                raise ValueError("not an .npz archive")
             out = {k: np.array(data[k]) for k in data.files}
-    except Exception as e:
-        raise InvalidModelError(f"{path} is not a readable .npz file: {e}") from e
-    dtypes = out.pop(_NPZ_DTYPES, None)
-    if dtypes is not None:
-        import ml_dtypes
+        dtypes = out.pop(_NPZ_DTYPES, None)
+        if dtypes is not None:
+            import ml_dtypes
 
-        for name, dtype in json.loads(str(dtypes)).items():
-            out[name] = out[name].view(getattr(ml_dtypes, dtype))
+            for name, dtype in json.loads(str(dtypes)).items():
+                out[name] = out[name].view(getattr(ml_dtypes, dtype))
+    except MemoryError as e:
+        raise InvalidModelError(f"{path} declares arrays larger than memory: {e}") from e
+    except Exception as e:
+        raise InvalidModelError(f"{path} is not a readable .npz file: {_line(e)}") from e
     return out
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:300]
 
 
 _READERS: dict[str, Callable[[Path, bool], Flat]] = {

@@ -37,7 +37,7 @@ import onnx_ir as ir
 import tensorflow as tf
 
 from xconv.converters.tf import keras_layers
-from xconv.errors import ConversionError
+from xconv.errors import ConversionError, InvalidModelError
 from xconv.ir.metadata import MODULE, SCOPE
 
 logger = logging.getLogger(__name__)
@@ -121,13 +121,47 @@ def load_source(source: Any) -> tuple[Any, Any]:
     if not isinstance(source, str | os.PathLike):
         return source, source
     path = Path(source)
+    try:
+        return _open(path)
+    except ConversionError:
+        raise
+    except MemoryError as e:
+        raise InvalidModelError(f"{path} declares data larger than memory: {e}") from e
+    except Exception as e:
+        # Keras, TensorFlow and protobuf raise every kind of error for a corrupt file.
+        text = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise InvalidModelError(
+            f"{path} is not a readable TensorFlow model (SavedModel folder, .keras or frozen "
+            f".pb): {type(e).__name__}: {text}"
+        ) from e
+
+
+@contextlib.contextmanager
+def _quiet_tf():
+    """TensorFlow logs a traceback (absl, WARNING) for some unreadable SavedModels before
+    raising; the raised error is reported instead."""
+    loggers = [logging.getLogger(n) for n in ("tensorflow", "absl")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _open(path: Path) -> tuple[Any, Any]:
     if path.suffix == ".keras" and path.is_file():
         import keras
 
-        model = keras.models.load_model(path)
+        # safe_mode (the default, said out loud): a Lambda layer's pickled code is refused.
+        with _quiet_tf():
+            model = keras.models.load_model(path, safe_mode=True)
         return model, model
     if path.is_dir():
-        loaded = tf.saved_model.load(str(path))
+        with _quiet_tf():
+            loaded = tf.saved_model.load(str(path))
         sig = (getattr(loaded, "signatures", {}) or {}).get("serving_default")
         if sig is None:
             return path, loaded.__call__

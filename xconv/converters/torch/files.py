@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -73,6 +72,7 @@ def load_torch_model(
     if suffix == ".safetensors":
         return _with_factory(path, _read_safetensors(path), module_factory)
     if _is_torchscript(path):
+        _check_zip(path, "TorchScript archive")
         try:
             module = torch.jit.load(str(path), map_location="cpu")
         except Exception as e:
@@ -92,7 +92,7 @@ def _zip_names(path: Path) -> list[str]:
     try:
         with zipfile.ZipFile(path) as zf:
             return zf.namelist()
-    except (zipfile.BadZipFile, OSError):
+    except Exception:  # noqa: BLE001 (a corrupt directory raises UnicodeDecodeError, struct.error, ...)
         return []
 
 
@@ -118,9 +118,13 @@ def _pytree_types(path: Path) -> set[str]:
             for member in z.namelist():
                 if member.endswith(".json") and "/models/" in member:
                     names.update(_PYTREE_TYPE.findall(z.read(member).decode("utf-8", "ignore")))
-    except (OSError, zipfile.BadZipFile):
+    except Exception:  # noqa: BLE001 (corrupt archives are reported by the loader)
         return set()
     return names
+
+
+#: Packages whose modules may be imported to register the pytree types an archive names.
+_PYTREE_PACKAGES = ("transformers", "diffusers", "timm", "torchvision", "peft")
 
 
 def _register_pytree_types(names: set[str]) -> list[str]:
@@ -136,7 +140,10 @@ def _register_pytree_types(names: set[str]) -> list[str]:
         if name in known:
             continue
         module = name.rpartition(".")[0]
-        if importlib.util.find_spec(module.partition(".")[0]) is not None:
+        top = module.partition(".")[0]
+        # The archive names the modules: import only from packages known to register output
+        # types, so a crafted file cannot pick which installed module's import code runs.
+        if top in _PYTREE_PACKAGES and importlib.util.find_spec(top) is not None:
             with contextlib.suppress(Exception):
                 importlib.import_module(module)
         if name not in known:
@@ -144,10 +151,48 @@ def _register_pytree_types(names: set[str]) -> list[str]:
     return missing
 
 
+@contextlib.contextmanager
+def _quiet(logger_name: str):
+    """Silence a framework logger below ERROR for the duration (torch.export logs a whole
+    traceback for an unreadable archive before raising; the raised error is reported)."""
+    import logging
+
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+#: Archives below this size are CRC-checked entry by entry before loading.
+_CRC_CHECK_BYTES = 64 * 2**20
+
+
+def _check_zip(path: Path, what: str) -> None:
+    """Refuse a truncated or corrupt zip archive before the framework reads it."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            # CRC-check every entry of small archives; large ones only get their directory
+            # checked (reading gigabytes twice is too slow), and torch's reader the rest.
+            bad = zf.testzip() if path.stat().st_size < _CRC_CHECK_BYTES else None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
+        raise InvalidModelError(
+            f"{path} is not a readable {what} (corrupt or truncated zip: {_line(e)})"
+        ) from e
+    except Exception as e:  # zlib.error, NotImplementedError (unknown compression), ...
+        raise InvalidModelError(f"{path} is not a readable {what} (corrupt zip: {_line(e)})") from e
+    if bad is not None:
+        raise InvalidModelError(f"{path} is not a readable {what}: entry {bad!r} is corrupt")
+
+
 def _load_pt2(path: Path):
+    _check_zip(path, "torch.export archive")
     missing = _register_pytree_types(_pytree_types(path))
     try:
-        program = torch.export.load(str(path))
+        with _quiet("torch.export"):
+            program = torch.export.load(str(path))
     except Exception as e:
         hint = (
             f" (its outputs use {', '.join(missing)}, which no installed package defines; "
@@ -189,7 +234,10 @@ def _load_torch_pickle(path: Path, module_factory: Factory | None, trust_pickle:
     except pickle.UnpicklingError as e:
         # weights_only refuses any class but tensors and plain containers: a pickled module.
         if "Unsupported global" not in str(e):
-            raise InvalidModelError(f"{path} is corrupt or not a PyTorch file") from e
+            raise InvalidModelError(
+                f"{path} is corrupt or not a PyTorch file (refused by the weights-only "
+                f"unpickler: {_line(e)})"
+            ) from e
         if not trust_pickle:
             raise ConversionError(
                 f"{path} holds a pickled Python object (likely a whole nn.Module), not a "
@@ -249,15 +297,18 @@ def _with_factory(path: Path, state: dict[str, torch.Tensor], factory: Factory |
     expected = built.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    mis_shaped = sorted(
-        k for k in set(expected) & set(state) if tuple(expected[k].shape) != tuple(state[k].shape)
-    )
-    if missing or unexpected or mis_shaped:
+    common = set(expected) & set(state)
+    mis_shaped = sorted(k for k in common if tuple(expected[k].shape) != tuple(state[k].shape))
+    # Float precisions convert (a float16 checkpoint into a float32 module); a tensor of
+    # another kind (integers or booleans for float weights, complex numbers) does not fit.
+    mis_typed = sorted(k for k in common if _kind(expected[k]) != _kind(state[k]))
+    if missing or unexpected or mis_shaped or mis_typed:
         parts = []
         for label, keys in (
             ("missing", missing),
             ("unexpected", unexpected),
             ("mis-shaped", mis_shaped),
+            ("mis-typed", mis_typed),
         ):
             if keys:
                 more = f" (+{len(keys) - 5} more)" if len(keys) > 5 else ""
@@ -265,6 +316,17 @@ def _with_factory(path: Path, state: dict[str, torch.Tensor], factory: Factory |
         raise WeightsError(f"{path} does not fit the module from the factory: {'; '.join(parts)}")
     built.load_state_dict(state, strict=True)
     return built.eval(), inputs
+
+
+def _kind(t: Any) -> str:
+    """float, complex, bool or int: the dtype family a checkpoint tensor must keep."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    if t.dtype.is_floating_point:
+        return "float"
+    if t.dtype.is_complex:
+        return "complex"
+    return "bool" if t.dtype == torch.bool else "int"
 
 
 _DTYPES = {
@@ -307,14 +369,13 @@ def input_from_spec(spec: str, dtype: str = "float32", *, seed: int = SPEC_SEED)
 
 def inputs_from_npz(path: str | os.PathLike) -> tuple[torch.Tensor, ...]:
     """The arrays of an ``.npz`` file, in file order, as tensors (positional inputs)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InvalidModelError(f"no such inputs file: {path}")
+    from xconv.weights.io import read_npz_inputs
+
+    arrays = read_npz_inputs(path)
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return tuple(torch.from_numpy(np.array(data[k])) for k in data.files)
-    except Exception as e:
-        raise InvalidModelError(f"{path} is not a readable .npz file: {_line(e)}") from e
+        return tuple(torch.from_numpy(a) for a in arrays)
+    except TypeError as e:  # a dtype torch lacks (uint32 before 2.3, strings, ...)
+        raise InvalidModelError(f"{path} holds an array torch cannot take: {_line(e)}") from e
 
 
 def example_inputs(
