@@ -8,10 +8,11 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import xconv
-from xconv.errors import ConversionError
+from xconv.errors import ConversionError, missing_framework
 
 
 def _console(stderr: bool = False) -> Console:
@@ -24,11 +25,14 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except ImportError as e:
+                raise missing_framework(e) or e from e
         except ConversionError as e:
             first, *rest = str(e).splitlines() or [type(e).__name__]
             err = _console(stderr=True)
-            err.print(f"[bold red]error:[/] {first}", markup=True, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(first)}", markup=True, soft_wrap=True)
             for line in rest:
                 err.print(line, markup=False, soft_wrap=True)
             sys.exit(e.exit_code)
