@@ -19,6 +19,7 @@ from xconv.errors import (
     UnsupportedOpError,
     WeightsError,
 )
+from xconv.errors import missing_framework as _missing_framework
 
 __version__ = "0.1.0"
 
@@ -51,7 +52,10 @@ def __getattr__(name: str) -> Any:
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'xconv' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
+    try:
+        value = getattr(importlib.import_module(module), attr)
+    except ImportError as e:
+        raise _missing_framework(e) or e from e
     globals()[name] = value
     return value
 

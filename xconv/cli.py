@@ -8,10 +8,11 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 import xconv
-from xconv.errors import ConversionError
+from xconv.errors import ConversionError, missing_framework
 
 
 def _console(stderr: bool = False) -> Console:
@@ -50,6 +51,8 @@ class _Group(click.Group):
         except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as e:
+            if isinstance(e, ImportError):
+                e = missing_framework(e) or e
             if not isinstance(e, ConversionError):
                 from xconv.errors import unexpected
 
@@ -62,7 +65,7 @@ class _Group(click.Group):
                 cause = e.__cause__ if e.__cause__ is not None else e
                 err.print("".join(traceback.format_exception(cause)), markup=False)
             first, *rest = str(e).splitlines() or [type(e).__name__]
-            err.print(f"[bold red]error:[/] {first}", markup=True, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(first)}", markup=True, soft_wrap=True)
             for line in rest:
                 err.print(line, markup=False, soft_wrap=True)
             sys.exit(e.exit_code)

@@ -203,6 +203,35 @@ def unexpected(e: BaseException, *, what: str, files: Sequence[str] = ()) -> Con
     return err
 
 
+#: Top-level module of an optional framework -> the extra that installs it.
+FRAMEWORK_EXTRAS = {
+    "torch": "torch",
+    "onnxscript": "torch",
+    "jax": "jax",
+    "jaxlib": "jax",
+    "flax": "jax",
+    "optax": "jax",
+    "orbax": "jax",
+    "msgpack": "jax",
+    "tensorflow": "tf",
+    "tf2onnx": "tf",
+    "keras": "tf",
+    "onnxruntime": "onnxruntime",
+    "safetensors": "safetensors",
+}
+
+
+def missing_framework(error: ImportError) -> MissingFrameworkError | None:
+    """The clean "not installed" error for an import of an optional framework, else None."""
+    name = getattr(error, "name", None) or ""
+    extra = FRAMEWORK_EXTRAS.get(name.partition(".")[0])
+    if extra is None:
+        return None
+    return MissingFrameworkError(
+        f"{name} is not installed; install it with: pip install 'xconv[{extra}]'"
+    )
+
+
 EXIT_CODES: dict[type[ConversionError], int] = {
     cls: cls.exit_code
     for cls in (

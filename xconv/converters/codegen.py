@@ -5,6 +5,7 @@ Framework-free: emitters build on these and add their own templates and layer re
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.registry import REQUIRED, attribute_value
@@ -221,3 +223,20 @@ def write_dir_atomic(out_dir: str | os.PathLike, files: Mapping[str, Any]) -> Pa
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def scalar_literal(v: Any) -> str:
+    """A Python literal for a scalar; a float32 value in its shortest float32 spelling."""
+    if isinstance(v, np.bool_ | bool):
+        return repr(bool(v))
+    if isinstance(v, np.integer | int):
+        return repr(int(v))
+    f = float(v)
+    if np.isfinite(f) and float(np.float32(f)) == f:
+        # A float32 value: its shortest float32 spelling reads better and rounds back exactly.
+        f = float(str(np.float32(f)))
+    if math.isnan(f):
+        return 'float("nan")'
+    if math.isinf(f):
+        return 'float("inf")' if f > 0 else '-float("inf")'
+    return repr(f)

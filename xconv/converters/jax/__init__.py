@@ -1,37 +1,29 @@
-"""JAX backend: IR -> jittable JAX function, and Flax linen / nnx source."""
+"""JAX backend: IR -> jittable JAX function, and Flax linen / nnx source.
+
+Importing this package imports no framework: the Flax source emitter (``flax_emitter``,
+``flax_ops``) is plain Python, and the runtime's names below load jax on first use.
+Importing :mod:`xconv.converters.jax.registry` registers the built-in handlers.
+"""
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
-from xconv.converters.jax.interpreter import JaxFunction, to_jax
-from xconv.converters.jax.registry import register, registry
+_LAZY = {
+    "JaxFunction": "xconv.converters.jax.interpreter",
+    "to_jax": "xconv.converters.jax.interpreter",
+    "register": "xconv.converters.jax.registry",
+    "registry": "xconv.converters.jax.registry",
+}
 
-#: Handler modules, one per op family; importing one registers its handlers.
-HANDLER_MODULES = (
-    "elementwise",
-    "math",
-    "nn",
-    "rnn",
-    "linalg",
-    "reduce",
-    "attention",
-    "shape",
-    "indexing",
-    "control",
-    "sequence",
-    "random",
-    "misc",
-    "signal",
-    "text",
-    "ml",
-)
 
-for _name in HANDLER_MODULES:
+def __getattr__(name: str) -> Any:
     try:
-        importlib.import_module(f"xconv.converters.jax.{_name}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"xconv.converters.jax.{_name}":
-            raise
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = ["JaxFunction", "register", "registry", "to_jax"]

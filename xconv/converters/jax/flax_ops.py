@@ -18,7 +18,6 @@ Users add templates for ops the emitter lacks (or replace built-in ones) with
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.codegen import scalar_literal
 from xconv.converters.registry import REQUIRED
 from xconv.errors import (
     ConversionError,
@@ -227,22 +227,6 @@ def dtype_expr(dtype: ir.DataType | None, xp: str = "jnp") -> str:
             f"supported: {sorted(str(d) for d in _DTYPES)}"
         )
     return f"{xp}.{_DTYPES[dtype]}"
-
-
-def scalar_literal(v: Any) -> str:
-    if isinstance(v, np.bool_ | bool):
-        return repr(bool(v))
-    if isinstance(v, np.integer | int):
-        return repr(int(v))
-    f = float(v)
-    if np.isfinite(f) and float(np.float32(f)) == f:
-        # A float32 value: its shortest float32 spelling reads better and rounds back exactly.
-        f = float(str(np.float32(f)))
-    if math.isnan(f):
-        return 'float("nan")'
-    if math.isinf(f):
-        return 'float("inf")' if f > 0 else '-float("inf")'
-    return repr(f)
 
 
 def _nested(a: np.ndarray) -> str:

@@ -22,6 +22,7 @@ from xconv.converters.registry import Registry, as_tuple
 from xconv.errors import ConversionError
 from xconv.ir.metadata import ROLE, SOURCE_LINE, get_scope
 from xconv.ir.naming import flatten, nest
+from xconv.ir.passes._utils import is_weight
 
 logger = logging.getLogger(__name__)
 
@@ -41,28 +42,6 @@ _STATEFUL = frozenset(
 
 #: Float inputs that configure an op rather than carry data (scales, regions of interest):
 #: an initializer used only there is a constant, so it stays static under ``jax.jit``.
-_CONFIG_INPUTS = {"Resize": frozenset({1, 2, 3}), "Upsample": frozenset({1})}
-
-
-def is_weight(value: ir.Value, annotated: bool) -> bool:
-    """Whether an initializer is a trainable weight (goes into ``params``) or a constant.
-
-    In a model whose importer annotated weights with ``xconv.role``, exactly the annotated
-    initializers are weights. Otherwise every floating-point initializer of rank >= 1 is,
-    except one used only as an op's configuration (Resize scales and roi).
-    """
-    if annotated:
-        return ROLE in value.metadata_props
-    dtype = value.const_value.dtype if value.const_value is not None else None
-    shape = value.const_value.shape if value.const_value is not None else None
-    if dtype is None or not dtype.is_floating_point() or shape is None or len(shape) < 1:
-        return False
-    uses = list(value.uses())
-    return not uses or not all(
-        index in _CONFIG_INPUTS.get(node.op_type, ()) for node, index in uses
-    )
-
-
 def _to_static(value: Any) -> Any:
     if value is None or isinstance(value, np.ndarray):
         return value

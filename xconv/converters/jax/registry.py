@@ -8,14 +8,46 @@ precedence over the built-in one for the same op::
     @register("MyOp", domain="my.domain", attrs={"alpha": 1.0})
     def my_op(ctx, x, *, alpha):
         return x * alpha
+
+Importing this module imports the handler modules, which register the built-in handlers.
 """
 
 from __future__ import annotations
+
+import importlib
 
 from xconv.converters.registry import REQUIRED, Registry
 
 registry = Registry("jax", module=__name__)
 register = registry.register
 builtin = registry.builtin
+
+#: Handler modules, one per op family; importing one registers its handlers.
+HANDLER_MODULES = (
+    "elementwise",
+    "math",
+    "nn",
+    "rnn",
+    "linalg",
+    "reduce",
+    "attention",
+    "shape",
+    "indexing",
+    "control",
+    "sequence",
+    "random",
+    "misc",
+    "signal",
+    "text",
+    "ml",
+)
+
+# After ``builtin`` exists: each handler module imports it from this (partly run) module.
+for _name in HANDLER_MODULES:
+    try:
+        importlib.import_module(f"xconv.converters.jax.{_name}")
+    except ModuleNotFoundError as _e:
+        if _e.name != f"xconv.converters.jax.{_name}":
+            raise
 
 __all__ = ["REQUIRED", "builtin", "register", "registry"]

@@ -30,8 +30,8 @@ from xconv.converters.codegen import (
     check_templates,
     layer_bodies,
     parse_attrs,
+    scalar_literal,
 )
-from xconv.converters.jax.flax_ops import scalar_literal
 from xconv.converters.torch.source_ops import TEMPLATES, OpCall, dtype_expr, tensor_literal
 from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, ROLE, get_scope

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.jax.flax_ops import scalar_literal
+from xconv.converters.codegen import scalar_literal
 from xconv.converters.registry import REQUIRED
 from xconv.errors import ConversionError, UnsupportedAttributeError
 

@@ -13,20 +13,28 @@ def is_annotated(graph: ir.Graph) -> bool:
     return any(ROLE in v.metadata_props for v in graph.initializers.values())
 
 
-def is_weight(value: ir.Value, annotated: bool) -> bool:
-    """Whether an initializer is a trainable weight (same rule as the JAX interpreter).
+#: Inputs that configure an op rather than carry learned values (Resize scales and roi):
+#: a floating initializer used only there is a constant, not a weight.
+CONFIG_INPUTS = {"Resize": frozenset({1, 2, 3}), "Upsample": frozenset({1})}
 
-    In an annotated model exactly the initializers carrying ``xconv.role`` are weights;
-    otherwise every floating-point initializer of rank >= 1 is.
+
+def is_weight(value: ir.Value, annotated: bool) -> bool:
+    """Whether an initializer is a trainable weight (``params``) or a constant.
+
+    The one rule every backend, emitter and pass uses. In a model whose importer annotated
+    weights with ``xconv.role``, exactly the annotated initializers are weights. Otherwise
+    every floating-point initializer of rank >= 1 is, except one used only as an op's
+    configuration (:data:`CONFIG_INPUTS`).
     """
     if not value.is_initializer():
         return False
     if annotated:
         return ROLE in value.metadata_props
     tensor = value.const_value
-    if tensor is None:
+    if tensor is None or not tensor.dtype.is_floating_point() or len(tensor.shape) < 1:
         return False
-    return tensor.dtype.is_floating_point() and len(tensor.shape) >= 1
+    uses = list(value.uses())
+    return not uses or not all(index in CONFIG_INPUTS.get(node.op_type, ()) for node, index in uses)
 
 
 def constant_of(value: ir.Value | None, annotated: bool) -> np.ndarray | None:

@@ -21,15 +21,10 @@ from xconv.converters.torch.backend.dtypes import to_tensor
 from xconv.errors import ConversionError
 from xconv.ir.metadata import ROLE, SOURCE_LINE, get_scope
 from xconv.ir.naming import nest
+from xconv.ir.passes._utils import is_weight
 
 #: Weight roles that are running statistics (buffers, not trained parameters).
 BUFFER_ROLES = frozenset({"mean", "var", "num_batches"})
-
-
-def _is_weight(value: ir.Value, annotated: bool) -> bool:
-    from xconv.converters.jax.interpreter import is_weight
-
-    return is_weight(value, annotated)
 
 
 class _Holder(nn.Module):
@@ -55,7 +50,7 @@ class ConvertedModule(nn.Module):
             if value.const_value is None:
                 continue
             array = value.const_value.numpy()
-            if _is_weight(value, annotated) or value.metadata_props.get(ROLE) in BUFFER_ROLES:
+            if is_weight(value, annotated) or value.metadata_props.get(ROLE) in BUFFER_ROLES:
                 is_buffer = value.metadata_props.get(ROLE) in BUFFER_ROLES
                 flat[name] = (torch.from_numpy(np.array(array)), is_buffer)
             else:

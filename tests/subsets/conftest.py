@@ -1,0 +1,14 @@
+"""The subset tests run only where a subset is installed (or simulated): ``XCONV_SUBSET``.
+
+``XCONV_SUBSET=torch`` (torch + onnxruntime, no jax) or ``XCONV_SUBSET=jax`` (jax + flax +
+onnxruntime, no torch) selects the module for that subset. ``.ci/run`` builds one venv per
+subset and runs them; ``tests/test_subset_imports.py`` runs them in the default suite with the
+other framework blocked from import.
+"""
+
+from __future__ import annotations
+
+import os
+
+_SUBSET = os.environ.get("XCONV_SUBSET", "")
+collect_ignore = [f for f in ("test_torch_only.py", "test_jax_only.py") if _SUBSET not in f]
