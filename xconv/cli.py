@@ -372,11 +372,16 @@ def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
 
     if not kw.get("module_factory"):
         raise click.UsageError("--weights needs --module (a class taking the config, or a factory)")
+    if kw.get("parity_mode") == "whole":
+        raise click.UsageError(
+            "--weights checks parity block by block (--parity layerwise, the default there): a "
+            "whole-model check would hold the model in memory"
+        )
     if "." not in sys.path and "" not in sys.path:
         sys.path.insert(0, ".")
     options = CheckpointOptions(
         api=kw["api"],
-        parity="none" if kw["no_check"] else kw["parity"],
+        parity="none" if kw["no_check"] else "layerwise",
         dynamic_batch=kw["dynamic_batch"],
         input_shapes=tuple(kw["input_shapes"]),
     )
@@ -414,7 +419,7 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
             return
         if model is None:
             raise click.UsageError("missing argument MODEL (or --module/--config/--weights)")
-        for key in ("weights", "config", "parity"):
+        for key in ("weights", "config"):
             kw.pop(key, None)
         _run_conversion(model, source_kind, target, out, **kw)
 
@@ -449,11 +454,6 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
             command = click.option(
                 "--config", default=None, type=click.Path(exists=True, path_type=Path),
                 help="config.json the --module class is built from (with --weights).",
-            )(command)  # fmt: skip
-            command = click.option(
-                "--parity", type=click.Choice(["layerwise", "none"]), default="layerwise",
-                show_default=True,
-                help="With --weights: check block by block (float64 oracle per block).",
             )(command)  # fmt: skip
     # A TensorFlow SavedModel is a folder; every other source is a file.
     path_type = click.Path(dir_okay=source_kind == "tf", exists=source_kind == "tf",

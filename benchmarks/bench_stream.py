@@ -1,0 +1,241 @@
+"""Checkpoints larger than memory: streamed torch -> Flax, side by side with a numpy copy.
+
+For a sharded safetensors Llama-shape checkpoint (``benchmarks/make_checkpoint.py``), each step
+runs in its own child process (wall seconds, and that child's peak RSS from
+``resource.getrusage(RUSAGE_CHILDREN)``):
+
+* **floor**: every tensor read through numpy (``read_tensor``) and written to a new shard, one
+  tensor at a time: the bandwidth floor of any conversion of these bytes;
+* **convert**: ``from_checkpoint`` (headers, weightless trace) then ``write_target`` to Flax
+  (source planned on stand-ins, weights streamed shard by shard, kernels transposed);
+* **parity**: trace again, then the layerwise check (float64 oracle per block, one block's
+  weights in memory at a time, every written weight compared bit for bit);
+* **forward**: the generated ``load(out_dir)`` and one forward pass of the Flax model.
+
+The rows go into ``benchmarks/scale.md`` between the ``streamed`` markers (the rest of the
+file is ``bench_scale.py``'s).
+
+    python benchmarks/bench_stream.py --checkpoint DIR --label "Llama-shape 7B bf16" [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+BEGIN, END = "<!-- streamed: begin -->", "<!-- streamed: end -->"
+
+_FLOOR = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from xconv.weights.shards import CheckpointIndex, ShardWriter, numpy_dtype, read_tensor
+t = time.perf_counter()
+index = CheckpointIndex({ckpt!r})
+for shard, refs in index.by_shard().items():
+    specs = [(r.name, r.shape, numpy_dtype(r.dtype)) for r in refs]
+    w = ShardWriter(Path({out!r}) / shard.name, specs)
+    with open(shard, "rb") as f:
+        for r in refs:
+            w.write(r.name, read_tensor(r, index.log, f))
+    w.close()
+print(json.dumps({{"s": time.perf_counter() - t, "bytes": index.nbytes}}))
+"""
+
+_CONVERT = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+from xconv.checkpoint import CheckpointOptions, from_checkpoint, write_target
+t0 = time.perf_counter()
+traced = from_checkpoint("transformers:LlamaForCausalLM", {ckpt!r}, config={cfg!r})
+t1 = time.perf_counter()
+trace_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+r = write_target(traced, target="flax", out_dir={out!r}, options=CheckpointOptions(parity="none"))
+t2 = time.perf_counter()
+print(json.dumps({{"trace_s": t1 - t0, "write_s": t2 - t1, "trace_peak_kib": trace_peak,
+    "bytes_written": r.stream.bytes_written, "largest_shard": traced.index.largest_shard_bytes(),
+    "read_once": all(n == sum(x.nbytes for x in traced.index.tensors.values()
+                              if str(x.shard) == k) for k, n in r.stream.bytes_read.items())}}))
+"""
+
+_PARITY = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from xconv.checkpoint import from_checkpoint, plan_flax
+from xconv.parity.streamed import check_streamed
+from pathlib import Path
+traced = from_checkpoint("transformers:LlamaForCausalLM", {ckpt!r}, config={cfg!r})
+_, targets = plan_flax(traced)
+t = time.perf_counter()
+rep = check_streamed(traced, Path({out!r}), targets)
+print(json.dumps({{"s": time.perf_counter() - t, "passed": rep.passed, "blocks": len(rep.blocks),
+    "blocks_passed": sum(b["passed"] for b in rep.blocks), "first": rep.first_divergence,
+    "weights_checked": rep.checked_weights, "weights_bad": len(rep.mismatched_weights)}}))
+"""
+
+_FORWARD = """
+import json, sys, time, importlib.util
+import numpy as np
+sys.path.insert(0, {root!r})
+t = time.perf_counter()
+spec = importlib.util.spec_from_file_location("streamed_model", {out!r} + "/model.py")
+mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+model, variables = mod.load({out!r})
+t1 = time.perf_counter()
+ids = np.random.default_rng(0).integers(0, {vocab}, (1, 8))
+out = model.apply(variables, ids)
+out = np.asarray(out[0] if isinstance(out, tuple) else out, dtype=np.float32)
+print(json.dumps({{"load_s": t1 - t, "s": time.perf_counter() - t, "shape": list(out.shape),
+    "finite": bool(np.isfinite(out).all())}}))
+"""
+
+
+def _child(code: str) -> tuple[dict, float, float]:
+    """Run ``code`` in a fresh Python; (its last JSON line, wall s, peak RSS GiB)."""
+    runner = (
+        "import json, resource, subprocess, sys, time\n"
+        "t = time.perf_counter()\n"
+        "p = subprocess.run([sys.executable, '-c', sys.argv[1]], capture_output=True, text=True)\n"
+        "print(json.dumps({'s': time.perf_counter() - t, 'rc': p.returncode, 'out': p.stdout,"
+        " 'err': p.stderr[-3000:],"
+        " 'kib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n"
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", runner, code], capture_output=True, text=True,
+                          env=env, check=True)  # fmt: skip
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    if data["rc"] != 0:
+        raise RuntimeError(data["err"])
+    return json.loads(data["out"].strip().splitlines()[-1]), data["s"], data["kib"] / 2**20
+
+
+def measure(ckpt: Path, work: Path, forward: bool = True) -> dict:
+    cfg = str(ckpt / "config.json")
+    vocab = json.loads(Path(cfg).read_text())["vocab_size"]
+    floor_out = work / "floor"
+    floor_out.mkdir()
+    floor, floor_s, floor_peak = _child(
+        _FLOOR.format(root=str(ROOT), ckpt=str(ckpt), out=str(floor_out))
+    )
+    shutil.rmtree(floor_out)
+    out = work / "flax"
+    conv, conv_s, conv_peak = _child(
+        _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(out))
+    )
+    par, par_s, par_peak = _child(
+        _PARITY.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(out))
+    )
+    row = {
+        "bytes": floor["bytes"],
+        "params": floor["bytes"] / 2,
+        "largest_shard": conv["largest_shard"],
+        "floor": {"s": floor_s, "peak_gib": floor_peak, "copy_s": floor["s"]},
+        "convert": {"s": conv_s, "peak_gib": conv_peak, **conv},
+        "parity": {"wall_s": par_s, "peak_gib": par_peak, **par},
+    }
+    if forward:
+        fwd, fwd_s, fwd_peak = _child(_FORWARD.format(root=str(ROOT), out=str(out), vocab=vocab))
+        row["forward"] = {"wall_s": fwd_s, "peak_gib": fwd_peak, **fwd}
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def render(rows: list[tuple[str, dict]], note: str) -> str:
+    head = [
+        "checkpoint", "GiB (largest shard)", "numpy copy s / peak GiB",
+        "xconv trace + stream s / peak GiB", "of which stream s", "time / floor",
+        "peak budget GiB", "layerwise parity", "load() + forward",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, r in rows:
+        c, f, p = r["convert"], r["floor"], r["parity"]
+        budget = r["largest_shard"] / 2**30 + 2
+        verdict = "passed" if p["passed"] else f"FAILED ({p['first']})"
+        fwd = r.get("forward")
+        fcell = (
+            f"{fwd['s']:.0f} s, {fwd['peak_gib']:.1f} GiB, logits {fwd['shape']}"
+            + ("" if fwd["finite"] else " NOT finite")
+            if fwd
+            else "-"
+        )
+        lines.append(
+            "| " + " | ".join([
+                label,
+                f"{r['bytes'] / 2**30:.2f} ({r['largest_shard'] / 2**30:.2f})",
+                f"{f['s']:.0f} / {f['peak_gib']:.2f}",
+                f"{c['s']:.0f} / {c['peak_gib']:.2f}",
+                f"{c['write_s']:.0f}",
+                f"{c['s'] / f['s']:.2f}x",
+                f"{budget:.2f}" + (" ok" if c["peak_gib"] <= budget else " EXCEEDED"),
+                f"{verdict}: {p['blocks_passed']}/{p['blocks']} blocks, {p['weights_checked']} "
+                f"written weights bit-equal; {p['wall_s']:.0f} s, peak {p['peak_gib']:.1f} GiB",
+                fcell,
+            ]) + " |"
+        )  # fmt: skip
+    return "\n".join([
+        BEGIN,
+        "## Checkpoints larger than memory (streamed)",
+        "",
+        "Written by `python benchmarks/bench_stream.py` (do not edit by hand). A random",
+        "Llama-shape checkpoint from `benchmarks/make_checkpoint.py`, converted with the",
+        "checkpoint route (`xconv torch-to-flax --module transformers:LlamaForCausalLM --config",
+        "--weights`): traced on fake weights, weights streamed shard by shard. Each column is one",
+        "child process (wall s including Python start and imports; its peak RSS). The floor is",
+        "the same bytes read and written through numpy, tensor by tensor, in the same run. The",
+        "budget is the largest shard + 2 GiB. Parity retraces, then checks block by block.",
+        "",
+        *lines,
+        "",
+        note,
+        END,
+    ])  # fmt: skip
+
+
+def write_section(path: Path, section: str) -> None:
+    text = path.read_text() if path.is_file() else ""
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + section + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", type=Path, action="append", required=True)
+    ap.add_argument("--label", action="append", required=True)
+    ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--no-forward", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale.md")
+    a = ap.parse_args(argv)
+    load = os.getloadavg()
+    rows = []
+    for ckpt, label in zip(a.checkpoint, a.label, strict=True):
+        work = Path(tempfile.mkdtemp(prefix="xconv-stream-", dir=a.work))
+        try:
+            rows.append((label, measure(ckpt, work, forward=not a.no_forward)))
+            print(label, json.dumps(rows[-1][1]), flush=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    after = os.getloadavg()
+    note = (
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; load average {load[0]:.1f} "
+        f"before, {after[0]:.1f} after (a shared machine: wall times are noisy)."
+    )
+    section = render(rows, note)
+    write_section(a.out, section)
+    print(section)
+
+
+if __name__ == "__main__":
+    main()
