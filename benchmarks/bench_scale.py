@@ -56,6 +56,15 @@ def _lm(model):
     return LM(model)
 
 
+def gpt2_tiny():
+    """Two layers x 64: the smoke test of this script (not a default row)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=500))
+    return _lm(model), (torch.randint(0, 500, (1, 16)),)
+
+
 def gpt2():
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -140,6 +149,7 @@ ROWS: dict[str, Callable[[], tuple]] = {
     "ViT-B/16": vit_b16,
     "ResNet-50": resnet50,
     "Llama-shape 0.8B": llama_08b,
+    "GPT-2 tiny": gpt2_tiny,
 }
 KEYS = {
     "gpt2": "GPT-2 124M",
@@ -148,10 +158,11 @@ KEYS = {
     "resnet": "ResNet-50",
     "llama": "Llama-shape 0.8B",
 }
+#: Not run by default.
+EXTRA_KEYS = {"tiny": "GPT-2 tiny"}
 
 #: xconv commands measured per row: (label, argv after ``xconv``; {pt2} and {out} filled in).
 COMMANDS = [
-    ("torch-to-onnx", ["torch-to-onnx", "{pt2}", "-o", "{out}", "--no-check"]),
     ("torch-to-flax", ["torch-to-flax", "{pt2}", "-o", "{out}", "--no-check"]),
     ("torch-to-flax + parity", ["torch-to-flax", "{pt2}", "-o", "{out}"]),
 ]
@@ -310,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale.md")
     args = parser.parse_args(argv)
-    names = [KEYS[k.strip()] for k in args.rows.split(",") if k.strip()]
+    keys = {**KEYS, **EXTRA_KEYS}
+    names = [keys[k.strip()] for k in args.rows.split(",") if k.strip()]
     rows = []
     load = os.getloadavg()
     for name in names:
@@ -321,15 +333,18 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: {time.perf_counter() - t:.0f} s", json.dumps(rows[-1]), flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    load_after = os.getloadavg()
-    notes = [
+            # Written after every row, so a long run leaves what it measured so far.
+            args.out.write_text(render(rows, _notes(load)))
+    print(render(rows, _notes(load)))
+
+
+def _notes(load: tuple[float, ...]) -> list[str]:
+    now = os.getloadavg()
+    return [
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}; load average {load[0]:.1f} before, "
-        f"{load_after[0]:.1f} after (a shared machine: wall times are noisy).",
+        f"{platform.python_version()}; load average {load[0]:.1f} at the start, "
+        f"{now[0]:.1f} at the end (a shared machine: wall times are noisy).",
     ]
-    text = render(rows, notes)
-    args.out.write_text(text)
-    print(text)
 
 
 if __name__ == "__main__":
