@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -254,6 +255,9 @@ def measure(name: str, work: Path, commands=COMMANDS) -> dict:
             entry["policy"] = report.get("policy", "?").split(" ")[0]
             entry["passed"] = report.get("passed")
             entry["blocks"] = len(report.get("scopes") or [])
+        spent = re.search(r"seconds: ([^\n]*)", run.tail)
+        if spent:
+            entry["stages"] = spent.group(1).strip()
         if run.rc != 0:
             entry["error"] = run.tail.strip().splitlines()[-1][:200] if run.tail.strip() else "?"
         row[label] = entry
@@ -298,7 +302,22 @@ def render(rows: list[dict], notes: list[str]) -> str:
         else:
             cells.append("-")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join([*_preamble(), "", *lines, "", *notes, ""])
+    stages = [
+        f"- {r['model']}: {r['torch-to-flax + parity']['stages']}"
+        for r in rows
+        if r.get("torch-to-flax + parity", {}).get("stages")
+    ]
+    if stages:
+        stages = [
+            "Where the time goes (`xconv torch-to-flax` with parity, seconds per stage: `load`",
+            "= `torch.export.load`, `import` = torch.onnx's translation + xconv's annotation,",
+            "`emit` = Flax source and variables, `model.onnx` = the IR file, `parity` = the",
+            "check):",
+            "",
+            *stages,
+            "",
+        ]
+    return "\n".join([*_preamble(), "", *lines, "", *stages, *notes, ""])
 
 
 def _preamble() -> list[str]:
