@@ -35,7 +35,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.errors import ConversionError
-from xconv.weights.shards import CheckpointIndex
+from xconv.weights.shards import CheckpointIndex, numpy_dtype
 from xconv.weights.stream import INDEX_NAME, Planned, StreamReport, Target, planning_copy
 
 logger = logging.getLogger(__name__)
@@ -375,7 +375,8 @@ def write_target(
         stage.mkdir()
         say(f"writing {target} output")
         report, targets = _WRITERS[target](traced, stage, options, say)
-        _save_ir(traced, stage, out)
+        if target == "flax":
+            _save_ir(traced, stage, out)
         parity = None
         if options.parity == "layerwise":
             from xconv.parity.streamed import check_streamed
@@ -428,4 +429,65 @@ def _replace_dir(src: Path, dst: Path) -> None:
     replace(src, dst)
 
 
-_WRITERS = {"flax": _write_flax}
+def _write_onnx(
+    traced: Traced, stage: Path, options: CheckpointOptions, say
+) -> tuple[StreamReport, list[Target]]:
+    """The shards copied beside ``model.onnx`` (a safetensors shard's data region is raw
+    little-endian tensors: ONNX external data as it is), each read once, in bounded memory."""
+    from xconv.weights.stream import LazyWeight
+
+    report = StreamReport()
+    shards = traced.index.shards
+    for k, shard in enumerate(shards, start=1):
+        say(f"weights shard {k}/{len(shards)}")
+        dst = stage / shard.name
+        shutil.copyfile(shard, dst)  # kernel-side copy: no tensor is held in Python
+        report.files.append(dst)
+        report.bytes_written += dst.stat().st_size
+        report.bytes_read[str(shard)] = shard.stat().st_size
+        report.tensors += sum(1 for r in traced.index.tensors.values() if r.shard == shard)
+    model = traced.model
+    proto = ir.to_proto(model)  # lazy weights are references: nothing read
+    for init in proto.graph.initializer:
+        tensor = model.graph.initializers[init.name].const_value
+        if isinstance(tensor, LazyWeight):
+            for entry in init.external_data:
+                if entry.key == "location":
+                    entry.value = tensor.ref.shard.name
+    (stage / "model.onnx").write_bytes(proto.SerializeToString())
+    # Each tensor is its own target, unchanged (the parity pass compares the copies).
+    targets = [
+        Target(r.name, r.shape, r.dtype, planned=Planned(r.name, r.shape, numpy_dtype(r.dtype)))
+        for r in traced.index.tensors.values()
+    ]
+    return report, targets
+
+
+_JAX_LOADER = '''"""JAX function converted by xconv from a checkpoint: ``fn(params, *inputs) -> outputs``.
+
+``model.onnx`` holds the graph; its weights are the safetensors shards beside it (external
+data, memory-mapped when read). Load with ``fn, params = load()``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import xconv
+
+
+def load(out_dir=None):
+    out_dir = Path(out_dir) if out_dir is not None else Path(__file__).parent
+    return xconv.to_jax(xconv.load(out_dir / "model.onnx"))
+'''
+
+
+def _write_jax(
+    traced: Traced, stage: Path, options: CheckpointOptions, say
+) -> tuple[StreamReport, list[Target]]:
+    report, targets = _write_onnx(traced, stage, options, say)
+    (stage / "model.py").write_text(_JAX_LOADER)
+    return report, targets
+
+
+_WRITERS = {"flax": _write_flax, "onnx": _write_onnx, "jax": _write_jax}

@@ -131,6 +131,22 @@ def test_streamed_flax_matches_torch(checkpoint, converted):
     np.testing.assert_array_equal(flat[key], q.T)
 
 
+def test_streamed_onnx_runs_in_onnxruntime(traced, checkpoint, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    options = CheckpointOptions(parity="none")
+    result = write_target(traced, target="onnx", out_dir=tmp_path / "onnx", options=options)
+    shards = {str(s): s.stat().st_size for s in traced.index.shards}
+    assert result.stream.bytes_read == shards  # each shard copied once
+    ids = torch.randint(0, 8000, (1, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = _torch_reference(checkpoint)(ids).logits.numpy()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(result.out_dir / "model.onnx"), so)
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: ids.numpy()})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_layerwise_parity_passes_every_block(traced, converted, tmp_path):
     from xconv.parity.streamed import check_streamed
 
