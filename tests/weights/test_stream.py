@@ -248,3 +248,33 @@ def test_shard_writer_failure_leaves_nothing(tmp_path):
     with pytest.raises(WeightsError):
         w.close()  # y never written
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_llama_1_5b_streamed_in_bounded_memory(tmp_path):
+    """1.5 B bf16 parameters (30 x 2048): the CLI converts with layerwise parity in at most
+    the largest shard + 2 GiB of RSS, and the generated load() runs a forward pass."""
+    import resource
+    import subprocess
+    import sys
+
+    ckpt = tmp_path / "ckpt"
+    make_checkpoint(ckpt, 1.5e9, dtype="bfloat16", shard_size=1_000_000_000)
+    out = tmp_path / "flax"
+    args = ["torch-to-flax", "--module", LLAMA, "--config", str(ckpt / "config.json"),
+            "--weights", str(ckpt / "model.safetensors.index.json"), "-o", str(out)]  # fmt: skip
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(__file__).parents[2]))
+    proc = subprocess.run([sys.executable, "-m", "xconv.cli", *args], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    largest = CheckpointIndex(ckpt).largest_shard_bytes()
+    assert peak <= largest + 2 * 2**30, (peak / 2**30, largest / 2**30)
+    report = json.loads((out / "parity.json").read_text())
+    assert report["passed"] and len(report["blocks"]) == 32
+    from xconv.pipeline import _load_generated
+
+    module, variables = _load_generated(out / "model.py").load(out)
+    logits = module.apply(variables, np.zeros((1, 8), np.int64))
+    logits = np.asarray(logits[0] if isinstance(logits, tuple) else logits, np.float32)
+    assert logits.shape == (1, 8, 32000) and np.isfinite(logits).all()
