@@ -10,9 +10,10 @@
 2. The module is traced with ``torch.export`` on fake parameters and translated to the IR; its
    initializers become lazy references into the shards (:class:`~xconv.weights.stream.LazyWeight`).
 3. The target's source is generated against stand-in weights, then the weights are streamed
-   shard by shard into the target's shard files (:mod:`xconv.weights.stream`): Flax and JAX get
-   safetensors shards + index read by the generated ``load(out_dir)``; ONNX gets ``model.onnx``
-   whose external data are those shards.
+   shard by shard into the target's shard files (:mod:`xconv.weights.stream`): Flax gets
+   safetensors shards + index read by the generated ``load(out_dir)``; ONNX (and JAX) get the
+   checkpoint's shards copied beside ``model.onnx`` as its external data. (The Flax folder has
+   no ``model.onnx``: its IR is what ``torch-to-onnx --weights`` writes.)
 4. ``parity="layerwise"`` checks the result block by block against torch with a float64 oracle,
    one block's weights in memory at a time.
 
@@ -311,15 +312,25 @@ class CheckpointResult:
         return self.parity is None or bool(self.parity.passed)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointOptions:
-    """Choices of :func:`convert_checkpoint` (frozen in spirit: built once, passed down)."""
+    """Choices of :func:`convert_checkpoint`, passed down the call chain.
+
+    Attributes:
+        api: Flax API of the generated module (``"linen"`` or ``"nnx"``).
+        parity: ``"layerwise"`` (block by block against torch, float64 oracle) or ``"none"``.
+        dynamic_batch: Symbolic batch dimension.
+        input_shapes: ``--input-shape`` strings (default: token ids ``(1, 8)``).
+    """
 
     api: str = "linen"
-    parity: str = "layerwise"  # "layerwise" or "none"
+    parity: str = "layerwise"
     dynamic_batch: bool = False
     input_shapes: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.parity not in ("layerwise", "none"):
+            raise ConversionError(f"parity={self.parity!r}; choose 'layerwise' or 'none'")
 
 
 def convert_checkpoint(
@@ -375,8 +386,6 @@ def write_target(
         stage.mkdir()
         say(f"writing {target} output")
         report, targets = _WRITERS[target](traced, stage, options, say)
-        if target == "flax":
-            _save_ir(traced, stage, out)
         parity = None
         if options.parity == "layerwise":
             from xconv.parity.streamed import check_streamed
@@ -404,23 +413,6 @@ def _write_flax(
         json.dumps({"api": options.api, "format": 1, "weights": INDEX_NAME}, sort_keys=True)
     )
     return stream_targets(targets, traced.index, stage, progress=say), targets
-
-
-def _save_ir(traced: Traced, stage: Path, final: Path) -> None:
-    """``model.onnx`` whose external data are the checkpoint's shards (no bytes copied).
-
-    Locations are relative to the final output folder, as ONNX requires; the file stays valid
-    while the checkpoint and the folder keep their places.
-    """
-    proto = ir.to_proto(traced.model)  # lazy weights serialise as references: nothing read
-    inits = traced.model.graph.initializers
-    for init in proto.graph.initializer:
-        tensor = inits[init.name].const_value
-        for entry in init.external_data:
-            if entry.key == "location":
-                shard = Path(tensor.base_dir).resolve() / entry.value
-                entry.value = os.path.relpath(shard, final.resolve())
-    (stage / "model.onnx").write_bytes(proto.SerializeToString())
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
