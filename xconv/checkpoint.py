@@ -276,9 +276,8 @@ def _streamed_loader(source: str, api: str) -> str:
     end = len(source.rstrip("\n")) if end < 0 else end
     new = _READ + "\n\n\n" + (_LINEN_LOAD if api == "linen" else _NNX_LOAD)
     source = source[:start] + new + source[end:]
-    source = source.replace(
-        "from pathlib import Path\n", "import json\nfrom pathlib import Path\n", 1
-    )
+    first_std = "import math\n" if "\nimport math\n" in source else "from pathlib import Path\n"
+    source = source.replace(first_std, "import json\n" + first_std, 1)  # isort order
     source = source.replace(
         "from flax import serialization\n",
         "from flax import serialization\nfrom safetensors.flax import load_file\n",
