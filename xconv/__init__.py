@@ -32,6 +32,8 @@ _LAZY = {
     "to_jax": ("xconv.converters.jax.interpreter", "to_jax"),
     "to_flax": ("xconv.converters.jax.flax_emitter", "to_flax"),
     "from_torch": ("xconv.converters.torch.importer", "from_torch"),
+    "from_checkpoint": ("xconv.checkpoint", "from_checkpoint"),
+    "convert_checkpoint": ("xconv.checkpoint", "convert_checkpoint"),
     "to_torch": ("xconv.converters.torch.emitter", "to_torch"),
     "to_torch_source": ("xconv.converters.torch.emitter", "to_torch_source"),
     "from_flax": ("xconv.converters.flax.importer", "from_flax"),

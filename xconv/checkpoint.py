@@ -10,9 +10,10 @@
 2. The module is traced with ``torch.export`` on fake parameters and translated to the IR; its
    initializers become lazy references into the shards (:class:`~xconv.weights.stream.LazyWeight`).
 3. The target's source is generated against stand-in weights, then the weights are streamed
-   shard by shard into the target's shard files (:mod:`xconv.weights.stream`): Flax and JAX get
-   safetensors shards + index read by the generated ``load(out_dir)``; ONNX gets ``model.onnx``
-   whose external data are those shards.
+   shard by shard into the target's shard files (:mod:`xconv.weights.stream`): Flax gets
+   safetensors shards + index read by the generated ``load(out_dir)``; ONNX (and JAX) get the
+   checkpoint's shards copied beside ``model.onnx`` as its external data. (The Flax folder has
+   no ``model.onnx``: its IR is what ``torch-to-onnx --weights`` writes.)
 4. ``parity="layerwise"`` checks the result block by block against torch with a float64 oracle,
    one block's weights in memory at a time.
 
@@ -35,7 +36,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.errors import ConversionError
-from xconv.weights.shards import CheckpointIndex
+from xconv.weights.shards import CheckpointIndex, numpy_dtype
 from xconv.weights.stream import INDEX_NAME, Planned, StreamReport, Target, planning_copy
 
 logger = logging.getLogger(__name__)
@@ -275,9 +276,8 @@ def _streamed_loader(source: str, api: str) -> str:
     end = len(source.rstrip("\n")) if end < 0 else end
     new = _READ + "\n\n\n" + (_LINEN_LOAD if api == "linen" else _NNX_LOAD)
     source = source[:start] + new + source[end:]
-    source = source.replace(
-        "from pathlib import Path\n", "import json\nfrom pathlib import Path\n", 1
-    )
+    first_std = "import math\n" if "\nimport math\n" in source else "from pathlib import Path\n"
+    source = source.replace(first_std, "import json\n" + first_std, 1)  # isort order
     source = source.replace(
         "from flax import serialization\n",
         "from flax import serialization\nfrom safetensors.flax import load_file\n",
@@ -311,15 +311,25 @@ class CheckpointResult:
         return self.parity is None or bool(self.parity.passed)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointOptions:
-    """Choices of :func:`convert_checkpoint` (frozen in spirit: built once, passed down)."""
+    """Choices of :func:`convert_checkpoint`, passed down the call chain.
+
+    Attributes:
+        api: Flax API of the generated module (``"linen"`` or ``"nnx"``).
+        parity: ``"layerwise"`` (block by block against torch, float64 oracle) or ``"none"``.
+        dynamic_batch: Symbolic batch dimension.
+        input_shapes: ``--input-shape`` strings (default: token ids ``(1, 8)``).
+    """
 
     api: str = "linen"
-    parity: str = "layerwise"  # "layerwise" or "none"
+    parity: str = "layerwise"
     dynamic_batch: bool = False
     input_shapes: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.parity not in ("layerwise", "none"):
+            raise ConversionError(f"parity={self.parity!r}; choose 'layerwise' or 'none'")
 
 
 def convert_checkpoint(
@@ -375,7 +385,6 @@ def write_target(
         stage.mkdir()
         say(f"writing {target} output")
         report, targets = _WRITERS[target](traced, stage, options, say)
-        _save_ir(traced, stage, out)
         parity = None
         if options.parity == "layerwise":
             from xconv.parity.streamed import check_streamed
@@ -405,27 +414,71 @@ def _write_flax(
     return stream_targets(targets, traced.index, stage, progress=say), targets
 
 
-def _save_ir(traced: Traced, stage: Path, final: Path) -> None:
-    """``model.onnx`` whose external data are the checkpoint's shards (no bytes copied).
-
-    Locations are relative to the final output folder, as ONNX requires; the file stays valid
-    while the checkpoint and the folder keep their places.
-    """
-    proto = ir.to_proto(traced.model)  # lazy weights serialise as references: nothing read
-    inits = traced.model.graph.initializers
-    for init in proto.graph.initializer:
-        tensor = inits[init.name].const_value
-        for entry in init.external_data:
-            if entry.key == "location":
-                shard = Path(tensor.base_dir).resolve() / entry.value
-                entry.value = os.path.relpath(shard, final.resolve())
-    (stage / "model.onnx").write_bytes(proto.SerializeToString())
-
-
 def _replace_dir(src: Path, dst: Path) -> None:
     from xconv.pipeline import _replace_dir as replace
 
     replace(src, dst)
 
 
-_WRITERS = {"flax": _write_flax}
+def _write_onnx(
+    traced: Traced, stage: Path, options: CheckpointOptions, say
+) -> tuple[StreamReport, list[Target]]:
+    """The shards copied beside ``model.onnx`` (a safetensors shard's data region is raw
+    little-endian tensors: ONNX external data as it is), each read once, in bounded memory."""
+    from xconv.weights.stream import LazyWeight
+
+    report = StreamReport()
+    shards = traced.index.shards
+    for k, shard in enumerate(shards, start=1):
+        say(f"weights shard {k}/{len(shards)}")
+        dst = stage / shard.name
+        shutil.copyfile(shard, dst)  # kernel-side copy: no tensor is held in Python
+        report.files.append(dst)
+        report.bytes_written += dst.stat().st_size
+        report.bytes_read[str(shard)] = shard.stat().st_size
+        report.tensors += sum(1 for r in traced.index.tensors.values() if r.shard == shard)
+    model = traced.model
+    proto = ir.to_proto(model)  # lazy weights are references: nothing read
+    for init in proto.graph.initializer:
+        tensor = model.graph.initializers[init.name].const_value
+        if isinstance(tensor, LazyWeight):
+            for entry in init.external_data:
+                if entry.key == "location":
+                    entry.value = tensor.ref.shard.name
+    (stage / "model.onnx").write_bytes(proto.SerializeToString())
+    # Each tensor is its own target, unchanged (the parity pass compares the copies).
+    targets = [
+        Target(r.name, r.shape, r.dtype, planned=Planned(r.name, r.shape, numpy_dtype(r.dtype)))
+        for r in traced.index.tensors.values()
+    ]
+    return report, targets
+
+
+_JAX_LOADER = '''"""JAX function converted by xconv from a checkpoint: ``fn(params, *inputs) -> outputs``.
+
+``model.onnx`` holds the graph; its weights are the safetensors shards beside it (external
+data, memory-mapped when read). Load with ``fn, params = load()``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import xconv
+
+
+def load(out_dir=None):
+    out_dir = Path(out_dir) if out_dir is not None else Path(__file__).parent
+    return xconv.to_jax(xconv.load(out_dir / "model.onnx"))
+'''
+
+
+def _write_jax(
+    traced: Traced, stage: Path, options: CheckpointOptions, say
+) -> tuple[StreamReport, list[Target]]:
+    report, targets = _write_onnx(traced, stage, options, say)
+    (stage / "model.py").write_text(_JAX_LOADER)
+    return report, targets
+
+
+_WRITERS = {"flax": _write_flax, "onnx": _write_onnx, "jax": _write_jax}

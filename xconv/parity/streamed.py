@@ -117,7 +117,10 @@ def check_streamed(
     for t in targets:
         if t.planned is not None:
             by_source.setdefault(t.planned.source, []).append(t)
-    written = CheckpointIndex(out_dir / INDEX_NAME)
+    index_file = out_dir / INDEX_NAME
+    written = CheckpointIndex(
+        index_file if index_file.is_file() else str(out_dir / "*.safetensors")
+    )
     index: CheckpointIndex = traced.index
     report = StreamedParity([], policy)
     done: set[str] = set()

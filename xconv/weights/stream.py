@@ -296,14 +296,13 @@ def stream_targets(
         try:
             handle = open(shard, "rb") if shard is not None else None  # noqa: SIM115
             try:
-                for ref, ts in items:
-                    array = index_read(index, ref, handle) if ref is not None else None
+                for (_, ts), array in _prefetched(index, items, handle):
                     for t in ts:
                         data = t.planned.replay(array) if t.planned is not None else t.value
                         writer.write(t.name, np.asarray(data, dtype=numpy_dtype(t.dtype)))
                         weight_map[t.name] = name
                         report.tensors += 1
-                    del array
+                    del array, data
             finally:
                 if handle is not None:
                     handle.close()
@@ -320,10 +319,24 @@ def stream_targets(
     return report
 
 
-def index_read(index: CheckpointIndex, ref: TensorRef, handle: Any) -> np.ndarray:
+def _prefetched(index: CheckpointIndex, items: Sequence[tuple[Any, Any]], handle: Any):
+    """``(item, array)`` in order, reading the next tensor on a thread while the caller
+    transforms and writes this one (file reads and torch's copies release the GIL). At most
+    two source tensors are in memory."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from xconv.weights.shards import read_tensor
 
-    return read_tensor(ref, index.log, handle)
+    def read(ref: TensorRef | None) -> np.ndarray | None:
+        return read_tensor(ref, index.log, handle) if ref is not None else None
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(read, items[0][0]) if items else None
+        for i, item in enumerate(items):
+            array = pending.result()
+            pending = pool.submit(read, items[i + 1][0]) if i + 1 < len(items) else None
+            yield item, array
+            del array
 
 
 def read_flat(out_dir: str | os.PathLike, index_name: str = INDEX_NAME) -> dict[str, np.ndarray]:

@@ -166,7 +166,7 @@ def _tied(module: nn.Module) -> dict[str, str]:
 
 
 def _numpy_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.").replace("bool", "bool")
+    return str(dtype).removeprefix("torch.")
 
 
 def fakeify(module: nn.Module) -> None:
