@@ -587,8 +587,7 @@ def _check_grads(
     lost_cand = sorted(
         n
         for n in set(cg.params) - set(mapping.values())
-        if _loose_param(n) not in frozen
-        and np.any(np.asarray(cg.params[n], dtype=np.float64) != 0)
+        if _loose_param(n) not in frozen and np.any(np.asarray(cg.params[n], dtype=np.float64) != 0)
     )
     if lost_ref or lost_cand:
         what = (

@@ -139,13 +139,43 @@ def _pick(
     if not cands or not refs:
         return None
     # Torch hooks list a module's outputs in return order (main first); IR groups list
-    # escaping values in graph order (main last). Try the natural pairings, then any.
+    # escaping values in graph order (main last). Try the natural pairings, then any; where
+    # several outputs share a shape (a rotary embedding's cos and sin), the closest pair.
     for c in (cands[-1], cands[0]):
-        for ri, r in enumerate(refs):
-            moved = to_ref_layout(c, r.shape)
-            if moved is not None:
-                return moved, r, ri
+        fits = [
+            (ri, r, m) for ri, r in enumerate(refs) if (m := to_ref_layout(c, r.shape)) is not None
+        ]
+        if len(fits) > 1:
+            fits.sort(key=lambda f: _distance(f[2], f[1]))
+        if fits:
+            ri, r, moved = fits[0]
+            return moved, r, ri
     return None
+
+
+def _other_pairs(
+    cands: list[np.ndarray], refs: list[np.ndarray], main_ref: int
+) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """The reference's other outputs, each with the closest candidate output of its shape."""
+    out = []
+    for ri, r in enumerate(refs):
+        if ri == main_ref:
+            continue
+        fits = [m for c in cands if (m := to_ref_layout(c, r.shape)) is not None]
+        if fits:
+            out.append((min(fits, key=lambda m, r=r: _distance(m, r)), r, ri))
+    return out
+
+
+def _distance(a: np.ndarray, b: np.ndarray) -> float:
+    """A scale-free distance for choosing between same-shape outputs (NaN: far)."""
+    if a.dtype.kind not in "fc" or b.dtype.kind not in "fc":
+        return float(not np.array_equal(a, b))
+    with np.errstate(invalid="ignore", over="ignore"):
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        d = float(np.nanmax(np.abs(a64 - b64))) if a.size else 0.0
+        scale = float(np.nanmax(np.abs(b64))) if b.size else 0.0
+    return d / scale if scale > 0 and np.isfinite(d) else (0.0 if d == 0 else float("inf"))
 
 
 def _loose(name: str) -> str:
@@ -221,16 +251,20 @@ def localize(
             m.error = "no output of the same shape on both sides"
             results.append(ScopeResult(name, i, m, None, "incomparable"))
             continue
-        c, r, ri = picked
-        o = None
-        if oracle is not None:
-            outs = oracle.outputs.get(name) or []
-            o = (
-                outs[ri]
-                if ri < len(outs) and outs[ri].shape == r.shape
-                else _oracle_for(oracle, name, r, "out")
-            )
-        m = compare(name, c, r, policy, o, logits=False, check_dtype=False)
+        pairs = [picked] + _other_pairs(cand.outputs[cname], ref.outputs[name], picked[2])
+        outs_m = []
+        for c, r, ri in pairs:
+            o = None
+            if oracle is not None:
+                outs = oracle.outputs.get(name) or []
+                o = (
+                    outs[ri]
+                    if ri < len(outs) and outs[ri].shape == r.shape
+                    else _oracle_for(oracle, name, r, "out")
+                )
+            outs_m.append(compare(name, c, r, policy, o, logits=False, check_dtype=False))
+        # A scope with several outputs (attention output and weights) fails on any of them.
+        m = next((x for x in outs_m if not x.passed), outs_m[0])
         in_metrics = []
         cins = cand.inputs.get(cname, [])
         for ci, rj in _pairs(cins, ref.inputs.get(name, [])):
