@@ -290,8 +290,8 @@ def _import_flax(source: Any, options: ConvertOptions, given: Sequence[Any] | No
 
     description = None
     if isinstance(source, str | os.PathLike):
-        source, factory_inputs = _flax_from_files(Path(source), options)
         description = str(source)
+        source, factory_inputs = _flax_from_files(Path(source), options)
         given = given if given is not None else factory_inputs
     if given is None and (options.input_shapes or options.inputs_npz):
         given = _numpy_inputs(options)
@@ -300,11 +300,22 @@ def _import_flax(source: Any, options: ConvertOptions, given: Sequence[Any] | No
     if isinstance(source, tuple) and len(source) == 2:
         module, variables = source
         reference: Any = (module, variables)
+        if description is not None:  # read from a file: check it fits before tracing
+            _check_linen_variables(module, variables, tuple(given), description)
     else:
         module, variables = source, None
         reference = module
     model = from_flax(module, variables, tuple(given))
     return _Imported(model, reference, tuple(given), description or type(module).__name__)
+
+
+def _check_linen_variables(module: Any, variables: Any, inputs: tuple, where: str) -> None:
+    import jax
+
+    from xconv.weights.io import check_fits
+
+    expected = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), *inputs))
+    check_fits(expected, variables, where)
 
 
 def _flax_from_files(path: Path, options: ConvertOptions) -> tuple[Any, Any]:
@@ -325,7 +336,10 @@ def _flax_from_files(path: Path, options: ConvertOptions) -> tuple[Any, Any]:
         return (module, tree), inputs
     from flax import nnx
 
+    from xconv.weights.io import check_fits
+
     state = nnx.state(module)
+    check_fits(nnx.to_pure_dict(state), tree, str(path))
     nnx.replace_by_pure_dict(state, tree)
     nnx.update(module, state)
     return module, inputs

@@ -33,8 +33,16 @@ torch = pytest.importorskip("torch")
 
 #: (scale, pytest id): the default suite, and ten times as many examples under -m slow.
 SCALES = [pytest.param(1, id="ci"), pytest.param(10, id="slow", marks=pytest.mark.slow)]
-#: Examples run per loader, summed over the session (printed by the last test).
+#: Loader calls per kind, summed over the module (printed when it ends, with -s).
 COUNTS: dict[str, int] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts():
+    yield
+    if COUNTS:
+        print("\nfuzz loader calls:", json.dumps(COUNTS, sort_keys=True), "total",
+              sum(COUNTS.values()))  # fmt: skip
 
 
 class Tiny(torch.nn.Module):
@@ -250,11 +258,11 @@ def _loaders(files):
         read_checkpoint(p)
 
     return {
-        "onnx": (files["onnx"], ".onnx", load_onnx, 220),
+        "onnx": (files["onnx"], ".onnx", load_onnx, 180),
         "pt2": (files["pt2"], ".pt2", load_torch_model, 70),
         "torchscript": (files["torchscript"], ".pt", load_torch_model, 90),
-        "state_dict": (files["state_dict"], ".pt", state_dict, 200),
-        "safetensors": (files["safetensors"], ".safetensors", safetensors, 200),
+        "state_dict": (files["state_dict"], ".pt", state_dict, 160),
+        "safetensors": (files["safetensors"], ".safetensors", safetensors, 160),
         "msgpack": (files["msgpack"], ".msgpack", read_checkpoint, 150),
         "npz": (files["npz"], ".npz", npz, 150),
     }
@@ -427,6 +435,48 @@ def test_state_dict_that_does_not_fit_is_a_weights_error(tmp_path, scale, no_log
     _run(50 * scale, bad_state(), body)
 
 
+@pytest.mark.parametrize("scale", SCALES)
+def test_flax_variables_that_do_not_fit_are_a_weights_error(tmp_path, scale):
+    """A variables file with a dropped, extra, mis-shaped or mis-typed leaf, given to
+    ``flax-to-*``: exit 6 before tracing, never Flax's own ScopeParamShapeError."""
+    pytest.importorskip("flax")
+    from fixtures.flax_models import linen_mlp
+    from xconv.errors import WeightsError
+    from xconv.pipeline import ConvertOptions, convert
+    from xconv.weights.io import flatten, write_checkpoint
+
+    good = flatten(linen_mlp()[1])
+    path = tmp_path / "vars.msgpack"
+    options = ConvertOptions(module_factory="fixtures.flax_models:linen_mlp", check=False)
+
+    @st.composite
+    def bad_vars(draw):
+        flat = dict(good)
+        name = draw(st.sampled_from(sorted(flat)))
+        change = draw(st.sampled_from(["shape", "dtype", "drop", "extra"]))
+        if change == "shape":
+            shape = draw(st.lists(st.integers(1, 5), max_size=3).filter(
+                lambda s: tuple(s) != good[name].shape))  # fmt: skip
+            flat[name] = np.zeros(shape, np.float32)
+        elif change == "dtype":
+            flat[name] = np.zeros(good[name].shape, draw(st.sampled_from([np.int32, np.bool_])))
+        elif change == "drop":
+            del flat[name]
+        else:
+            flat[name.rsplit("/", 1)[0] + "/extra"] = np.zeros(2, np.float32)
+        return flat
+
+    def body(flat) -> None:
+        write_checkpoint(flat, path)
+        out = tmp_path / "out"
+        with pytest.raises(WeightsError):
+            convert(path, source_kind="flax", target="onnx", out_dir=out, options=options)
+        assert not out.exists()
+        COUNTS["flax variables mismatch"] = COUNTS.get("flax variables mismatch", 0) + 1
+
+    _run(8 * scale, bad_vars(), body)
+
+
 # ------------------------------------------------------------------ folders and TF / Keras
 
 
@@ -542,9 +592,3 @@ def test_cli_on_corrupt_files_exits_cleanly_without_output(valid, tmp_path, kind
         assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) == []
 
     _run({"onnx": 30, "pt2": 8, "npz": 30}[kind] * scale, mutated(data), body)
-
-
-def test_example_counts_reported():
-    """Prints the examples run per loader (the suite's size, for the record)."""
-    if COUNTS:
-        print("fuzz examples:", json.dumps(COUNTS, sort_keys=True), "total", sum(COUNTS.values()))

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from xconv.errors import ConversionError, InvalidModelError, require
+from xconv.errors import ConversionError, InvalidModelError, WeightsError, require
 
 FORMATS = ("torch", "safetensors", "msgpack", "orbax", "npz")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -87,6 +87,54 @@ def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
                 raise ConversionError(f"checkpoint name {name!r} nests under a tensor")
         node[leaf] = value
     return tree
+
+
+def _kind(dtype: Any) -> str:
+    kind = np.dtype(dtype).kind if not str(dtype).startswith(("bfloat16", "float8")) else "f"
+    return {"f": "float", "V": "float", "c": "complex", "b": "bool"}.get(kind, "int")
+
+
+def check_fits(expected: Mapping[str, Any], got: Mapping[str, Any], where: str) -> None:
+    """Raise a WeightsError naming every missing, unexpected, mis-shaped and mis-typed entry.
+
+    Args:
+        expected: A nested tree (or flat map) of what the model needs: arrays or anything
+            with ``.shape`` and ``.dtype`` (``jax.ShapeDtypeStruct``).
+        got: The checkpoint, nested or flat.
+        where: The checkpoint's path, for the message.
+    """
+
+    def leaves(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            name = f"{prefix}{SEP}{key}" if prefix else str(key)
+            out.update(leaves(value, name) if isinstance(value, Mapping) else {name: value})
+        return out
+
+    want, have = leaves(expected), leaves(got)
+    common = set(want) & set(have)
+
+    def shape(v):
+        return tuple(getattr(v, "shape", np.shape(v)))
+
+    problems = {
+        "missing": sorted(set(want) - set(have)),
+        "unexpected": sorted(set(have) - set(want)),
+        "mis-shaped": sorted(k for k in common if shape(want[k]) != shape(have[k])),
+        "mis-typed": sorted(
+            k
+            for k in common
+            if _kind(getattr(want[k], "dtype", "float32"))
+            != _kind(getattr(have[k], "dtype", np.asarray(have[k]).dtype))
+        ),
+    }
+    parts = []
+    for label, keys in problems.items():
+        if keys:
+            more = f" (+{len(keys) - 5} more)" if len(keys) > 5 else ""
+            parts.append(f"{label}: {keys[:5]}{more}")
+    if parts:
+        raise WeightsError(f"{where} does not fit the module: {'; '.join(parts)}")
 
 
 def to_numpy(value: Any) -> np.ndarray:
@@ -464,12 +512,14 @@ _WRITERS: dict[str, Callable[[Flat, Path], None]] = {
 
 __all__ = [
     "FORMATS",
+    "check_fits",
     "checkpoint_shapes",
     "detect_format",
     "flatten",
     "iter_checkpoint",
     "iter_shards",
     "read_checkpoint",
+    "read_npz_inputs",
     "safetensors_shards",
     "to_numpy",
     "to_torch",
