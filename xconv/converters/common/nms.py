@@ -4,6 +4,10 @@ run it on concrete values.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 
@@ -75,3 +79,43 @@ def non_max_suppression(
                 kept.append(int(idx))
                 selected.append((b, c, int(idx)))
     return np.array(selected, dtype=np.int64).reshape(-1, 3)
+
+
+def register_nms(builtin: Callable[..., Any], to_backend: Callable[[np.ndarray], Any]) -> None:
+    """Register NonMaxSuppression with a backend registry's ``builtin``; ``to_backend`` turns
+    the numpy indices into the backend's array."""
+
+    @builtin("NonMaxSuppression", since=10, attrs={"center_point_box": 0})
+    def nms_handler(
+        ctx,
+        boxes,
+        scores,
+        max_output_boxes_per_class=None,
+        iou_threshold=None,
+        score_threshold=None,
+        *,
+        center_point_box,
+    ):
+        """NonMaxSuppression(boxes, scores, max_boxes?, iou?, score?) -> [n, 3] int64 indices.
+
+        The number of selected boxes depends on the data, so every input must be concrete.
+        """
+
+        def static(value, what):
+            # An empty optional input counts as absent and need not be concrete.
+            if value is None or not math.prod(np.shape(value)):
+                return None
+            return ctx.static(value, what)
+
+        max_out = max_output_boxes_per_class
+        if max_out is not None:
+            max_out = ctx.static(max_out, "max_output_boxes_per_class")
+        selected = non_max_suppression(
+            ctx.static(boxes, "boxes"),
+            ctx.static(scores, "scores"),
+            max_out,
+            static(iou_threshold, "iou_threshold"),
+            static(score_threshold, "score_threshold"),
+            center_point_box,
+        )
+        return to_backend(selected)

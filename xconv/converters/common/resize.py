@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from xconv.converters.common.arrays import normalize_axis
+
 Fail = Callable[[str], Exception]
 
 
@@ -229,7 +231,6 @@ def resize_arguments(
     sizes,
     attrs: dict,
     *,
-    normalize_axis: Callable[[Any, int, int], int],
     present: Callable[[Any], bool],
 ) -> dict:
     """Validate a Resize node and resolve its per-axis scales, sizes and roi.

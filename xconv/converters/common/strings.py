@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -76,3 +77,50 @@ def regex_full_match(x: np.ndarray, fail: Fail, *, pattern) -> np.ndarray:
         raise fail(f"invalid regular expression {pattern!r}: {e}") from e
     match = np.vectorize(lambda s: regex.fullmatch(str(s)) is not None, otypes=[np.bool_])
     return np.asarray(match(x), dtype=np.bool_)
+
+
+def register_string_ops(
+    builtin: Callable[..., Any], framework: str, to_backend: Callable[[np.ndarray], Any]
+) -> None:
+    """Register StringConcat, StringNormalizer, StringSplit and RegexFullMatch with a backend
+    registry's ``builtin``. No backend has string arrays: they compute on numpy object arrays;
+    ``to_backend`` turns their numeric outputs (counts, matches) into the backend's arrays."""
+
+    def strings_of(ctx, x, what: str = "X") -> np.ndarray:
+        return as_strings(x, what, ctx.error, framework)
+
+    @builtin("StringConcat", since=20)
+    def string_concat_(ctx, x, y):
+        """StringConcat(X, Y) -> X + Y elementwise, with broadcasting."""
+        return string_concat(strings_of(ctx, x, "X"), strings_of(ctx, y, "Y"))
+
+    @builtin(
+        "StringNormalizer",
+        since=10,
+        attrs={
+            "case_change_action": "NONE",
+            "is_case_sensitive": 0,
+            "locale": "",
+            "stopwords": None,
+        },
+    )
+    def string_normalizer_(ctx, x, *, case_change_action, is_case_sensitive, locale, stopwords):
+        """StringNormalizer(X [C] or [1, C]) -> X without stop words, case changed."""
+        return string_normalizer(
+            strings_of(ctx, x),
+            ctx.error,
+            case_change_action=case_change_action,
+            is_case_sensitive=is_case_sensitive,
+            stopwords=stopwords,
+        )
+
+    @builtin("StringSplit", since=20, attrs={"delimiter": "", "maxsplit": None})
+    def string_split_(ctx, x, *, delimiter, maxsplit):
+        """StringSplit(X) -> (Y: substrings padded with "" to the longest split, Z: counts)."""
+        y, counts = string_split(strings_of(ctx, x), delimiter=delimiter, maxsplit=maxsplit)
+        return y, to_backend(counts)
+
+    @builtin("RegexFullMatch", since=20, attrs={"pattern": None})
+    def regex_full_match_(ctx, x, *, pattern):
+        """RegexFullMatch(X) -> bool: whether each string fully matches ``pattern`` (re2)."""
+        return to_backend(regex_full_match(strings_of(ctx, x), ctx.error, pattern=pattern))

@@ -14,19 +14,6 @@ from xconv.errors import ConversionError, StaticValueError
 from xconv.ir.metadata import SOURCE_LINE, get_scope
 
 
-def is_static(value: Any) -> bool:
-    """True for values held as numpy (constants, shape arithmetic): folded at trace time.
-
-    JAX arrays, concrete or traced, are run-time data; ``JaxContext.static`` still reads a
-    concrete one when a handler needs its value.
-    """
-    if value is None or isinstance(value, np.ndarray | np.generic | int | float | bool | str):
-        return True
-    if isinstance(value, list):
-        return all(is_static(v) for v in value)
-    return False
-
-
 @dataclass
 class JaxContext:
     """Per-node context passed as the first argument of every JAX handler.

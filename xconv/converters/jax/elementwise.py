@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.jax.context import is_static
+from xconv.converters.common.arrays import is_static
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.errors import UnsupportedAttributeError
 

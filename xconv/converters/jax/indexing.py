@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xconv.converters.common.arrays import namespace, normalize_axis
 from xconv.converters.jax.registry import builtin
-from xconv.converters.jax.shape import check_choice, normalize_axis, static_ints, xp_of
+from xconv.converters.jax.shape import check_choice, static_ints
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
 
@@ -95,8 +96,8 @@ def slice_(
 def gather(ctx, x, indices, *, axis):
     """Gather(data, indices) -> output: entries of `axis` picked by indices (may be < 0)."""
     axis = normalize_axis(ctx, axis, np.ndim(x))
-    xp = xp_of(x, indices)
-    idx = _wrap(xp_of(indices), indices, np.shape(x)[axis])
+    xp = namespace(jnp, x, indices)
+    idx = _wrap(namespace(jnp, indices), indices, np.shape(x)[axis])
     if xp is np:
         return np.take(x, idx, axis=axis)
     return jnp.take(x, idx, axis=axis)
@@ -107,7 +108,7 @@ def gather_elements(ctx, x, indices, *, axis):
     """GatherElements(data, indices) -> output: out[..i..] = data[..indices[..i..]..]."""
     rank = np.ndim(x)
     axis = normalize_axis(ctx, axis, rank)
-    xp = xp_of(x, indices)
+    xp = namespace(jnp, x, indices)
     shape = tuple(np.shape(indices))
     index = tuple(
         _wrap(xp, indices, np.shape(x)[axis]) if d == axis else _grid(xp, shape, d)
@@ -119,7 +120,7 @@ def gather_elements(ctx, x, indices, *, axis):
 @builtin("GatherND", since=11, attrs={"batch_dims": 0})
 def gather_nd(ctx, x, indices, *, batch_dims):
     """GatherND(data, indices) -> output: slices of data addressed by index tuples."""
-    xp = xp_of(x, indices)
+    xp = namespace(jnp, x, indices)
     d_shape, i_shape = tuple(np.shape(x)), tuple(np.shape(indices))
     b = batch_dims
     k = i_shape[-1]
@@ -142,7 +143,7 @@ def _scatter_elements(ctx, x, indices, updates, axis, reduction):
     _check_reduction(ctx, reduction)
     rank = np.ndim(x)
     axis = normalize_axis(ctx, axis, rank)
-    xp = xp_of(x, indices, updates)
+    xp = namespace(jnp, x, indices, updates)
     shape = tuple(np.shape(indices))
     index = tuple(
         _wrap(xp, indices, np.shape(x)[axis]) if d == axis else _grid(xp, shape, d)
@@ -167,7 +168,7 @@ def scatter(ctx, x, indices, updates, *, axis):
 def scatter_nd(ctx, x, indices, updates, *, reduction):
     """ScatterND(data, indices, updates) -> output: writes slices addressed by index tuples."""
     _check_reduction(ctx, reduction)
-    xp = xp_of(x, indices, updates)
+    xp = namespace(jnp, x, indices, updates)
     k = np.shape(indices)[-1]
     d_shape = np.shape(x)
     index = tuple(_wrap(xp, indices[..., j], d_shape[j]) for j in range(k))
@@ -183,7 +184,7 @@ def one_hot(ctx, indices, depth, values, *, axis):
     n = int(np.asarray(ctx.static(depth, "depth")).reshape(-1)[0])
     rank = np.ndim(indices) + 1
     axis = normalize_axis(ctx, axis, rank)
-    xp = xp_of(indices, values)
+    xp = namespace(jnp, indices, values)
     idx = indices
     if np.dtype(idx.dtype).kind == "f":
         idx = (
@@ -202,7 +203,7 @@ def one_hot(ctx, indices, depth, values, *, axis):
 def compress(ctx, x, condition, *, axis):
     """Compress(input, condition) -> output: the slices along axis where condition is true."""
     keep = np.nonzero(np.asarray(ctx.static(condition, "condition")).reshape(-1))[0]
-    xp = xp_of(x)
+    xp = namespace(jnp, x)
     if axis is None:
         return xp.take(xp.reshape(x, (-1,)), keep)
     axis = normalize_axis(ctx, axis, np.ndim(x))
@@ -243,7 +244,7 @@ def reverse_sequence(ctx, x, sequence_lens, *, batch_axis, time_axis):
     rank = np.ndim(x)
     batch_axis = normalize_axis(ctx, batch_axis, rank)
     time_axis = normalize_axis(ctx, time_axis, rank)
-    xp = xp_of(x, sequence_lens)
+    xp = namespace(jnp, x, sequence_lens)
     n_time = np.shape(x)[time_axis]
     t = xp.arange(n_time)[None, :]
     lens = xp.reshape(sequence_lens, (-1, 1))

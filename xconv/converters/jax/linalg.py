@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
+from xconv.converters.common.arrays import normalize_axis
 from xconv.converters.jax.registry import REQUIRED, builtin
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
@@ -17,12 +18,6 @@ _LOW_PRECISION = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 def index_dtype() -> np.dtype:
     """int64 when JAX runs with 64-bit types, else int32 (ONNX index outputs are int64)."""
     return jax.dtypes.canonicalize_dtype(np.int64)
-
-
-def normalize_axis(ctx, axis: int, rank: int) -> int:
-    if not -max(rank, 1) <= axis < max(rank, 1):
-        raise ctx.error(f"axis {axis} is out of range for a rank-{rank} input")
-    return axis % max(rank, 1)
 
 
 def _static_int(ctx, value, what: str) -> int:

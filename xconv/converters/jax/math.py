@@ -17,17 +17,12 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from xconv.converters.common.arrays import is_static, namespace
 from xconv.converters.common.attrs import CONV_ATTRS
-from xconv.converters.jax.context import is_static
 from xconv.converters.jax.registry import REQUIRED, builtin
 
 #: Attributes of the opset 1-6 binary ops (``broadcast``/``axis`` legacy broadcasting).
 _LEGACY_BINARY = {"broadcast": 0, "axis": None, "consumed_inputs": None}
-
-
-def _xp(*args: Any) -> Any:
-    """numpy when every given input is static (numpy), else jax.numpy."""
-    return np if all(is_static(a) for a in args if a is not None) else jnp
 
 
 def _erf(x: Any) -> Any:
@@ -76,10 +71,10 @@ UNARY: dict[str, tuple[int, Callable[[Any, Any], Any]]] = {
 
 def _register_unary(op_type: str, since: int, fn: Callable[[Any, Any], Any]) -> None:
     def handler(ctx, x):
-        return fn(_xp(x), x)
+        return fn(namespace(jnp, x), x)
 
     def legacy(ctx, x, *, consumed_inputs):
-        return fn(_xp(x), x)
+        return fn(namespace(jnp, x), x)
 
     handler.__name__ = legacy.__name__ = op_type.lower()
     handler.__doc__ = f"{op_type}(X) -> Y, elementwise."
@@ -97,7 +92,7 @@ for _op, (_since, _fn) in UNARY.items():
 @builtin("IsInf", since=10, attrs={"detect_negative": 1, "detect_positive": 1})
 def is_inf(ctx, x, *, detect_negative, detect_positive):
     """IsInf(X) -> Y: bool, which elements are infinite (of the signs asked for)."""
-    xp = _xp(x)
+    xp = namespace(jnp, x)
     if detect_negative and detect_positive:
         return xp.isinf(x)
     if detect_negative:
@@ -114,7 +109,7 @@ def _legacy_broadcast(ctx, a, b, broadcast, axis):
     """Opset < 7 broadcasting: B (a suffix of A's shape, or aligned at ``axis``) onto A."""
     if not broadcast or axis is None:
         return b
-    xp = _xp(b)
+    xp = namespace(jnp, b)
     axis = axis % a.ndim
     return xp.reshape(b, tuple(b.shape) + (1,) * (a.ndim - axis - b.ndim))
 
@@ -175,10 +170,10 @@ _CONSUMED = {"Add", "Sub", "Mul", "Div"}
 
 def _register_binary(op_type: str, since: int, fn: Callable[[Any, Any, Any], Any]) -> None:
     def handler(ctx, a, b):
-        return fn(_xp(a, b), a, b)
+        return fn(namespace(jnp, a, b), a, b)
 
     def legacy(ctx, a, b, *, broadcast, axis, consumed_inputs=None):
-        return fn(_xp(a, b), a, _legacy_broadcast(ctx, a, b, broadcast, axis))
+        return fn(namespace(jnp, a, b), a, _legacy_broadcast(ctx, a, b, broadcast, axis))
 
     handler.__name__ = legacy.__name__ = op_type.lower()
     handler.__doc__ = f"{op_type}(A, B) -> C, elementwise with numpy broadcasting."
@@ -199,7 +194,7 @@ for _op, (_since, _fn) in BINARY.items():
 @builtin("Mod", since=10, attrs={"fmod": 0})
 def mod(ctx, a, b, *, fmod):
     """Mod(A, B) -> C: remainder; sign of the divisor (fmod=0) or of the dividend (fmod=1)."""
-    xp = _xp(a, b)
+    xp = namespace(jnp, a, b)
     with np.errstate(all="ignore"):
         if fmod:
             return xp.fmod(a, b)
@@ -217,7 +212,7 @@ def bit_shift(ctx, x, y, *, direction):
     """BitShift(X, Y) -> Z: shift X by Y bits; shifts outside [0, width) give 0 (or -1)."""
     if direction not in ("LEFT", "RIGHT"):
         raise ctx.error(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
-    xp = _xp(x, y)
+    xp = namespace(jnp, x, y)
     x, y = xp.broadcast_arrays(x, y)
     dtype = np.dtype(x.dtype)
     bits = dtype.itemsize * 8
@@ -240,7 +235,7 @@ def _variadic(ctx, inputs, fn):
     inputs = [x for x in inputs if x is not None]
     if not inputs:
         raise ctx.error("needs at least one input")
-    xp = _xp(*inputs)
+    xp = namespace(jnp, *inputs)
     return functools.reduce(lambda a, b: fn(xp, a, b), inputs[1:], xp.asarray(inputs[0]))
 
 
@@ -284,7 +279,7 @@ _register_variadic("Mean", _mean, "Mean(data_0, ...) -> mean: elementwise mean, 
 @builtin("Where", since=9)
 def where(ctx, condition, x, y):
     """Where(condition, X, Y) -> Z: X where condition holds, else Y (with broadcasting)."""
-    return _xp(condition, x, y).where(condition, x, y)
+    return namespace(jnp, condition, x, y).where(condition, x, y)
 
 
 # ------------------------------------------------------------------------ quantization

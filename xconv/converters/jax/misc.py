@@ -1,4 +1,5 @@
-"""NonMaxSuppression and the ai.onnx.preview.training optimizer ops (Adagrad, Adam, Momentum)."""
+"""NonMaxSuppression, the string ops (both written once in ``converters/common``) and the
+ai.onnx.preview.training optimizer ops (Adagrad, Adam, Momentum)."""
 
 from __future__ import annotations
 
@@ -6,46 +7,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xconv.converters.common import nms
+from xconv.converters.common import nms, strings
 from xconv.converters.jax.registry import REQUIRED, builtin
 
 TRAINING = "ai.onnx.preview.training"
 
 
-# ------------------------------------------------------------------------ NonMaxSuppression
-
-
-@builtin("NonMaxSuppression", since=10, attrs={"center_point_box": 0})
-def non_max_suppression(
-    ctx,
-    boxes,
-    scores,
-    max_output_boxes_per_class=None,
-    iou_threshold=None,
-    score_threshold=None,
-    *,
-    center_point_box,
-):
-    """NonMaxSuppression(boxes, scores, max_boxes?, iou?, score?) -> [n, 3] int64 indices.
-
-    The number of selected boxes depends on the data, so every input must be concrete.
-    """
-
-    def static(value, what):
-        # An empty optional input counts as absent and need not be concrete.
-        return None if value is None or not np.size(value) else ctx.static(value, what)
-
-    max_out = max_output_boxes_per_class
-    if max_out is not None:
-        max_out = ctx.static(max_out, "max_output_boxes_per_class")
-    return nms.non_max_suppression(
-        ctx.static(boxes, "boxes"),
-        ctx.static(scores, "scores"),
-        max_out,
-        static(iou_threshold, "iou_threshold"),
-        static(score_threshold, "score_threshold"),
-        center_point_box,
-    )
+nms.register_nms(builtin, np.asarray)
+# JAX has no string arrays: the string ops run on numpy object arrays.
+strings.register_string_ops(builtin, "JAX", np.asarray)
 
 
 # ---------------------------------------------------------------- ai.onnx.preview.training

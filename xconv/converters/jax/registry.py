@@ -38,7 +38,6 @@ HANDLER_MODULES = (
     "random",
     "misc",
     "signal",
-    "text",
     "ml",
 )
 

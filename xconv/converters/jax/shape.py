@@ -9,28 +9,15 @@ dtype and their value even with JAX's 64-bit types off.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.common import resize as resizing
+from xconv.converters.common.arrays import namespace, normalize_axis
 from xconv.converters.common.attrs import check_choice, static_ints, unsupported
 from xconv.converters.jax.registry import REQUIRED, builtin
-
-
-def xp_of(*arrays: Any) -> Any:
-    """numpy when every given array is numpy (static), else jax.numpy."""
-    if all(a is None or isinstance(a, np.ndarray | np.generic) for a in arrays):
-        return np
-    return jnp
-
-
-def normalize_axis(ctx, axis: int, rank: int) -> int:
-    if not -rank <= axis < max(rank, 1):
-        raise ctx.error(f"axis {axis} is out of range for a tensor of rank {rank}")
-    return axis % rank if rank else 0
 
 
 def _onnx_dtype(code: int) -> np.dtype:
@@ -135,7 +122,7 @@ def reshape(ctx, x, shape_in=None, *, allowzero, shape, consumed_inputs):
         known = math.prod(d for d in dims if d != -1)
         total = math.prod(in_shape)
         dims[dims.index(-1)] = total // known if known else 0
-    return xp_of(x).reshape(x, dims)
+    return namespace(jnp, x).reshape(x, dims)
 
 
 @builtin("Flatten", since=1, attrs={"axis": 1})
@@ -147,7 +134,7 @@ def flatten(ctx, x, *, axis):
         axis += rank
     if not 0 <= axis <= rank:
         raise ctx.error(f"axis {axis} is out of range for rank {rank}")
-    return xp_of(x).reshape(x, (math.prod(in_shape[:axis]), math.prod(in_shape[axis:])))
+    return namespace(jnp, x).reshape(x, (math.prod(in_shape[:axis]), math.prod(in_shape[axis:])))
 
 
 @builtin("Squeeze", since=1, attrs={"axes": None})
@@ -163,7 +150,7 @@ def squeeze(ctx, x, axes_in=None, *, axes):
         )
         if any(in_shape[a] != 1 for a in drop):
             raise ctx.error(f"cannot squeeze axes {drop} of shape {in_shape}")
-    return xp_of(x).squeeze(x, axis=drop) if drop else x
+    return namespace(jnp, x).squeeze(x, axis=drop) if drop else x
 
 
 @builtin("Unsqueeze", since=1, attrs={"axes": None})
@@ -178,7 +165,7 @@ def unsqueeze(ctx, x, axes_in=None, *, axes):
     dims = list(np.shape(x))
     for a in norm:
         dims.insert(a, 1)
-    return xp_of(x).reshape(x, dims)
+    return namespace(jnp, x).reshape(x, dims)
 
 
 @builtin("Transpose", since=1, attrs={"perm": None})
@@ -186,7 +173,7 @@ def transpose(ctx, x, *, perm):
     """Transpose(data) -> transposed: permutes axes by `perm` (default: reversed)."""
     if perm is None:
         perm = tuple(reversed(range(np.ndim(x))))
-    return xp_of(x).transpose(x, perm)
+    return namespace(jnp, x).transpose(x, perm)
 
 
 @builtin("Concat", since=4, attrs={"axis": REQUIRED})
@@ -197,7 +184,7 @@ def concat(ctx, *inputs, axis):
     if not arrays:
         raise ctx.error("Concat needs at least one input")
     axis = normalize_axis(ctx, axis, np.ndim(arrays[0]))
-    return xp_of(*arrays).concatenate(arrays, axis=axis)
+    return namespace(jnp, *arrays).concatenate(arrays, axis=axis)
 
 
 @builtin("Split", since=1, attrs={"axis": 0, "split": None, "num_outputs": None})
@@ -217,7 +204,7 @@ def split(ctx, x, split_in=None, *, axis, split, num_outputs):
         sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
         if sizes[-1] < 0:
             raise ctx.error(f"cannot split dimension {dim} into {n} parts")
-    xp = xp_of(x)
+    xp = namespace(jnp, x)
     bounds = np.cumsum(sizes)[:-1].tolist()
     return tuple(xp.split(x, bounds, axis=axis))
 
@@ -227,7 +214,7 @@ def expand(ctx, x, shape):
     """Expand(input, shape) -> output: broadcasts the input to `shape` (bidirectionally)."""
     dims = static_ints(ctx, shape, "shape")
     out = np.broadcast_shapes(np.shape(x), tuple(dims))
-    return xp_of(x).broadcast_to(x, out)
+    return namespace(jnp, x).broadcast_to(x, out)
 
 
 @builtin("Tile", since=6)
@@ -243,7 +230,7 @@ def tile(ctx, x, repeats, axis=None):
         reps = [reps[0] if i == along else 1 for i in range(np.ndim(x))]
     if len(reps) != np.ndim(x):
         raise ctx.error(f"repeats {reps} must have one entry per axis of rank {np.ndim(x)}")
-    return xp_of(x).tile(x, reps)
+    return namespace(jnp, x).tile(x, reps)
 
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
@@ -265,7 +252,7 @@ def pad(ctx, x, pads_in=None, constant_value=None, axes=None, *, mode, pads, pad
     width = [[0, 0] for _ in range(rank)]
     for i, a in enumerate(ax):
         width[a] = [raw[i], raw[len(ax) + i]]
-    xp = xp_of(x, constant_value)
+    xp = namespace(jnp, x, constant_value)
     # Negative pads crop first; the rest pads.
     crop = tuple(
         slice(-b if b < 0 else 0, (np.shape(x)[i] + e) if e < 0 else None)
@@ -315,7 +302,7 @@ def eye_like(ctx, x, *, dtype, k):
 def trilu(ctx, x, k=None, *, upper):
     """Trilu(input, k?) -> output: the upper (or lower) triangle from diagonal k."""
     kk = static_ints(ctx, k, "k")[0] if k is not None else 0
-    xp = xp_of(x)
+    xp = namespace(jnp, x)
     return xp.triu(x, kk) if upper else xp.tril(x, kk)
 
 
@@ -324,7 +311,7 @@ def depth_to_space(ctx, x, *, blocksize, mode):
     """DepthToSpace(input) -> output: moves depth blocks into spatial blocks (DCR or CRD)."""
     n, c, h, w = np.shape(x)
     b = blocksize
-    xp = xp_of(x)
+    xp = namespace(jnp, x)
     if mode == "DCR":
         y = xp.reshape(x, (n, b, b, c // (b * b), h, w))
         y = xp.transpose(y, (0, 3, 4, 1, 5, 2))
@@ -343,7 +330,7 @@ def space_to_depth(ctx, x, *, blocksize, mode):
     b = blocksize
     perms = {"DCR": (0, 3, 5, 1, 2, 4), "CRD": (0, 1, 3, 5, 2, 4)}
     check_choice(ctx, "mode", mode, sorted(perms))
-    xp = xp_of(x)
+    xp = namespace(jnp, x)
     y = xp.reshape(x, (n, c, h // b, b, w // b, b))
     y = xp.transpose(y, perms[mode])
     return xp.reshape(y, (n, c * b * b, h // b, w // b))
@@ -366,7 +353,7 @@ def center_crop_pad(ctx, x, shape, *, axes):
             before = (t - dim) // 2
             width[a] = (before, t - dim - before)
     y = x[tuple(crop)]
-    return xp_of(x).pad(y, width) if any(b or e for b, e in width) else y
+    return namespace(jnp, x).pad(y, width) if any(b or e for b, e in width) else y
 
 
 # -- Resize / Upsample --------------------------------------------------------------------
@@ -388,7 +375,7 @@ def _resize(
     extrapolation_value: float,
 ):
     """Separable resize: one static gather (nearest) or weight matrix (linear/cubic) per axis."""
-    xp = xp_of(x)
+    xp = namespace(jnp, x)
     dtype = np.dtype(x.dtype)
     if mode != "nearest":
         compute = dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
@@ -438,7 +425,6 @@ def resize(ctx, x, roi=None, scales=None, sizes=None, **attrs):
         scales,
         sizes,
         attrs,
-        normalize_axis=normalize_axis,
         present=lambda v: np.size(v) > 0,
     )
     return _resize(ctx, x, **kwargs)

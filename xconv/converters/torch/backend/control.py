@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from xconv.converters.torch.backend.dtypes import torch_dtype
+from xconv.converters.torch.backend.dtypes import is_numpy, torch_dtype
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
-from xconv.converters.torch.backend.shape import back, is_numpy
+from xconv.converters.torch.backend.shape import back
 
 
 def _truth(value: Any) -> bool:

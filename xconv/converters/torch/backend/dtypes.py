@@ -6,6 +6,24 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
+#: Unsigned types torch stores but hardly computes with on CPU.
+WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+
+
+def is_numpy(x) -> bool:
+    return isinstance(x, np.ndarray | np.generic)
+
+
+def numpy_only(x) -> bool:
+    """True for an array torch cannot compute with: numpy (strings) or wide unsigned."""
+    return is_numpy(x) or (isinstance(x, torch.Tensor) and x.dtype in WIDE_UNSIGNED)
+
+
+def needs_numpy(*xs) -> bool:
+    """True when an input is numpy (strings) or a wide unsigned tensor."""
+    return any(numpy_only(x) for x in xs if x is not None)
+
+
 _BY_NAME = {
     "FLOAT": torch.float32, "DOUBLE": torch.float64, "FLOAT16": torch.float16,
     "BFLOAT16": torch.bfloat16, "INT8": torch.int8, "INT16": torch.int16, "INT32": torch.int32,

@@ -16,8 +16,8 @@ import onnx_ir as ir
 import torch
 import torch.nn.functional as F
 
-from xconv.converters.torch.backend.dtypes import _BY_NAME
-from xconv.converters.torch.backend.math import WIDE_UNSIGNED, as_numpy, from_numpy
+from xconv.converters.torch.backend.dtypes import _BY_NAME, WIDE_UNSIGNED
+from xconv.converters.torch.backend.math import as_numpy, from_numpy
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.errors import UnsupportedAttributeError
 

@@ -6,17 +6,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from xconv.converters.common.arrays import normalize_axis
 from xconv.converters.torch.backend.math import as_numpy, from_numpy
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-def normalize_axis(ctx, axis: int, rank: int) -> int:
-    if not -max(rank, 1) <= axis < max(rank, 1):
-        raise ctx.error(f"axis {axis} is out of range for a rank-{rank} input")
-    return axis % max(rank, 1)
 
 
 def static_int(ctx, value, what: str) -> int:

@@ -16,25 +16,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from xconv.converters.common.arrays import namespace
 from xconv.converters.common.attrs import CONV_ATTRS
-from xconv.converters.torch.backend.dtypes import to_tensor
+from xconv.converters.torch.backend.dtypes import (
+    needs_numpy,
+    numpy_only,
+    to_tensor,
+)
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 
 #: Attributes of the opset 1-6 binary ops (``broadcast``/``axis`` legacy broadcasting).
 _LEGACY_BINARY = {"broadcast": 0, "axis": None, "consumed_inputs": None}
-
-#: Unsigned types torch stores but hardly computes with on CPU.
-WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
-
-
-def use_numpy(*args: Any) -> bool:
-    """True when an input is numpy (strings) or a wide unsigned tensor."""
-    return any(
-        isinstance(a, np.ndarray | np.generic)
-        or (isinstance(a, torch.Tensor) and a.dtype in WIDE_UNSIGNED)
-        for a in args
-        if a is not None
-    )
 
 
 def as_numpy(x: Any) -> Any:
@@ -54,7 +46,7 @@ def from_numpy(y: Any, like: Any = None) -> Any:
 
 def run_xp(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(xp, *args)`` with torch, or with numpy for inputs torch cannot compute with."""
-    if use_numpy(*args):
+    if namespace(torch, *args, numpy_for=numpy_only) is np:
         like = next((a for a in args if isinstance(a, torch.Tensor)), None)
         with np.errstate(all="ignore"):
             return from_numpy(fn(np, *(None if a is None else as_numpy(a) for a in args)), like)
@@ -275,7 +267,7 @@ def bit_shift(ctx, x, y, *, direction):
     """BitShift(X, Y) -> Z: shift X by Y bits; shifts outside [0, width) give 0 (or -1)."""
     if direction not in ("LEFT", "RIGHT"):
         raise ctx.error(f"direction must be 'LEFT' or 'RIGHT', got {direction!r}")
-    if use_numpy(x, y) or x.dtype == torch.uint8:
+    if needs_numpy(x, y) or x.dtype == torch.uint8:
         # uint8 shifts go through numpy too: torch's shift kernels promote oddly for it.
         return from_numpy(_bit_shift_np(as_numpy(x), as_numpy(y), direction), x)
     x, y = torch.broadcast_tensors(x, y)

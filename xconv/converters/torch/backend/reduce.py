@@ -16,8 +16,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from xconv.converters.torch.backend.linalg import normalize_axis
-from xconv.converters.torch.backend.math import WIDE_UNSIGNED, as_numpy, from_numpy
+from xconv.converters.common.arrays import normalize_axis
+from xconv.converters.torch.backend.dtypes import WIDE_UNSIGNED
+from xconv.converters.torch.backend.math import as_numpy, from_numpy
 from xconv.converters.torch.backend.registry import builtin
 
 _REDUCE_ATTRS = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}

@@ -9,8 +9,9 @@ import numpy as np
 import torch
 
 from xconv.converters.common import sequence as sequences
+from xconv.converters.torch.backend.dtypes import is_numpy
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
-from xconv.converters.torch.backend.shape import concatenate, is_numpy
+from xconv.converters.torch.backend.shape import concatenate
 
 
 def _position(ctx, position, length: int, *, insert: bool) -> int:

@@ -16,25 +16,16 @@ import onnx_ir as ir
 import torch
 
 from xconv.converters.common import resize as resizing
+from xconv.converters.common.arrays import normalize_axis
 from xconv.converters.common.attrs import check_choice, static_ints, unsupported
-from xconv.converters.torch.backend.dtypes import to_tensor, torch_dtype
+from xconv.converters.torch.backend.dtypes import (
+    WIDE_UNSIGNED,
+    is_numpy,
+    needs_numpy,
+    to_tensor,
+    torch_dtype,
+)
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
-
-#: Unsigned types torch stores but hardly computes with on CPU.
-_WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
-
-
-def is_numpy(x: Any) -> bool:
-    return isinstance(x, np.ndarray | np.generic)
-
-
-def needs_numpy(*xs: Any) -> bool:
-    """True when an input is numpy (strings) or a wide unsigned tensor."""
-    return any(
-        is_numpy(x) or (isinstance(x, torch.Tensor) and x.dtype in _WIDE_UNSIGNED)
-        for x in xs
-        if x is not None
-    )
 
 
 def to_np(x: Any) -> np.ndarray:
@@ -49,12 +40,6 @@ def back(y: np.ndarray, like: Any = None) -> Any:
     if isinstance(out, torch.Tensor) and isinstance(like, torch.Tensor):
         out = out.to(like.device)
     return out
-
-
-def normalize_axis(ctx, axis: int, rank: int) -> int:
-    if not -max(rank, 1) <= axis < max(rank, 1):
-        raise ctx.error(f"axis {axis} is out of range for a tensor of rank {rank}")
-    return axis % rank if rank else 0
 
 
 def onnx_torch_dtype(ctx, code: int) -> torch.dtype:
@@ -73,7 +58,7 @@ def take(x: Any, idx: np.ndarray, axis: int) -> Any:
     if is_numpy(x):
         return np.take(x, idx, axis=axis)
     index = torch.as_tensor(np.asarray(idx, np.int64), device=x.device)
-    if x.dtype in _WIDE_UNSIGNED:
+    if x.dtype in WIDE_UNSIGNED:
         return back(np.take(to_np(x), idx, axis=axis), x)
     return torch.index_select(x, axis, index.reshape(-1)).reshape(
         (*x.shape[:axis], *np.shape(idx), *x.shape[axis + 1 :])
@@ -284,7 +269,7 @@ def expand(ctx, x, shape):
         return np.broadcast_to(x, out).copy()
     return (
         x.expand(out).clone()
-        if x.dtype not in _WIDE_UNSIGNED
+        if x.dtype not in WIDE_UNSIGNED
         else back(np.broadcast_to(to_np(x), out).copy(), x)
     )
 
@@ -532,7 +517,6 @@ def resize(ctx, x, roi=None, scales=None, sizes=None, **attrs):
         scales,
         sizes,
         attrs,
-        normalize_axis=normalize_axis,
         present=lambda v: np.size(to_np(v)) > 0,
     )
     return _resize(ctx, x, **kwargs)

@@ -1,0 +1,50 @@
+"""The array namespace a handler computes with, and axis arithmetic: one definition each.
+
+A handler's math is written once against ``xp``, chosen per call by :func:`namespace`: numpy
+when every input is static (constants, shape arithmetic), so the result folds at trace time,
+else the backend's namespace (``jax.numpy``, ``torch``). Framework-free: the backend passes
+its namespace in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+def is_static(value: Any) -> bool:
+    """True for values held as numpy or Python scalars (folded at trace time).
+
+    Backend arrays (JAX arrays, concrete or traced; torch tensors) are run-time data.
+    """
+    if value is None or isinstance(value, np.ndarray | np.generic | int | float | bool | str):
+        return True
+    if isinstance(value, list):
+        return all(is_static(v) for v in value)
+    return False
+
+
+def namespace(backend: Any, *arrays: Any, numpy_for: Callable[[Any], bool] | None = None) -> Any:
+    """numpy when every given array is static, else ``backend``.
+
+    ``numpy_for`` names arrays the backend cannot compute with (torch's wide unsigned types,
+    string tensors): any one of them selects numpy too.
+    """
+    present = [a for a in arrays if a is not None]
+    if all(is_static(a) for a in present):
+        return np
+    if numpy_for is not None and any(numpy_for(a) for a in present):
+        return np
+    return backend
+
+
+def normalize_axis(ctx: Any, axis: int, rank: int) -> int:
+    """``axis`` in ``[-rank, rank)`` as a non-negative index; a rank-0 input takes only 0.
+
+    ``ctx.error(message)`` builds the exception raised for an axis out of range.
+    """
+    if not -rank <= axis < max(rank, 1):
+        raise ctx.error(f"axis {axis} is out of range for a tensor of rank {rank}")
+    return axis % rank if rank else 0
