@@ -42,6 +42,8 @@ _LAZY = {
     "check_parity": ("xconv.parity.checker", "check_parity"),
     "torch2jax": ("xconv.interop.torch2jax", "torch2jax"),
     "jax2torch": ("xconv.interop.jax2torch", "jax2torch"),
+    "from_torch_optimizer": ("xconv.training.optimizers", "from_torch_optimizer"),
+    "check_training": ("xconv.training.check", "check_training"),
 }
 
 if TYPE_CHECKING:

@@ -554,5 +554,61 @@ def demo(out: Path | None) -> None:
         raise ParityError("the demo conversion does not match torch")
 
 
+@main.command("train-check")
+@click.argument("setup")
+@click.argument("candidate", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--steps", type=int, default=None, help="Optimizer steps (default: one per batch).")
+@click.option("--tol", type=float, default=1e-4, show_default=True,
+              help="Largest relative loss difference at any step.")  # fmt: skip
+@click.option("--state-tol", type=float, default=1e-3, show_default=True,
+              help="Largest relative difference of parameters and optimizer state.")  # fmt: skip
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write the report as JSON here.")  # fmt: skip
+@click.option("--html", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the report (with the loss curves) as HTML here.")  # fmt: skip
+@click.option("--trust-code", is_flag=True,
+              help="Allow importing the candidate folder's generated model.py.")  # fmt: skip
+def train_check(setup: str, candidate: Path, steps: int | None, tol: float, state_tol: float,
+                json_out: Path | None, html: Path | None, trust_code: bool) -> None:  # fmt: skip
+    """Train SETUP's torch module and the CANDIDATE torch-to-flax folder side by side.
+
+    SETUP is 'pkg.mod:function' (or 'file.py:function') returning a dict with "module",
+    "optimizer", "loss_fn", "batches" ((inputs, target) pairs) and optionally "scheduler",
+    "clip_grad_norm", "clip_grad_value", "channel_axis".
+    """
+    from xconv.errors import ParityError
+    from xconv.factories import resolve_factory
+    from xconv.training.check import check_training
+
+    if not trust_code:
+        raise click.UsageError(
+            f"checking {candidate} imports its generated model.py; pass --trust-code"
+        )
+    spec = resolve_factory(setup)()
+    missing = [k for k in ("module", "optimizer", "loss_fn", "batches") if k not in spec]
+    if missing:
+        raise click.UsageError(f"{setup} returned no {', '.join(missing)}")
+    extra = {k: spec[k] for k in ("scheduler", "clip_grad_norm", "clip_grad_value",
+                                  "channel_axis") if k in spec}  # fmt: skip
+    report = check_training(spec["module"], spec["optimizer"], spec["loss_fn"], candidate,
+                            spec["batches"], steps=steps, tol=tol, state_tol=state_tol,
+                            **extra)  # fmt: skip
+    console = _console()
+    console.print(
+        f"{report.steps} steps: max loss relative difference {report.max_loss_rel_diff():.2e} "
+        f"(first 20: {report.max_loss_rel_diff(20):.2e}); parameters after the last step "
+        f"{report.param_drift[-1]:.2e}"
+    )
+    for note in report.notes:
+        console.print(f"  {note}", markup=False)
+    if json_out is not None:
+        json_out.write_text(report.to_json())
+    if html is not None:
+        html.write_text(report.to_html())
+    if not report.passed:
+        raise ParityError(f"training runs part: {report.first_divergence}")
+    console.print("[green]passed[/]")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -280,3 +280,49 @@ def test_variables_not_from_this_module_are_a_weights_error():
     variables["params"]["fc"]["kernel"] = variables["params"]["fc"]["kernel"] + 1
     with pytest.raises(ConversionError, match="fc.weight"):
         from_torch_optimizer(optim.SGD(net.parameters(), lr=0.1), variables, model=net)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["sgd_momentum_dampening", "adamw", "adam_amsgrad_wd", "nadam", "rmsprop_centered_momentum"],
+)
+def test_to_torch_optimizer_continues_the_run(name):
+    """torch 2 steps -> optax 2 steps -> back to torch 2 steps == torch 6 steps, float64."""
+    from xconv.training import to_torch_optimizer
+
+    ref = _net(torch.float64)
+    ref_opt = CASES[name](ref.parameters())
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=3, gamma=0.5)
+    grads = _grads(ref, 6)
+    net = _net(torch.float64)
+    opt = CASES[name](net.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    for g in grads[:2]:
+        _torch_step(ref, ref_opt, g, ref_sched)
+        _torch_step(net, opt, g, sched)
+    with jax.enable_x64(True):
+        variables = _flax_layout(net)
+        tx, state = from_torch_optimizer(opt, variables, scheduler=sched, model=net)
+        params = variables["params"]
+        for g in grads[2:4]:
+            _torch_step(ref, ref_opt, g, ref_sched)
+            updates, state = tx.update(_to_tree(g), state, params)
+            params = optax.apply_updates(params, updates)
+        back = _net(torch.float64)
+        with torch.no_grad():
+            for n, p in back.named_parameters():
+                (path, perm) = _TO_FLAX[n]
+                node = params
+                for k in path:
+                    node = node[k]
+                a = np.asarray(node)
+                p.copy_(torch.from_numpy(a.transpose(np.argsort(perm)) if perm else a))
+        opt2 = to_torch_optimizer(tx, state, back)
+    assert opt2.xconv_last_epoch == 4
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=3, gamma=0.5, last_epoch=-1)
+    sched2.last_epoch = opt2.xconv_last_epoch
+    for g in grads[4:]:
+        _torch_step(ref, ref_opt, g, ref_sched)
+        _torch_step(back, opt2, g, sched2)
+    for (n, a), b in zip(ref.named_parameters(), back.parameters(), strict=True):
+        np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=1e-12, err_msg=n)

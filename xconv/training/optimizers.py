@@ -10,6 +10,7 @@ Each param group becomes one :func:`~xconv.training.transforms.torch_transform` 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +98,7 @@ def read_optimizer(optimizer, model) -> OptimizerSpec:
             hp["lr"] = float(g["lr"].item())
         else:
             hp["lr"] = float(g["lr"])
+        hp["initial_lr"] = float(g.get("initial_lr", hp["lr"]))
         groups.append(hp)
     return OptimizerSpec(
         cls, kind, tuple(groups), tuple(map(tuple, _param_names(optimizer, model)))
@@ -247,7 +249,100 @@ def from_torch_optimizer(
     state = jax.tree_util.tree_map(
         fill_groups, state, is_leaf=lambda x: isinstance(x, optax.MultiTransformState)
     )
+    tx = _torch_optax_class()(tx.init, tx.update)
+    tx.spec, tx.leaves, tx.prefix = spec, leaves, prefix
+    tx.schedules = (
+        [schedule_for(scheduler, gi) for gi in range(len(spec.groups))] if scheduler else None
+    )
     return tx, state
+
+
+@functools.cache
+def _torch_optax_class():
+    import optax
+
+    class TorchOptax(optax.GradientTransformation):
+        """An optax transform that remembers the torch optimizer it came from (its kind,
+        groups, parameter names and layouts), so :func:`to_torch_optimizer` can go back."""
+
+    return TorchOptax
+
+
+def to_torch_optimizer(tx, opt_state, module):
+    """The torch optimizer (with its per-parameter state) equal to an optax one.
+
+    Args:
+        tx: A transform from :func:`from_torch_optimizer` (it records the torch class,
+            groups and parameter layouts).
+        opt_state: Its current state (after any number of optax steps).
+        module: The torch module holding the trained parameters (load them first, e.g. with
+            ``xconv.weights.flax_to_torch``).
+
+    Returns:
+        A ``torch.optim`` optimizer over ``module``'s parameters whose ``step()`` continues
+        the optax run: each group's ``lr`` is the schedule's value at the state's scheduler
+        step (``initial_lr`` the schedule's base), and ``optimizer.xconv_last_epoch`` is that
+        step: build the scheduler on the returned optimizer, then set its ``last_epoch`` to
+        it (what the tests check).
+    """
+    import numpy as np
+    import torch
+
+    from xconv.training.check import _slot_arrays
+
+    spec = getattr(tx, "spec", None)
+    if spec is None:
+        raise ConversionError(
+            "to_torch_optimizer needs the transform returned by from_torch_optimizer (it "
+            "records the torch optimizer's class, groups and parameter layouts)"
+        )
+    named = dict(module.named_parameters())
+    missing = [n for names in spec.group_names for n in names if n not in named]
+    if missing:
+        raise ConversionError(f"the module has no parameter(s) {', '.join(missing[:5])}")
+    slots = _slot_arrays(opt_state, tx.leaves, tx.prefix, spec.group_names)
+    last_epoch = _lr_step(opt_state)
+    groups = []
+    for gi, hp in enumerate(spec.groups):
+        g = {k: v for k, v in hp.items() if k != "decoupled"}
+        if tx.schedules:
+            g["lr"] = float(np.asarray(tx.schedules[gi](last_epoch)))
+        if spec.kind in ("nadam", "radam") or (spec.kind == "adam" and spec.torch_class == "Adam"):
+            g["decoupled_weight_decay"] = hp["decoupled"]
+        groups.append({"params": [named[n] for n in spec.group_names[gi]], **g})
+    opt = getattr(torch.optim, spec.torch_class)(groups)
+    for names in spec.group_names:
+        for name in names:
+            p = named[name]
+            step = int(slots.get(f"{name}/step", 0))
+            if step == 0:
+                continue
+            st = {}
+            for key, value in slots.items():
+                pname, _, slot = key.rpartition("/")
+                if pname != name or slot == "step":
+                    continue
+                t = torch.from_numpy(np.array(value))
+                st[slot] = t if t.ndim == 0 else t.to(p.dtype)
+            if spec.kind != "sgd":
+                st["step"] = torch.tensor(float(step), dtype=torch.float32)
+            opt.state[p] = st
+    opt.xconv_last_epoch = last_epoch
+    return opt
+
+
+def _lr_step(opt_state) -> int:
+    import jax
+
+    from xconv.training.transforms import TorchState
+
+    found = []
+    jax.tree_util.tree_map(
+        lambda s: found.append(int(s.lr_step)) if isinstance(s, TorchState) else None,
+        opt_state,
+        is_leaf=lambda s: isinstance(s, TorchState),
+    )
+    return max(found, default=0)
 
 
 def _replace(tree, rel: tuple[str, ...], value):
@@ -262,4 +357,4 @@ def _replace(tree, rel: tuple[str, ...], value):
     return node
 
 
-__all__ = ["OPTIMIZERS", "from_torch_optimizer", "read_optimizer"]
+__all__ = ["OPTIMIZERS", "from_torch_optimizer", "read_optimizer", "to_torch_optimizer"]
