@@ -183,7 +183,7 @@ def convert(
         report = None
         if options.check:
             say("checking parity against the source model")
-            report = _check(imported, candidate_loader(stage), options, say)
+            report = _check(imported, lambda: candidate_loader(stage), options, say)
             report.to_json(stage / "parity.json")
             report.to_html(stage / "parity.html")
             done("parity")
@@ -484,41 +484,34 @@ def _load_generated(path: Path):
     return module
 
 
-def _check(imported: _Imported, candidate: Any, options: ConvertOptions, say: Progress):
+def _check(
+    imported: _Imported, load_candidate: Callable[[], Any], options: ConvertOptions, say: Progress
+):
     from xconv.parity.checker import check_parity
 
-    layerwise = _layerwise(imported, options)
-    # Per-block progress: the layerwise runner logs each block; forward it to ``say``.
-    blocks = logging.getLogger("xconv.parity.layerwise")
-    handler = _Forward(say)
-    saved = blocks.level, blocks.propagate
-    if layerwise:
-        blocks.addHandler(handler)
-        if not blocks.isEnabledFor(logging.INFO):  # quiet elsewhere: only ``say`` sees them
-            blocks.setLevel(logging.INFO)
-            blocks.propagate = False
-    try:
-        return check_parity(
+    layerwise: Any = False
+    if _layerwise(imported, options):
+        # The block-by-block oracle runs before the candidate is loaded, so the two never
+        # hold memory at the same time.
+        from xconv.parity.adapters import to_numpy
+        from xconv.parity.layerwise import run_layerwise
+
+        arrays = [to_numpy(x) for x in imported.inputs]
+        layerwise = run_layerwise(
             imported.reference,
-            candidate,
-            imported.inputs,
+            imported.model,
+            arrays,
             policy=options.policy,
-            devices=options.devices,
-            layerwise=imported.model if layerwise else False,
+            progress=lambda msg: say(f"parity (float64 oracle), {msg}"),
         )
-    finally:
-        blocks.removeHandler(handler)
-        blocks.setLevel(saved[0])
-        blocks.propagate = saved[1]
-
-
-class _Forward(logging.Handler):
-    def __init__(self, say: Progress) -> None:
-        super().__init__(logging.INFO)
-        self.say = say
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.say(f"parity (float64 oracle), {record.getMessage()}")
+    return check_parity(
+        imported.reference,
+        load_candidate(),
+        imported.inputs,
+        policy=options.policy,
+        devices=options.devices,
+        layerwise=layerwise,
+    )
 
 
 def _layerwise(imported: _Imported, options: ConvertOptions) -> bool:
