@@ -490,6 +490,7 @@ def _check(
     from xconv.parity.checker import check_parity
 
     layerwise: Any = False
+    failed = None
     if _layerwise(imported, options):
         # The block-by-block oracle runs before the candidate is loaded, so the two never
         # hold memory at the same time.
@@ -497,14 +498,18 @@ def _check(
         from xconv.parity.layerwise import run_layerwise
 
         arrays = [to_numpy(x) for x in imported.inputs]
-        layerwise = run_layerwise(
-            imported.reference,
-            imported.model,
-            arrays,
-            policy=options.policy,
-            progress=lambda msg: say(f"parity (float64 oracle), {msg}"),
-        )
-    return check_parity(
+        try:
+            layerwise = run_layerwise(
+                imported.reference,
+                imported.model,
+                arrays,
+                policy=options.policy,
+                progress=lambda msg: say(f"parity (float64 oracle), {msg}"),
+            )
+        except Exception as e:  # a program the block splitter cannot cut: check it whole
+            logger.debug("layerwise parity failed", exc_info=True)
+            failed = f"layerwise parity could not run ({type(e).__name__}: {e}); checked whole"
+    report = check_parity(
         imported.reference,
         load_candidate(),
         imported.inputs,
@@ -512,6 +517,9 @@ def _check(
         devices=options.devices,
         layerwise=layerwise,
     )
+    if failed:
+        report.notes.append(failed)
+    return report
 
 
 def _layerwise(imported: _Imported, options: ConvertOptions) -> bool:
