@@ -250,7 +250,8 @@ def check_parity(
             ``torch.export.ExportedProgram``), and judge each block of the candidate's IR
             too (see :mod:`xconv.parity.layerwise`). ``True`` takes the IR from the
             candidate (``xconv.to_jax`` results) or converts the program; an
-            ``onnx_ir.Model`` is used as given.
+            ``onnx_ir.Model`` is used as given; a ``LayerwiseResult`` from
+            ``xconv.parity.layerwise.run_layerwise`` on the same inputs is taken as is, and so is a mapping from input-set name (:func:`input_sets`) to such runs.
 
     Returns:
         A :class:`ParityReport`; ``report.passed`` says whether the candidate agrees on
@@ -313,7 +314,14 @@ def check_parity(
 
         # One block-by-block float64 run per input set; the example set's blocks are the
         # per-scope verdicts, and any set's failing block fails the check.
-        runs = [layerwise_oracle(reference, cand, layerwise, xs, pol) for _, xs in sets]
+        # ``layerwise`` may map set names to runs made beforehand (the pipeline runs them
+        # before loading the candidate, to keep peak memory down).
+        runs = [
+            layerwise[name]
+            if isinstance(layerwise, Mapping) and name in layerwise
+            else layerwise_oracle(reference, cand, layerwise, xs, pol)
+            for name, xs in sets
+        ]
         blocks = runs[0]
         for run in runs[1:]:
             if not run.passed and blocks.passed:
