@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,15 @@ def _lm(model):
             return self.model(input_ids=input_ids, use_cache=False).logits
 
     return LM(model)
+
+
+def gpt2_tiny():
+    """Two layers x 64: the smoke test of this script (not a default row)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=500))
+    return _lm(model), (torch.randint(0, 500, (1, 16)),)
 
 
 def gpt2():
@@ -140,6 +150,7 @@ ROWS: dict[str, Callable[[], tuple]] = {
     "ViT-B/16": vit_b16,
     "ResNet-50": resnet50,
     "Llama-shape 0.8B": llama_08b,
+    "GPT-2 tiny": gpt2_tiny,
 }
 KEYS = {
     "gpt2": "GPT-2 124M",
@@ -148,10 +159,11 @@ KEYS = {
     "resnet": "ResNet-50",
     "llama": "Llama-shape 0.8B",
 }
+#: Not run by default.
+EXTRA_KEYS = {"tiny": "GPT-2 tiny"}
 
 #: xconv commands measured per row: (label, argv after ``xconv``; {pt2} and {out} filled in).
 COMMANDS = [
-    ("torch-to-onnx", ["torch-to-onnx", "{pt2}", "-o", "{out}", "--no-check"]),
     ("torch-to-flax", ["torch-to-flax", "{pt2}", "-o", "{out}", "--no-check"]),
     ("torch-to-flax + parity", ["torch-to-flax", "{pt2}", "-o", "{out}"]),
 ]
@@ -243,6 +255,9 @@ def measure(name: str, work: Path, commands=COMMANDS) -> dict:
             entry["policy"] = report.get("policy", "?").split(" ")[0]
             entry["passed"] = report.get("passed")
             entry["blocks"] = len(report.get("scopes") or [])
+        spent = re.search(r"seconds: ([^\n]*)", run.tail)
+        if spent:
+            entry["stages"] = spent.group(1).strip()
         if run.rc != 0:
             entry["error"] = run.tail.strip().splitlines()[-1][:200] if run.tail.strip() else "?"
         row[label] = entry
@@ -287,7 +302,22 @@ def render(rows: list[dict], notes: list[str]) -> str:
         else:
             cells.append("-")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join([*_preamble(), "", *lines, "", *notes, ""])
+    stages = [
+        f"- {r['model']}: {r['torch-to-flax + parity']['stages']}"
+        for r in rows
+        if r.get("torch-to-flax + parity", {}).get("stages")
+    ]
+    if stages:
+        stages = [
+            "Where the time goes (`xconv torch-to-flax` with parity, seconds per stage: `load`",
+            "= `torch.export.load`, `import` = torch.onnx's translation + xconv's annotation,",
+            "`emit` = Flax source and variables, `model.onnx` = the IR file, `parity` = the",
+            "check):",
+            "",
+            *stages,
+            "",
+        ]
+    return "\n".join([*_preamble(), "", *lines, "", *stages, *notes, ""])
 
 
 def _preamble() -> list[str]:
@@ -310,7 +340,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale.md")
     args = parser.parse_args(argv)
-    names = [KEYS[k.strip()] for k in args.rows.split(",") if k.strip()]
+    keys = {**KEYS, **EXTRA_KEYS}
+    names = [keys[k.strip()] for k in args.rows.split(",") if k.strip()]
     rows = []
     load = os.getloadavg()
     for name in names:
@@ -321,15 +352,18 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: {time.perf_counter() - t:.0f} s", json.dumps(rows[-1]), flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    load_after = os.getloadavg()
-    notes = [
+            # Written after every row, so a long run leaves what it measured so far.
+            args.out.write_text(render(rows, _notes(load)))
+    print(render(rows, _notes(load)))
+
+
+def _notes(load: tuple[float, ...]) -> list[str]:
+    now = os.getloadavg()
+    return [
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}; load average {load[0]:.1f} before, "
-        f"{load_after[0]:.1f} after (a shared machine: wall times are noisy).",
+        f"{platform.python_version()}; load average {load[0]:.1f} at the start, "
+        f"{now[0]:.1f} at the end (a shared machine: wall times are noisy).",
     ]
-    text = render(rows, notes)
-    args.out.write_text(text)
-    print(text)
 
 
 if __name__ == "__main__":

@@ -260,13 +260,15 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
     console.print(f"[green]wrote[/] {result.out_dir}/: {files}")
     if result.parity is not None:
         console.print(result.parity)
-        if not result.parity.passed:
-            first = result.parity.first_divergence
-            raise ParityError(
-                "the converted model does not match the source; see "
-                f"{result.out_dir / 'parity.html'}"
-                + (f" (first divergence: {first})" if first else "")
-            )
+    if result.timings:
+        spent = ", ".join(f"{k} {v:.1f}" for k, v in result.timings.items())
+        console.print(f"[dim]seconds: {spent}[/]")
+    if result.parity is not None and not result.parity.passed:
+        first = result.parity.first_divergence
+        raise ParityError(
+            "the converted model does not match the source; see "
+            f"{result.out_dir / 'parity.html'}" + (f" (first divergence: {first})" if first else "")
+        )
 
 
 #: (source kind, target, what the source argument is)

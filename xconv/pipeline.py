@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,8 @@ class ConversionResult:
     model: ir.Model
     files: list[Path] = field(default_factory=list)
     parity: Any = None
+    #: Wall seconds per stage (``load``, ``import``, ``emit``, ``model.onnx``, ``parity``).
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -105,6 +108,7 @@ class _Imported:
     reference: Any  # what the parity check runs as ground truth
     inputs: Sequence[Any] | None
     description: str
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 Progress = Callable[[str], None]
@@ -146,14 +150,28 @@ def convert(
     if target not in TARGETS:
         raise ConversionError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
     out = Path(out_dir)
+    timings: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def done(stage: str) -> None:
+        now = time.perf_counter()
+        timings[stage] = timings.get(stage, 0.0) + now - clock[0]
+        clock[0] = now
+
     say(f"importing {source_kind} model")
     imported = _IMPORTERS[source_kind](source, options, example_inputs)
+    if imported.timings:  # the importer split its own time (load, import)
+        timings.update(imported.timings)
+        clock[0] = time.perf_counter()
+    else:
+        done("import")
     out.parent.mkdir(parents=True, exist_ok=True)
     parent = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.staging."))
     try:
         stage = parent / out.name
         say(f"writing {target} output")
         candidate_loader = _EMITTERS[target](imported.model, stage, options)
+        done("emit")
         from xconv.converters.onnx.io import save
 
         # The IR is the main artifact only for target onnx (one file up to 2 GB); beside
@@ -161,17 +179,19 @@ def convert(
         by_product = target != "onnx" and _weight_bytes(imported.model) > EXTERNAL_BYTES
         say("writing model.onnx")
         save(imported.model, stage / "model.onnx", external=True if by_product else None)
+        done("model.onnx")
         report = None
         if options.check:
             say("checking parity against the source model")
             report = _check(imported, candidate_loader(stage), options)
             report.to_json(stage / "parity.json")
             report.to_html(stage / "parity.html")
+            done("parity")
         _replace_dir(stage, out)
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     files = sorted(p for p in out.rglob("*") if p.is_file())
-    return ConversionResult(out, imported.model, files, report)
+    return ConversionResult(out, imported.model, files, report, timings)
 
 
 # --- importers -------------------------------------------------------------------------
@@ -188,6 +208,7 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
             list(options.input_shapes) or None, list(options.input_dtypes), npz=options.inputs_npz
         )
     )
+    start = time.perf_counter()
     if isinstance(source, str | os.PathLike):
         module, file_inputs = load_torch_model(
             source, module_factory=options.module_factory, trust_pickle=options.trust_pickle
@@ -196,6 +217,7 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
     else:
         module, file_inputs = source, None
         description = type(source).__name__
+    loaded = time.perf_counter()
     inputs = inputs if inputs is not None else file_inputs
     if inputs is None and not _is_exported_program(module):
         raise ConversionError(
@@ -208,7 +230,8 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
     reference = module
     if inputs is None:
         inputs = _exported_example_inputs(module)
-    return _Imported(model, reference, inputs, description)
+    timings = {"load": loaded - start, "import": time.perf_counter() - loaded}
+    return _Imported(model, reference, inputs, description, timings)
 
 
 def _is_exported_program(obj: Any) -> bool:

@@ -141,3 +141,30 @@ def jax_scale(params, key, factor):
     out = dict(params)
     out[key] = jax.tree_util.tree_map(lambda a: a * factor, params[key])
     return out
+
+
+def test_cli_pipeline_layerwise_from_a_pt2(program, tmp_path):
+    from xconv.pipeline import ConvertOptions, convert
+
+    pt2 = tmp_path / "net.pt2"
+    torch.export.save(program, pt2)
+    result = convert(
+        str(pt2),
+        source_kind="torch",
+        target="flax",
+        out_dir=tmp_path / "out",
+        options=ConvertOptions(parity="layerwise", devices="cpu"),
+    )
+    assert result.passed and result.parity.policy.startswith("oracle")
+    assert [s.name for s in result.parity.scopes][1:4] == ["layers.0", "layers.1", "layers.2"]
+    assert set(result.timings) >= {"load", "import", "emit", "model.onnx", "parity"}
+    # The whole-model route on a .pt2 uses the graph's float64 oracle, not the noise fallback.
+    whole = convert(
+        str(pt2),
+        source_kind="torch",
+        target="onnx",
+        out_dir=tmp_path / "onnx",
+        options=ConvertOptions(parity="whole", devices="cpu"),
+    )
+    assert whole.passed and whole.parity.policy.startswith("oracle"), whole.parity.notes
+    assert not whole.parity.scopes

@@ -543,8 +543,7 @@ def run_layerwise(
 
     results: list[BlockResult] = []
     for i, block in enumerate(blocks):
-        if progress is not None:
-            progress(f"block {i + 1}/{len(blocks)}: {block.name}")
+        (progress or logger.info)(f"block {i + 1}/{len(blocks)}: {block.name}")
         t = time.perf_counter()
         try:
             res = _run_block(program, block, plans[i], cand, env64, dtypes, by_name, weights, pol)

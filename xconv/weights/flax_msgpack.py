@@ -29,7 +29,43 @@ def write_msgpack(tree: Any, f: BinaryIO) -> None:
             f.write(msgpack.packb(key))
             write_msgpack(tree[key], f)
         return
+    if (
+        isinstance(tree, np.ndarray)
+        and not tree.dtype.hasobject
+        and tree.dtype.fields is None
+        and tree.nbytes <= serialization.MAX_CHUNK_SIZE
+    ):
+        _write_array(tree, f)
+        return
     f.write(serialization.msgpack_serialize(tree))
+
+
+def _write_array(arr: np.ndarray, f: BinaryIO) -> None:
+    """One ndarray as flax's ext type 1 ``(shape, dtype name, bin data)``, its data written
+    straight from the array (one copy only when it is a non-contiguous view)."""
+    import msgpack
+
+    n = arr.nbytes
+    head = b"\x93" + msgpack.packb(arr.shape) + msgpack.packb(arr.dtype.name)
+    if n < 2**8:
+        head += b"\xc4" + n.to_bytes(1, "big")
+    elif n < 2**16:
+        head += b"\xc5" + n.to_bytes(2, "big")
+    else:
+        head += b"\xc6" + n.to_bytes(4, "big")
+    size = len(head) + n
+    if size in (1, 2, 4, 8, 16):
+        ext = bytes([0xD4 + size.bit_length() - 1])
+    elif size < 2**8:
+        ext = b"\xc7" + size.to_bytes(1, "big")
+    elif size < 2**16:
+        ext = b"\xc8" + size.to_bytes(2, "big")
+    else:
+        ext = b"\xc9" + size.to_bytes(4, "big")
+    f.write(ext + b"\x01" + head)
+    data = np.ascontiguousarray(arr)
+    if data.size:
+        f.write(memoryview(data.reshape(-1).view(np.uint8)))
 
 
 class _Fallback(Exception):
