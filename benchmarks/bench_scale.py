@@ -164,8 +164,8 @@ EXTRA_KEYS = {"tiny": "GPT-2 tiny"}
 
 #: xconv commands measured per row: (label, argv after ``xconv``; {pt2} and {out} filled in).
 COMMANDS = [
-    ("torch-to-flax", ["torch-to-flax", "{pt2}", "-o", "{out}", "--no-check"]),
     ("torch-to-flax + parity", ["torch-to-flax", "{pt2}", "-o", "{out}"]),
+    ("torch-to-flax", ["torch-to-flax", "{pt2}", "-o", "{out}", "--no-check"]),
 ]
 
 

@@ -183,7 +183,7 @@ def convert(
         report = None
         if options.check:
             say("checking parity against the source model")
-            report = _check(imported, candidate_loader(stage), options)
+            report = _check(imported, lambda: candidate_loader(stage), options, say)
             report.to_json(stage / "parity.json")
             report.to_html(stage / "parity.html")
             done("parity")
@@ -484,17 +484,42 @@ def _load_generated(path: Path):
     return module
 
 
-def _check(imported: _Imported, candidate: Any, options: ConvertOptions):
+def _check(
+    imported: _Imported, load_candidate: Callable[[], Any], options: ConvertOptions, say: Progress
+):
     from xconv.parity.checker import check_parity
 
-    return check_parity(
+    layerwise: Any = False
+    failed = None
+    if _layerwise(imported, options):
+        # The block-by-block oracle runs before the candidate is loaded, so the two never
+        # hold memory at the same time.
+        from xconv.parity.adapters import to_numpy
+        from xconv.parity.layerwise import run_layerwise
+
+        arrays = [to_numpy(x) for x in imported.inputs]
+        try:
+            layerwise = run_layerwise(
+                imported.reference,
+                imported.model,
+                arrays,
+                policy=options.policy,
+                progress=lambda msg: say(f"parity (float64 oracle), {msg}"),
+            )
+        except Exception as e:  # a program the block splitter cannot cut: check it whole
+            logger.debug("layerwise parity failed", exc_info=True)
+            failed = f"layerwise parity could not run ({type(e).__name__}: {e}); checked whole"
+    report = check_parity(
         imported.reference,
-        candidate,
+        load_candidate(),
         imported.inputs,
         policy=options.policy,
         devices=options.devices,
-        layerwise=imported.model if _layerwise(imported, options) else False,
+        layerwise=layerwise,
     )
+    if failed:
+        report.notes.append(failed)
+    return report
 
 
 def _layerwise(imported: _Imported, options: ConvertOptions) -> bool:

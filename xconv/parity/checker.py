@@ -167,7 +167,8 @@ def check_parity(
             ``torch.export.ExportedProgram``), and judge each block of the candidate's IR
             too (see :mod:`xconv.parity.layerwise`). ``True`` takes the IR from the
             candidate (``xconv.to_jax`` results) or converts the program; an
-            ``onnx_ir.Model`` is used as given.
+            ``onnx_ir.Model`` is used as given; a ``LayerwiseResult`` from
+            ``xconv.parity.layerwise.run_layerwise`` on the same inputs is taken as is.
 
     Returns:
         A :class:`ParityReport`; ``report.passed`` says whether the candidate agrees.

@@ -426,6 +426,7 @@ class IRBlocks:
         inputs: Mapping[str, np.ndarray],
         weights: Mapping[str, Any],
     ) -> list[np.ndarray]:
+        import jax
         import jax.numpy as jnp
 
         env: dict[Any, Any] = {}
@@ -441,7 +442,8 @@ class IRBlocks:
                     data = _numpy(weights[v.name])
                 else:
                     raise ValueError(f"initializer {v.name!r} has no data and no given weight")
-                env[v] = jnp.asarray(data) if v.is_initializer() else data
+                # device_put takes an aligned CPU array (torch storage) without a copy.
+                env[v] = jax.device_put(data) if v.is_initializer() else data
             outs = self.interp.run_node(node, env, self.position[id(node)], None)
             for v, o in zip(node.outputs, outs, strict=False):
                 env[v] = o
@@ -615,7 +617,11 @@ def layerwise_oracle(
 ) -> LayerwiseResult:
     """``check_parity``'s hook: the layerwise run for ``reference`` (an ExportedProgram or
     its adapter) against the candidate's IR (``layerwise`` itself when it is an
-    ``onnx_ir.Model``, else the candidate adapter's, else the program converted)."""
+    ``onnx_ir.Model``, else the candidate adapter's, else the program converted). A
+    :class:`LayerwiseResult` passed as ``layerwise`` (run earlier on the same inputs, e.g.
+    before the candidate was loaded, to keep peak memory down) is used as is."""
+    if isinstance(layerwise, LayerwiseResult):  # run beforehand, on the same inputs
+        return layerwise
     program = getattr(reference, "program", reference)
     if type(program).__name__ != "ExportedProgram":
         raise TypeError(
