@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--no-forward", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale.md")
+    ap.add_argument("--note", action="append", default=[], help="A line added under the table.")
     a = ap.parse_args(argv)
     load = os.getloadavg()
     rows = []
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; load average {load[0]:.1f} "
         f"before, {after[0]:.1f} after (a shared machine: wall times are noisy)."
     )
-    section = render(rows, note)
+    section = render(rows, "\n".join([note, *a.note]))
     write_section(a.out, section)
     print(section)
 

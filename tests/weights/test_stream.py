@@ -291,3 +291,67 @@ def test_llama_1_5b_streamed_in_bounded_memory(tmp_path):
     logits = module.apply(variables, np.zeros((1, 8), np.int64))
     logits = np.asarray(logits[0] if isinstance(logits, tuple) else logits, np.float32)
     assert logits.shape == (1, 8, 32000) and np.isfinite(logits).all()
+
+
+_FACTORY = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc1 = nn.Linear(8, width)
+        self.norm = nn.LayerNorm(width)
+        self.fc2 = nn.Linear(width, 3)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 3), persistent=False)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.norm(self.fc1(x)))) * self.scale
+
+
+def make(config):
+    return Net(config["width"])
+"""
+
+
+def test_factory_with_a_dict_config_and_a_computed_buffer(tmp_path):
+    """--module as a factory file taking the config dict; a non-persistent buffer computed."""
+    (tmp_path / "net.py").write_text(_FACTORY)
+    (tmp_path / "config.json").write_text(json.dumps({"width": 16}))
+    rng = np.random.default_rng(0)
+    state = {
+        "fc1.weight": rng.standard_normal((16, 8)), "fc1.bias": rng.standard_normal(16),
+        "norm.weight": rng.standard_normal(16), "norm.bias": rng.standard_normal(16),
+        "fc2.weight": rng.standard_normal((3, 16)), "fc2.bias": rng.standard_normal(3),
+    }  # fmt: skip
+    state = {k: v.astype(np.float32) for k, v in state.items()}
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for i, names in enumerate(
+        (["fc1.weight", "fc1.bias"], ["norm.weight", "norm.bias", "fc2.weight", "fc2.bias"])
+    ):
+        w = ShardWriter(
+            ckpt / f"part-{i}.safetensors", [(n, state[n].shape, np.float32) for n in names]
+        )
+        for n in names:
+            w.write(n, state[n])
+        w.close()
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    result = convert_checkpoint(
+        f"{tmp_path / 'net.py'}:make", str(ckpt / "part-*.safetensors"), config=tmp_path / "config.json",
+        target="flax", out_dir=tmp_path / "out", example_inputs=(x,),
+    )  # fmt: skip
+    assert result.parity.passed, str(result.parity)
+    from xconv.factories import resolve_factory
+    from xconv.pipeline import _load_generated
+
+    net = resolve_factory(f"{tmp_path / 'net.py'}:make")({"width": 16}).eval()
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+    with torch.no_grad():
+        want = net(torch.from_numpy(x)).numpy()
+    module, variables = _load_generated(tmp_path / "out" / "model.py").load(tmp_path / "out")
+    got = module.apply(variables, x)
+    np.testing.assert_allclose(
+        np.asarray(got[0] if isinstance(got, tuple) else got), want, rtol=1e-5, atol=1e-6
+    )

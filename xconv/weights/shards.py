@@ -146,6 +146,7 @@ class CheckpointIndex:
         self.shards: list[Path] = []
         self.root = Path(".")
         self.log = ReadLog()
+        self._declared: dict[str, str] | None = None  # an index's weight_map
         self._scan(self._shard_files())
 
     def _shard_files(self) -> list[Path]:
@@ -176,7 +177,6 @@ class CheckpointIndex:
         if not files:
             raise WeightsError(f"no safetensors files match {pattern!r}")
         self.root = files[0].parent
-        self._declared = None
         return files
 
     def _scan(self, files: Iterable[Path]) -> None:
@@ -213,9 +213,8 @@ class CheckpointIndex:
                         f"{name} is in two shards: {self.tensors[name].shard.name}, {shard.name}"
                     )
                 self.tensors[name] = ref
-        declared = getattr(self, "_declared", None)
-        if declared:
-            for name, file in sorted(declared.items()):
+        if self._declared:
+            for name, file in sorted(self._declared.items()):
                 ref = self.tensors.get(name)
                 if ref is not None and ref.shard.name != file:
                     self.problems.append(

@@ -44,14 +44,14 @@ class LazyWeight(ir.ExternalTensor):
     so serialising the IR writes the reference, never the bytes.
     """
 
-    def __init__(self, ref: TensorRef) -> None:
+    def __init__(self, ref: TensorRef, name: str | None = None) -> None:
         super().__init__(
             ref.shard.name,
             ref.offset,
             ref.nbytes,
             ir.DataType.from_numpy(numpy_dtype(ref.dtype)),
             shape=ir.Shape(ref.shape),
-            name=ref.name,
+            name=name or ref.name,
             base_dir=str(ref.shard.parent),
         )
         self.ref = ref
@@ -68,12 +68,7 @@ def attach(model: ir.Model, index: CheckpointIndex, tied: Mapping[str, str] | No
         ref = index.tensors.get(name) or index.tensors.get(tied.get(name, ""))
         if ref is None:
             continue
-        lazy = LazyWeight(ref)
-        if ref.name != name:
-            lazy = LazyWeight(
-                TensorRef(name, ref.shard, ref.offset, ref.nbytes, ref.dtype, ref.shape)
-            )
-            lazy.ref = ref
+        lazy = LazyWeight(ref, name=name)  # a tied name reads its partner's bytes
         lazy.metadata_props.update(getattr(value.const_value, "metadata_props", {}) or {})
         value.const_value = lazy
         n += 1
