@@ -276,3 +276,31 @@ def test_cli_check_bad_devices_is_a_clean_error(tmp_path):
     assert "Traceback" not in result.output and "none of the devices" in result.output
     ok = CliRunner().invoke(main, ["check", str(path), str(path), "--devices", "cpu"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_generated_flax_names_match_torch_names_automatically():
+    import flax.linen as nn
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential()
+    ref.add_module("blocks", torch.nn.Sequential(torch.nn.Linear(4, 3)))
+    ref.eval()
+
+    class Generated(nn.Module):  # how xconv.to_flax names module scopes
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3, name="blocks_0")(x)
+
+    lin = ref.blocks[0]
+    variables = {
+        "params": {
+            "blocks_0": {
+                "kernel": lin.weight.detach().numpy().T,
+                "bias": lin.bias.detach().numpy(),
+            }
+        }
+    }
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    report = xconv.check_parity(ref, (Generated(), variables), x, grads=True)
+    assert report.passed, report.summary()
+    assert {"d/blocks.0.weight", "d/blocks.0.bias"} <= {m.name for m in report.grads}
