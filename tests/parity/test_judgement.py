@@ -276,6 +276,17 @@ def test_cli_check_bad_devices_is_a_clean_error(tmp_path):
     assert "Traceback" not in result.output and "none of the devices" in result.output
     ok = CliRunner().invoke(main, ["check", str(path), str(path), "--devices", "cpu"])
     assert ok.exit_code == 0, ok.output
+    assert "inputs=random_1" in ok.output or "random_1" in ok.output
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an npz")
+    result = CliRunner().invoke(main, ["check", str(path), str(path), "--inputs", str(bad)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "cannot read inputs" in result.output
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, np.zeros((1, 2), np.float32))
+    result = CliRunner().invoke(main, ["check", str(path), str(path), "--inputs", str(wrong)])
+    assert result.exit_code == 2, result.output
+    assert "cannot run on the inputs" in result.output
 
 
 def test_generated_flax_names_match_torch_names_automatically():
