@@ -315,3 +315,44 @@ def test_generated_flax_names_match_torch_names_automatically():
     report = xconv.check_parity(ref, (Generated(), variables), x, grads=True)
     assert report.passed, report.summary()
     assert {"d/blocks.0.weight", "d/blocks.0.bias"} <= {m.name for m in report.grads}
+
+
+def test_noise_policy_candidate_with_float16_round_trips_fails():
+    """The candidate's float64 twin (``cast_model_to_double``) loses its float16 casts, so
+    under the noise policy its own error would widen its bound; the dtype cap stops that."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(16, 16)).astype(np.float32)
+    wt = torch.from_numpy(w)
+
+    def reference(x):  # closes over float32 weights: no float64 twin
+        return torch.tanh(x @ wt)
+
+    def model(round_trip: bool):
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+        last = "y"
+        if round_trip:
+            nodes += [
+                helper.make_node("Cast", ["y"], ["h"], to=TensorProto.FLOAT16),
+                helper.make_node("Cast", ["h"], ["y2"], to=TensorProto.FLOAT),
+            ]
+            last = "y2"
+        nodes.append(helper.make_node("Tanh", [last], ["out"]))
+        graph = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
+            [helper.make_tensor_value_info("out", TensorProto.FLOAT, [8, 16])],
+            [numpy_helper.from_array(w, "w")],
+        )
+        return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+
+    x = rng.normal(size=(8, 16)).astype(np.float32) * 0.3
+    good = xconv.check_parity(reference, model(False), x)
+    assert good.passed, good.summary()
+    assert good.policy_kind == "noise"
+    bad = xconv.check_parity(reference, model(True), x)
+    assert bad.policy_kind == "noise"
+    assert not bad.passed, bad.summary()
