@@ -306,7 +306,9 @@ def check_parity(
         if oracle is not None:
             try:
                 oracle.prepare(_cpu(oracle))
+                t = time.perf_counter()
                 oracle_outs = [oracle.run(to_float64(xs), _cpu(oracle)) for _, xs in sets]
+                timings["oracle"] = time.perf_counter() - t
             except Exception as e:
                 oracle, why = None, f"{why}; it failed to run ({type(e).__name__}: {e})"
             else:
