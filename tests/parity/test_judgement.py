@@ -276,3 +276,83 @@ def test_cli_check_bad_devices_is_a_clean_error(tmp_path):
     assert "Traceback" not in result.output and "none of the devices" in result.output
     ok = CliRunner().invoke(main, ["check", str(path), str(path), "--devices", "cpu"])
     assert ok.exit_code == 0, ok.output
+    assert "inputs=random_1" in ok.output or "random_1" in ok.output
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"not an npz")
+    result = CliRunner().invoke(main, ["check", str(path), str(path), "--inputs", str(bad)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "cannot read inputs" in result.output
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, np.zeros((1, 2), np.float32))
+    result = CliRunner().invoke(main, ["check", str(path), str(path), "--inputs", str(wrong)])
+    assert result.exit_code == 2, result.output
+    assert "cannot run on the inputs" in result.output
+
+
+def test_generated_flax_names_match_torch_names_automatically():
+    import flax.linen as nn
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential()
+    ref.add_module("blocks", torch.nn.Sequential(torch.nn.Linear(4, 3)))
+    ref.eval()
+
+    class Generated(nn.Module):  # how xconv.to_flax names module scopes
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3, name="blocks_0")(x)
+
+    lin = ref.blocks[0]
+    variables = {
+        "params": {
+            "blocks_0": {
+                "kernel": lin.weight.detach().numpy().T,
+                "bias": lin.bias.detach().numpy(),
+            }
+        }
+    }
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    report = xconv.check_parity(ref, (Generated(), variables), x, grads=True)
+    assert report.passed, report.summary()
+    assert {"d/blocks.0.weight", "d/blocks.0.bias"} <= {m.name for m in report.grads}
+
+
+def test_noise_policy_candidate_with_float16_round_trips_fails():
+    """The candidate's float64 twin (``cast_model_to_double``) loses its float16 casts, so
+    under the noise policy its own error would widen its bound; the dtype cap stops that."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(16, 16)).astype(np.float32)
+    wt = torch.from_numpy(w)
+
+    def reference(x):  # closes over float32 weights: no float64 twin
+        return torch.tanh(x @ wt)
+
+    def model(round_trip: bool):
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+        last = "y"
+        if round_trip:
+            nodes += [
+                helper.make_node("Cast", ["y"], ["h"], to=TensorProto.FLOAT16),
+                helper.make_node("Cast", ["h"], ["y2"], to=TensorProto.FLOAT),
+            ]
+            last = "y2"
+        nodes.append(helper.make_node("Tanh", [last], ["out"]))
+        graph = helper.make_graph(
+            nodes,
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16])],
+            [helper.make_tensor_value_info("out", TensorProto.FLOAT, [8, 16])],
+            [numpy_helper.from_array(w, "w")],
+        )
+        return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+
+    x = rng.normal(size=(8, 16)).astype(np.float32) * 0.3
+    good = xconv.check_parity(reference, model(False), x)
+    assert good.passed, good.summary()
+    assert good.policy_kind == "noise"
+    bad = xconv.check_parity(reference, model(True), x)
+    assert bad.policy_kind == "noise"
+    assert not bad.passed, bad.summary()

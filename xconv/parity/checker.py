@@ -335,7 +335,9 @@ def check_parity(
         if oracle is not None:
             try:
                 oracle.prepare(_cpu(oracle))
+                t = time.perf_counter()
                 oracle_outs = [oracle.run(to_float64(xs), _cpu(oracle)) for _, xs in sets]
+                timings["oracle"] = time.perf_counter() - t
             except Exception as e:
                 oracle, why = None, f"{why}; it failed to run ({type(e).__name__}: {e})"
             else:
@@ -619,9 +621,10 @@ def match_param_names(
     ref_names: Sequence[str], cand_names: Sequence[str], explicit: Mapping[str, str] | None
 ) -> dict[str, str]:
     """Reference weight name -> candidate weight name: ``explicit`` entries, then equal
-    names, then names equal up to separators (``/`` or ``.``), a ``params.`` prefix, an nnx
-    ``.value`` suffix and the role's spelling (Flax ``kernel``/``scale``/``embedding`` for
-    torch ``weight``)."""
+    names, then names equal up to separators (``/``, ``.``, and the ``_`` of generated Flax
+    module names), a ``params.`` prefix, an nnx ``.value`` suffix and the role's spelling
+    (Flax ``kernel``/``scale``/``embedding`` for torch ``weight``). Names that become
+    ambiguous under these rules match nothing."""
     cand_set = set(cand_names)
     out: dict[str, str] = {}
     for r, c in (explicit or {}).items():
@@ -654,7 +657,8 @@ def _loose_param(name: str) -> str:
         parts = parts[:-1]
     if parts and parts[-1] in ("kernel", "scale", "embedding"):
         parts[-1] = "weight"
-    return ".".join(parts)
+    # Generated Flax modules flatten ``blocks.0.conv`` to ``blocks_0_conv``.
+    return ".".join(parts).replace("_", ".")
 
 
 def _to_layout(c: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
