@@ -151,12 +151,25 @@ def write(rows, stamp: str) -> None:
     DOC.write_text(text)
 
 
+def _commit() -> str:
+    """The commit the run starts from, marked when the working tree differs from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    dirty = git("status", "--porcelain", "--untracked-files=no", "xconv", "tests")
+    return git("rev-parse", "--short", "HEAD") + (" plus uncommitted changes" if dirty else "")
+
+
 def main(argv: list[str]) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"
     names = argv or [m[0] for m in MODELS]
     unknown = set(names) - {m[0] for m in MODELS}
     if unknown:
         raise SystemExit(f"unknown models {sorted(unknown)}; known: {[m[0] for m in MODELS]}")
+    commit = _commit()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, label, config in MODELS:
@@ -166,14 +179,10 @@ def main(argv: list[str]) -> int:
             rows.append((label, config, cells, export_s))
             print(render(rows[-1:]).splitlines()[-1], flush=True)
     if not argv:
-        import subprocess
-
         import jax
         import torch
         import transformers
 
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.strip()  # fmt: skip
         load = os.getloadavg()[0]
         stamp = (
             f"Written by `python -m tests.models.models_table` at commit `{commit}` "

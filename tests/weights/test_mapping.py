@@ -13,7 +13,7 @@ import torch
 from fixtures import torch_models
 from xconv.converters.jax.flax_emitter import generate, to_flax
 from xconv.converters.torch.importer import from_torch
-from xconv.errors import UnsupportedOpError, WeightsError
+from xconv.errors import WeightsError
 from xconv.weights import io
 from xconv.weights.mapping import build_weight_map, flax_to_torch, torch_to_flax
 
@@ -21,11 +21,8 @@ FIXTURES = ["mlp", "resnet", "conv_zoo", "norm_zoo", "transformer", "mha_weights
 
 
 def _weight_map(model_ir):
-    """The map, or an xfail naming the ops the Flax emitter lacks for this fixture."""
-    try:
-        return build_weight_map(model_ir)
-    except UnsupportedOpError as e:
-        pytest.xfail(f"the Flax emitter does not support this fixture yet: {e}")
+    """The map; a lost Flax handler is a failure, never an expected one."""
+    return build_weight_map(model_ir)
 
 
 @pytest.fixture(scope="module")

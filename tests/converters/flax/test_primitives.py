@@ -7,8 +7,6 @@ numbers against the JAX function itself.
 
 from __future__ import annotations
 
-import inspect
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -279,10 +277,7 @@ NO_JIT = {
 
 
 def _convert(fn, xs, dynamic: bool = False):
-    kwargs = {}
-    if "dynamic_batch" in inspect.signature(from_jax).parameters:
-        kwargs["dynamic_batch"] = dynamic
-    return from_jax(lambda p, *a: fn(*a), {}, tuple(xs), **kwargs)
+    return from_jax(lambda p, *a: fn(*a), {}, tuple(xs), dynamic_batch=dynamic)
 
 
 def _as_tuple(out):
@@ -351,10 +346,6 @@ DYNAMIC = {
 }
 
 
-@pytest.mark.skipif(
-    "dynamic_batch" not in inspect.signature(from_jax).parameters,
-    reason="from_jax has no dynamic_batch",
-)
 @pytest.mark.parametrize("name", sorted(DYNAMIC))
 def test_symbolic_batch_runs_at_another_batch_size(name, tmp_path):
     fn, n_in = DYNAMIC[name]

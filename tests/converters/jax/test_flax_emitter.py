@@ -423,11 +423,9 @@ def test_failed_run_keeps_previous_output_and_input_model(tmp_path):
 def test_torch_importer_fixtures(tmp_path, name, n_params):
     """End to end through xconv.from_torch's layer metadata: native layers, numbers, grads."""
     torch = pytest.importorskip("torch")
-    try:
-        from fixtures import torch_models
-        from xconv import from_torch
-    except ImportError as e:  # the importer lives in another part of the tree
-        pytest.skip(f"torch importer unavailable: {e}")
+    from fixtures import torch_models
+    from xconv import from_torch
+
     module, inputs = torch_models.FIXTURES[name]()
     model = from_torch(module, inputs)
     with torch.no_grad():

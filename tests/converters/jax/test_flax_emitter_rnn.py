@@ -30,11 +30,9 @@ BLOCKS = FlaxOptions(share_blocks=True)
 @pytest.fixture(scope="module")
 def seq_model():
     torch = pytest.importorskip("torch")
-    try:
-        from fixtures import torch_models
-        from xconv import from_torch
-    except ImportError as e:  # the importer lives in another part of the tree
-        pytest.skip(f"torch importer unavailable: {e}")
+    from fixtures import torch_models
+    from xconv import from_torch
+
     module, inputs = torch_models.make_seq_model()
     with torch.no_grad():
         expected = module(*inputs).numpy()
@@ -230,12 +228,10 @@ def test_register_template_rejects_unknown_layout():
 # ---------------------------------------------------------------- native nn.ConvTranspose
 
 
-def _from_torch_or_skip(make):
+def _from_torch(make):
     torch = pytest.importorskip("torch")
-    try:
-        from xconv import from_torch
-    except ImportError as e:  # the importer lives in another part of the tree
-        pytest.skip(f"torch importer unavailable: {e}")
+    from xconv import from_torch
+
     module, inputs = make()
     with torch.no_grad():
         expected = module(*inputs)
@@ -273,7 +269,7 @@ def test_conv_transpose_is_native_and_matches_torch(tmp_path, api, which):
         make, n_native = torch_models.make_conv_zoo, 2
     else:
         make, n_native = _up_zoo, 3
-    model, xs, expected = _from_torch_or_skip(make)
+    model, xs, expected = _from_torch(make)
     plain = (xconv.to_flax(model, tmp_path / "plain", api=api) / "model.py").read_text()
     assert "ConvTranspose(" not in plain.replace("class ConvTranspose", "")  # opt-in
     out = xconv.to_flax(model, tmp_path / "out", api=api, options=NATIVE)
@@ -300,7 +296,7 @@ def test_conv_transpose_is_native_and_matches_torch(tmp_path, api, which):
 def test_resnet_blocks_become_shared_classes(tmp_path, api):
     from fixtures import torch_models
 
-    model, xs, expected = _from_torch_or_skip(torch_models.make_resnet)
+    model, xs, expected = _from_torch(torch_models.make_resnet)
     out = xconv.to_flax(model, tmp_path / "out", api=api, options=BLOCKS)
     src = (out / "model.py").read_text()
     # layer1.0 and layer1.1 are identical BasicBlocks: one class used twice; layer2.0 (with a
@@ -327,7 +323,7 @@ def test_resnet_blocks_become_shared_classes(tmp_path, api):
 def test_resnet_block_train_mode_updates_nested_stats(tmp_path):
     from fixtures import torch_models
 
-    model, xs, _ = _from_torch_or_skip(torch_models.make_resnet)
+    model, xs, _ = _from_torch(torch_models.make_resnet)
     out = xconv.to_flax(model, tmp_path / "out", api="linen", options=BLOCKS)
     flax_model, variables = import_generated(out).load(out)
     _, updates = flax_model.apply(variables, *xs, train=True, mutable=["batch_stats"])
@@ -339,7 +335,7 @@ def test_transformer_layers_become_block_classes(tmp_path):
     """Constants the exporter hoists out of a block do not stop it becoming a class."""
     from fixtures import torch_models
 
-    model, xs, expected = _from_torch_or_skip(torch_models.make_transformer)
+    model, xs, expected = _from_torch(torch_models.make_transformer)
     out = xconv.to_flax(model, tmp_path / "out", api="nnx", options=BLOCKS)
     src = (out / "model.py").read_text()
     # The two EncoderLayers differ (gelu erf vs tanh): two classes, one MultiheadAttention.

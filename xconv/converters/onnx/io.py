@@ -96,8 +96,14 @@ def load(source: str | os.PathLike | bytes | onnx.ModelProto | ir.Model) -> ir.M
         base_dir = path.parent
     if not proto.graph.node and not proto.graph.output:
         raise InvalidModelError(f"{_describe(source)} holds no graph; is it an ONNX model?")
-    external = base_dir is not None and _has_external_data(proto)
     version = _default_opset(proto)
+    if version is not None and version < 1:
+        raise InvalidModelError(
+            f"{_describe(source)} imports the default ONNX domain at opset {version}; "
+            "valid opsets start at 1 (the file is corrupt)"
+        )
+    _check_initializers(proto, _describe(source))
+    external = base_dir is not None and _has_external_data(proto)
     if external and (version is None or version >= OPSET):
         # Weights stay on disk: the IR's external tensors memory-map them when read.
         return _deserialize(proto, source, base_dir)
@@ -129,6 +135,55 @@ def _deserialize(proto: onnx.ModelProto, source, base_dir: Path | None) -> ir.Mo
                 f"{sorted(set(missing))} beside it"
             )
     return model
+
+
+def _check_initializers(proto: onnx.ModelProto, where: str) -> None:
+    """Refuse initializers whose dtype is unknown, whose dims are negative or whose stored
+    bytes do not match their shape: onnx_ir reads tensors lazily, so such a file would
+    otherwise fail deep inside a conversion. Costs no copy of the data."""
+    import math
+
+    tp = onnx.TensorProto
+    # The typed fields onnx_ir reads for each data type (and how many values per element).
+    fields = {
+        "float_data": ({tp.FLOAT: 1, tp.COMPLEX64: 2}),
+        "double_data": ({tp.DOUBLE: 1, tp.COMPLEX128: 2}),
+        "int64_data": ({tp.INT64: 1}),
+        "uint64_data": ({tp.UINT64: 1, tp.UINT32: 1}),
+    }
+    constants = [
+        a.t for n in proto.graph.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR
+    ]
+    for t in [*proto.graph.initializer, *constants]:
+        if t.data_location == tp.EXTERNAL:
+            continue
+        for field, per_element in fields.items():
+            values = getattr(t, field)
+            if values and (
+                t.data_type not in per_element
+                or len(values) != math.prod(t.dims) * per_element[t.data_type]
+            ):
+                raise InvalidModelError(
+                    f"{where}: tensor {t.name!r} stores {len(values)} {field} values, which "
+                    f"do not fit its type {t.data_type} and shape {list(t.dims)}; the file is "
+                    "corrupt"
+                )
+        try:
+            bits = ir.DataType(t.data_type).bitwidth
+        except (ValueError, TypeError):  # unknown enum value, or UNDEFINED
+            raise InvalidModelError(
+                f"{where}: tensor {t.name!r} has unknown data type {t.data_type}"
+            ) from None
+        if any(d < 0 for d in t.dims):
+            raise InvalidModelError(f"{where}: tensor {t.name!r} has negative dims {t.dims}")
+        if not t.HasField("raw_data") or t.data_type == tp.STRING:
+            continue
+        expected = math.ceil(math.prod(t.dims) * bits / 8)
+        if len(t.raw_data) != expected:
+            raise InvalidModelError(
+                f"{where}: tensor {t.name!r} holds {len(t.raw_data)} bytes, but its shape "
+                f"{list(t.dims)} and type need {expected}; the file is corrupt or truncated"
+            )
 
 
 def _describe(source) -> str:

@@ -138,12 +138,13 @@ def load_source(source: Any) -> tuple[Any, Any]:
 
 @contextlib.contextmanager
 def _quiet_tf():
-    """TensorFlow logs a traceback (absl, WARNING) for some unreadable SavedModels before
-    raising; the raised error is reported instead."""
+    """TensorFlow logs tracebacks (absl, up to ERROR: "Fingerprint was found, but there was
+    an error when reading the proto") for unreadable SavedModels before raising or carrying
+    on; the raised error is reported instead."""
     loggers = [logging.getLogger(n) for n in ("tensorflow", "absl")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.ERROR)
+        lg.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
