@@ -211,6 +211,17 @@ def test_to_jax_candidate():
     assert len(rep.params) == 5
 
 
+def test_nnx_candidate(tmp_path):
+    module, (x,) = make_mlp()
+    out = xconv.to_flax(xconv.from_torch(module, (x,)), tmp_path / "nnx", api="nnx")
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 16, generator=g), torch.randn(4, 8, generator=g)) for _ in range(5)]
+    opt = torch.optim.Adam(module.parameters(), lr=1e-2)
+    rep = check_training(module, opt, torch.nn.MSELoss(), _load_folder(out), batches)
+    assert rep.passed, rep.first_divergence
+    assert len(rep.params) == 5 and rep.optimizer_state
+
+
 @functools.cache
 def _no_nesterov_rule():
     from xconv.training import transforms

@@ -159,7 +159,8 @@ def _candidate(candidate, *, batch_norm: bool) -> _Candidate:
     except ImportError:  # pragma: no cover - flax is part of the jax extra
         linen = nnx = None
     if nnx is not None and isinstance(candidate, nnx.Module):
-        graphdef, params, rest = nnx.split(candidate, nnx.Param, ...)
+        # RNG streams (dropout keys) stay as they are: the run is deterministic.
+        graphdef, params, rngs, rest = nnx.split(candidate, nnx.Param, nnx.RngState, ...)
         params_d = jax.tree_util.tree_map(jnp.asarray, params.to_pure_dict())
         rest_d = jax.tree_util.tree_map(jnp.asarray, rest.to_pure_dict())
 
@@ -167,9 +168,9 @@ def _candidate(candidate, *, batch_norm: bool) -> _Candidate:
             ps, rs = nnx.State(params), nnx.State(rest)
             nnx.replace_by_pure_dict(ps, p)
             nnx.replace_by_pure_dict(rs, others)
-            model = nnx.merge(graphdef, ps, rs)
+            model = nnx.merge(graphdef, ps, rngs, rs)
             out = model(*inputs, train=batch_norm)
-            return out, nnx.split(model, nnx.Param, ...)[2].to_pure_dict()
+            return out, nnx.split(model, nnx.Param, nnx.RngState, ...)[3].to_pure_dict()
 
         return _Candidate(apply_nnx, _merge(params_d, rest_d), params_d, (), rest_d, "nnx")
     if not (isinstance(candidate, tuple) and len(candidate) == 2):
@@ -279,6 +280,25 @@ def _slot_arrays(opt_state, leaves: dict[str, Leaf], prefix, group_names) -> dic
     return out
 
 
+def make_train_step(apply: Callable, tx, loss: Callable) -> Callable:
+    """The jitted ``(params, others, opt_state, inputs, target) -> (params, others, opt_state,
+    loss)`` of a converted model: forward (``apply(params, others, inputs) -> (output,
+    others)``), loss, gradient, optimizer update."""
+    import jax
+    import optax
+
+    def train_step(params, others, opt_state, inputs, target):
+        def objective(p):
+            out, new_others = apply(p, others, inputs)
+            return loss(out, target), new_others
+
+        (value, new_others), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_others, opt_state, value
+
+    return jax.jit(train_step)
+
+
 def check_training(
     torch_module,
     optimizer,
@@ -321,8 +341,6 @@ def check_training(
         A :class:`TrainingReport`; ``report.passed`` is False at the first loss or tensor past
         its tolerance, named in ``report.first_divergence``.
     """
-    import jax
-    import optax
     import torch
 
     from xconv.training.losses import from_torch_loss
@@ -373,16 +391,7 @@ def check_training(
     jloss = from_torch_loss(loss_fn, channel_axis=channel_axis)
     param_names = {n for n, _ in module.named_parameters()}
 
-    def train_step(params, others, opt_state, inputs, target):
-        def objective(p):
-            out, new_others = cand.apply(p, others, inputs)
-            return jloss(out, target), new_others
-
-        (loss, new_others), grads = jax.value_and_grad(objective, has_aux=True)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), new_others, opt_state, loss
-
-    train_step = jax.jit(train_step)
+    train_step = make_train_step(cand.apply, tx, jloss)
     others = cand.others
     torch_losses, cand_losses, loss_diffs, drift = [], [], [], []
     first: Divergence | None = None
