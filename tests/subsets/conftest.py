@@ -11,4 +11,6 @@ from __future__ import annotations
 import os
 
 _SUBSET = os.environ.get("XCONV_SUBSET", "")
-collect_ignore = [f for f in ("test_torch_only.py", "test_jax_only.py") if f != f"test_{_SUBSET}_only.py"]
+collect_ignore = [
+    f for f in ("test_torch_only.py", "test_jax_only.py") if f != f"test_{_SUBSET}_only.py"
+]

@@ -238,3 +238,16 @@ def dedupe(names: Iterable[str]) -> list[str]:
     for n in names:
         seen.setdefault(n, None)
     return list(seen)
+
+
+def import_handler_modules(package: str, names: Iterable[str]) -> None:
+    """Import ``package.<name>`` for each name; importing a handler module registers its
+    handlers. A module that does not exist is skipped; any other import error propagates."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(f"{package}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{package}.{name}":
+                raise

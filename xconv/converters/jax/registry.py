@@ -14,9 +14,7 @@ Importing this module imports the handler modules, which register the built-in h
 
 from __future__ import annotations
 
-import importlib
-
-from xconv.converters.registry import REQUIRED, Registry
+from xconv.converters.registry import REQUIRED, Registry, import_handler_modules
 
 registry = Registry("jax", module=__name__)
 register = registry.register
@@ -42,11 +40,6 @@ HANDLER_MODULES = (
 )
 
 # After ``builtin`` exists: each handler module imports it from this (partly run) module.
-for _name in HANDLER_MODULES:
-    try:
-        importlib.import_module(f"xconv.converters.jax.{_name}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"xconv.converters.jax.{_name}":
-            raise
+import_handler_modules("xconv.converters.jax", HANDLER_MODULES)
 
 __all__ = ["REQUIRED", "builtin", "register", "registry"]

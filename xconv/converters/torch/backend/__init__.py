@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+from xconv.converters.registry import import_handler_modules
 
 #: Handler modules, one per op family; importing one registers its handlers.
 HANDLER_MODULES = (
@@ -22,9 +22,4 @@ HANDLER_MODULES = (
     "signal",
 )
 
-for _name in HANDLER_MODULES:
-    try:
-        importlib.import_module(f"xconv.converters.torch.backend.{_name}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"xconv.converters.torch.backend.{_name}":
-            raise
+import_handler_modules(__name__, HANDLER_MODULES)
