@@ -291,3 +291,13 @@ def test_fresh_process_tuple_outputs(tmp_path):
     result = _fresh_cli(str(pt2), tmp_path / "out")
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads((tmp_path / "out" / "parity.json").read_text())["passed"]
+
+
+def test_models_doc_has_no_hand_typed_table():
+    """Every table in docs/models.md lies inside the block the script writes."""
+    from tests.models.models_table import BEGIN, DOC, END
+
+    text = DOC.read_text()
+    outside = text.split(BEGIN, 1)[0] + text.split(END, 1)[1]
+    rows = [line for line in outside.splitlines() if line.lstrip().startswith("|")]
+    assert not rows, f"hand-typed table rows in docs/models.md: {rows[:3]}"
