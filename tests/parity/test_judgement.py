@@ -356,3 +356,79 @@ def test_noise_policy_candidate_with_float16_round_trips_fails():
     bad = xconv.check_parity(reference, model(True), x)
     assert bad.policy_kind == "noise"
     assert not bad.passed, bad.summary()
+
+
+def _weight_grads(report) -> list[str]:
+    """Names of the compared weight gradients (not ``d/input_*``, not ``d/<weights>``)."""
+    skip = ("d/input_", "d/<")
+    return [m.name for m in report.grads if m.name.startswith("d/") and not m.name.startswith(skip)]
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+def test_torch_to_flax_grads_use_the_conversions_name_map(tmp_path, api):
+    import importlib.util
+
+    from tests.parity.models import SmallCNN
+
+    net = SmallCNN(blocks=1)
+    x = np.random.default_rng(0).normal(size=(2, 3, 8, 8)).astype(np.float32)
+    out = xconv.to_flax(xconv.from_torch(net, (torch.from_numpy(x),)), tmp_path / "m", api=api)
+    spec = importlib.util.spec_from_file_location(f"gen_grads_{api}", out / "model.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    report = xconv.check_parity(
+        net, gen.load(out), x, grads=True, intermediates=False, n_random=0, edges=False
+    )
+    assert report.passed, report.summary()
+    # Every torch parameter (BatchNorm buffers are not parameters) is compared, by the map.
+    assert len(_weight_grads(report)) == len(list(net.parameters()))
+    assert any("SOURCE_NAMES" in n and "matched by the conversion" in n for n in report.notes)
+
+
+def test_renamed_candidate_parameter_is_an_error_naming_it(tmp_path):
+    import importlib.util
+
+    from flax import serialization
+
+    from tests.parity.models import SmallCNN
+
+    net = SmallCNN(blocks=1)
+    x = np.random.default_rng(0).normal(size=(2, 3, 8, 8)).astype(np.float32)
+    out = xconv.to_flax(xconv.from_torch(net, (torch.from_numpy(x),)), tmp_path / "m")
+    # Rename the layer ``fc`` to ``head`` in the module and its variables, not in SOURCE_NAMES.
+    source = (out / "model.py").read_text()
+    assert source.count("self.fc") == 2 and '"fc/kernel": "fc.weight"' in source
+    (tmp_path / "renamed.py").write_text(source.replace("self.fc", "self.head"))
+    spec = importlib.util.spec_from_file_location("gen_grads_renamed", tmp_path / "renamed.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    variables = serialization.msgpack_restore((out / "variables.msgpack").read_bytes())
+    variables["params"]["head"] = variables["params"].pop("fc")
+    cand = (gen.Model(), variables)
+    assert xconv.check_parity(net, cand, x, n_random=0, edges=False).passed  # outputs agree
+    report = xconv.check_parity(net, cand, x, grads=True, n_random=0, edges=False)
+    assert not report.passed
+    (err,) = [m.error for m in report.grads if m.error]
+    assert "fc.weight" in err and "head.kernel" in err and "conversion's name map" in err
+
+
+def test_to_torch_grads_use_the_modules_weight_names():
+    from tests.parity.models import SmallCNN, cnn_ir
+
+    net = SmallCNN(blocks=1)
+    module, _ = xconv.to_torch(cnn_ir(net))
+    x = np.random.default_rng(0).normal(size=(2, 3, 8, 8)).astype(np.float32)
+    report = xconv.check_parity(net, module, x, grads=True, intermediates=False, n_random=0)
+    assert report.passed, report.summary()
+    assert len(_weight_grads(report)) == len(list(net.parameters()))
+    assert any("xconv.to_torch module's weight names" in n for n in report.notes)
+
+
+def test_unconverted_candidate_grads_say_name_rules_were_used():
+    a = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    b = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    b.load_state_dict(a.state_dict())
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    report = xconv.check_parity(a, b, x, grads=True, n_random=0)
+    assert report.passed, report.summary()
+    assert any("name rules (no conversion name map" in n for n in report.notes)

@@ -86,6 +86,12 @@ class Adapter:
     def prepare(self, device: str) -> None:
         """Do one-off work for a device (moving weights) outside timed runs."""
 
+    def source_names(self, names: Sequence[str]) -> tuple[dict[str, str], str] | None:
+        """For a model xconv converted: each of ``names`` (this side's weight-gradient
+        names) -> the source model's weight name, as the conversion recorded it, and where
+        the record came from. None when the model carries no such record."""
+        return None
+
 
 # --------------------------------------------------------------------------- helpers
 
@@ -276,6 +282,14 @@ class TorchAdapter(Adapter):
                 n for n, p in fn.named_parameters() if not p.requires_grad
             )
         return Grads(gin, params, frozen)
+
+    def source_names(self, names):
+        # ``xconv.to_torch`` modules keep IR weight name (the source's) -> state_dict key.
+        recorded = getattr(self.module, "_weight_names", None)
+        if not isinstance(recorded, Mapping) or not hasattr(self.module, "_model"):
+            return None
+        by_key = {key: source for source, key in recorded.items()}
+        return {n: by_key.get(n, n) for n in names}, "the xconv.to_torch module's weight names"
 
 
 class ExportedProgramAdapter(TorchAdapter):

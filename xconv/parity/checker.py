@@ -236,8 +236,11 @@ def check_parity(
         intermediates: When outputs part, compare module-scope outputs to name the first
             divergent scope.
         grads: Also compare gradients of ``sum(outputs * fixed random cotangents)`` with
-            respect to float inputs and weights, matched by name; a weight gradient either
-            side lacks is an error unless ``grad_names`` maps it.
+            respect to float inputs and weights. Weights are matched by the name map of
+            the conversion either side comes from (``xconv.to_jax`` / ``to_torch`` weight
+            names, ``SOURCE_NAMES`` of a module ``xconv.to_flax`` wrote), else by name rules;
+            the notes say which. A weight gradient left unmatched is an error unless
+            ``grad_names`` is given.
         rtol / atol: Explicit tolerances (switch to the explicit policy).
         k: Oracle policy: allowed ratio to the reference's own float64 error.
         seed: Seed for generated inputs, random input draws and cotangents.
@@ -588,16 +591,23 @@ def _check_grads(
             continue
         o = og.inputs[i] if og is not None else None
         out.append(compare(f"d/input_{i}", c, r, gpol, o))
-    mapping = match_param_names(rg.params, cg.params, grad_names)
+    mapping, how, cand_sources = _grad_mapping(ref, cand, rg.params, cg.params, grad_names)
+    notes.append(
+        f"weight gradients: {len(mapping)} of {len(rg.params)} reference weight(s) matched by {how}"
+    )
     lost_ref = [n for n in rg.params if n not in mapping]
     # A candidate-only leaf whose gradient is identically zero is not trained, and state
     # either side keeps out of differentiation (torch buffers) is not a weight.
     frozen = {_loose_param(n) for n in (*rg.frozen, *cg.frozen)}
     lost_ref = [n for n in lost_ref if _loose_param(n) not in frozen]
+    # A candidate leaf the conversion made from reference state (nnx BatchStat from a torch
+    # running_mean buffer) is not a weight either.
     lost_cand = sorted(
         n
         for n in set(cg.params) - set(mapping.values())
-        if _loose_param(n) not in frozen and np.any(np.asarray(cg.params[n], dtype=np.float64) != 0)
+        if _loose_param(n) not in frozen
+        and _loose_param(cand_sources.get(n, n)) not in frozen
+        and np.any(np.asarray(cg.params[n], dtype=np.float64) != 0)
     )
     if lost_ref or lost_cand:
         what = (
@@ -606,7 +616,7 @@ def _check_grads(
         )
         if grad_names is None:
             m = Metrics(name="d/<weights>", passed=False, shape=(), dtype="-")
-            m.error = f"{what}; pass grad_names={{reference name: candidate name}}"
+            m.error = f"{what} by {how}; pass grad_names={{reference name: candidate name}}"
             out.append(m)
         else:
             notes.append(f"{what} (outside grad_names, not compared)")
@@ -615,6 +625,50 @@ def _check_grads(
         o = og.params.get(rn) if og is not None else None
         out.append(compare(f"d/{rn}", c, r, gpol, o))
     return out
+
+
+def _grad_mapping(
+    ref, cand, ref_names, cand_names, explicit: Mapping[str, str] | None
+) -> tuple[dict[str, str], str, dict[str, str]]:
+    """Reference weight name -> candidate weight name, how it was found, and the candidate's
+    source names where its conversion recorded them. The mapping comes from ``explicit``
+    (``grad_names``, name rules for the rest); else the name map of the conversion one side
+    comes from (:meth:`Adapter.source_names`: ``xconv.to_jax`` / ``to_torch`` weight names,
+    ``SOURCE_NAMES`` of a generated Flax module), with no guessing; else the name rules of
+    :func:`match_param_names` when neither side records one."""
+    if explicit is not None:
+        return match_param_names(ref_names, cand_names, explicit), "grad_names (and name rules)", {}
+    out: dict[str, str] = {}
+    recorded = cand.source_names(list(cand_names))
+    if recorded is not None:
+        sources, where = recorded
+        for cn, source in sources.items():
+            rn = _same_name(source, ref_names)
+            if rn is not None and rn not in out:
+                out[rn] = cn
+        return out, f"the conversion's name map ({where})", sources
+    recorded = ref.source_names(list(ref_names))
+    if recorded is not None:
+        sources, where = recorded
+        taken: set[str] = set()
+        for rn, source in sources.items():
+            cn = _same_name(source, cand_names)
+            if cn is not None and cn not in taken:
+                out[rn] = cn
+                taken.add(cn)
+        return out, f"the conversion's name map ({where})", {}
+    rules = match_param_names(ref_names, cand_names, None)
+    return rules, "name rules (no conversion name map on either side)", {}
+
+
+def _same_name(source: str, names) -> str | None:
+    """``source`` as spelled among ``names``: itself, or with ``/`` for ``.`` and without a
+    leading ``params`` collection (the spellings of one name, not a guess at another)."""
+    dotted = source.replace("/", ".")
+    for n in (source, dotted, dotted.removeprefix("params.")):
+        if n in names:
+            return n
+    return None
 
 
 def match_param_names(

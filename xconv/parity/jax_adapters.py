@@ -193,6 +193,12 @@ class JaxAdapter(Adapter):
                 gin, {k: np.asarray(gleaves[j]) for k, j in named if gleaves[j] is not None}
             )
 
+    def source_names(self, names):
+        # ``xconv.to_jax`` params nest each weight under its IR (source) name.
+        if self.ir_model is None or not hasattr(self.fn, "weight_names"):
+            return None
+        return {n: n for n in names}, "the xconv.to_jax function's weight names"
+
 
 def flatten_tree(tree: Any) -> dict[str, Any]:
     """``{"a": {"b": x}}`` -> ``{"a.b": x}`` (JAX key paths joined with ".")."""
@@ -228,6 +234,9 @@ class FlaxLinenAdapter(JaxAdapter):
 
     def output_names(self, n):
         return Adapter.output_names(self, n)
+
+    def source_names(self, names):
+        return _recorded_source_names(self.module, names)
 
     def oracle(self):
         return FlaxLinenAdapter(
@@ -279,6 +288,22 @@ class FlaxLinenAdapter(JaxAdapter):
             lambda p, *x: self._call({"params": p, **rest}, x), variables["params"], x64=self.x64
         )
         return sub.grads(inputs, cotangents, device)
+
+
+def _recorded_source_names(module: Any, names):
+    """``SOURCE_NAMES`` of a module ``xconv.to_flax`` generated: variable path -> source
+    weight name (a path it omits kept its source name)."""
+    from xconv.converters.flax.source_names import recorded_names
+
+    found = recorded_names(module)
+    if found is None:
+        return None
+    recorded = found[1]
+    out = {}
+    for n in names:
+        key = n.replace(".", "/")
+        out[n] = recorded.get(key, n)
+    return out, f"SOURCE_NAMES of the generated {type(module).__name__}"
 
 
 _LOW_FLOATS = ("float16", "bfloat16", "float32")
@@ -348,3 +373,6 @@ class NnxAdapter(JaxAdapter):
         # nnx state leaves sit under ".value": "fc.kernel.value" -> "fc.kernel".
         params = {k.removesuffix(".value"): v for k, v in g.params.items()}
         return Grads(g.inputs, params)
+
+    def source_names(self, names):
+        return _recorded_source_names(self.module, names)
