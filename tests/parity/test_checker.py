@@ -145,6 +145,8 @@ def test_gradients_match_and_catch_a_scaled_weight(net, x):
     assert report.passed, report.summary()
     names = {m.name for m in report.grads}
     assert {"d/input_0", "d/stem.weight", "d/fc.bias", "d/blocks.1.bn.weight"} <= names
+    assert len(names) - 1 == len(list(net.parameters()))  # every weight, by to_jax's names
+    assert any("xconv.to_jax function's weight names" in n for n in report.notes)
     params = _scale(params, ["blocks", "1", "conv", "weight"], 1.001)
     broken = xconv.check_parity(net, (fn, params), x, grads=True, intermediates=False)
     assert not broken.passed

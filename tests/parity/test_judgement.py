@@ -432,3 +432,22 @@ def test_unconverted_candidate_grads_say_name_rules_were_used():
     report = xconv.check_parity(a, b, x, grads=True, n_random=0)
     assert report.passed, report.summary()
     assert any("name rules (no conversion name map" in n for n in report.notes)
+
+
+def test_flax_to_torch_grads_use_the_conversions_name_map():
+    import flax.linen as nn
+    import jax
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3, name="head")(nn.gelu(nn.LayerNorm()(nn.Dense(8)(x))))
+
+    m = M()
+    x = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    variables = m.init(jax.random.PRNGKey(0), x)
+    module, _ = xconv.to_torch(xconv.from_flax(m, variables, (x,)))
+    report = xconv.check_parity((m, variables), module, x, grads=True, n_random=0, edges=False)
+    assert report.passed, report.summary()
+    assert len(_weight_grads(report)) == len(jax.tree_util.tree_leaves(variables["params"]))
+    assert any("6 of 6" in n and "to_torch module's weight names" in n for n in report.notes)
