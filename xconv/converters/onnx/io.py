@@ -169,14 +169,15 @@ def _check_initializers(proto: onnx.ModelProto, where: str) -> None:
                     "corrupt"
                 )
         try:
-            bits = ir.DataType(t.data_type).bitwidth
+            # Strings have no bit width but are a valid type.
+            bits = None if t.data_type == tp.STRING else ir.DataType(t.data_type).bitwidth
         except (ValueError, TypeError):  # unknown enum value, or UNDEFINED
             raise InvalidModelError(
                 f"{where}: tensor {t.name!r} has unknown data type {t.data_type}"
             ) from None
         if any(d < 0 for d in t.dims):
             raise InvalidModelError(f"{where}: tensor {t.name!r} has negative dims {t.dims}")
-        if not t.HasField("raw_data") or t.data_type == tp.STRING:
+        if not t.HasField("raw_data") or bits is None:
             continue
         expected = math.ceil(math.prod(t.dims) * bits / 8)
         if len(t.raw_data) != expected:
