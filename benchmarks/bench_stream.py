@@ -228,14 +228,16 @@ def main(argv: list[str] | None = None) -> None:
             print(label, json.dumps(rows[-1][1]), flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    after = os.getloadavg()
-    note = (
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; load average {load[0]:.1f} "
-        f"before, {after[0]:.1f} after (a shared machine: wall times are noisy)."
-    )
-    section = render(rows, "\n".join([note, *a.note]))
-    write_section(a.out, section)
-    print(section)
+        # The table is rewritten after every checkpoint, so a later one that fails or runs out
+        # of time leaves the rows measured so far.
+        after = os.getloadavg()
+        note = (
+            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; load average {load[0]:.1f} "
+            f"before, {after[0]:.1f} after (a shared machine: wall times are noisy)."
+        )
+        section = render(rows, "\n".join([note, *a.note]))
+        write_section(a.out, section)
+        print(section, flush=True)
 
 
 if __name__ == "__main__":
