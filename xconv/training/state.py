@@ -524,7 +524,7 @@ def write_torch_train_checkpoint(folder: Path, module_factory: str, out: Path) -
 
 TRAIN_PY = '''"""Train the converted model from its converted torch training state (written by xconv).
 
-    python train.py            # restores train_state/ and runs one step on random data
+    python train.py            # restores train_state/ and says its step
 
 ``load()`` returns ``(state, loss)``: a ``flax.training.train_state.TrainState`` (with
 ``batch_stats``) holding torch's parameters, optimizer state and step, and torch's loss as a
@@ -583,10 +583,9 @@ def make_train_step(loss):
 
 
 if __name__ == "__main__":
-    import numpy as np
-
     state, loss = load()
-    print("restored step", int(state.step))
+    print(f"restored the training state at step {int(state.step)}; train with "
+          "make_train_step(loss)(state, (inputs,), target)")
 '''
 
 __all__ = [
