@@ -153,23 +153,15 @@ def main() -> None:
             ),  # fmt: skip
         ]
     load = os.getloadavg()[0]
-    import torch
-
-    threads = torch.get_num_threads()
     lines = [
         "# Training: speed and float32 drift",
         "",
         f"Written by `python benchmarks/bench_train.py --repeat {args.repeat}"
         + (" --compile" if args.compile else "")
         + f"` (CPU, 2 cores shared with other jobs: load average {load:.1f}; ratios measured "
-        f"side by side in one process; torch intra-op threads: {threads}).",
+        "side by side in one process).",
         "",
         "## Train-step time (same step, same batch)",
-        "",
-        "torch eager runs each step as hundreds of small ops (each a parallel region over the "
-        "intra-op threads), the jitted Flax step as a few fused XLA kernels: on a loaded "
-        "machine torch's thread barriers wait on descheduled threads, so the eager / Flax "
-        "ratio below is load-dependent and larger than on an idle machine.",
         "",
         "| model | torch eager ms | "
         + ("torch.compile ms | " if args.compile else "")
