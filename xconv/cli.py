@@ -226,6 +226,9 @@ def weights_torch_to_flax(
 @click.option("--input-dtype", default="float32", show_default=True)
 @click.option("--api", type=click.Choice(["linen", "nnx"]), default="linen", show_default=True)
 @click.option("--no-strict", is_flag=True, help="Skip bad keys instead of failing.")
+@click.option("--train-state", is_flag=True,
+              help="VARIABLES is a torch-to-flax --train-state folder: write the torch training "
+                   "checkpoint {model, optimizer, scheduler, step} for the --template module.")  # fmt: skip
 def weights_flax_to_torch(
     variables: Path,
     template: str,
@@ -234,9 +237,18 @@ def weights_flax_to_torch(
     input_dtype: str,
     api: str,
     no_strict: bool,
+    train_state: bool = False,
 ) -> None:
     """Convert Flax VARIABLES (msgpack, Orbax, safetensors) back into a torch state_dict."""
     from xconv.weights.convert import convert_weights
+
+    if train_state:
+        from xconv.training.state import write_torch_train_checkpoint
+
+        _template_inputs(input_shape, input_dtype)  # puts the working directory on sys.path
+        path = write_torch_train_checkpoint(variables, template, out)
+        _console().print(f"[green]wrote[/] {path}", markup=False)
+        return
 
     report = convert_weights(
         variables,
@@ -412,6 +424,44 @@ def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
             )
 
 
+def _train_state_options(fn):
+    """``torch-to-flax --train-state``: a training checkpoint to a Flax training state."""
+    options = [
+        click.option("--train-state", is_flag=True,
+                     help="MODEL is a training checkpoint {model, optimizer, scheduler, step}: "
+                          "also write train_state/ (Orbax), train_config.json and train.py."),
+        click.option("--loss", default=None,
+                     help="With --train-state: the torch.nn loss (class name or pkg.mod:factory; "
+                          "default CrossEntropyLoss)."),
+        click.option("--optimizer", default=None,
+                     help="With --train-state: the torch.optim class when its state_dict does "
+                          "not tell (Adamax, RAdam)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _run_train_state(model: Path, target: str, out: Path | None, train: dict, kw: dict) -> None:
+    from xconv.training.state import convert_train_checkpoint
+
+    if not kw.get("module_factory"):
+        raise click.UsageError("--train-state needs --module (the factory of the torch module)")
+    if kw.get("api") != "linen":
+        raise click.UsageError("--train-state writes a linen TrainState; use --api linen")
+    out = out or Path(f"{model.stem}_{target}")
+
+    def convert_model(state_dict_file: Path) -> Path:
+        _run_conversion(state_dict_file, "torch", target, out, **kw)
+        return out
+
+    written = convert_train_checkpoint(
+        model, kw["module_factory"], convert_model, loss=train["loss"],
+        optimizer=train["optimizer"],
+    )  # fmt: skip
+    _console().print("[green]wrote[/] " + ", ".join(str(p) for p in written))
+
+
 def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
     def command(model: Path | None, out: Path | None, **kw) -> None:
         if kw.get("weights"):
@@ -423,6 +473,10 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
             raise click.UsageError("missing argument MODEL (or --module/--config/--weights)")
         for key in ("weights", "config"):
             kw.pop(key, None)
+        train = {k: kw.pop(k, None) for k in ("train_state", "loss", "optimizer")}
+        if train["train_state"]:
+            _run_train_state(model, target, out, train, kw)
+            return
         _run_conversion(model, source_kind, target, out, **kw)
 
     command.__doc__ = (
@@ -457,6 +511,8 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
                 "--config", default=None, type=click.Path(exists=True, path_type=Path),
                 help="config.json the --module class is built from (with --weights).",
             )(command)  # fmt: skip
+    if (source_kind, target) == ("torch", "flax"):
+        command = _train_state_options(command)
     # A TensorFlow SavedModel is a folder; every other source is a file.
     path_type = click.Path(dir_okay=source_kind == "tf", exists=source_kind == "tf",
                            path_type=Path)  # fmt: skip

@@ -1,8 +1,8 @@
 """Training parity of whole runs: torch and its Flax conversion, N steps side by side.
 
 * ResNet fixture (train mode: BatchNorm batch statistics and running stats), SGD + Nesterov
-  momentum + weight decay + cosine schedule, 100 steps in float32; the same in float64, where
-  the runs agree to rounding; resumed from a torch checkpoint taken at step 50.
+  momentum + weight decay + cosine schedule, 100 steps in float32; the same in float64 (``-m slow``),
+  where the runs agree to rounding; resumed from a torch checkpoint taken at step 50.
 * Transformer fixture, AdamW + linear warm-up + grad-norm clipping + label smoothing, 100
   steps in float32.
 * The check is not vacuous: an optimizer rule with Nesterov's term dropped fails at step 1.
@@ -88,6 +88,7 @@ def test_resnet_sgd_nesterov_cosine_100_steps(resnet_report):
     assert '"passed": true' in data and "<svg" in rep.to_html()
 
 
+@pytest.mark.slow  # ~35 s under load; the optimizers' float64 tests stay in default CI
 def test_resnet_float64_runs_agree_to_rounding(resnet):
     module, _, out = resnet
     model, variables = _load_folder(out)

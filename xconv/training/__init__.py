@@ -20,6 +20,9 @@ _LAZY = {
     "clip_grad_value": ("xconv.training.transforms", "clip_grad_value"),
     "check_training": ("xconv.training.check", "check_training"),
     "TrainingReport": ("xconv.training.check", "TrainingReport"),
+    "write_train_state": ("xconv.training.state", "write_train_state"),
+    "load_train_state": ("xconv.training.state", "load_train_state"),
+    "train_state_to_torch": ("xconv.training.state", "train_state_to_torch"),
 }
 
 

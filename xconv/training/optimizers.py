@@ -128,6 +128,49 @@ def _params_of(variables: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple[s
     return variables, ()
 
 
+def build_tx(
+    kind: str,
+    groups,
+    labels,
+    learning_rates,
+    clip_grad_norm=None,
+    clip_grad_value=None,
+    accumulate_steps: int = 1,
+):
+    """The optax transform of a read optimizer: one :func:`torch_transform` per group in a
+    ``multi_transform`` over ``labels`` (``group_<i>`` / ``frozen``), after the clipping."""
+    import jax
+    import optax
+
+    from xconv.training.transforms import torch_transform
+
+    transforms: dict[str, optax.GradientTransformation] = {FROZEN: optax.set_to_zero()}
+    for gi, hp in enumerate(groups):
+        transforms[f"group_{gi}"] = torch_transform(kind, hp, learning_rates[gi])
+    chain = []
+    frozen_mask = jax.tree_util.tree_map(lambda label: label == FROZEN, labels)
+    if clip_grad_norm is not None or clip_grad_value is not None:
+        from xconv.training.transforms import clip_grad_norm as norm_clip
+        from xconv.training.transforms import clip_grad_value as value_clip
+
+        # Only the optimizer's parameters count towards torch's norm.
+        chain.append(optax.masked(optax.set_to_zero(), frozen_mask))
+        if clip_grad_value is not None:
+            chain.append(value_clip(clip_grad_value))
+        if clip_grad_norm is not None:
+            max_norm, norm_type = (
+                clip_grad_norm if isinstance(clip_grad_norm, tuple) else (clip_grad_norm, 2.0)
+            )
+            chain.append(norm_clip(max_norm, norm_type))
+    chain.append(optax.multi_transform(transforms, labels))
+    tx = optax.chain(*chain) if len(chain) > 1 else chain[0]
+    if accumulate_steps > 1:
+        from xconv.training.transforms import accumulate_gradients
+
+        tx = accumulate_gradients(tx, accumulate_steps)
+    return tx
+
+
 def from_torch_optimizer(
     optimizer,
     variables: Mapping[str, Any],
@@ -165,7 +208,7 @@ def from_torch_optimizer(
     import optax
 
     from xconv.training.schedules import schedule_for
-    from xconv.training.transforms import TorchState, slot_names, torch_transform
+    from xconv.training.transforms import TorchState, slot_names
 
     spec = read_optimizer(optimizer, model)
     params, prefix = _params_of(variables)
@@ -179,31 +222,13 @@ def from_torch_optimizer(
                 f"trainable {'/'.join(prefix) or 'tree'}"
             )
     labels = _labels(params, spec, leaves, prefix)
-    transforms: dict[str, optax.GradientTransformation] = {FROZEN: optax.set_to_zero()}
-    for gi, hp in enumerate(spec.groups):
-        lr = schedule_for(scheduler, gi) if scheduler is not None else hp["lr"]
-        transforms[f"group_{gi}"] = torch_transform(spec.kind, hp, lr)
-    chain = []
-    frozen_mask = jax.tree_util.tree_map(lambda label: label == FROZEN, labels)
-    if clip_grad_norm is not None or clip_grad_value is not None:
-        from xconv.training.transforms import clip_grad_norm as norm_clip
-        from xconv.training.transforms import clip_grad_value as value_clip
-
-        # Only the optimizer's parameters count towards torch's norm.
-        chain.append(optax.masked(optax.set_to_zero(), frozen_mask))
-        if clip_grad_value is not None:
-            chain.append(value_clip(clip_grad_value))
-        if clip_grad_norm is not None:
-            max_norm, norm_type = (
-                clip_grad_norm if isinstance(clip_grad_norm, tuple) else (clip_grad_norm, 2.0)
-            )
-            chain.append(norm_clip(max_norm, norm_type))
-    chain.append(optax.multi_transform(transforms, labels))
-    tx = optax.chain(*chain) if len(chain) > 1 else chain[0]
-    if accumulate_steps > 1:
-        from xconv.training.transforms import accumulate_gradients
-
-        tx = accumulate_gradients(tx, accumulate_steps)
+    schedules = [
+        schedule_for(scheduler, gi) if scheduler is not None else hp["lr"]
+        for gi, hp in enumerate(spec.groups)
+    ]
+    tx = build_tx(
+        spec.kind, spec.groups, labels, schedules, clip_grad_norm, clip_grad_value, accumulate_steps
+    )
     state = tx.init(params)
 
     # Fill each group's state from torch's.

@@ -1,0 +1,600 @@
+"""Training checkpoints: a torch ``{"model", "optimizer", "scheduler", "step"}`` checkpoint as
+a Flax training state in Orbax, with a generated ``train.py``, and back.
+
+:func:`write_train_state` writes, into a ``torch-to-flax`` output folder (linen):
+
+* ``train_state/``: Orbax (``StandardCheckpointer``) of ``{"step", "params", "batch_stats",
+  "opt_state"}``, the fields of ``flax.training.train_state.TrainState`` plus the BatchNorm
+  statistics (``opt_state`` is the state of :func:`~xconv.training.from_torch_optimizer`);
+* ``train_config.json``: the optimizer (class, per-group hyper-parameters, which variables
+  each group trains, by torch name and Flax path), the scheduler (class and ``state_dict``)
+  and the loss (class and options), from which :func:`load_train_state` rebuilds the optax
+  transform and loss without torch;
+* ``train.py``: ``load()`` -> ``(TrainState, loss)`` and a jitted ``train_step``.
+
+:func:`train_state_to_torch` goes back: the torch optimizer (and scheduler) state of a
+training state, for the torch module the checkpoint came from.
+
+Limits (clear errors): ``SequentialLR`` and ``OneCycleLR`` schedulers (their state holds
+other schedulers / per-group values this file does not record yet); the nnx API.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import json
+from pathlib import Path
+
+import numpy as np
+
+from xconv.errors import ConversionError, UnsupportedAttributeError
+
+STATE_DIR = "train_state"
+CONFIG = "train_config.json"
+
+_LOSS_OPTIONS = (
+    "reduction",
+    "ignore_index",
+    "label_smoothing",
+    "beta",
+    "delta",
+    "margin",
+    "log_target",
+)
+_SCHEDULERS = (
+    "StepLR",
+    "MultiStepLR",
+    "ExponentialLR",
+    "CosineAnnealingLR",
+    "LinearLR",
+    "ConstantLR",
+    "PolynomialLR",
+)
+
+
+def _jsonable(v):
+    if isinstance(v, collections.Counter):
+        return {"__counter__": {str(k): int(n) for k, n in v.items()}}
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if hasattr(v, "item") and getattr(v, "ndim", 1) == 0:
+        return v.item()
+    if isinstance(v, (bool, int, float, str)) or v is None:
+        return v
+    raise ConversionError(f"cannot record {type(v).__name__} in {CONFIG}")
+
+
+def _from_json(v):
+    if isinstance(v, dict):
+        if "__counter__" in v:
+            return collections.Counter({int(k): n for k, n in v["__counter__"].items()})
+        return {k: _from_json(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_from_json(x) for x in v]
+    return v
+
+
+# ------------------------------------------------------------------ torch checkpoint
+
+
+def load_torch_checkpoint(path: Path) -> dict:
+    """``torch.load(path, weights_only=True)`` of a training checkpoint, its keys checked."""
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is the same user error
+        raise ConversionError(f"{path}: not a weights-only torch checkpoint ({e})") from e
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "optimizer" not in ckpt:
+        keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ConversionError(
+            f"{path}: --train-state needs a dict with 'model' and 'optimizer' (and optionally "
+            f"'scheduler', 'step' or 'epoch'); found {keys}"
+        )
+    return ckpt
+
+
+def _optimizer_class(groups: list[dict], name: str | None):
+    import torch
+
+    if name:
+        cls = getattr(torch.optim, name, None)
+        if cls is None:
+            raise ConversionError(f"torch.optim has no optimizer {name!r}")
+        return cls
+    keys = set(groups[0])
+    if "nesterov" in keys:
+        return torch.optim.SGD
+    if "centered" in keys:
+        return torch.optim.RMSprop
+    if "lr_decay" in keys:
+        return torch.optim.Adagrad
+    if "momentum_decay" in keys:
+        return torch.optim.NAdam
+    if "amsgrad" in keys:
+        # AdamW is Adam with decoupled decay; torch >= 2.6 records it in the group.
+        return torch.optim.AdamW if groups[0].get("decoupled_weight_decay") else torch.optim.Adam
+    raise ConversionError(
+        "cannot tell the optimizer class from its state_dict (Adamax and RAdam keep the same "
+        "keys); pass --optimizer NAME (a torch.optim class)"
+    )
+
+
+def rebuild_torch_training(module, ckpt: dict, *, optimizer: str | None = None):
+    """The torch optimizer and scheduler of a checkpoint, over ``module``'s parameters in
+    order (how ``Optimizer(module.parameters())`` numbers them), their states loaded."""
+    import torch
+
+    osd = ckpt["optimizer"]
+    params = list(module.parameters())
+    n = sum(len(g["params"]) for g in osd["param_groups"])
+    if n != len(params):
+        raise ConversionError(
+            f"the optimizer state holds {n} parameters, the module {len(params)}: --train-state "
+            "needs an optimizer built over module.parameters() (param groups in that order)"
+        )
+    cls = _optimizer_class(osd["param_groups"], optimizer)
+    groups = []
+    for g in osd["param_groups"]:
+        hp = {k: v for k, v in g.items() if k not in ("params", "initial_lr")}
+        groups.append({"params": [params[i] for i in g["params"]], **hp})
+    opt = cls(groups)
+    opt.load_state_dict(osd)
+    sched = None
+    ssd = ckpt.get("scheduler")
+    if ssd:
+        name = ssd.get("_xconv_class") or _scheduler_class_name(ssd)
+        cls_s = getattr(torch.optim.lr_scheduler, name)
+        wanted = [
+            p
+            for p in inspect.signature(cls_s.__init__).parameters
+            if p not in ("self", "optimizer", "last_epoch", "verbose")
+        ]
+        args = {k: ssd[k] for k in wanted if k in ssd}
+        if isinstance(args.get("milestones"), collections.Counter):
+            args["milestones"] = sorted(args["milestones"].elements())
+        for g in opt.param_groups:  # the scheduler's constructor resets lr to initial_lr
+            g.setdefault("initial_lr", g["lr"])
+        sched = cls_s(opt, **args)
+        sched.load_state_dict(ssd)
+        for g, lr in zip(opt.param_groups, ssd.get("_last_lr", []), strict=False):
+            g["lr"] = lr
+    return opt, sched
+
+
+def _scheduler_class_name(ssd: dict) -> str:
+    keys = set(ssd)
+    for name, needs in (
+        ("SequentialLR", {"_milestones"}),
+        ("OneCycleLR", {"total_steps"}),
+        ("MultiStepLR", {"milestones"}),
+        ("StepLR", {"step_size"}),
+        ("CosineAnnealingLR", {"T_max"}),
+        ("LinearLR", {"start_factor"}),
+        ("ConstantLR", {"factor", "total_iters"}),
+        ("PolynomialLR", {"power"}),
+        ("ExponentialLR", {"gamma"}),
+    ):
+        if needs <= keys:
+            if name in ("SequentialLR", "OneCycleLR"):
+                raise UnsupportedAttributeError(
+                    f"a {name} checkpoint is not converted by --train-state yet; convert it "
+                    "with xconv.training.from_torch_optimizer(optimizer, variables, "
+                    "scheduler=...) in Python"
+                )
+            return name
+    raise UnsupportedAttributeError(
+        f"cannot tell the scheduler class from its state_dict keys {sorted(keys)}; supported: "
+        f"{', '.join(_SCHEDULERS)}"
+    )
+
+
+# ------------------------------------------------------------------ config
+
+
+def loss_config(loss_module) -> dict:
+    """A loss module's class and options (``weight`` / ``pos_weight`` buffers as lists)."""
+    from xconv.training.losses import from_torch_loss
+
+    from_torch_loss(loss_module)  # rejects what does not convert, before anything is written
+    opts = {k: _jsonable(getattr(loss_module, k)) for k in _LOSS_OPTIONS if hasattr(loss_module, k)}
+    buffers = {n: b.detach().cpu().numpy().tolist() for n, b in loss_module.named_buffers()}
+    return {"class": type(loss_module).__name__, "options": opts, "buffers": buffers}
+
+
+class _Buffer:
+    def __init__(self, value):
+        self.value = np.asarray(value, np.float32)
+
+    def detach(self):
+        return self
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return self.value
+
+
+def loss_from_config(cfg: dict, *, channel_axis: int = 1):
+    """The JAX loss of :func:`loss_config` (no torch needed)."""
+    from xconv.training.losses import from_torch_loss
+
+    buffers = {k: _Buffer(v) for k, v in cfg.get("buffers", {}).items()}
+    cls = type(cfg["class"], (), {"named_buffers": lambda self: buffers.items()})
+    fake = cls()
+    for k, v in cfg["options"].items():
+        setattr(fake, k, v)
+    return from_torch_loss(fake, channel_axis=channel_axis)
+
+
+def training_config(tx, scheduler, loss_module, *, clip_grad_norm=None, step=None) -> dict:
+    spec = tx.spec
+    sched = None
+    if scheduler is not None:
+        name = type(scheduler).__name__
+        if name not in _SCHEDULERS:
+            _scheduler_class_name(
+                {"total_steps": 0} if name == "OneCycleLR" else {"_milestones": 0}
+            )
+        sched = {"class": name, "state": _jsonable(scheduler.state_dict())}
+    return {
+        "format": 1,
+        "optimizer": {
+            "class": spec.torch_class,
+            "kind": spec.kind,
+            "groups": [_jsonable(g) for g in spec.groups],
+            "names": [list(n) for n in spec.group_names],
+            "paths": [
+                [list(tx.leaves[n].path[len(tx.prefix) :]) for n in ns] for ns in spec.group_names
+            ],
+        },
+        "scheduler": sched,
+        "loss": loss_config(loss_module),
+        "clip_grad_norm": clip_grad_norm,
+        "step": step,
+    }
+
+
+def _schedule(sched_cfg: dict, group: int, base: float):
+    from xconv.training.schedules import schedule_for
+
+    state = _from_json(sched_cfg["state"])
+    fake = type(sched_cfg["class"], (), {})()
+    for k, v in state.items():
+        setattr(fake, k, v)
+    return schedule_for(fake, group, base=base)
+
+
+def tx_from_config(cfg: dict, params):
+    """The optax transform of :func:`training_config` over ``params`` (no torch needed)."""
+    from xconv.training.names import flatten_tree
+    from xconv.training.optimizers import FROZEN, _set_path, build_tx
+
+    o = cfg["optimizer"]
+    groups = []
+    for g in o["groups"]:
+        g = dict(g)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    labels: dict = {}
+    for path in flatten_tree(params):
+        _set_path(labels, path, FROZEN)
+    for gi, paths in enumerate(o["paths"]):
+        for path in paths:
+            _set_path(labels, tuple(path), f"group_{gi}")
+    if cfg["scheduler"]:
+        bases = cfg["scheduler"]["state"].get("base_lrs") or [g["initial_lr"] for g in groups]
+        lrs = [_schedule(cfg["scheduler"], gi, bases[gi]) for gi in range(len(groups))]
+    else:
+        lrs = [g["lr"] for g in groups]
+    clip = cfg.get("clip_grad_norm")
+    clip = tuple(clip) if isinstance(clip, list) else clip
+    return build_tx(o["kind"], groups, labels, lrs, clip_grad_norm=clip)
+
+
+# ------------------------------------------------------------------ write / load
+
+
+def write_train_state(
+    folder: Path,
+    module,
+    ckpt: dict,
+    loss_module,
+    *,
+    optimizer: str | None = None,
+    clip_grad_norm=None,
+) -> list[Path]:
+    """Write the training state of a torch checkpoint into a linen ``torch-to-flax`` folder
+    (``train_state/``, ``train_config.json``, ``train.py``); returns the paths written."""
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    from xconv.training.check import _load_folder
+    from xconv.training.names import match_leaves
+    from xconv.training.optimizers import from_torch_optimizer
+
+    folder = Path(folder).resolve()
+    module.load_state_dict(ckpt["model"])
+    opt, sched = rebuild_torch_training(module, ckpt, optimizer=optimizer)
+    loaded = _load_folder(folder)
+    if not (isinstance(loaded, tuple) and len(loaded) == 2):
+        raise UnsupportedAttributeError(
+            "--train-state writes a linen TrainState; convert with --api linen"
+        )
+    _, variables = loaded
+    variables = dict(variables)
+    tx, opt_state = from_torch_optimizer(
+        opt, variables, scheduler=sched, model=module, clip_grad_norm=clip_grad_norm
+    )
+    step = ckpt.get("step", ckpt.get("epoch"))
+    step = int(step) if step is not None else int(sched.last_epoch) if sched else 0
+    tree = {
+        "step": jnp.asarray(step, jnp.int32),
+        "params": variables["params"],
+        "batch_stats": variables.get("batch_stats", {}),
+        "opt_state": opt_state,
+    }
+    target = folder / STATE_DIR
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(target, tree)
+    cfg = training_config(tx, sched, loss_module, clip_grad_norm=clip_grad_norm, step=step)
+    entries = {
+        k: v for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")
+    }
+    # torch-only: counted once per train-mode forward, one per step from here on
+    cfg["num_batches_tracked"] = {
+        k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")
+    }
+    cfg["leaves"] = {
+        name: [list(leaf.path), list(leaf.perm) if leaf.perm is not None else None]
+        for name, leaf in match_leaves(entries, variables, what="the variables").items()
+    }
+    (folder / CONFIG).write_text(json.dumps(cfg, indent=1))
+    (folder / "train.py").write_text(TRAIN_PY)
+    return [target, folder / CONFIG, folder / "train.py"]
+
+
+def load_train_state(folder: Path):
+    """``(model, state, tx, loss, config)`` of a folder written by :func:`write_train_state`:
+    ``state`` is the restored ``{"step", "params", "batch_stats", "opt_state"}`` tree."""
+    import jax
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    from xconv.training.check import _load_folder
+
+    folder = Path(folder).resolve()
+    if not (folder / CONFIG).exists():
+        raise ConversionError(f"{folder} has no {CONFIG}: convert with --train-state")
+    cfg = json.loads((folder / CONFIG).read_text())
+    model, variables = _load_folder(folder)
+    params = jax.tree_util.tree_map(jnp.asarray, dict(variables["params"]))
+    tx = tx_from_config(cfg, params)
+    template = {
+        "step": jnp.zeros((), jnp.int32),
+        "params": params,
+        "batch_stats": jax.tree_util.tree_map(jnp.asarray, dict(variables.get("batch_stats", {}))),
+        "opt_state": tx.init(params),
+    }
+    with ocp.StandardCheckpointer() as ckptr:
+        state = ckptr.restore(folder / STATE_DIR, template)
+    return model, state, tx, loss_from_config(cfg["loss"]), cfg
+
+
+def train_state_to_torch(folder: Path, module, *, state=None) -> dict:
+    """A torch training checkpoint ``{"model", "optimizer", "scheduler", "step"}`` of the
+    training state in ``folder`` (or ``state``, a tree as :func:`load_train_state` returns),
+    for ``module`` (the torch module the state was converted from)."""
+    import torch
+
+    from xconv.training.names import Leaf
+    from xconv.training.optimizers import OptimizerSpec, _torch_optax_class, to_torch_optimizer
+
+    _, restored, tx, _, cfg = load_train_state(folder)
+    state = restored if state is None else state
+    o = cfg["optimizer"]
+    variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
+    named = dict(module.named_parameters())
+    sd = module.state_dict()
+    leaves_all = {
+        n: Leaf(n, tuple(path), tuple(perm) if perm is not None else None)
+        for n, (path, perm) in cfg["leaves"].items()
+    }
+    missing = sorted(set(leaves_all) - set(sd))
+    if missing:
+        raise ConversionError(
+            f"the --template module has no {', '.join(missing[:5])}: give the torch module "
+            "the training checkpoint came from"
+        )
+    flat = _flat(variables)
+    with torch.no_grad():
+        for name, leaf in leaves_all.items():
+            value = leaf.to_torch(np.asarray(flat[leaf.path]))
+            sd[name].copy_(torch.from_numpy(np.array(value)).to(sd[name].dtype))
+        steps_since = int(state["step"]) - int(cfg.get("step") or 0)
+        for name, count in cfg.get("num_batches_tracked", {}).items():
+            if name in sd:
+                sd[name].fill_(count + steps_since)
+    groups = []
+    for g in o["groups"]:
+        g = dict(g)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    spec = OptimizerSpec(o["class"], o["kind"], tuple(groups), tuple(map(tuple, o["names"])))
+    leaves = {n: leaves_all[n] for ns in spec.group_names for n in ns if n in named}
+    rich = _torch_optax_class()(tx.init, tx.update)
+    rich.spec, rich.leaves, rich.prefix = spec, leaves, ("params",)
+    rich.schedules = None
+    if cfg["scheduler"]:
+        bases = cfg["scheduler"]["state"].get("base_lrs") or [g["initial_lr"] for g in groups]
+        rich.schedules = [_schedule(cfg["scheduler"], gi, bases[gi]) for gi in range(len(groups))]
+    opt = to_torch_optimizer(rich, state["opt_state"], module)
+    out = {"model": module.state_dict(), "optimizer": opt.state_dict(), "step": int(state["step"])}
+    if cfg["scheduler"]:
+        sched_state = _from_json(cfg["scheduler"]["state"])
+        sched_state["last_epoch"] = opt.xconv_last_epoch
+        sched_state["_step_count"] = opt.xconv_last_epoch + 1
+        sched_state["_last_lr"] = [g["lr"] for g in opt.param_groups]
+        out["scheduler"] = sched_state
+    return out
+
+
+def _flat(tree):
+    from xconv.training.names import flatten_tree
+
+    return flatten_tree(tree)
+
+
+def _torch_module(factory):
+    from xconv.factories import resolve_factory
+
+    built = resolve_factory(factory)()
+    return built[0] if isinstance(built, tuple) else built
+
+
+def _loss_module(loss: str | None):
+    import torch
+
+    if not loss:
+        return torch.nn.CrossEntropyLoss()
+    if ":" in loss:
+        from xconv.factories import resolve_factory
+
+        return resolve_factory(loss)()
+    cls = getattr(torch.nn, loss, None)
+    if cls is None:
+        raise ConversionError(
+            f"torch.nn has no loss {loss!r}; give a class name or pkg.mod:factory"
+        )
+    return cls()
+
+
+def convert_train_checkpoint(
+    checkpoint: Path,
+    module_factory: str,
+    convert_model,
+    *,
+    loss: str | None = None,
+    optimizer: str | None = None,
+    clip_grad_norm: float | None = None,
+) -> list[Path]:
+    """``torch-to-flax --train-state``: ``convert_model(state_dict_file) -> out folder``
+    converts the checkpoint's ``"model"`` (the usual pipeline); then the training state is
+    written into that folder (:func:`write_train_state`)."""
+    import tempfile
+
+    import torch
+
+    ckpt = load_torch_checkpoint(Path(checkpoint))
+    loss_module = _loss_module(loss)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_file = Path(tmp) / (Path(checkpoint).stem + ".pt")
+        torch.save(ckpt["model"], model_file)
+        folder = convert_model(model_file)
+    return write_train_state(
+        folder,
+        _torch_module(module_factory),
+        ckpt,
+        loss_module,
+        optimizer=optimizer,
+        clip_grad_norm=clip_grad_norm,
+    )
+
+
+def write_torch_train_checkpoint(folder: Path, module_factory: str, out: Path) -> Path:
+    """``flax-to-torch --train-state``: the folder's training state as a torch checkpoint."""
+    import torch
+
+    ckpt = train_state_to_torch(folder, _torch_module(module_factory))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(ckpt, out)
+    return out
+
+
+TRAIN_PY = '''"""Train the converted model from its converted torch training state (written by xconv).
+
+    python train.py            # restores train_state/ and says its step
+
+``load()`` returns ``(state, loss)``: a ``flax.training.train_state.TrainState`` (with
+``batch_stats``) holding torch's parameters, optimizer state and step, and torch's loss as a
+JAX function; ``train_step(state, inputs, target)`` is the jitted step (forward in train mode,
+loss, gradient, torch's optimizer update and schedule).
+"""
+
+from pathlib import Path
+from typing import Any
+
+import jax
+from flax.training import train_state
+
+from xconv.training.state import load_train_state
+
+HERE = Path(__file__).resolve().parent
+
+
+class TrainState(train_state.TrainState):
+    batch_stats: Any = None
+
+
+def load(folder=HERE):
+    model, tree, tx, loss, _ = load_train_state(folder)
+    state = TrainState(
+        step=tree["step"],
+        apply_fn=model.apply,
+        params=tree["params"],
+        tx=tx,
+        opt_state=tree["opt_state"],
+        batch_stats=tree["batch_stats"],
+    )
+    return state, loss
+
+
+def make_train_step(loss):
+    @jax.jit
+    def train_step(state, inputs, target):
+        def objective(params):
+            variables = {"params": params}
+            if state.batch_stats:
+                variables["batch_stats"] = state.batch_stats
+                out, upd = state.apply_fn(
+                    variables, *inputs, train=True, mutable=["batch_stats"]
+                )
+                return loss(out, target), upd["batch_stats"]
+            return loss(state.apply_fn(variables, *inputs, train=False), target), None
+
+        (value, stats), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+        state = state.apply_gradients(grads=grads)
+        if stats is not None:
+            state = state.replace(batch_stats=stats)
+        return state, value
+
+    return train_step
+
+
+if __name__ == "__main__":
+    state, loss = load()
+    print(f"restored the training state at step {int(state.step)}; train with "
+          "make_train_step(loss)(state, (inputs,), target)")
+'''
+
+__all__ = [
+    "convert_train_checkpoint",
+    "load_torch_checkpoint",
+    "load_train_state",
+    "rebuild_torch_training",
+    "train_state_to_torch",
+    "tx_from_config",
+    "write_torch_train_checkpoint",
+    "write_train_state",
+]
