@@ -353,8 +353,17 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             shutil.rmtree(work, ignore_errors=True)
             # Written after every row, so a long run leaves what it measured so far.
-            args.out.write_text(render(rows, _notes(load)))
+            _write(args.out, render(rows, _notes(load)))
     print(render(rows, _notes(load)))
+
+
+def _write(path: Path, table: str) -> None:
+    """Write the in-memory table, keeping the streamed section bench_stream.py writes."""
+    from benchmarks.bench_stream import BEGIN, END
+
+    old = path.read_text() if path.is_file() else ""
+    kept = old[old.index(BEGIN) : old.index(END) + len(END)] if BEGIN in old and END in old else ""
+    path.write_text(table.rstrip("\n") + ("\n\n" + kept if kept else "") + "\n")
 
 
 def _notes(load: tuple[float, ...]) -> list[str]:

@@ -534,6 +534,8 @@ def _check(
         except Exception as e:  # a program the block splitter cannot cut: check it whole
             logger.debug("layerwise parity failed", exc_info=True)
             failed = f"layerwise parity could not run ({type(e).__name__}: {e}); checked whole"
+        _release_memory()
+    say("parity (the candidate against the source model)")
     report = check_parity(
         imported.reference,
         load_candidate(),
@@ -546,6 +548,21 @@ def _check(
     if failed:
         report.notes.append(failed)
     return report
+
+
+def _release_memory() -> None:
+    """Give the float64 blocks' freed memory back to the OS before the candidate is loaded.
+
+    glibc keeps freed heap chunks (torch's and numpy's buffers below its mmap threshold) in
+    the process, so the next allocations would land on top of them in the peak RSS.
+    """
+    import contextlib
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _layerwise(imported: _Imported, options: ConvertOptions) -> bool:

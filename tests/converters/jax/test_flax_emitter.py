@@ -445,3 +445,36 @@ def test_torch_importer_fixtures(tmp_path, name, n_params):
     ok, msg = ruff_ok(out / "model.py")
     assert ok, msg
     assert check_grads("linen", handle, *xs) == n_params
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_tied_lm_head_stored_once(tmp_path, api):
+    """An LM head tied to the embedding: one variable serves both (no transposed second copy
+    in variables.msgpack), and the numbers match torch."""
+    import torch
+
+    from xconv.converters.torch.importer import from_torch
+    from xconv.weights.flax_msgpack import read_msgpack
+
+    class TiedLM(torch.nn.Module):  # the embedding gathered from the head's weight
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = torch.nn.LayerNorm(8)
+            self.head = torch.nn.Linear(8, 20, bias=False)
+
+        def forward(self, ids):
+            return self.head(self.ln(torch.nn.functional.embedding(ids, self.head.weight)))
+
+    torch.manual_seed(0)
+    net = TiedLM().eval()
+    ids = torch.randint(0, 20, (2, 5))
+    with torch.no_grad():
+        expected = net(ids).numpy()
+    out = xconv.to_flax(from_torch(net, (ids,)), tmp_path / "out", api=api)
+    leaves = jax.tree_util.tree_leaves(read_msgpack(out / "variables.msgpack"))
+    assert sum(leaf.shape in ((20, 8), (8, 20)) for leaf in leaves) == 1
+    for jit in (True, False):
+        got, _ = run_generated(out, api, ids.numpy(), jit=jit)
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg

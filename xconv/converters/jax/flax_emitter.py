@@ -625,6 +625,8 @@ class _Emitter:
         call = f"self.{attr}({x})"
         if kind == "dense":
             lay = p.weights["kernel"].metadata_props.get(LAYOUT) or self._dense_layout(p)
+            if lay == "OI" and self._tied_dense(p, x):
+                return
             w["kernel"] = _kernel_view(w["kernel"], lay) if lay == "OI" else w["kernel"]
             use_bias = bool(h["use_bias"])
             linen = f"nn.Dense(features={h['out_features']}, use_bias={use_bias}{pdt})"
@@ -750,6 +752,26 @@ class _Emitter:
         self.src.body.append(f"{outs} = self.{attr}({args}){comment}")
         for v, name in zip(p.outputs, outs.split(", "), strict=True):
             self.bind(v, name, None)
+
+    def _tied_dense(self, p: LayerPlan, x: str) -> bool:
+        """A Linear whose ``(out, in)`` weight is already a raw parameter of this module (an LM
+        head tied to the embedding the model gathers from): that parameter serves both uses,
+        contracted on its ``in`` axis where it is, instead of an ``nn.Dense`` holding a
+        transposed second copy of it (in variables.msgpack and in memory)."""
+        body = set(p.body)
+        kernel = p.weights["kernel"]
+        if kernel not in self.raw or not any(u.node not in body for u in kernel.uses()):
+            return False  # not tied, or its other use is a submodule's own variable
+        if set(p.weights) - DROPPED_ROLES - {"kernel", "bias"}:
+            return False
+        w = self.weight(kernel)
+        expr = f"jax.lax.dot_general({x}, {w}, ((({x}.ndim - 1,), (1,)), ((), ())))"
+        if p.hyper["use_bias"] and "bias" in p.weights:
+            expr += f" + {self.weight(p.weights['bias'])}"
+        out = self.ns.new(self.hint(p.output))
+        self.src.body.append(f"{out} = {expr}{self._comment(p.anchor, p.scope)}")
+        self.bind(p.output, out, None)
+        return True
 
     def _dense_layout(self, p: LayerPlan) -> str:
         if p.anchor.op_type == "Gemm":
