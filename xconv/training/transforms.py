@@ -63,13 +63,20 @@ def _sgd(hp, g, p, s, step, lr):
     return p - lr * g, s
 
 
-def _adam(hp, g, p, s, step, lr):
-    b1, b2 = hp["betas"]
+def _decay(hp, g, p, lr):
+    """Weight decay as torch applies it: decoupled (AdamW-style, on the parameter) or L2
+    (added to the gradient)."""
     if hp["weight_decay"]:
         if hp["decoupled"]:
             p = p * (1 - lr * hp["weight_decay"])
         else:
             g = g + hp["weight_decay"] * p
+    return g, p
+
+
+def _adam(hp, g, p, s, step, lr):
+    b1, b2 = hp["betas"]
+    g, p = _decay(hp, g, p, lr)
     m = _lerp(s["exp_avg"], g, 1 - b1)
     v = s["exp_avg_sq"] * b2 + (1 - b2) * g * g
     out = {"exp_avg": m, "exp_avg_sq": v}
@@ -126,11 +133,7 @@ def _adagrad(hp, g, p, s, step, lr):
 def _nadam(hp, g, p, s, step, lr):
     b1, b2 = hp["betas"]
     bc2 = 1 - b2**step
-    if hp["weight_decay"]:
-        if hp["decoupled"]:
-            p = p * (1 - lr * hp["weight_decay"])
-        else:
-            g = g + hp["weight_decay"] * p
+    g, p = _decay(hp, g, p, lr)
     mu = b1 * (1.0 - 0.5 * (0.96 ** (step * hp["momentum_decay"])))
     mu_next = b1 * (1.0 - 0.5 * (0.96 ** ((step + 1) * hp["momentum_decay"])))
     # torch keeps mu_product as a float32 scalar tensor (its default scalar dtype), and reads
@@ -149,11 +152,7 @@ def _nadam(hp, g, p, s, step, lr):
 
 def _radam(hp, g, p, s, step, lr):
     b1, b2 = hp["betas"]
-    if hp["weight_decay"]:
-        if hp["decoupled"]:
-            p = p * (1 - lr * hp["weight_decay"])
-        else:
-            g = g + hp["weight_decay"] * p
+    g, p = _decay(hp, g, p, lr)
     m = _lerp(s["exp_avg"], g, 1 - b1)
     v = s["exp_avg_sq"] * b2 + (1 - b2) * g * g
     bc1 = 1 - b1**step
