@@ -89,10 +89,64 @@ def test_one_cycle(three_phase, anneal):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
 
 
-def test_one_cycle_momentum_is_a_clear_error():
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.9)
-    with pytest.raises(ConversionError, match="cycle_momentum=False"):
-        schedule_for(S.OneCycleLR(opt, max_lr=0.5, total_steps=10))
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.Adam(p, lr=0.1),
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+        lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5),
+        lambda p: torch.optim.NAdam(p, lr=0.01),
+    ],
+    ids=["adam_betas", "sgd_nesterov", "rmsprop", "nadam"],
+)
+def test_one_cycle_momentum_continues_and_goes_back(make):
+    """OneCycleLR(cycle_momentum=True) anneals beta1 / momentum each step: converted after 7
+    steps, the optax run follows torch's parameters (float64: to rounding), and the torch
+    optimizer written back holds the momentum and OneCycleLR's group values."""
+    import optax
+
+    from xconv.training import to_torch_optimizer
+
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2).double()
+    opt = make(m.parameters())
+    sched = S.OneCycleLR(opt, max_lr=0.5, total_steps=30, pct_start=0.3)
+    gen = torch.Generator().manual_seed(1)
+    grads = [[torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in m.parameters()]
+             for _ in range(25)]  # fmt: skip
+
+    def torch_step(gs):
+        for p, g in zip(m.parameters(), gs, strict=True):
+            p.grad = g
+        opt.step()
+        sched.step()
+
+    for gs in grads[:7]:
+        torch_step(gs)
+    with jax.enable_x64(True):
+        variables = {
+            "weight": m.weight.detach().numpy().copy(),
+            "bias": m.bias.detach().numpy().copy(),
+        }
+        tx, state = from_torch_optimizer(opt, variables, scheduler=sched, model=m)
+        params = jax.tree_util.tree_map(jax.numpy.asarray, variables)
+        for gs in grads[7:]:
+            torch_step(gs)
+            updates, state = tx.update(
+                {"weight": gs[0].numpy(), "bias": gs[1].numpy()}, state, params
+            )
+            params = optax.apply_updates(params, updates)
+            np.testing.assert_allclose(
+                params["weight"], m.weight.detach().numpy(), rtol=1e-12, atol=1e-14
+            )
+        back = to_torch_optimizer(tx, state, m)
+    key = "betas" if "betas" in opt.param_groups[0] else "momentum"
+    assert back.param_groups[0][key] == pytest.approx(opt.param_groups[0][key], rel=1e-12)
+    assert opt.param_groups[0][key] != pytest.approx(
+        sched.optimizer.param_groups[0]["max_momentum"]
+    )
+    for k in ("lr", "max_lr", "min_lr", "max_momentum", "base_momentum", "initial_lr"):
+        assert back.param_groups[0][k] == pytest.approx(opt.param_groups[0][k], rel=1e-12), k
 
 
 def test_lambda_lr_names_the_lambda():

@@ -33,6 +33,10 @@ OPTIMIZERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "RAdam": ("radam", ("betas", "eps", "weight_decay", "maximize")),
 }
 
+#: Param-group values a scheduler keeps there (OneCycleLR), carried so the torch optimizer
+#: written back can resume that scheduler.
+_SCHEDULER_KEYS = ("max_lr", "min_lr", "max_momentum", "base_momentum")
+
 #: Group options that change the math but are not part of the converted rule.
 _REJECT = {"differentiable": True, "capturable": True}
 
@@ -99,6 +103,7 @@ def read_optimizer(optimizer, model) -> OptimizerSpec:
         else:
             hp["lr"] = float(g["lr"])
         hp["initial_lr"] = float(g.get("initial_lr", hp["lr"]))
+        hp.update({k: float(g[k]) for k in _SCHEDULER_KEYS if k in g})
         groups.append(hp)
     return OptimizerSpec(
         cls, kind, tuple(groups), tuple(map(tuple, _param_names(optimizer, model)))
@@ -136,9 +141,11 @@ def build_tx(
     clip_grad_norm=None,
     clip_grad_value=None,
     accumulate_steps: int = 1,
+    momenta=None,
 ):
     """The optax transform of a read optimizer: one :func:`torch_transform` per group in a
-    ``multi_transform`` over ``labels`` (``group_<i>`` / ``frozen``), after the clipping."""
+    ``multi_transform`` over ``labels`` (``group_<i>`` / ``frozen``), after the clipping.
+    ``momenta``: per group, None or the ``(key, schedule)`` of a momentum-cycling scheduler."""
     import jax
     import optax
 
@@ -146,7 +153,8 @@ def build_tx(
 
     transforms: dict[str, optax.GradientTransformation] = {FROZEN: optax.set_to_zero()}
     for gi, hp in enumerate(groups):
-        transforms[f"group_{gi}"] = torch_transform(kind, hp, learning_rates[gi])
+        momentum = momenta[gi] if momenta else None
+        transforms[f"group_{gi}"] = torch_transform(kind, hp, learning_rates[gi], momentum)
     chain = []
     frozen_mask = jax.tree_util.tree_map(lambda label: label == FROZEN, labels)
     if clip_grad_norm is not None or clip_grad_value is not None:
@@ -207,7 +215,7 @@ def from_torch_optimizer(
     import jax.numpy as jnp
     import optax
 
-    from xconv.training.schedules import schedule_for
+    from xconv.training.schedules import momentum_for, schedule_for
     from xconv.training.transforms import TorchState, slot_names
 
     spec = read_optimizer(optimizer, model)
@@ -226,8 +234,19 @@ def from_torch_optimizer(
         schedule_for(scheduler, gi) if scheduler is not None else hp["lr"]
         for gi, hp in enumerate(spec.groups)
     ]
+    momenta = [
+        momentum_for(scheduler, gi) if scheduler is not None else None
+        for gi in range(len(spec.groups))
+    ]
     tx = build_tx(
-        spec.kind, spec.groups, labels, schedules, clip_grad_norm, clip_grad_value, accumulate_steps
+        spec.kind,
+        spec.groups,
+        labels,
+        schedules,
+        clip_grad_norm,
+        clip_grad_value,
+        accumulate_steps,
+        momenta=momenta,
     )
     state = tx.init(params)
 
@@ -279,6 +298,7 @@ def from_torch_optimizer(
     tx.schedules = (
         [schedule_for(scheduler, gi) for gi in range(len(spec.groups))] if scheduler else None
     )
+    tx.momenta = momenta if any(momenta) else None
     return tx, state
 
 
@@ -332,6 +352,11 @@ def to_torch_optimizer(tx, opt_state, module):
         g = {k: v for k, v in hp.items() if k != "decoupled"}
         if tx.schedules:
             g["lr"] = float(np.asarray(tx.schedules[gi](last_epoch)))
+        momentum = (getattr(tx, "momenta", None) or [None] * len(spec.groups))[gi]
+        if momentum is not None:
+            key, schedule = momentum
+            m = float(np.asarray(schedule(last_epoch)))
+            g[key] = (m, *g["betas"][1:]) if key == "betas" else m
         if spec.kind in ("nadam", "radam") or (spec.kind == "adam" and spec.torch_class == "Adam"):
             g["decoupled_weight_decay"] = hp["decoupled"]
         groups.append({"params": [named[n] for n in spec.group_names[gi]], **g})

@@ -83,15 +83,10 @@ def _polynomial_lr(s, base) -> Schedule:
     return fn
 
 
-def _one_cycle_lr(s, group: int) -> Schedule:
-    if s.cycle_momentum:
-        raise UnsupportedAttributeError(
-            "OneCycleLR(cycle_momentum=True) also cycles the optimizer's momentum / beta1 "
-            "every step, which the converted optimizer keeps constant; build the scheduler "
-            "with cycle_momentum=False to convert it."
-        )
+def _one_cycle(s, group: int, start_key: str, end_key: str) -> Schedule:
+    """OneCycleLR's annealing between the param group's ``phase[start_key]`` and
+    ``phase[end_key]`` values (``start_lr`` / ``end_lr``, or the momentum pair)."""
     g = s.optimizer.param_groups[group]
-    phases = [(p["end_step"], g[p["start_lr"]], g[p["end_lr"]]) for p in s._schedule_phases]
     cos = s._anneal_func_type == "cos"
 
     def anneal(start, end, pct):
@@ -100,9 +95,9 @@ def _one_cycle_lr(s, group: int) -> Schedule:
         return (end - start) * pct + start
 
     bounds, start_step = [], 0.0
-    for end_step, lo, hi in phases:
-        bounds.append((start_step, end_step, lo, hi))
-        start_step = end_step
+    for p in s._schedule_phases:
+        bounds.append((start_step, p["end_step"], g[p[start_key]], g[p[end_key]]))
+        start_step = p["end_step"]
 
     def fn(e):
         # torch takes the first phase whose end the step has not passed; the last phase
@@ -115,6 +110,30 @@ def _one_cycle_lr(s, group: int) -> Schedule:
         return out
 
     return fn
+
+
+def _one_cycle_lr(s, group: int) -> Schedule:
+    return _one_cycle(s, group, "start_lr", "end_lr")
+
+
+def momentum_for(scheduler: Any, group: int = 0) -> tuple[str, Schedule] | None:
+    """The momentum a scheduler sets on param group ``group`` each step, as ``(key,
+    schedule)``: ``OneCycleLR(cycle_momentum=True)`` anneals ``betas[0]`` (``key`` "betas",
+    optimizers with betas) or ``momentum`` (SGD, RMSprop) between ``max_momentum`` and
+    ``base_momentum``, in step with the learning rate. None for a scheduler that leaves the
+    momentum alone (also the children of a ``SequentialLR`` other than OneCycleLR)."""
+    kind = type(scheduler).__name__
+    if kind == "SequentialLR":
+        if any(momentum_for(sub, group) for sub in scheduler._schedulers):
+            raise UnsupportedAttributeError(
+                "a OneCycleLR(cycle_momentum=True) inside a SequentialLR sets the momentum only "
+                "while it runs; use cycle_momentum=False there"
+            )
+        return None
+    if kind != "OneCycleLR" or not scheduler.cycle_momentum:
+        return None
+    key = "betas" if scheduler.use_beta1 else "momentum"
+    return key, _one_cycle(scheduler, group, "start_momentum", "end_momentum")
 
 
 def _sequential_lr(s, base, group: int) -> Schedule:

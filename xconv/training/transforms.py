@@ -54,7 +54,7 @@ def _lr(learning_rate: float | Schedule, lr_step: jax.Array):
 def _sgd(hp, g, p, s, step, lr):
     if hp["weight_decay"]:
         g = g + hp["weight_decay"] * p
-    if hp["momentum"]:
+    if "momentum_buffer" in s:  # momentum > 0 (it may follow a OneCycleLR schedule)
         # torch's first step copies the gradient into the buffer (no dampening).
         first = step <= 1
         buf = jnp.where(first, g, hp["momentum"] * s["momentum_buffer"] + (1 - hp["dampening"]) * g)
@@ -114,7 +114,7 @@ def _rmsprop(hp, g, p, s, step, lr):
     else:
         avg = jnp.sqrt(sq)
     avg = avg + hp["eps"]  # torch adds eps outside the square root
-    if hp["momentum"] > 0:
+    if "momentum_buffer" in s:
         buf = s["momentum_buffer"] * hp["momentum"] + g / avg
         out["momentum_buffer"] = buf
         return p - lr * buf, out
@@ -237,7 +237,10 @@ def _init_slot(how: str, p, hp):
 
 
 def torch_transform(
-    kind: str, hp: Mapping[str, Any], learning_rate: float | Schedule
+    kind: str,
+    hp: Mapping[str, Any],
+    learning_rate: float | Schedule,
+    momentum: tuple[str, Schedule] | None = None,
 ) -> optax.GradientTransformation:
     """One torch param group's update rule as an optax transform.
 
@@ -246,6 +249,10 @@ def torch_transform(
             ``adagrad``, ``nadam``, ``radam``.
         hp: The group's hyper-parameters under torch's names (``betas``, ``eps``, ...).
         learning_rate: A constant, or a schedule called with the scheduler's ``last_epoch``.
+        momentum: ``(key, schedule)`` when the scheduler also sets the momentum each step
+            (``OneCycleLR(cycle_momentum=True)``): ``hp["betas"][0]`` (key ``betas``) or
+            ``hp["momentum"]`` becomes ``schedule(last_epoch)``, as torch reads the group's
+            current value in each step.
     """
     rule = RULES[kind]
     hp = dict(hp)
@@ -266,6 +273,11 @@ def torch_transform(
             raise ValueError(f"the torch {kind} transform needs params (weight decay, AdamW)")
         count = state.count + 1
         lr = _lr(learning_rate, state.lr_step)
+        step_hp = hp
+        if momentum is not None:
+            key, schedule = momentum
+            m = schedule(state.lr_step)
+            step_hp = {**hp, key: (m, *hp["betas"][1:]) if key == "betas" else m}
         leaves, treedef = jax.tree_util.tree_flatten(updates)
         p_leaves = treedef.flatten_up_to(params)
         s_leaves = {k: treedef.flatten_up_to(v) for k, v in state.slots.items()}
@@ -275,7 +287,7 @@ def torch_transform(
                 g = -g
             step = count.astype(p.dtype)
             lr_p = jnp.asarray(lr, p.dtype)
-            new_p, s = rule(hp, g, p, {k: v[i] for k, v in s_leaves.items()}, step, lr_p)
+            new_p, s = rule(step_hp, g, p, {k: v[i] for k, v in s_leaves.items()}, step, lr_p)
             new_updates.append((new_p - p).astype(p.dtype))
             for k in slots:
                 new_slots[k].append(s[k].astype(s_leaves[k][i].dtype))
