@@ -462,6 +462,30 @@ def _run_train_state(model: Path, target: str, out: Path | None, train: dict, kw
     _console().print("[green]wrote[/] " + ", ".join(str(p) for p in written))
 
 
+def _train_state_back_options(fn):
+    """``flax-to-torch --train-state``: a Flax training state back to a torch checkpoint."""
+    fn = click.option("--template", default=None,
+                      help="With --train-state: pkg.mod:factory of the torch module the training "
+                           "checkpoint came from.")(fn)  # fmt: skip
+    return click.option("--train-state", is_flag=True,
+                        help="MODEL is a torch-to-flax --train-state folder: write the torch "
+                             "checkpoint {model, optimizer, scheduler, step} (-o OUT.pt).")(fn)  # fmt: skip
+
+
+def _run_train_state_back(folder: Path, out: Path | None, template: str | None) -> None:
+    from xconv.training.state import write_torch_train_checkpoint
+
+    if not template:
+        raise click.UsageError("--train-state needs --template (the torch module's factory)")
+    if not folder.is_dir():
+        raise click.UsageError(
+            f"--train-state needs a torch-to-flax --train-state folder: {folder}"
+        )
+    _template_inputs((), "float32")  # puts the working directory on sys.path
+    path = write_torch_train_checkpoint(folder, template, out or Path(f"{folder.name}_torch.pt"))
+    _console().print(f"[green]wrote[/] {path}", markup=False)
+
+
 def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
     def command(model: Path | None, out: Path | None, **kw) -> None:
         if kw.get("weights"):
@@ -473,10 +497,15 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
             raise click.UsageError("missing argument MODEL (or --module/--config/--weights)")
         for key in ("weights", "config"):
             kw.pop(key, None)
-        train = {k: kw.pop(k, None) for k in ("train_state", "loss", "optimizer")}
+        train = {k: kw.pop(k, None) for k in ("train_state", "loss", "optimizer", "template")}
+        if train["train_state"] and source_kind == "flax":
+            _run_train_state_back(model, out, train["template"])
+            return
         if train["train_state"]:
             _run_train_state(model, target, out, train, kw)
             return
+        if source_kind == "flax" and not kw.get("module_factory"):
+            raise click.UsageError("missing option --module")
         _run_conversion(model, source_kind, target, out, **kw)
 
     command.__doc__ = (
@@ -486,7 +515,7 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
     command = _conversion_options(command)
     if source_kind in ("flax", "jax"):
         command = click.option(
-            "--module", "module_factory", required=True,
+            "--module", "module_factory", required=(source_kind, target) != ("flax", "torch"),
             help="pkg.mod:factory returning the Flax module (or (module, example_inputs)); "
                  "for jax-to-*, (fn, params[, example_inputs]).",
         )(command)  # fmt: skip
@@ -513,8 +542,10 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
             )(command)  # fmt: skip
     if (source_kind, target) == ("torch", "flax"):
         command = _train_state_options(command)
-    # A TensorFlow SavedModel is a folder; every other source is a file.
-    path_type = click.Path(dir_okay=source_kind == "tf", exists=source_kind == "tf",
+    if (source_kind, target) == ("flax", "torch"):
+        command = _train_state_back_options(command)
+    # A TensorFlow SavedModel is a folder (so is a --train-state folder); the rest are files.
+    path_type = click.Path(dir_okay=source_kind in ("tf", "flax"), exists=source_kind == "tf",
                            path_type=Path)  # fmt: skip
     command = click.argument("model", type=path_type, required=source_kind != "torch")(command)
     main.command(f"{source_kind}-to-{target}")(command)

@@ -88,10 +88,11 @@ def test_flax_state_continues_torchs_loss_curve(converted):
     assert abs(torch_losses[-1] - torch_losses[0]) > 1e-3
 
 
-def test_reverse_restores_torchs_optimizer_state(converted, tmp_path):
+@pytest.mark.parametrize("command", [["weights", "flax-to-torch"], ["flax-to-torch"]])
+def test_reverse_restores_torchs_optimizer_state(converted, tmp_path, command):
     out, _, _, (module, opt, sched) = converted
     back = tmp_path / "back.pt"
-    args = ["weights", "flax-to-torch", str(out), "--template",
+    args = [*command, str(out), "--template",
             "tests.training.ckpt_setup:make_tiny", "--train-state", "-o", str(back)]  # fmt: skip
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
@@ -120,3 +121,11 @@ def test_reverse_restores_torchs_optimizer_state(converted, tmp_path):
     a = _step(resumed.train(), opt2, sched2, x)
     b = _step(copy.deepcopy(module).train(), copy.deepcopy(opt), copy.deepcopy(sched), x)
     assert a == pytest.approx(b, rel=1e-6)
+
+
+def test_flax_to_torch_train_state_needs_template(converted):
+    out = converted[0]
+    r = CliRunner().invoke(main, ["flax-to-torch", str(out), "--train-state"])
+    assert r.exit_code == 2 and "--template" in r.output
+    r = CliRunner().invoke(main, ["flax-to-torch", str(out / "train.py"), "-o", "x.pt"])
+    assert r.exit_code == 2 and "--module" in r.output

@@ -15,14 +15,15 @@ a Flax training state in Orbax, with a generated ``train.py``, and back.
 :func:`train_state_to_torch` goes back: the torch optimizer (and scheduler) state of a
 training state, for the torch module the checkpoint came from.
 
-Limits (clear errors): ``SequentialLR`` and ``OneCycleLR`` schedulers (their state holds
-other schedulers / per-group values this file does not record yet); the nnx API.
+The scheduler is recorded as a description (:func:`describe_scheduler`): its class, its
+``state_dict``, the param-group values it reads (``initial_lr``; OneCycleLR's ``max_lr``,
+``min_lr``, momenta) and, for ``SequentialLR``, its children's descriptions. Each child's class
+is read off its state's keys, as torch does not save it.
 """
 
 from __future__ import annotations
 
 import collections
-import inspect
 import json
 from pathlib import Path
 
@@ -50,7 +51,11 @@ _SCHEDULERS = (
     "LinearLR",
     "ConstantLR",
     "PolynomialLR",
+    "OneCycleLR",
+    "SequentialLR",
 )
+#: param-group values a scheduler reads (the rest of its state is in its state_dict)
+_GROUP_KEYS = ("initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum")
 
 
 def _jsonable(v):
@@ -124,10 +129,9 @@ def _optimizer_class(groups: list[dict], name: str | None):
 
 
 def rebuild_torch_training(module, ckpt: dict, *, optimizer: str | None = None):
-    """The torch optimizer and scheduler of a checkpoint, over ``module``'s parameters in
-    order (how ``Optimizer(module.parameters())`` numbers them), their states loaded."""
-    import torch
-
+    """The torch optimizer of a checkpoint, over ``module``'s parameters in order (how
+    ``Optimizer(module.parameters())`` numbers them), its state loaded; and the description
+    of its scheduler (:func:`describe_scheduler`), or None."""
     osd = ckpt["optimizer"]
     params = list(module.parameters())
     n = sum(len(g["params"]) for g in osd["param_groups"])
@@ -143,26 +147,81 @@ def rebuild_torch_training(module, ckpt: dict, *, optimizer: str | None = None):
         groups.append({"params": [params[i] for i in g["params"]], **hp})
     opt = cls(groups)
     opt.load_state_dict(osd)
-    sched = None
     ssd = ckpt.get("scheduler")
-    if ssd:
-        name = ssd.get("_xconv_class") or _scheduler_class_name(ssd)
-        cls_s = getattr(torch.optim.lr_scheduler, name)
-        wanted = [
-            p
-            for p in inspect.signature(cls_s.__init__).parameters
-            if p not in ("self", "optimizer", "last_epoch", "verbose")
+    return opt, (describe_scheduler(ssd, opt.param_groups) if ssd else None)
+
+
+def describe_scheduler(scheduler, param_groups=None, *, name: str | None = None) -> dict:
+    """``{"class", "state", "groups"[, "children"]}`` of a torch scheduler, or of its
+    ``state_dict`` (then the class comes from ``name``, ``_xconv_class`` or the state's keys,
+    and ``param_groups`` are the optimizer's)."""
+    if isinstance(scheduler, dict):
+        state = scheduler
+        name = name or state.get("_xconv_class") or _scheduler_class_name(state)
+        children = state.get("_schedulers")
+        children = [describe_scheduler(c, param_groups) for c in children or []]
+    else:
+        name = type(scheduler).__name__
+        state = scheduler.state_dict()
+        param_groups = scheduler.optimizer.param_groups
+        children = [
+            describe_scheduler(c.state_dict(), param_groups, name=type(c).__name__)
+            for c in getattr(scheduler, "_schedulers", [])
         ]
-        args = {k: ssd[k] for k in wanted if k in ssd}
-        if isinstance(args.get("milestones"), collections.Counter):
-            args["milestones"] = sorted(args["milestones"].elements())
-        for g in opt.param_groups:  # the scheduler's constructor resets lr to initial_lr
-            g.setdefault("initial_lr", g["lr"])
-        sched = cls_s(opt, **args)
-        sched.load_state_dict(ssd)
-        for g, lr in zip(opt.param_groups, ssd.get("_last_lr", []), strict=False):
-            g["lr"] = lr
-    return opt, sched
+    if name not in _SCHEDULERS:
+        _scheduler_class_name({})  # the error listing the supported ones
+    if name == "SequentialLR" and any(c["class"] == "SequentialLR" for c in children):
+        raise UnsupportedAttributeError("a SequentialLR inside a SequentialLR is not supported")
+    desc = {
+        "class": name,
+        "state": _jsonable({k: v for k, v in state.items() if k != "_schedulers"}),
+        "groups": [{k: float(g[k]) for k in _GROUP_KEYS if k in g} for g in param_groups or []],
+    }
+    if name == "SequentialLR":
+        desc["children"] = children
+    return desc
+
+
+def scheduler_from_description(desc: dict):
+    """A stand-in for the torch scheduler of :func:`describe_scheduler`, with the attributes
+    :mod:`xconv.training.schedules` reads (no torch needed)."""
+    import types
+
+    fake = type(desc["class"], (), {})()
+    for k, v in _from_json(desc["state"]).items():
+        setattr(fake, k, v)
+    fake.optimizer = types.SimpleNamespace(param_groups=desc.get("groups") or [])
+    if desc["class"] == "SequentialLR":
+        fake._schedulers = [scheduler_from_description(c) for c in desc["children"]]
+    return fake
+
+
+def advance_scheduler_state(desc: dict, last_epoch: int, lrs: list[float]) -> dict:
+    """The torch ``state_dict`` of the described scheduler stepped on to ``last_epoch``
+    (``SequentialLR``: its children stepped as its ``step()`` steps them)."""
+    import bisect
+
+    state = _from_json(desc["state"])
+    start = int(state["last_epoch"])
+    n = last_epoch - start
+    state["last_epoch"] = last_epoch
+    if "_step_count" in state:
+        state["_step_count"] += n
+    state["_last_lr"] = list(lrs)
+    if desc["class"] == "SequentialLR":
+        children = [_from_json(c["state"]) for c in desc["children"]]
+        milestones = state["_milestones"]
+        for e in range(start + 1, last_epoch + 1):
+            child = children[bisect.bisect_right(milestones, e)]
+            if milestones and e in milestones:
+                child["last_epoch"] = 0
+            else:
+                child["last_epoch"] += 1
+                child["_step_count"] = child.get("_step_count", 1) + 1
+        active = children[bisect.bisect_right(milestones, last_epoch)]
+        active["_last_lr"] = list(lrs)
+        state["_schedulers"] = children
+    return state
 
 
 def _scheduler_class_name(ssd: dict) -> str:
@@ -179,16 +238,11 @@ def _scheduler_class_name(ssd: dict) -> str:
         ("ExponentialLR", {"gamma"}),
     ):
         if needs <= keys:
-            if name in ("SequentialLR", "OneCycleLR"):
-                raise UnsupportedAttributeError(
-                    f"a {name} checkpoint is not converted by --train-state yet; convert it "
-                    "with xconv.training.from_torch_optimizer(optimizer, variables, "
-                    "scheduler=...) in Python"
-                )
             return name
     raise UnsupportedAttributeError(
         f"cannot tell the scheduler class from its state_dict keys {sorted(keys)}; supported: "
-        f"{', '.join(_SCHEDULERS)}"
+        f"{', '.join(_SCHEDULERS)} (LambdaLR / MultiplicativeLR run Python each step and do "
+        "not convert)"
     )
 
 
@@ -232,17 +286,14 @@ def loss_from_config(cfg: dict, *, channel_axis: int = 1):
 
 
 def training_config(tx, scheduler, loss_module, *, clip_grad_norm=None, step=None) -> dict:
+    """The JSON record of a converted optimizer (``tx`` of ``from_torch_optimizer``), its
+    scheduler (a torch scheduler or its :func:`describe_scheduler`) and loss."""
     spec = tx.spec
-    sched = None
-    if scheduler is not None:
-        name = type(scheduler).__name__
-        if name not in _SCHEDULERS:
-            _scheduler_class_name(
-                {"total_steps": 0} if name == "OneCycleLR" else {"_milestones": 0}
-            )
-        sched = {"class": name, "state": _jsonable(scheduler.state_dict())}
+    sched = scheduler
+    if scheduler is not None and not isinstance(scheduler, dict):
+        sched = describe_scheduler(scheduler)
     return {
-        "format": 1,
+        "format": 2,
         "optimizer": {
             "class": spec.torch_class,
             "kind": spec.kind,
@@ -259,14 +310,18 @@ def training_config(tx, scheduler, loss_module, *, clip_grad_norm=None, step=Non
     }
 
 
-def _schedule(sched_cfg: dict, group: int, base: float):
-    from xconv.training.schedules import schedule_for
+def schedules_from_config(cfg: dict):
+    """``(learning rates, momenta)`` per group of a :func:`training_config`'s scheduler
+    (constants and None without one)."""
+    from xconv.training.schedules import momentum_for, schedule_for
 
-    state = _from_json(sched_cfg["state"])
-    fake = type(sched_cfg["class"], (), {})()
-    for k, v in state.items():
-        setattr(fake, k, v)
-    return schedule_for(fake, group, base=base)
+    groups = cfg["optimizer"]["groups"]
+    if not cfg["scheduler"]:
+        return [g["lr"] for g in groups], None
+    fake = scheduler_from_description(cfg["scheduler"])
+    lrs = [schedule_for(fake, gi) for gi in range(len(groups))]
+    momenta = [momentum_for(fake, gi) for gi in range(len(groups))]
+    return lrs, (momenta if any(momenta) else None)
 
 
 def tx_from_config(cfg: dict, params):
@@ -287,14 +342,10 @@ def tx_from_config(cfg: dict, params):
     for gi, paths in enumerate(o["paths"]):
         for path in paths:
             _set_path(labels, tuple(path), f"group_{gi}")
-    if cfg["scheduler"]:
-        bases = cfg["scheduler"]["state"].get("base_lrs") or [g["initial_lr"] for g in groups]
-        lrs = [_schedule(cfg["scheduler"], gi, bases[gi]) for gi in range(len(groups))]
-    else:
-        lrs = [g["lr"] for g in groups]
+    lrs, momenta = schedules_from_config(cfg)
     clip = cfg.get("clip_grad_norm")
     clip = tuple(clip) if isinstance(clip, list) else clip
-    return build_tx(o["kind"], groups, labels, lrs, clip_grad_norm=clip)
+    return build_tx(o["kind"], groups, labels, lrs, clip_grad_norm=clip, momenta=momenta)
 
 
 # ------------------------------------------------------------------ write / load
@@ -321,6 +372,7 @@ def write_train_state(
     folder = Path(folder).resolve()
     module.load_state_dict(ckpt["model"])
     opt, sched = rebuild_torch_training(module, ckpt, optimizer=optimizer)
+    fake_sched = scheduler_from_description(sched) if sched else None
     loaded = _load_folder(folder)
     if not (isinstance(loaded, tuple) and len(loaded) == 2):
         raise UnsupportedAttributeError(
@@ -329,10 +381,10 @@ def write_train_state(
     _, variables = loaded
     variables = dict(variables)
     tx, opt_state = from_torch_optimizer(
-        opt, variables, scheduler=sched, model=module, clip_grad_norm=clip_grad_norm
+        opt, variables, scheduler=fake_sched, model=module, clip_grad_norm=clip_grad_norm
     )
     step = ckpt.get("step", ckpt.get("epoch"))
-    step = int(step) if step is not None else int(sched.last_epoch) if sched else 0
+    step = int(step) if step is not None else int(fake_sched.last_epoch) if sched else 0
     tree = {
         "step": jnp.asarray(step, jnp.int32),
         "params": variables["params"],
@@ -434,18 +486,14 @@ def train_state_to_torch(folder: Path, module, *, state=None) -> dict:
     leaves = {n: leaves_all[n] for ns in spec.group_names for n in ns if n in named}
     rich = _torch_optax_class()(tx.init, tx.update)
     rich.spec, rich.leaves, rich.prefix = spec, leaves, ("params",)
-    rich.schedules = None
-    if cfg["scheduler"]:
-        bases = cfg["scheduler"]["state"].get("base_lrs") or [g["initial_lr"] for g in groups]
-        rich.schedules = [_schedule(cfg["scheduler"], gi, bases[gi]) for gi in range(len(groups))]
+    lrs, rich.momenta = schedules_from_config(cfg)
+    rich.schedules = lrs if cfg["scheduler"] else None
     opt = to_torch_optimizer(rich, state["opt_state"], module)
     out = {"model": module.state_dict(), "optimizer": opt.state_dict(), "step": int(state["step"])}
     if cfg["scheduler"]:
-        sched_state = _from_json(cfg["scheduler"]["state"])
-        sched_state["last_epoch"] = opt.xconv_last_epoch
-        sched_state["_step_count"] = opt.xconv_last_epoch + 1
-        sched_state["_last_lr"] = [g["lr"] for g in opt.param_groups]
-        out["scheduler"] = sched_state
+        out["scheduler"] = advance_scheduler_state(
+            cfg["scheduler"], opt.xconv_last_epoch, [g["lr"] for g in opt.param_groups]
+        )
     return out
 
 
@@ -589,10 +637,13 @@ if __name__ == "__main__":
 '''
 
 __all__ = [
+    "advance_scheduler_state",
     "convert_train_checkpoint",
+    "describe_scheduler",
     "load_torch_checkpoint",
     "load_train_state",
     "rebuild_torch_training",
+    "scheduler_from_description",
     "train_state_to_torch",
     "tx_from_config",
     "write_torch_train_checkpoint",
