@@ -429,7 +429,9 @@ def _train_state_options(fn):
     options = [
         click.option("--train-state", is_flag=True,
                      help="MODEL is a training checkpoint {model, optimizer, scheduler, step}: "
-                          "also write train_state/ (Orbax), train_config.json and train.py."),
+                          "also write train_state/ (Orbax: linen TrainState fields, or nnx "
+                          "model + nnx.Optimizer with --api nnx), train_config.json and "
+                          "train.py."),
         click.option("--loss", default=None,
                      help="With --train-state: the torch.nn loss (class name or pkg.mod:factory; "
                           "default CrossEntropyLoss)."),
@@ -447,8 +449,6 @@ def _run_train_state(model: Path, target: str, out: Path | None, train: dict, kw
 
     if not kw.get("module_factory"):
         raise click.UsageError("--train-state needs --module (the factory of the torch module)")
-    if kw.get("api") != "linen":
-        raise click.UsageError("--train-state writes a linen TrainState; use --api linen")
     out = out or Path(f"{model.stem}_{target}")
 
     def convert_model(state_dict_file: Path) -> Path:

@@ -152,13 +152,23 @@ def _torch_step(module, opt, sched, batch):
 
 
 @pytest.fixture(scope="module")
-def linen_base(tmp_path_factory):
-    """The tiny model converted once; each case rewrites its variables from its checkpoint
-    through the torch -> Flax correspondence (no Flax path written here)."""
+def bases(tmp_path_factory):
+    """The tiny model converted once per API; each case rewrites its variables from its
+    checkpoint through the torch -> Flax correspondence (no Flax path written here)."""
+    model = xconv.from_torch(make_tiny(), (torch.randn(8, 6),))
+    return {
+        api: _base(model, tmp_path_factory.mktemp(api) / "out", api) for api in ("linen", "nnx")
+    }
+
+
+@pytest.fixture
+def linen_base(bases):
+    return bases["linen"]
+
+
+def _base(model, out, api):
     module = make_tiny()
-    folder = xconv.to_flax(
-        xconv.from_torch(module, (torch.randn(8, 6),)), tmp_path_factory.mktemp("linen") / "out"
-    )
+    folder = xconv.to_flax(model, out, api=api)
     variables = serialization.msgpack_restore((folder / "variables.msgpack").read_bytes())
     entries = {k: v for k, v in module.state_dict().items() if "num_batches" not in k}
     return folder, match_leaves(entries, variables)
@@ -229,6 +239,49 @@ def test_checkpoint_round_trip_continues_torchs_curve(
         for key in ("momentum", "betas"):
             if key in g_want:
                 assert g_back[key] == pytest.approx(g_want[key], rel=1e-6)
+
+
+NNX_CASES = ["adamw+sequential_warmup_cosine", "nadam+one_cycle_adam_betas",
+             "sgd_nesterov_wd+sequential_three"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case", [c if c == NNX_CASES[1] else pytest.param(c, marks=pytest.mark.slow) for c in NNX_CASES]
+)
+def test_nnx_optimizer_round_trip_continues_torchs_curve(case, bases, tmp_path):
+    """The same for nnx: an ``nnx.Optimizer`` in Orbax, nnx's ``train.py``, and back."""
+    make_opt, make_sched, opt_name = CASES[case]
+    batches = _batches()
+    module = make_tiny().train()
+    opt = make_opt(module)
+    sched = make_sched(opt)
+    for b in batches[:K]:
+        _torch_step(module, opt, sched, b)
+    ckpt = copy.deepcopy(
+        {"model": module.state_dict(), "optimizer": opt.state_dict(),
+         "scheduler": sched.state_dict(), "step": K}
+    )  # fmt: skip
+    want = [_torch_step(module, opt, sched, b) for b in batches[K:]]
+
+    folder = _folder_for(*bases["nnx"], ckpt["model"], tmp_path / "nnx")
+    write_train_state(folder, make_tiny(), ckpt, torch.nn.CrossEntropyLoss(), optimizer=opt_name)
+    train = _train_py(folder)
+    model, optimizer, loss = train.load(folder)
+    assert type(optimizer).__name__ == "Optimizer" and int(optimizer.step[...]) == K
+    step = train.make_train_step(loss)
+    got = [float(step(model, optimizer, (x.numpy(),), y.numpy())) for x, y in batches[K : K + FLAX]]
+    np.testing.assert_allclose(got, want[:FLAX], rtol=TOL)
+
+    back = train_state_to_torch(folder, make_tiny(), state=(model, optimizer))
+    assert back["step"] == K + FLAX
+    resumed = make_tiny()
+    resumed.load_state_dict(back["model"])
+    opt2 = make_opt(resumed)
+    sched2 = make_sched(opt2)
+    opt2.load_state_dict(back["optimizer"])
+    sched2.load_state_dict(back["scheduler"])
+    got += [_torch_step(resumed.train(), opt2, sched2, b) for b in batches[K + FLAX :]]
+    np.testing.assert_allclose(got, want, rtol=TOL)
 
 
 def test_lambda_lr_checkpoint_is_a_clear_error(linen_base, tmp_path):

@@ -12,6 +12,10 @@ a Flax training state in Orbax, with a generated ``train.py``, and back.
   transform and loss without torch;
 * ``train.py``: ``load()`` -> ``(TrainState, loss)`` and a jitted ``train_step``.
 
+nnx folders get the same, with ``train_state/`` holding ``{"model": Param and BatchStat state,
+"optimizer": nnx.Optimizer state}`` and ``train.py``'s ``load()`` -> ``(model, nnx.Optimizer,
+loss)`` (:mod:`xconv.training.nnx_state`).
+
 :func:`train_state_to_torch` goes back: the torch optimizer (and scheduler) state of a
 training state, for the torch module the checkpoint came from.
 
@@ -351,6 +355,29 @@ def tx_from_config(cfg: dict, params):
 # ------------------------------------------------------------------ write / load
 
 
+def _folder_model(folder: Path):
+    """``(api, model, variables, params)`` of a ``torch-to-flax`` folder: linen's
+    ``(module, {"params", "batch_stats"})``, or the nnx module with its ``Param`` and
+    ``BatchStat`` state as one tree (``params``: the trainable tree)."""
+    from xconv.training.check import _load_folder
+
+    loaded = _load_folder(folder)
+    if isinstance(loaded, tuple) and len(loaded) == 2:
+        model, variables = loaded
+        variables = dict(variables)
+        return "linen", model, variables, dict(variables["params"])
+    from flax import nnx
+
+    if isinstance(loaded, nnx.Module):
+        from xconv.training.nnx_state import model_state, param_dict
+
+        return "nnx", loaded, model_state(loaded), param_dict(loaded)
+    raise UnsupportedAttributeError(
+        f"{folder}: --train-state needs a torch-to-flax folder (linen or nnx); its load() "
+        f"returned {type(loaded).__name__}"
+    )
+
+
 def write_train_state(
     folder: Path,
     module,
@@ -360,48 +387,37 @@ def write_train_state(
     optimizer: str | None = None,
     clip_grad_norm=None,
 ) -> list[Path]:
-    """Write the training state of a torch checkpoint into a linen ``torch-to-flax`` folder
-    (``train_state/``, ``train_config.json``, ``train.py``); returns the paths written."""
+    """Write the training state of a torch checkpoint into a ``torch-to-flax`` folder (linen:
+    a ``TrainState``'s fields; nnx: an ``nnx.Optimizer``), with ``train_config.json`` and
+    ``train.py``; returns the paths written. The folder must hold the checkpoint's weights."""
+    import shutil
+
     import jax.numpy as jnp
     import orbax.checkpoint as ocp
 
-    from xconv.training.check import _load_folder
     from xconv.training.names import match_leaves
     from xconv.training.optimizers import from_torch_optimizer
+    from xconv.training.train_py import TRAIN_PY, TRAIN_PY_NNX
 
     folder = Path(folder).resolve()
     module.load_state_dict(ckpt["model"])
     opt, sched = rebuild_torch_training(module, ckpt, optimizer=optimizer)
     fake_sched = scheduler_from_description(sched) if sched else None
-    loaded = _load_folder(folder)
-    if not (isinstance(loaded, tuple) and len(loaded) == 2):
-        raise UnsupportedAttributeError(
-            "--train-state writes a linen TrainState; convert with --api linen"
-        )
-    _, variables = loaded
-    variables = dict(variables)
+    api, model, variables, params = _folder_model(folder)
     tx, opt_state = from_torch_optimizer(
-        opt, variables, scheduler=fake_sched, model=module, clip_grad_norm=clip_grad_norm
+        opt,
+        variables if api == "linen" else params,
+        scheduler=fake_sched,
+        model=module,
+        clip_grad_norm=clip_grad_norm,
     )
     step = ckpt.get("step", ckpt.get("epoch"))
     step = int(step) if step is not None else int(fake_sched.last_epoch) if sched else 0
-    tree = {
-        "step": jnp.asarray(step, jnp.int32),
-        "params": variables["params"],
-        "batch_stats": variables.get("batch_stats", {}),
-        "opt_state": opt_state,
-    }
-    target = folder / STATE_DIR
-    if target.exists():
-        import shutil
-
-        shutil.rmtree(target)
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(target, tree)
     cfg = training_config(tx, sched, loss_module, clip_grad_norm=clip_grad_norm, step=step)
     entries = {
         k: v for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")
     }
+    cfg["api"] = api
     # torch-only: counted once per train-mode forward, one per step from here on
     cfg["num_batches_tracked"] = {
         k: int(v) for k, v in module.state_dict().items() if k.endswith("num_batches_tracked")
@@ -410,27 +426,52 @@ def write_train_state(
         name: [list(leaf.path), list(leaf.perm) if leaf.perm is not None else None]
         for name, leaf in match_leaves(entries, variables, what="the variables").items()
     }
+    target = folder / STATE_DIR
+    if target.exists():
+        shutil.rmtree(target)
+    if api == "nnx":
+        from xconv.training import nnx_state
+
+        nnx_state.save(target, model, tx, opt_state, step)
+    else:
+        tree = {
+            "step": jnp.asarray(step, jnp.int32),
+            "params": variables["params"],
+            "batch_stats": variables.get("batch_stats", {}),
+            "opt_state": opt_state,
+        }
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(target, tree)
     (folder / CONFIG).write_text(json.dumps(cfg, indent=1))
-    (folder / "train.py").write_text(TRAIN_PY)
+    (folder / "train.py").write_text(TRAIN_PY_NNX if api == "nnx" else TRAIN_PY)
     return [target, folder / CONFIG, folder / "train.py"]
 
 
 def load_train_state(folder: Path):
-    """``(model, state, tx, loss, config)`` of a folder written by :func:`write_train_state`:
-    ``state`` is the restored ``{"step", "params", "batch_stats", "opt_state"}`` tree."""
+    """``(model, state, tx, loss, config)`` of a folder written by :func:`write_train_state`.
+
+    linen: ``model`` is the Flax module and ``state`` the restored ``{"step", "params",
+    "batch_stats", "opt_state"}`` tree; nnx: ``model`` is the nnx module holding the restored
+    weights and ``state`` its restored ``nnx.Optimizer``. ``tx`` works on pure dicts (nnx:
+    ``nnx_state.nnx_transform(tx)`` is the optimizer's)."""
     import jax
     import jax.numpy as jnp
     import orbax.checkpoint as ocp
-
-    from xconv.training.check import _load_folder
 
     folder = Path(folder).resolve()
     if not (folder / CONFIG).exists():
         raise ConversionError(f"{folder} has no {CONFIG}: convert with --train-state")
     cfg = json.loads((folder / CONFIG).read_text())
-    model, variables = _load_folder(folder)
-    params = jax.tree_util.tree_map(jnp.asarray, dict(variables["params"]))
+    api, model, variables, params = _folder_model(folder)
+    params = jax.tree_util.tree_map(jnp.asarray, params)
     tx = tx_from_config(cfg, params)
+    if api != cfg.get("api", "linen"):
+        raise ConversionError(f"{folder}: the training state is {cfg.get('api')}, model.py {api}")
+    if api == "nnx":
+        from xconv.training import nnx_state
+
+        state = nnx_state.restore(folder / STATE_DIR, model, tx)
+        return model, state, tx, loss_from_config(cfg["loss"]), cfg
     template = {
         "step": jnp.zeros((), jnp.int32),
         "params": params,
@@ -444,17 +485,29 @@ def load_train_state(folder: Path):
 
 def train_state_to_torch(folder: Path, module, *, state=None) -> dict:
     """A torch training checkpoint ``{"model", "optimizer", "scheduler", "step"}`` of the
-    training state in ``folder`` (or ``state``, a tree as :func:`load_train_state` returns),
-    for ``module`` (the torch module the state was converted from)."""
+    training state in ``folder`` (or ``state``: a ``{"step", "params", "batch_stats",
+    "opt_state"}`` tree, or nnx's ``(model, nnx.Optimizer)`` after more steps), for ``module``
+    (the torch module the state was converted from)."""
     import torch
 
     from xconv.training.names import Leaf
     from xconv.training.optimizers import OptimizerSpec, _torch_optax_class, to_torch_optimizer
 
-    _, restored, tx, _, cfg = load_train_state(folder)
+    model, restored, tx, _, cfg = load_train_state(folder)
+    nnx = cfg.get("api") == "nnx"
+    if nnx:
+        from xconv.training.nnx_state import tree_of
+
+        state = tree_of(*(state if state is not None else (model, restored)))
     state = restored if state is None else state
     o = cfg["optimizer"]
-    variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
+    if nnx:
+        from xconv.training.check import _merge
+
+        variables, prefix = _merge(state["params"], state["batch_stats"]), ()
+    else:
+        variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
+        prefix = ("params",)
     named = dict(module.named_parameters())
     sd = module.state_dict()
     leaves_all = {
@@ -485,7 +538,7 @@ def train_state_to_torch(folder: Path, module, *, state=None) -> dict:
     spec = OptimizerSpec(o["class"], o["kind"], tuple(groups), tuple(map(tuple, o["names"])))
     leaves = {n: leaves_all[n] for ns in spec.group_names for n in ns if n in named}
     rich = _torch_optax_class()(tx.init, tx.update)
-    rich.spec, rich.leaves, rich.prefix = spec, leaves, ("params",)
+    rich.spec, rich.leaves, rich.prefix = spec, leaves, prefix
     lrs, rich.momenta = schedules_from_config(cfg)
     rich.schedules = lrs if cfg["scheduler"] else None
     opt = to_torch_optimizer(rich, state["opt_state"], module)
@@ -569,72 +622,6 @@ def write_torch_train_checkpoint(folder: Path, module_factory: str, out: Path) -
     torch.save(ckpt, out)
     return out
 
-
-TRAIN_PY = '''"""Train the converted model from its converted torch training state (written by xconv).
-
-    python train.py            # restores train_state/ and says its step
-
-``load()`` returns ``(state, loss)``: a ``flax.training.train_state.TrainState`` (with
-``batch_stats``) holding torch's parameters, optimizer state and step, and torch's loss as a
-JAX function; ``train_step(state, inputs, target)`` is the jitted step (forward in train mode,
-loss, gradient, torch's optimizer update and schedule).
-"""
-
-from pathlib import Path
-from typing import Any
-
-import jax
-from flax.training import train_state
-
-from xconv.training.state import load_train_state
-
-HERE = Path(__file__).resolve().parent
-
-
-class TrainState(train_state.TrainState):
-    batch_stats: Any = None
-
-
-def load(folder=HERE):
-    model, tree, tx, loss, _ = load_train_state(folder)
-    state = TrainState(
-        step=tree["step"],
-        apply_fn=model.apply,
-        params=tree["params"],
-        tx=tx,
-        opt_state=tree["opt_state"],
-        batch_stats=tree["batch_stats"],
-    )
-    return state, loss
-
-
-def make_train_step(loss):
-    @jax.jit
-    def train_step(state, inputs, target):
-        def objective(params):
-            variables = {"params": params}
-            if state.batch_stats:
-                variables["batch_stats"] = state.batch_stats
-                out, upd = state.apply_fn(
-                    variables, *inputs, train=True, mutable=["batch_stats"]
-                )
-                return loss(out, target), upd["batch_stats"]
-            return loss(state.apply_fn(variables, *inputs, train=False), target), None
-
-        (value, stats), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
-        state = state.apply_gradients(grads=grads)
-        if stats is not None:
-            state = state.replace(batch_stats=stats)
-        return state, value
-
-    return train_step
-
-
-if __name__ == "__main__":
-    state, loss = load()
-    print(f"restored the training state at step {int(state.step)}; train with "
-          "make_train_step(loss)(state, (inputs,), target)")
-'''
 
 __all__ = [
     "advance_scheduler_state",
