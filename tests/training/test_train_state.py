@@ -129,3 +129,43 @@ def test_flax_to_torch_train_state_needs_template(converted):
     assert r.exit_code == 2 and "--template" in r.output
     r = CliRunner().invoke(main, ["flax-to-torch", str(out / "train.py"), "-o", "x.pt"])
     assert r.exit_code == 2 and "--module" in r.output
+
+
+@pytest.mark.slow
+def test_nnx_train_state_through_the_cli(tmp_path):
+    """``--api nnx --train-state``: an nnx.Optimizer in Orbax and nnx's train.py continue
+    torch's curve; ``flax-to-torch --train-state`` gives torch its checkpoint back."""
+    module = make_tiny().train()
+    opt = torch.optim.Adam(module.parameters(), lr=0.01, weight_decay=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    batches = _batches()
+    for b in batches[:FIRST]:
+        _step(module, opt, sched, b)
+    ckpt = copy.deepcopy({"model": module.state_dict(), "optimizer": opt.state_dict(),
+                          "scheduler": sched.state_dict(), "step": FIRST})  # fmt: skip
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    torch_losses = [_step(module, opt, sched, b) for b in batches[FIRST:]]
+    out = tmp_path / "nnx"
+    args = ["torch-to-flax", str(tmp_path / "ckpt.pt"), "--module",
+            "tests.training.ckpt_setup:make_tiny", "--input-shape", f"{BATCH},6", "--api", "nnx",
+            "--train-state", "-o", str(out)]  # fmt: skip
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    spec = importlib.util.spec_from_file_location("xconv_train_nnx", out / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    model, optimizer, loss = train.load(out)
+    step = train.make_train_step(loss)
+    got = [float(step(model, optimizer, (x.numpy(),), y.numpy())) for x, y in batches[FIRST:]]
+    np.testing.assert_allclose(got, torch_losses, rtol=1e-4)
+    back = tmp_path / "back.pt"
+    args = ["flax-to-torch", str(out), "--train-state", "--template",
+            "tests.training.ckpt_setup:make_tiny", "-o", str(back)]  # fmt: skip
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    restored = torch.load(back, weights_only=True)
+    assert restored["step"] == FIRST and restored["scheduler"]["last_epoch"] == FIRST
+    for i, st in ckpt["optimizer"]["state"].items():
+        for slot, value in st.items():
+            torch.testing.assert_close(restored["optimizer"]["state"][i][slot].float(),
+                                       value.float(), rtol=1e-6, atol=1e-8)  # fmt: skip
