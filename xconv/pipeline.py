@@ -186,11 +186,13 @@ def convert(
         report = None
         if options.check:
             say("checking parity against the source model")
-            report = _check(imported, lambda: candidate_loader(stage), options, say)
+            ir_file = stage / "model.onnx" if by_product else None
+            report = _check(imported, lambda: candidate_loader(stage), options, say, ir_file)
             report.to_json(stage / "parity.json")
             report.to_html(stage / "parity.html")
             done("parity")
         _replace_dir(stage, out)
+        _rebase_external(imported.model, stage, out)
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     files = sorted(p for p in out.rglob("*") if p.is_file())
@@ -503,8 +505,16 @@ def _load_generated(path: Path):
 
 
 def _check(
-    imported: _Imported, load_candidate: Callable[[], Any], options: ConvertOptions, say: Progress
+    imported: _Imported,
+    load_candidate: Callable[[], Any],
+    options: ConvertOptions,
+    say: Progress,
+    ir_file: Path | None = None,
 ):
+    """The parity check. With a layerwise oracle and ``ir_file`` (the IR written with its
+    weights in ``model.onnx.data``), the reference is run ahead on every input set and then
+    released, and the IR's weights are re-pointed at that file, before the candidate loads:
+    the source's and the candidate's weights are never in memory together."""
     from xconv.parity.checker import check_parity
 
     layerwise: Any = False
@@ -534,6 +544,12 @@ def _check(
         except Exception as e:  # a program the block splitter cannot cut: check it whole
             logger.debug("layerwise parity failed", exc_info=True)
             failed = f"layerwise parity could not run ({type(e).__name__}: {e}); checked whole"
+        if failed is None and ir_file is not None:
+            from xconv.parity.layerwise import recorded_reference
+
+            say("parity (the source model on every input set)")
+            imported.reference = recorded_reference(imported.reference, sets)
+            _weights_from_file(imported.model, ir_file)
         _release_memory()
     say("parity (the candidate against the source model)")
     report = check_parity(
@@ -548,6 +564,25 @@ def _check(
     if failed:
         report.notes.append(failed)
     return report
+
+
+def _weights_from_file(model: ir.Model, path: Path) -> None:
+    """Point the IR's initializers at the external data just written beside ``path``
+    (memory-mapped when read), dropping the in-memory tensors they were (torch storage)."""
+    written = ir.load(path)
+    for name, value in model.graph.initializers.items():
+        saved = written.graph.initializers.get(name)
+        tensor = saved.const_value if saved is not None else None
+        if isinstance(tensor, ir.ExternalTensor):
+            value.const_value = tensor
+
+
+def _rebase_external(model: ir.Model, old: Path, new: Path) -> None:
+    """External tensors that pointed into the staging folder now read from ``new``."""
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor) and Path(tensor.base_dir) == old:
+            tensor.base_dir = str(new)
 
 
 def _release_memory() -> None:
