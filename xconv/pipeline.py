@@ -112,6 +112,9 @@ class _Imported:
     inputs: Sequence[Any] | None
     description: str
     timings: dict[str, float] = field(default_factory=dict)
+    #: The torch ``ExportedProgram`` the IR came from (a ``.pt2`` or an ``nn.Module``
+    #: exported), which the layerwise parity check cuts into blocks.
+    program: Any = None
 
 
 Progress = Callable[[str], None]
@@ -229,14 +232,16 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
             "no example inputs: give --input-shape (e.g. 1,3,224,224, repeatable) or --inputs "
             "FILE.npz; a .pt2 file carries its own"
         )
-    model = from_torch(module, inputs, dynamic_batch=options.dynamic_batch)
+    programs: list[Any] = []
+    model = from_torch(module, inputs, dynamic_batch=options.dynamic_batch, programs=programs)
     # An ExportedProgram is its own reference: its adapter builds the float64 oracle from the
     # graph (module().double() trips the program's dtype guards).
     reference = module
     if inputs is None:
         inputs = _exported_example_inputs(module)
     timings = {"load": loaded - start, "import": time.perf_counter() - loaded}
-    return _Imported(model, reference, inputs, description, timings)
+    program = programs[0] if programs and _is_exported_program(programs[0]) else None
+    return _Imported(model, reference, inputs, description, timings, program)
 
 
 def _is_exported_program(obj: Any) -> bool:
@@ -531,7 +536,7 @@ def _check(
         try:
             layerwise = {
                 name: run_layerwise(
-                    imported.reference,
+                    imported.program,
                     imported.model,
                     xs,
                     policy=options.policy,
@@ -549,6 +554,7 @@ def _check(
 
             say("parity (the source model on every input set)")
             imported.reference = recorded_reference(imported.reference, sets)
+            imported.program = None
             _weights_from_file(imported.model, ir_file)
         _release_memory()
     say("parity (the candidate against the source model)")
@@ -604,11 +610,11 @@ def _layerwise(imported: _Imported, options: ConvertOptions) -> bool:
     """Whether to run the float64 oracle block by block (see ``ConvertOptions.parity``)."""
     if options.parity == "whole":
         return False
-    program = imported.reference
-    if not _is_exported_program(program):
+    program = imported.program
+    if program is None or not isinstance(imported.inputs, list | tuple):
         if options.parity == "layerwise":
             raise ConversionError(
-                "--parity layerwise needs a torch.export program (.pt2) as the source; "
+                "--parity layerwise needs a torch source (a .pt2 or an nn.Module); "
                 f"{imported.description} is checked whole (--parity whole)"
             )
         return False
