@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -19,15 +20,46 @@ _ALIGN = 64
 
 
 def write_msgpack(tree: Any, f: BinaryIO) -> None:
-    """Write ``tree`` exactly as ``flax.serialization.msgpack_serialize(tree)`` would."""
+    """Write ``tree`` exactly as ``flax.serialization.msgpack_serialize(tree)`` would.
+
+    Arrays that are views in another layout (a Flax kernel is a transposed view of the
+    source's weight) are made contiguous one ahead, in a worker thread, while the previous
+    one is written: the copy (torch's when torch is loaded, about 3x numpy's for a transpose)
+    and the write overlap, and at most two copies exist at a time.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    pieces = list(_pieces(tree))
+    with ThreadPoolExecutor(1, thread_name_prefix="xconv-msgpack") as pool:
+        arrays = [i for i, p in enumerate(pieces) if isinstance(p, np.ndarray)]
+        ahead = {i: pool.submit(_contiguous, pieces[i]) for i in arrays[:1]}
+        for k, i in enumerate(arrays):
+            start = arrays[k - 1] + 1 if k else 0
+            for piece in pieces[start:i]:
+                f.write(piece)
+            if k + 1 < len(arrays):
+                nxt = arrays[k + 1]
+                ahead[nxt] = pool.submit(_contiguous, pieces[nxt])
+            pieces[i] = None  # type: ignore[call-overload]  # drop the view with its copy
+            data = ahead.pop(i).result()
+            if data.size:
+                f.write(memoryview(data.reshape(-1).view(np.uint8)))
+            del data
+        for piece in pieces[arrays[-1] + 1 if arrays else 0 :]:
+            f.write(piece)
+
+
+def _pieces(tree: Any):
+    """The file as a sequence of byte strings and arrays (each array's data comes after its
+    own header piece)."""
     import msgpack
     from flax import serialization
 
     if isinstance(tree, dict):
-        f.write(msgpack.Packer().pack_map_header(len(tree)))
+        yield msgpack.Packer().pack_map_header(len(tree))
         for key in sorted(tree):  # jax's tree_map, inside msgpack_serialize, sorts keys
-            f.write(msgpack.packb(key))
-            write_msgpack(tree[key], f)
+            yield msgpack.packb(key)
+            yield from _pieces(tree[key])
         return
     if (
         isinstance(tree, np.ndarray)
@@ -35,14 +67,32 @@ def write_msgpack(tree: Any, f: BinaryIO) -> None:
         and tree.dtype.fields is None
         and tree.nbytes <= serialization.MAX_CHUNK_SIZE
     ):
-        _write_array(tree, f)
+        yield _array_header(tree)
+        yield tree
         return
-    f.write(serialization.msgpack_serialize(tree))
+    yield serialization.msgpack_serialize(tree)
 
 
-def _write_array(arr: np.ndarray, f: BinaryIO) -> None:
-    """One ndarray as flax's ext type 1 ``(shape, dtype name, bin data)``, its data written
-    straight from the array (one copy only when it is a non-contiguous view)."""
+def _contiguous(arr: np.ndarray) -> np.ndarray:
+    """``arr`` in C order; a strided view is copied by torch when it is loaded (parallel,
+    cache-blocked) and by numpy otherwise."""
+    if arr.flags.c_contiguous:
+        return arr
+    torch = sys.modules.get("torch")
+    if torch is not None and arr.dtype.kind in "fiub" and arr.dtype.itemsize in (1, 2, 4, 8):
+        try:
+            out = torch.from_numpy(arr).contiguous().numpy()
+        except (TypeError, ValueError, RuntimeError):  # a dtype or stride torch does not take
+            pass
+        else:
+            if out.dtype == arr.dtype:
+                return out
+    return np.ascontiguousarray(arr)
+
+
+def _array_header(arr: np.ndarray) -> bytes:
+    """The ext type 1 header ``(shape, dtype name, bin header)`` of one ndarray, as flax
+    writes it; the array's data follows it."""
     import msgpack
 
     n = arr.nbytes
@@ -62,10 +112,7 @@ def _write_array(arr: np.ndarray, f: BinaryIO) -> None:
         ext = b"\xc8" + size.to_bytes(2, "big")
     else:
         ext = b"\xc9" + size.to_bytes(4, "big")
-    f.write(ext + b"\x01" + head)
-    data = np.ascontiguousarray(arr)
-    if data.size:
-        f.write(memoryview(data.reshape(-1).view(np.uint8)))
+    return ext + b"\x01" + head
 
 
 class _Fallback(Exception):
