@@ -57,7 +57,7 @@ def _views():
 
 
 @pytest.mark.parametrize("torch_loaded", [True, False])
-def test_views_written_like_flax(monkeypatch, torch_loaded):
+def test_views_written_like_flax(monkeypatch, tmp_path, torch_loaded):
     """Non-contiguous views are copied (by torch when loaded) one ahead of the write."""
     if torch_loaded:
         pytest.importorskip("torch")
@@ -66,6 +66,12 @@ def test_views_written_like_flax(monkeypatch, torch_loaded):
     f = io.BytesIO()
     write_msgpack(_views(), f)
     assert f.getvalue() == serialization.msgpack_serialize(_views())
+    path = tmp_path / "v.msgpack"  # a real file: arrays written by threads at their offsets
+    with open(path, "wb") as out:
+        out.write(b"prefix")
+        write_msgpack(_views(), out)
+        out.write(b"suffix")
+    assert path.read_bytes() == b"prefix" + f.getvalue() + b"suffix"
 
 
 @pytest.mark.parametrize("writer", ["xconv", "flax"])
