@@ -277,7 +277,7 @@ def _conversion_options(fn):
         click.option("--parity", "parity_mode", type=click.Choice(["auto", "whole", "layerwise"]),
                      default="auto", show_default=True,
                      help="float64 oracle over the whole model, or one block at a time "
-                          "(per-block report; auto: layerwise for large .pt2 models)."),
+                          "(per-block report; auto: layerwise for large torch models)."),
         click.option("--input-shape", "input_shapes", multiple=True,
                      help="Example input shape, e.g. 2,3,224,224 (repeat for each input; "
                           "append :int64 for a dtype)."),

@@ -112,6 +112,9 @@ class _Imported:
     inputs: Sequence[Any] | None
     description: str
     timings: dict[str, float] = field(default_factory=dict)
+    #: The torch ``ExportedProgram`` the IR came from (a ``.pt2`` or an ``nn.Module``
+    #: exported), which the layerwise parity check cuts into blocks.
+    program: Any = None
 
 
 Progress = Callable[[str], None]
@@ -186,11 +189,13 @@ def convert(
         report = None
         if options.check:
             say("checking parity against the source model")
-            report = _check(imported, lambda: candidate_loader(stage), options, say)
+            ir_file = stage / "model.onnx" if by_product else None
+            report = _check(imported, lambda: candidate_loader(stage), options, say, ir_file)
             report.to_json(stage / "parity.json")
             report.to_html(stage / "parity.html")
             done("parity")
         _replace_dir(stage, out)
+        _rebase_external(imported.model, stage, out)
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     files = sorted(p for p in out.rglob("*") if p.is_file())
@@ -227,14 +232,16 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
             "no example inputs: give --input-shape (e.g. 1,3,224,224, repeatable) or --inputs "
             "FILE.npz; a .pt2 file carries its own"
         )
-    model = from_torch(module, inputs, dynamic_batch=options.dynamic_batch)
+    programs: list[Any] = []
+    model = from_torch(module, inputs, dynamic_batch=options.dynamic_batch, programs=programs)
     # An ExportedProgram is its own reference: its adapter builds the float64 oracle from the
     # graph (module().double() trips the program's dtype guards).
     reference = module
     if inputs is None:
         inputs = _exported_example_inputs(module)
     timings = {"load": loaded - start, "import": time.perf_counter() - loaded}
-    return _Imported(model, reference, inputs, description, timings)
+    program = programs[0] if programs and _is_exported_program(programs[0]) else None
+    return _Imported(model, reference, inputs, description, timings, program)
 
 
 def _is_exported_program(obj: Any) -> bool:
@@ -503,8 +510,16 @@ def _load_generated(path: Path):
 
 
 def _check(
-    imported: _Imported, load_candidate: Callable[[], Any], options: ConvertOptions, say: Progress
+    imported: _Imported,
+    load_candidate: Callable[[], Any],
+    options: ConvertOptions,
+    say: Progress,
+    ir_file: Path | None = None,
 ):
+    """The parity check. With a layerwise oracle and ``ir_file`` (the IR written with its
+    weights in ``model.onnx.data``), the reference is run ahead on every input set and then
+    released, and the IR's weights are re-pointed at that file, before the candidate loads:
+    the source's and the candidate's weights are never in memory together."""
     from xconv.parity.checker import check_parity
 
     layerwise: Any = False
@@ -521,7 +536,7 @@ def _check(
         try:
             layerwise = {
                 name: run_layerwise(
-                    imported.reference,
+                    imported.program,
                     imported.model,
                     xs,
                     policy=options.policy,
@@ -534,6 +549,13 @@ def _check(
         except Exception as e:  # a program the block splitter cannot cut: check it whole
             logger.debug("layerwise parity failed", exc_info=True)
             failed = f"layerwise parity could not run ({type(e).__name__}: {e}); checked whole"
+        if failed is None and ir_file is not None:
+            from xconv.parity.layerwise import recorded_reference
+
+            say("parity (the source model on every input set)")
+            imported.reference = recorded_reference(imported.reference, sets)
+            imported.program = None
+            _weights_from_file(imported.model, ir_file)
         _release_memory()
     say("parity (the candidate against the source model)")
     report = check_parity(
@@ -548,6 +570,25 @@ def _check(
     if failed:
         report.notes.append(failed)
     return report
+
+
+def _weights_from_file(model: ir.Model, path: Path) -> None:
+    """Point the IR's initializers at the external data just written beside ``path``
+    (memory-mapped when read), dropping the in-memory tensors they were (torch storage)."""
+    written = ir.load(path)
+    for name, value in model.graph.initializers.items():
+        saved = written.graph.initializers.get(name)
+        tensor = saved.const_value if saved is not None else None
+        if isinstance(tensor, ir.ExternalTensor):
+            value.const_value = tensor
+
+
+def _rebase_external(model: ir.Model, old: Path, new: Path) -> None:
+    """External tensors that pointed into the staging folder now read from ``new``."""
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor) and Path(tensor.base_dir) == old:
+            tensor.base_dir = str(new)
 
 
 def _release_memory() -> None:
@@ -569,11 +610,11 @@ def _layerwise(imported: _Imported, options: ConvertOptions) -> bool:
     """Whether to run the float64 oracle block by block (see ``ConvertOptions.parity``)."""
     if options.parity == "whole":
         return False
-    program = imported.reference
-    if not _is_exported_program(program):
+    program = imported.program
+    if program is None or not isinstance(imported.inputs, list | tuple):
         if options.parity == "layerwise":
             raise ConversionError(
-                "--parity layerwise needs a torch.export program (.pt2) as the source; "
+                "--parity layerwise needs a torch source (a .pt2 or an nn.Module); "
                 f"{imported.description} is checked whole (--parity whole)"
             )
         return False

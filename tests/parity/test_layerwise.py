@@ -168,3 +168,71 @@ def test_cli_pipeline_layerwise_from_a_pt2(program, tmp_path):
     )
     assert whole.passed and whole.parity.policy.startswith("oracle"), whole.parity.notes
     assert not whole.parity.scopes
+
+
+def _release_path(monkeypatch):
+    """Make the tiny model take the large-model route: IR weights in model.onnx.data, the
+    source run ahead and released before the candidate loads."""
+    import xconv.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "EXTERNAL_BYTES", 0)
+    return pipeline
+
+
+def test_pipeline_layerwise_from_an_nn_module_releases_the_source(tmp_path, monkeypatch):
+    import onnx_ir as ir
+
+    pipeline = _release_path(monkeypatch)
+    torch.manual_seed(0)
+    net = Net().eval()
+    ids = torch.randint(0, 50, (2, 7))
+    result = pipeline.convert(
+        net,
+        source_kind="torch",
+        target="flax",
+        out_dir=tmp_path / "out",
+        example_inputs=(ids,),
+        options=pipeline.ConvertOptions(parity="layerwise", devices="cpu"),
+    )
+    assert result.passed and result.parity.policy.startswith("oracle"), result.parity.notes
+    assert [s.name for s in result.parity.scopes][1:4] == ["layers.0", "layers.1", "layers.2"]
+    assert len(result.parity.input_sets) >= 3  # every set replayed from the run ahead
+    # The IR's weights now read from the written file, at its final place.
+    value = result.model.graph.initializers["layers.1.up.weight"]
+    assert isinstance(value.const_value, ir.ExternalTensor)
+    assert str(value.const_value.base_dir) == str(tmp_path / "out")
+    np.testing.assert_array_equal(
+        value.const_value.numpy(), net.layers[1].up.weight.detach().numpy()
+    )
+
+
+def test_released_source_still_judges_a_wrong_candidate(tmp_path, monkeypatch):
+    pipeline = _release_path(monkeypatch)
+    emit = pipeline._EMITTERS["flax"]
+
+    def wrong(model, stage, options):
+        load = emit(model, stage, options)
+
+        def load_wrong(where):
+            module, variables = load(where)
+            params = variables["params"]
+            key = next(k for k in sorted(params) if "head" in k)
+            params[key] = {n: np.asarray(a) * 1.01 for n, a in params[key].items()}
+            return module, variables
+
+        return load_wrong
+
+    monkeypatch.setitem(pipeline._EMITTERS, "flax", wrong)
+    torch.manual_seed(0)
+    result = pipeline.convert(
+        Net().eval(),
+        source_kind="torch",
+        target="flax",
+        out_dir=tmp_path / "out",
+        example_inputs=(torch.randint(0, 50, (2, 7)),),
+        options=pipeline.ConvertOptions(parity="layerwise", devices="cpu"),
+    )
+    assert not result.passed
+    assert result.parity.first_divergence is None  # the IR's blocks are right: the files are not
+    out = result.parity.outputs[0]
+    assert out.error is None and not out.passed  # judged on numbers, against the replayed source

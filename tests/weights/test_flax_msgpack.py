@@ -43,6 +43,37 @@ def test_same_bytes_as_flax():
     assert f.getvalue() == serialization.msgpack_serialize(_tree())
 
 
+def _views():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((6, 5, 3, 2))
+    return {
+        "conv": w.astype(np.float16).transpose(2, 3, 1, 0),  # (O, I, kh, kw) -> (kh, kw, I, O)
+        "f32": w.astype(np.float32).reshape(30, 6).T,
+        "bf16": w.astype(ml_dtypes.bfloat16).reshape(30, 6).T,
+        "ids": np.arange(12).reshape(3, 4).T,
+        "mask": (w > 0).reshape(30, 6).T,
+        "strided": w.astype(np.float32)[::2, :, ::-1],
+    }
+
+
+@pytest.mark.parametrize("torch_loaded", [True, False])
+def test_views_written_like_flax(monkeypatch, tmp_path, torch_loaded):
+    """Non-contiguous views are copied (by torch when loaded) one ahead of the write."""
+    if torch_loaded:
+        pytest.importorskip("torch")
+    else:
+        monkeypatch.setitem(__import__("sys").modules, "torch", None)
+    f = io.BytesIO()
+    write_msgpack(_views(), f)
+    assert f.getvalue() == serialization.msgpack_serialize(_views())
+    path = tmp_path / "v.msgpack"  # a real file: arrays written by threads at their offsets
+    with open(path, "wb") as out:
+        out.write(b"prefix")
+        write_msgpack(_views(), out)
+        out.write(b"suffix")
+    assert path.read_bytes() == b"prefix" + f.getvalue() + b"suffix"
+
+
 @pytest.mark.parametrize("writer", ["xconv", "flax"])
 def test_reads_like_flax_and_aligned(tmp_path, writer):
     path = tmp_path / "v.msgpack"

@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from xconv.parity.adapters import Adapter
 from xconv.parity.localize import ScopeResult
 from xconv.parity.metrics import Metrics, compare
 from xconv.parity.policies import Policy, resolve_policy
@@ -636,3 +637,63 @@ def layerwise_oracle(
 
         model = from_torch(program)
     return run_layerwise(program, model, arrays, policy=pol)
+
+
+# --------------------------------------------------------------- a reference run ahead
+
+
+def _key(arrays: Sequence[np.ndarray]) -> str:
+    import hashlib
+
+    h = hashlib.sha1()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(memoryview(a.reshape(-1).view(np.uint8)))
+    return h.hexdigest()
+
+
+def recorded_reference(reference: Any, sets: Sequence[tuple[str, Sequence[np.ndarray]]]):
+    """The reference run now on every input set, as an adapter that replays its outputs.
+
+    The pipeline runs the reference (float32, whole model: its weights are in memory
+    already) on each set before the candidate is loaded, so that the reference's weights
+    can be released first and the two models never hold memory at the same time.
+    ``check_parity`` then takes the returned adapter as the reference; asked for inputs it
+    did not record, it raises (the reference is gone).
+    """
+    from xconv.parity.adapters import wrap
+
+    ref = wrap(reference)
+    dev = ref.devices()[0]
+    ref.prepare(dev)
+    outputs = {_key(xs): ref.run(xs, dev) for _, xs in sets}
+
+    n = len(next(iter(outputs.values()), []))
+    return _Recorded(ref.framework, ref.describe(), ref.output_names(n), outputs)
+
+
+class _Recorded(Adapter):
+    """Replays a reference's outputs recorded by :func:`recorded_reference`. It holds no
+    reference to the model, so dropping the model releases its weights."""
+
+    def __init__(self, framework: str, description: str, names: list[str], outputs) -> None:
+        self.framework = framework
+        self.description = description
+        self.names = names
+        self.outputs = outputs
+
+    def describe(self) -> str:
+        return self.description
+
+    def output_names(self, n: int) -> list[str]:
+        return list(self.names[:n]) if len(self.names) >= n else super().output_names(n)
+
+    def run(self, inputs, device):
+        try:
+            return self.outputs[_key([np.asarray(x) for x in inputs])]
+        except KeyError:
+            raise ValueError(
+                "the reference was run ahead on its input sets only (its weights are "
+                "released before the candidate loads)"
+            ) from None

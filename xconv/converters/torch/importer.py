@@ -60,6 +60,7 @@ def from_torch(
     example_inputs: Any = None,
     *,
     dynamic_batch: bool = False,
+    programs: list | None = None,
 ) -> ir.Model:
     """Convert a PyTorch module to the IR.
 
@@ -74,6 +75,9 @@ def from_torch(
             order) used to trace the module. Optional for an ``ExportedProgram``.
         dynamic_batch: Make dimension 0 of every tensor input a symbolic ``batch`` dim so the
             converted model runs at any batch size.
+        programs: When given, the ``ExportedProgram`` the IR was translated from is appended
+            (its weights are the module's own tensors): the layerwise parity check cuts it
+            into blocks.
 
     Returns:
         The model as an ``onnx_ir.Model`` at opset ``xconv.ir.OPSET``, annotated with
@@ -120,6 +124,8 @@ def from_torch(
         )
     model = _to_ir(program)
     annotate(model, modules, state, dynamic_batch=dynamic_batch)
+    if programs is not None:
+        programs.append(program)
     return model
 
 
