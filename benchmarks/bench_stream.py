@@ -55,16 +55,23 @@ print(json.dumps({{"s": time.perf_counter() - t, "bytes": index.nbytes}}))
 _CONVERT = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-from xconv.checkpoint import CheckpointOptions, from_checkpoint, write_target
+from xconv.checkpoint import CheckpointOptions, convert_checkpoint
+marks = {{}}
+def progress(msg):
+    marks.setdefault(msg.split()[0], time.perf_counter())
 t0 = time.perf_counter()
-traced = from_checkpoint("transformers:LlamaForCausalLM", {ckpt!r}, config={cfg!r})
-t1 = time.perf_counter()
-trace_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-r = write_target(traced, target="flax", out_dir={out!r}, options=CheckpointOptions(parity="none"))
+r = convert_checkpoint("transformers:LlamaForCausalLM", {ckpt!r}, config={cfg!r}, target="flax",
+                       out_dir={out!r}, options=CheckpointOptions(parity="none", early={early!r}),
+                       progress=progress)
 t2 = time.perf_counter()
-print(json.dumps({{"trace_s": t1 - t0, "write_s": t2 - t1, "trace_peak_kib": trace_peak,
-    "bytes_written": r.stream.bytes_written, "largest_shard": traced.index.largest_shard_bytes(),
-    "read_once": all(n == sum(x.nbytes for x in traced.index.tensors.values()
+ck = r.checkpoint_bytes
+import xconv.weights.shards as sh
+index = sh.CheckpointIndex({ckpt!r})
+print(json.dumps({{"trace_s": marks["writing"] - t0, "write_s": t2 - marks["writing"],
+    "total_s": t2 - t0, "early": r.stream.early,
+    "wait_s": t2 - marks.get("waiting", t2),
+    "bytes_written": r.stream.bytes_written, "largest_shard": index.largest_shard_bytes(),
+    "read_once": all(n == sum(x.nbytes for x in index.tensors.values()
                               if str(x.shard) == k) for k, n in r.stream.bytes_read.items())}}))
 """
 
@@ -119,7 +126,7 @@ def _child(code: str) -> tuple[dict, float, float]:
     return json.loads(data["out"].strip().splitlines()[-1]), data["s"], data["kib"] / 2**20
 
 
-def measure(ckpt: Path, work: Path, forward: bool = True) -> dict:
+def measure(ckpt: Path, work: Path, forward: bool = True, early: bool = True) -> dict:
     cfg = str(ckpt / "config.json")
     vocab = json.loads(Path(cfg).read_text())["vocab_size"]
     floor_out = work / "floor"
@@ -130,7 +137,7 @@ def measure(ckpt: Path, work: Path, forward: bool = True) -> dict:
     shutil.rmtree(floor_out)
     out = work / "flax"
     conv, conv_s, conv_peak = _child(
-        _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(out))
+        _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(out), early=early)
     )
     par, par_s, par_peak = _child(
         _PARITY.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(out))
