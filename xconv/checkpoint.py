@@ -13,7 +13,10 @@
    shard by shard into the target's shard files (:mod:`xconv.weights.stream`): Flax gets
    safetensors shards + index read by the generated ``load(out_dir)``; ONNX (and JAX) get the
    checkpoint's shards copied beside ``model.onnx`` as its external data. (The Flax folder has
-   no ``model.onnx``: its IR is what ``torch-to-onnx --weights`` writes.)
+   no ``model.onnx``: its IR is what ``torch-to-onnx --weights`` writes.) For Flax the stream
+   starts on a thread as soon as step 1 is done, beside the trace, on a layout guessed from
+   the module (:class:`~xconv.weights.stream.EarlyStream`); the emitter's plan is then checked
+   against the guess, and a difference streams the weights again.
 4. ``parity="layerwise"`` checks the result block by block against torch with a float64 oracle,
    one block's weights in memory at a time.
 

@@ -12,6 +12,9 @@ offset, dtype, shape). Writing a target then takes two steps:
    transformed and appended to the output shard of its input shard, then dropped. Peak memory
    is one tensor (and its transposed copy), not the model.
 
+:class:`EarlyStream` does step 2 before step 1, beside the trace, on a guessed layout that
+step 1's plan must then match exactly (else it is discarded and step 2 runs as above).
+
 Output shards are safetensors files written to a temporary name and renamed when complete,
 inside the caller's staging folder (the folder is moved into place only when everything was
 written).
