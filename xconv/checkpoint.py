@@ -13,7 +13,10 @@
    shard by shard into the target's shard files (:mod:`xconv.weights.stream`): Flax gets
    safetensors shards + index read by the generated ``load(out_dir)``; ONNX (and JAX) get the
    checkpoint's shards copied beside ``model.onnx`` as its external data. (The Flax folder has
-   no ``model.onnx``: its IR is what ``torch-to-onnx --weights`` writes.)
+   no ``model.onnx``: its IR is what ``torch-to-onnx --weights`` writes.) For Flax the stream
+   starts on a thread as soon as step 1 is done, beside the trace, on a layout guessed from
+   the module (:class:`~xconv.weights.stream.EarlyStream`); the emitter's plan is then checked
+   against the guess, and a difference streams the weights again.
 4. ``parity="layerwise"`` checks the result block by block against torch with a float64 oracle,
    one block's weights in memory at a time.
 
@@ -37,7 +40,14 @@ import onnx_ir as ir
 
 from xconv.errors import ConversionError
 from xconv.weights.shards import CheckpointIndex, numpy_dtype
-from xconv.weights.stream import INDEX_NAME, Planned, StreamReport, Target, planning_copy
+from xconv.weights.stream import (
+    INDEX_NAME,
+    EarlyStream,
+    Planned,
+    StreamReport,
+    Target,
+    planning_copy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +92,7 @@ def from_checkpoint(
     example_inputs: Sequence[Any] | None = None,
     dynamic_batch: bool = False,
     input_shapes: tuple[str, ...] = (),
+    on_checked: Callable[[CheckpointIndex, Any], None] | None = None,
 ) -> Traced:
     """Trace ``module`` on fake parameters and point its IR weights into ``weights``.
 
@@ -94,6 +105,8 @@ def from_checkpoint(
             a ``vocab_size``).
         dynamic_batch: Symbolic batch dimension.
         input_shapes: ``--input-shape`` strings instead of ``example_inputs``.
+        on_checked: Called with the index and the weightless module (``MetaModule``) once the
+            checkpoint was checked against it, before the trace (the early stream starts here).
 
     Raises:
         WeightsError: The checkpoint does not fit the module (every problem listed).
@@ -113,6 +126,8 @@ def from_checkpoint(
         dtype = _majority_float_dtype(index)
     meta = build_meta_module(factory, cfg, dtype=dtype)
     index.check(meta.expected, tied=meta.tied)
+    if on_checked is not None:
+        on_checked(index, meta)
     inputs = tuple(example_inputs) if example_inputs is not None else None
     if inputs is None:
         inputs = default_inputs(cfg, input_shapes)
@@ -320,12 +335,15 @@ class CheckpointOptions:
         parity: ``"layerwise"`` (block by block against torch, float64 oracle) or ``"none"``.
         dynamic_batch: Symbolic batch dimension.
         input_shapes: ``--input-shape`` strings (default: token ids ``(1, 8)``).
+        early: Flax: stream the weights while tracing, on a guessed layout checked afterwards
+            (``False``: trace, plan, then stream).
     """
 
     api: str = "linen"
     parity: str = "layerwise"
     dynamic_batch: bool = False
     input_shapes: tuple[str, ...] = ()
+    early: bool = True
 
     def __post_init__(self) -> None:
         if self.parity not in ("layerwise", "none"):
@@ -345,23 +363,54 @@ def convert_checkpoint(
 ) -> CheckpointResult:
     """Convert a checkpoint larger than memory to ``target`` (``flax``, ``jax``, ``onnx``).
 
-    See the module docstring for the steps. Returns a :class:`CheckpointResult`; ``parity``
-    is the layerwise report (None with ``options.parity="none"``).
+    See the module docstring for the steps. For Flax (``options.early``, the default) the
+    weights stream on a thread while the module is traced (:class:`EarlyStream`), on the
+    layout guessed from the module's ``nn.Linear`` layers; the emitter's real plan is checked
+    against that guess, and any difference streams the weights again. Returns a
+    :class:`CheckpointResult`; ``parity`` is the layerwise report (None with
+    ``options.parity="none"``).
     """
     options = options or CheckpointOptions()
     say = progress or (lambda msg: logger.info(msg))
     if target not in TARGETS:
         raise ConversionError(f"unknown target {target!r} for a checkpoint; choose {TARGETS}")
-    say("reading the checkpoint headers and tracing on fake weights")
-    traced = from_checkpoint(
-        module,
-        weights,
-        config=config,
-        example_inputs=example_inputs,
-        dynamic_batch=options.dynamic_batch,
-        input_shapes=options.input_shapes,
-    )
-    return write_target(traced, target=target, out_dir=out_dir, options=options, progress=say)
+    out, parent, stage = _staging(out_dir)
+    early: list[EarlyStream] = []
+
+    def start_early(index: CheckpointIndex, meta: Any) -> None:
+        if target == "flax" and options.early:
+            say("streaming the weights while tracing")
+            early.append(EarlyStream(index, guess_layouts(meta.module, index), stage).start())
+
+    try:
+        say("reading the checkpoint headers and tracing on fake weights")
+        traced = from_checkpoint(
+            module,
+            weights,
+            config=config,
+            example_inputs=example_inputs,
+            dynamic_batch=options.dynamic_batch,
+            input_shapes=options.input_shapes,
+            on_checked=start_early,
+        )
+        return _write_staged(traced, target, out, stage, options, say, early[0] if early else None)
+    finally:
+        for e in early:
+            e.cancel()  # a no-op once finished; stops the thread on a failure
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def guess_layouts(module: Any, index: CheckpointIndex) -> dict[str, Planned]:
+    """``{checkpoint key: Planned}``: every ``nn.Linear`` weight transposed to a Flax kernel,
+    every other tensor as it is (what the Flax emitter does for a transformer; checked)."""
+    from xconv.converters.torch.meta import linear_weights
+
+    linear = linear_weights(module)
+    guesses = {}
+    for name, ref in index.tensors.items():
+        planned = Planned(name, ref.shape, numpy_dtype(ref.dtype))
+        guesses[name] = planned.transpose() if name in linear and len(ref.shape) == 2 else planned
+    return guesses
 
 
 def write_target(
@@ -377,30 +426,51 @@ def write_target(
     say = progress or (lambda msg: logger.info(msg))
     if target not in _WRITERS:
         raise ConversionError(f"unknown target {target!r} for a checkpoint; choose {TARGETS}")
+    out, parent, stage = _staging(out_dir)
+    try:
+        return _write_staged(traced, target, out, stage, options, say, None)
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _staging(out_dir: str | os.PathLike) -> tuple[Path, Path, Path]:
+    """``(out, staging parent, stage)``: the output is built in ``stage`` beside ``out``."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     parent = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.staging."))
-    try:
-        stage = parent / out.name
-        stage.mkdir()
-        say(f"writing {target} output")
-        report, targets = _WRITERS[target](traced, stage, options, say)
-        parity = None
-        if options.parity == "layerwise":
-            from xconv.parity.streamed import check_streamed
+    stage = parent / out.name
+    stage.mkdir()
+    return out, parent, stage
 
-            say("checking parity block by block")
-            parity = check_streamed(traced, stage, targets, progress=say)
-            parity.to_json(stage / "parity.json")
-        _replace_dir(stage, out)
-    finally:
-        shutil.rmtree(parent, ignore_errors=True)
+
+def _write_staged(
+    traced: Traced,
+    target: str,
+    out: Path,
+    stage: Path,
+    options: CheckpointOptions,
+    say: Callable[[str], None],
+    early: EarlyStream | None,
+) -> CheckpointResult:
+    say(f"writing {target} output")
+    if target == "flax":
+        report, targets = _write_flax(traced, stage, options, say, early)
+    else:
+        report, targets = _WRITERS[target](traced, stage, options, say)
+    parity = None
+    if options.parity == "layerwise":
+        from xconv.parity.streamed import check_streamed
+
+        say("checking parity block by block")
+        parity = check_streamed(traced, stage, targets, progress=say)
+        parity.to_json(stage / "parity.json")
+    _replace_dir(stage, out)
     files = sorted(p for p in out.rglob("*") if p.is_file())
     return CheckpointResult(out, files, report, traced.index.nbytes, parity, targets)
 
 
 def _write_flax(
-    traced: Traced, stage: Path, options: CheckpointOptions, say
+    traced: Traced, stage: Path, options: CheckpointOptions, say, early: EarlyStream | None = None
 ) -> tuple[StreamReport, list[Target]]:
     import json
 
@@ -411,6 +481,12 @@ def _write_flax(
     (stage / "xconv.json").write_text(
         json.dumps({"api": options.api, "format": 1, "weights": INDEX_NAME}, sort_keys=True)
     )
+    if early is not None:
+        say("waiting for the weights streamed while tracing")
+        report = early.finish(targets)
+        if report is not None:
+            return report, targets
+        logger.warning("streaming the weights again: %s", early.reason)
     return stream_targets(targets, traced.index, stage, progress=say), targets
 
 

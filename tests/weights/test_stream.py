@@ -15,8 +15,8 @@ from benchmarks.make_checkpoint import make_checkpoint
 from xconv.checkpoint import CheckpointOptions, convert_checkpoint, from_checkpoint, write_target
 from xconv.cli import main
 from xconv.errors import WeightsError
-from xconv.weights.shards import CheckpointIndex, ShardWriter, write_index
-from xconv.weights.stream import LazyWeight, read_flat
+from xconv.weights.shards import CheckpointIndex, ShardWriter, numpy_dtype, write_index
+from xconv.weights.stream import LazyWeight, Planned, read_flat
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -174,6 +174,89 @@ def test_layerwise_parity_passes_every_block(traced, converted, tmp_path):
     report.to_json(tmp_path / "parity.json")
     names = [b["name"] for b in json.loads((tmp_path / "parity.json").read_text())["blocks"]]
     assert any("layers.3" in n for n in names) and len(names) >= 6
+
+
+def _early(traced, stage: Path, guesses=None):
+    from xconv.checkpoint import guess_layouts, plan_flax
+    from xconv.weights.stream import EarlyStream
+
+    stage.mkdir()
+    before = dict(traced.index.log.bytes_read)
+    guesses = guesses or guess_layouts(traced.meta.module, traced.index)
+    early = EarlyStream(traced.index, guesses, stage).start()
+    _, targets = plan_flax(traced)
+    report = early.finish(targets)
+    read = {k: n - before.get(k, 0) for k, n in traced.index.log.bytes_read.items()}
+    return early, report, read
+
+
+def test_early_stream_writes_the_same_shards_as_the_planned_stream(traced, converted, tmp_path):
+    """Streamed on the layout guessed from the module's nn.Linear layers while tracing: the
+    same tensors under the same names in the same files as streaming after the plan; each
+    shard read once; safetensors itself reads the files (header padded with spaces)."""
+    from safetensors.numpy import load_file
+
+    result, _ = converted
+    early, report, read = _early(traced, tmp_path / "stage")
+    assert report is not None and report.early, early.reason
+    assert read == result.stream.bytes_read  # every shard read once
+    want = read_flat(result.out_dir)
+    got = read_flat(tmp_path / "stage")
+    assert got.keys() == want.keys()
+    for k, a in want.items():
+        assert got[k].dtype == a.dtype and got[k].tobytes() == a.tobytes(), k
+    names = sorted(p.name for p in (tmp_path / "stage").iterdir())
+    assert names == sorted(p.name for p in result.out_dir.iterdir() if "variables" in p.name)
+    for f in (tmp_path / "stage").glob("*.safetensors"):
+        assert set(load_file(f)) <= set(want)
+
+
+def test_early_stream_with_a_wrong_guess_is_redone_not_used(traced, tmp_path):
+    """A guess that differs from the emitter's plan (one kernel not transposed, one norm
+    transposed twice) is never used: finish() deletes its files and says why."""
+    from xconv.checkpoint import guess_layouts
+
+    guesses = guess_layouts(traced.meta.module, traced.index)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    guesses[q] = Planned(q, guesses[q].shape[::-1], guesses[q].dtype)
+    early, report, _ = _early(traced, tmp_path / "stage", guesses)
+    assert report is None and q in early.reason
+    assert list((tmp_path / "stage").iterdir()) == []
+    # A header that outgrows its reserved space is refused as well.
+    from xconv.weights.stream import _Part
+
+    (tmp_path / "p").mkdir()
+    ref = next(iter(traced.index.tensors.values()))
+    dtype = numpy_dtype(ref.dtype)
+    part = _Part(tmp_path / "p", [(ref, Planned(ref.name, ref.shape, dtype))])
+    part.write(traced.index.read(ref.name))
+    part.flush()
+    assert not part.set_header([("x" * part.reserve, ref.shape, dtype)])
+    assert part.set_header([(ref.name, ref.shape, dtype)])
+    part.abort()
+    assert list((tmp_path / "p").iterdir()) == []
+
+
+def test_failed_trace_stops_the_early_stream_and_leaves_nothing(checkpoint, tmp_path):
+    import threading
+
+    import xconv.checkpoint as ck
+
+    def fail(program):
+        raise ck.ConversionError("translation failed (test)")
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ck, "_to_ir_and_program", fail)
+    try:
+        with pytest.raises(ck.ConversionError, match="translation failed"):
+            convert_checkpoint(
+                LLAMA, checkpoint, config=checkpoint / "config.json", target="flax",
+                out_dir=tmp_path / "out", options=CheckpointOptions(parity="none"),
+            )  # fmt: skip
+    finally:
+        mp.undo()
+    assert list(tmp_path.iterdir()) == []
+    assert not [t for t in threading.enumerate() if t.name == "xconv-early-stream"]
 
 
 def _rewrite(ckpt: Path, dst: Path, edit) -> None:

@@ -292,6 +292,27 @@ def read_tensor(ref: TensorRef, log: ReadLog | None = None, f: Any = None) -> np
     return out
 
 
+def header_bytes(
+    specs: Iterable[tuple[str, tuple[int, ...], Any]], metadata: Mapping[str, str] | None = None
+) -> tuple[bytes, int]:
+    """``(JSON header padded to 8 bytes, data bytes)`` of a safetensors file holding ``specs``
+    (``[(name, shape, numpy dtype)]``) back to back, in that order."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "np"})}
+    offset = 0
+    for name, shape, dtype in specs:
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        header[name] = {
+            "dtype": safetensors_dtype(dtype),
+            "shape": list(shape),
+            "data_offsets": [offset, offset + n],
+        }
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
+    return raw, offset
+
+
 class ShardWriter:
     """Write one safetensors file whose tensors are known up front, a tensor at a time.
 
@@ -309,19 +330,7 @@ class ShardWriter:
     ) -> None:
         self.path = Path(path)
         self.specs = [(n, tuple(s), np.dtype(d)) for n, s, d in specs]
-        header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "np"})}
-        offset = 0
-        for name, shape, dtype in self.specs:
-            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            header[name] = {
-                "dtype": safetensors_dtype(dtype),
-                "shape": list(shape),
-                "data_offsets": [offset, offset + n],
-            }
-            offset += n
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
-        self.nbytes = offset
+        raw, self.nbytes = header_bytes(self.specs, metadata)
         fd, tmp = tempfile.mkstemp(
             dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
         )
@@ -374,6 +383,7 @@ __all__ = [
     "ReadLog",
     "ShardWriter",
     "TensorRef",
+    "header_bytes",
     "numpy_dtype",
     "read_header",
     "read_tensor",

@@ -12,6 +12,9 @@ offset, dtype, shape). Writing a target then takes two steps:
    transformed and appended to the output shard of its input shard, then dropped. Peak memory
    is one tensor (and its transposed copy), not the model.
 
+:class:`EarlyStream` does step 2 before step 1, beside the trace, on a guessed layout that
+step 1's plan must then match exactly (else it is discarded and step 2 runs as above).
+
 Output shards are safetensors files written to a temporary name and renamed when complete,
 inside the caller's staging folder (the folder is moved into place only when everything was
 written).
@@ -31,7 +34,14 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.errors import ConversionError
-from xconv.weights.shards import CheckpointIndex, ShardWriter, TensorRef, numpy_dtype, write_index
+from xconv.weights.shards import (
+    CheckpointIndex,
+    ShardWriter,
+    TensorRef,
+    header_bytes,
+    numpy_dtype,
+    write_index,
+)
 
 #: Output names: ``variables-00001-of-00004.safetensors`` + this index.
 INDEX_NAME = "variables.safetensors.index.json"
@@ -243,6 +253,7 @@ class StreamReport:
     bytes_written: int = 0
     bytes_read: dict[str, int] = field(default_factory=dict)
     tensors: int = 0
+    early: bool = False  # written by an EarlyStream, side by side with the trace
 
 
 def stream_targets(
@@ -334,6 +345,179 @@ def _prefetched(index: CheckpointIndex, items: Sequence[tuple[Any, Any]], handle
             del array
 
 
+class EarlyStream:
+    """Stream the weights while the module is still being traced, on a guessed layout.
+
+    Tracing costs a fixed half a minute and streaming a 7 B checkpoint as long again; both
+    mostly wait on different things (the tracer on one core in Python, the stream on the disk
+    and on copies that release the GIL), so they run side by side: a thread writes each input
+    shard's tensors, in file order, with the layout ``guesses`` names (``{checkpoint key:
+    Planned}``, e.g. every ``nn.Linear`` weight transposed), into a temporary file whose header
+    space is reserved. Once the emitter has planned the real targets, :meth:`finish` checks
+    that every target is one streamed tensor with exactly the guessed operations, shape and
+    dtype; only then are the headers (the emitter's names) written and the files renamed.
+    Any disagreement, a header that does not fit, or an error in the thread returns None: the
+    files are deleted and the caller streams again the ordinary way. Never wrong weights.
+    """
+
+    def __init__(self, index: CheckpointIndex, guesses: Mapping[str, Planned], stage: Path):
+        import threading
+
+        self.index = index
+        self.guesses = dict(guesses)
+        self.stage = Path(stage)
+        self.parts: list[_Part] = []
+        self.error: BaseException | None = None
+        self.reason = ""
+        self.seconds = 0.0
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="xconv-early-stream", daemon=True)
+
+    def start(self) -> EarlyStream:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        try:
+            for shard, refs in self.index.by_shard().items():
+                items = [(r, self.guesses[r.name]) for r in refs if r.name in self.guesses]
+                if not items:
+                    continue
+                part = _Part(self.stage, items)
+                self.parts.append(part)
+                with open(shard, "rb") as handle:
+                    for (_, guess), array in _prefetched(self.index, items, handle):
+                        if self._cancel.is_set():
+                            return
+                        part.write(guess.replay(array))
+                        del array
+                part.flush()
+        except BaseException as e:  # reported by finish(); the caller streams again
+            self.error = e
+        finally:
+            self.seconds = time.perf_counter() - t0
+
+    def cancel(self) -> None:
+        """Stop the thread and delete what it wrote."""
+        self._cancel.set()
+        self._thread.join()
+        for part in self.parts:
+            part.abort()
+
+    def finish(
+        self, targets: Sequence[Target], *, stem: str = "variables", index_name: str = INDEX_NAME
+    ) -> StreamReport | None:
+        """Wait for the thread; the report of the files made final, or None (files deleted,
+        ``reason`` says why) when the guess was not exactly what ``targets`` need."""
+        self._thread.join()
+        self.reason = self._mismatch(targets)
+        if self.reason:
+            self.cancel()
+            return None
+        computed = [t for t in targets if t.planned is None]
+        by_source = {t.planned.source: t for t in targets if t.planned is not None}
+        n = len(self.parts) + bool(computed)
+        report = StreamReport()
+        weight_map: dict[str, str] = {}
+        names = [f"{stem}-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+        for part, name in zip(self.parts, names, strict=False):
+            specs = [by_source[ref.name] for ref, _ in part.items]
+            if not part.set_header([(t.name, t.shape, numpy_dtype(t.dtype)) for t in specs]):
+                self.reason = f"the header of {name} outgrew the space reserved for it"
+                self.cancel()
+                return None
+        for part, name in zip(self.parts, names, strict=False):
+            report.files.append(part.commit(self.stage / name))
+            report.bytes_written += part.nbytes
+            report.tensors += len(part.items)
+            weight_map.update({by_source[ref.name].name: name for ref, _ in part.items})
+        if computed:
+            specs = [(t.name, t.shape, numpy_dtype(t.dtype)) for t in computed]
+            writer = ShardWriter(self.stage / names[-1], specs, metadata={"format": "flax"})
+            for t in computed:
+                writer.write(t.name, np.asarray(t.value, dtype=numpy_dtype(t.dtype)))
+            report.files.append(writer.close())
+            report.bytes_written += writer.nbytes
+            report.tensors += len(computed)
+            weight_map.update({t.name: names[-1] for t in computed})
+        write_index(self.stage / index_name, weight_map, report.bytes_written)
+        report.files.append(self.stage / index_name)
+        report.bytes_read = dict(self.index.log.bytes_read)
+        report.early = True
+        return report
+
+    def _mismatch(self, targets: Sequence[Target]) -> str:
+        """Why the streamed tensors are not exactly ``targets``' sources ('' when they are)."""
+        if self.error is not None:
+            return f"the early stream failed: {type(self.error).__name__}: {self.error}"
+        streamed = {ref.name: guess for part in self.parts for ref, guess in part.items}
+        seen: set[str] = set()
+        for t in targets:
+            if t.planned is None:
+                continue
+            src = t.planned.source
+            guess = streamed.get(src)
+            if guess is None or src in seen:
+                return f"{t.name} reads {src}, which was not streamed once for it"
+            seen.add(src)
+            if (guess.ops, guess.shape, guess.dtype.name) != (t.planned.ops, t.shape, t.dtype):
+                return (
+                    f"{t.name}: the emitter applies {t.planned.ops} -> {t.shape} {t.dtype} to "
+                    f"{src}, the guess was {guess.ops} -> {guess.shape} {guess.dtype.name}"
+                )
+        unused = sorted(set(streamed) - seen)
+        return f"streamed tensors no target reads: {unused[:5]}" if unused else ""
+
+
+class _Part:
+    """One output shard being written before its tensor names are known: the header space
+    is reserved (padded with spaces once written, which JSON and safetensors allow)."""
+
+    def __init__(self, stage: Path, items: Sequence[tuple[TensorRef, Planned]]) -> None:
+        import tempfile
+
+        self.items = list(items)
+        # Room for names up to 3x the checkpoint key's length (the emitter's are about 1x).
+        room = 4096 + sum(160 + 3 * len(ref.name) for ref, _ in self.items)
+        self.reserve = 8 + room + (-(8 + room) % 4096)
+        fd, tmp = tempfile.mkstemp(dir=stage, prefix=".early.", suffix=".tmp")
+        self.tmp = Path(tmp)
+        self._f = os.fdopen(fd, "wb")
+        self._f.seek(self.reserve)
+        self.nbytes = 0
+
+    def write(self, array: np.ndarray) -> None:
+        self._f.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+        self.nbytes += array.nbytes
+
+    def flush(self) -> None:
+        self._f.close()
+
+    def set_header(self, specs: Sequence[tuple[str, tuple[int, ...], Any]]) -> bool:
+        import struct
+
+        raw, nbytes = header_bytes(specs, {"format": "flax"})
+        if nbytes != self.nbytes or 8 + len(raw) > self.reserve:
+            return False
+        raw += b" " * (self.reserve - 8 - len(raw))
+        with open(self.tmp, "r+b") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+        return True
+
+    def commit(self, path: Path) -> Path:
+        os.chmod(self.tmp, 0o644)
+        os.replace(self.tmp, path)
+        return path
+
+    def abort(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
 def read_flat(out_dir: str | os.PathLike, index_name: str = INDEX_NAME) -> dict[str, np.ndarray]:
     """Read a streamed output folder back as ``{flat name: array}`` (for tests and tools)."""
     out = Path(out_dir)
@@ -348,6 +532,7 @@ def read_flat(out_dir: str | os.PathLike, index_name: str = INDEX_NAME) -> dict[
 
 __all__ = [
     "INDEX_NAME",
+    "EarlyStream",
     "LazyWeight",
     "NeedsDataError",
     "Planned",

@@ -186,6 +186,21 @@ def fakeify(module: nn.Module) -> None:
             mod._parameters[key] = done[id(p)]
 
 
+def linear_weights(module: nn.Module) -> set[str]:
+    """State-dict keys of every ``nn.Linear`` weight: a torch ``(out, in)`` matrix that a Flax
+    ``Dense`` stores as its ``(in, out)`` kernel.
+
+    Only a guess that lets the weights stream while the module is still being traced
+    (:class:`xconv.weights.stream.EarlyStream`); the layout the emitter actually chose is
+    compared with it afterwards, and a disagreement means the weights are streamed again.
+    """
+    keys = set()
+    for prefix, mod in module.named_modules(remove_duplicate=False):
+        if isinstance(mod, nn.Linear) and mod.weight is not None and mod.weight.dim() == 2:
+            keys.add(f"{prefix}.weight" if prefix else "weight")
+    return keys
+
+
 def default_inputs(config: Any, input_shapes: tuple[str, ...] = ()) -> tuple[Any, ...] | None:
     """Token ids ``(1, 8)`` for a config with a vocabulary, else None (inputs needed)."""
     if input_shapes:
@@ -208,6 +223,7 @@ __all__ = [
     "build_meta_module",
     "default_inputs",
     "fakeify",
+    "linear_weights",
     "load_config",
     "params_on_meta",
 ]
