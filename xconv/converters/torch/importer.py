@@ -237,21 +237,20 @@ def _to_ir(program) -> ir.Model:
         registration = logging.getLogger("torch.onnx._internal.exporter._registration")
         level = registration.level
         registration.setLevel(logging.ERROR)
-        with (
-            contextlib.redirect_stdout(io.StringIO()),
-            warnings.catch_warnings(),
-            rewrite.rewritten(program) as table,
-        ):
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
-            onnx_program = torch.onnx.export(
-                program,
-                (),
-                dynamo=True,
-                optimize=False,
-                opset_version=OPSET,
-                verbose=False,
-                custom_translation_table=table or None,
-            )
+            with rewrite.rewritten(program) as (program, table):
+                onnx_program = torch.onnx.export(
+                    program,
+                    (),
+                    dynamo=True,
+                    optimize=False,
+                    opset_version=OPSET,
+                    verbose=False,
+                    custom_translation_table=table or None,
+                )
+    except ConversionError:
+        raise
     except Exception as e:
         raise ConversionError(
             f"torch.onnx could not translate the exported program: {_first_line(e)}"

@@ -12,8 +12,15 @@ to one ONNX ``Attention`` node: float or bool mask, ``is_causal``, ``scale``, gr
 multi-query key/value heads. ``need_weights=True`` attention never reaches SDPA, so it keeps its
 explicit ``MatMul``/``Softmax`` path.
 
+**Library custom ops.** An op a model library registers (``torch.ops.<lib>.<op>``, e.g. a
+mixture-of-experts grouped matmul) has no ONNX translation. When it was defined with
+``torch.library.custom_op``, its Python implementation is traced in its place
+(``run_decompositions`` with that one entry), so the graph holds the aten ops it computes with.
+An op without a traceable Python implementation stops the import with one
+:class:`UnsupportedTorchOpError` naming every such op, its count, module scope and source line.
+
 The program is rewritten in place for the export and restored afterwards (:func:`rewritten`),
-so a caller's ``ExportedProgram`` is left as it was given.
+so a caller's ``ExportedProgram`` is left as it was given (a decomposition makes a new one).
 """
 
 from __future__ import annotations
@@ -26,7 +33,39 @@ from typing import Any
 
 import torch
 
+from xconv.errors import ConversionError, MissingOp, UnsupportedOpError
+
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
+#: Op namespaces torch.onnx translates itself (or that this module introduces).
+_KNOWN_NAMESPACES = frozenset({"aten", "prims", "xconv", "torchvision", "quantized_decomposed"})
+
+
+class UnsupportedTorchOpError(UnsupportedOpError):
+    """Library ops (``torch.ops.<lib>.*``) with neither an ONNX translation nor a traceable
+    Python implementation; all of them at once."""
+
+    def __init__(self, missing: list[MissingOp], reasons: dict[str, str]) -> None:
+        self.backend = "torch importer"
+        self.missing = tuple(missing)
+        lines = [f"{len(self.missing)} library op type(s) cannot be translated to the IR:"]
+        for m in self.missing:
+            where = f" (scope {m.first_scope!r})" if m.first_scope else ""
+            if m.source_line:
+                where += f" [{m.source_line}]"
+            reason = reasons.get(m.op_type)
+            lines.append(f"  - {m.op_type} x{m.count}{where}" + (f": {reason}" if reason else ""))
+        lines.append(
+            "Define each with torch.library.custom_op and a Python implementation made of "
+            "torch operations (it is traced in the op's place), or export the model with "
+            "the library's reference (non-kernel) implementation."
+        )
+        first = self.missing[0] if self.missing else None
+        ConversionError.__init__(
+            self,
+            "\n".join(lines),
+            op=first.op_type if first else None,
+            scope=first.first_scope if first else None,
+        )
 
 
 @functools.cache
@@ -147,23 +186,108 @@ def _restore_attention(
         graph.erase_node(new)
 
 
+def _library_ops(graph: torch.fx.Graph) -> dict[Any, list[torch.fx.Node]]:
+    """``{op overload: calls}`` of ops from namespaces torch.onnx does not translate."""
+    found: dict[Any, list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if target.namespace in _KNOWN_NAMESPACES:
+            continue
+        found.setdefault(target, []).append(node)
+    return found
+
+
+def _python_impl(op: Any) -> Callable | None:
+    """The Python function a ``torch.library.custom_op`` was defined with (CPU's, if given)."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    opdef = _maybe_get_opdef(op._name)
+    if opdef is None:
+        return None
+    return opdef._backend_fns.get("cpu") or opdef._init_fn
+
+
+def _scope_of(node: torch.fx.Node) -> str | None:
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [path for path, _ in stack.values()]
+    return paths[-1] if paths else None
+
+
+def decompose_library_ops(
+    program: torch.export.ExportedProgram,
+) -> torch.export.ExportedProgram:
+    """Trace each library op's Python implementation in its place; a new program if any.
+
+    Raises:
+        UnsupportedTorchOpError: ops with no traceable Python implementation, all of them.
+    """
+    from xconv.converters.torch.importer import source_line
+
+    calls = _library_ops(program.graph)
+    if not calls:
+        return program
+    table = {op: impl for op in calls if (impl := _python_impl(op)) is not None}
+    reasons = {op._name: "no Python implementation registered" for op in calls if op not in table}
+    if table and not reasons:
+        decompositions = torch.export.default_decompositions()
+        for op in list(decompositions.keys()):
+            decompositions.pop(op)  # keep every other op (SDPA above all) as it is
+        for op, impl in table.items():
+            decompositions[op] = impl
+        try:
+            program = program.run_decompositions(decompositions)
+        except Exception as e:  # noqa: BLE001 (reported with the ops)
+            text = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            reasons = {
+                op._name: f"its Python implementation does not trace ({text})" for op in table
+            }
+        else:
+            left = _library_ops(program.graph)
+            reasons = {op._name: "still present after tracing its implementation" for op in left}
+            calls = left
+    if not reasons:
+        return program
+    missing = []
+    for op, nodes in sorted(calls.items(), key=lambda item: item[0]._name):
+        if op._name not in reasons:
+            continue
+        first = nodes[0]
+        missing.append(
+            MissingOp(
+                op._name,
+                op.namespace,
+                len(nodes),
+                first_node=first.name,
+                first_scope=_scope_of(first),
+                source_line=source_line(first.meta.get("stack_trace")),
+            )
+        )
+    raise UnsupportedTorchOpError(missing, reasons)
+
+
 @contextlib.contextmanager
-def rewritten(program: torch.export.ExportedProgram) -> Iterator[dict[Callable, Callable]]:
-    """Rewrite ``program`` for torch.onnx; yield the translation table its new ops need."""
+def rewritten(
+    program: torch.export.ExportedProgram,
+) -> Iterator[tuple[torch.export.ExportedProgram, dict[Callable, Callable]]]:
+    """Rewrite ``program`` for torch.onnx; yield the program to export and the translation
+    table its new ops need."""
     graph_module = getattr(program, "graph_module", None)
     if graph_module is None:  # not an ExportedProgram: nothing to rewrite
-        yield {}
+        yield program, {}
         return
     graph = graph_module.graph
+    # Attention first: a decomposition re-traces the program, which SDPA's strides break.
     pairs = _rewrite_attention(graph)
     if pairs:
         graph_module.recompile()
     try:
-        yield translation_table() if pairs else {}
+        yield decompose_library_ops(program), translation_table() if pairs else {}
     finally:
         if pairs:
             _restore_attention(graph, pairs)
             graph_module.recompile()
 
 
-__all__ = ["rewritten", "translation_table"]
+__all__ = ["UnsupportedTorchOpError", "decompose_library_ops", "rewritten", "translation_table"]
