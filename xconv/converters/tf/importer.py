@@ -403,7 +403,8 @@ def _convert_function(fn: Any, specs: Sequence[tf.TensorSpec]):
             graph_def = frozen.graph.as_graph_def(add_shapes=True)
             graph_def = tf_loader.fix_freezing_errors_part2(graph_def)
             _freeze_captured(graph_def, captured)
-            inline_calls(graph_def)
+            if inline_calls(graph_def):
+                graph_def = _with_shapes(graph_def)
             proto, _ = convert._convert_common(
                 graph_def,
                 name=concrete.name,
@@ -418,6 +419,15 @@ def _convert_function(fn: Any, specs: Sequence[tf.TensorSpec]):
     except Exception as e:
         raise ConversionError(f"tf2onnx could not translate the model: {_first_line(e)}") from e
     return proto
+
+
+def _with_shapes(graph_def: Any) -> Any:
+    """``graph_def`` with ``_output_shapes`` on every node (inlined bodies have none, and
+    tf2onnx needs them, e.g. to make a SAME convolution's pads explicit)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return graph.as_graph_def(add_shapes=True)
 
 
 def _captured_constants(concrete: Any) -> dict[str, np.ndarray]:
