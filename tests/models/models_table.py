@@ -2,6 +2,7 @@
 
     python -m tests.models.models_table                 # every model; rewrites the table
     python -m tests.models.models_table bert gpt2       # only these; prints their rows
+    python -m tests.models.models_table --update t5_encoder swin   # rerun these rows in place
 
 Each model is built offline from its tiny config (``tests/models/test_hf_models.py``),
 exported to ``.pt2`` once, then given to ``xconv torch-to-flax`` (linen), ``xconv
@@ -47,7 +48,8 @@ MODELS = [
     ("convnext", "ConvNextModel", "2 stages, depths [1, 1], widths [8, 16]"),
     ("wav2vec2", "Wav2Vec2Model", "2 conv layers (16 ch), 2 layers, hidden 32"),
     ("whisper_encoder", "Whisper encoder", "d_model 32, 2 layers, 16 mel bins"),
-    ("t5_encoder", "T5EncoderModel (eager attention)", "d_model 32, 2 layers, 4 heads"),
+    ("t5_encoder", "T5EncoderModel", "d_model 32, 2 layers, 4 heads, sdpa attention"),
+    ("swin", "SwinModel", "32 px, patch 4, window 4, depths [2, 1], sdpa attention"),
 ]
 #: (column, CLI command, extra options)
 COMMANDS = [
@@ -151,6 +153,26 @@ def write(rows, stamp: str) -> None:
     DOC.write_text(text)
 
 
+def update(rows, names: list[str], stamp: str) -> None:
+    """Replace (or add) the rows of ``names`` in the committed table; keep the others."""
+    text = DOC.read_text()
+    block = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    lines = [line for line in block.splitlines() if line.startswith("| ")][2:]
+    by_label = {line.split("|")[1].strip(): line for line in lines}
+    for row in rows:
+        by_label[row[0]] = render([row]).splitlines()[-1]
+    missing = [label for _, label, _ in MODELS if label not in by_label]
+    if missing:
+        raise SystemExit(f"no rows for {missing}: run the whole table")
+    header = [line for line in block.strip().splitlines() if line and not line.startswith("|")]
+    table = render([]).splitlines()[:2] + [by_label[label] for _, label, _ in MODELS]
+    notes = [*header, f"Rows {', '.join(names)} rerun by `--update` at {stamp}."]
+    new = f"{BEGIN}\n{notes[0]}\n" + "".join(f"{n}\n" for n in notes[1:]) + "\n"
+    new += "\n".join(table) + f"\n{END}"
+    DOC.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: new, text,
+                          flags=re.S))  # fmt: skip
+
+
 def _commit() -> str:
     """The commit the run starts from, marked when the working tree differs from it."""
     import subprocess
@@ -165,6 +187,8 @@ def _commit() -> str:
 
 def main(argv: list[str]) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"
+    updating = bool(argv) and argv[0] == "--update"
+    argv = argv[1:] if updating else argv
     names = argv or [m[0] for m in MODELS]
     unknown = set(names) - {m[0] for m in MODELS}
     if unknown:
@@ -178,7 +202,10 @@ def main(argv: list[str]) -> int:
             cells, export_s = run_model(name, Path(tmp))
             rows.append((label, config, cells, export_s))
             print(render(rows[-1:]).splitlines()[-1], flush=True)
-    if not argv:
+    if updating:
+        stamp = f"commit `{commit}` ({time.strftime('%Y-%m-%d', time.gmtime())})"
+        update(rows, names, stamp)
+    elif not argv:
         import jax
         import torch
         import transformers

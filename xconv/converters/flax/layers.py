@@ -2,7 +2,10 @@
 
 Classes are recognised by name for both linen and nnx (``Dense``/``Linear``, ``Conv``,
 ``BatchNorm``, ``LayerNorm``, ``Embed``, ``Dropout``, ``MultiHeadDotProductAttention`` /
-``MultiHeadAttention``, ...).
+``MultiHeadAttention``, ...), but only when they compute Flax's layer (:func:`layer_name`): a
+Flax class, or a subclass that keeps its ``__call__``. A subclass overriding ``__call__`` (an
+embedding that scales its output) or a user class that only shares a Flax name is emitted as
+its traced body.
 """
 
 from __future__ import annotations
@@ -45,6 +48,34 @@ _ATTN_ROLES = {"query": "q", "key": "k", "value": "v", "out": "out_proj"}
 _SPATIAL = {1: "W", 2: "HW", 3: "DHW"}
 
 
+def _is_flax(cls: type) -> bool:
+    mod = cls.__module__
+    return any(mod == pkg or mod.startswith(pkg + ".") for pkg in ("flax.linen", "flax.nnx"))
+
+
+def layer_name(cls: type | None) -> str | None:
+    """The Flax layer class name (``Dense``, ``Conv``, ...) that ``cls`` computes, else None."""
+    if cls is None:
+        return None
+    base = next(
+        (
+            c
+            for c in cls.__mro__
+            if _is_flax(c) and (c.__name__ in KINDS or c.__name__ in _DENSE_LIKE)
+        ),
+        None,
+    )
+    if base is None:
+        return None
+    owner = next((c for c in cls.__mro__ if "__call__" in c.__dict__), None)
+    return base.__name__ if owner is not None and _is_flax(owner) else None
+
+
+def layer_kind(cls: type | None) -> str | None:
+    """The ``xconv.layer`` kind of a Flax module class that computes a standard layer."""
+    return KINDS.get(layer_name(cls) or "")
+
+
 def class_name(cls: type) -> str:
     """``flax.linen.Conv`` / ``flax.nnx.Linear`` for Flax's own classes, else module.qualname."""
     mod = cls.__module__
@@ -58,17 +89,12 @@ def role_of(name: str, value: ir.Value, classes: dict[str, type]) -> tuple[str, 
     """(role, layout) of the weight ``name`` (``Block_0.Conv_0.kernel``) from its module."""
     parts = name.split(".")
     path, leaf = "/".join(parts[:-1]), parts[-1]
-    cls = classes.get(path)
-    if cls is None:
+    kind = layer_name(classes.get(path))
+    if kind is None:
         return None
-    kind = cls.__name__
     parent = classes.get("/".join(parts[:-2]))
     rank = len(value.shape) if value.shape is not None else 0
-    if (
-        parent is not None
-        and KINDS.get(parent.__name__) == "attention"
-        and parts[-2] in _ATTN_ROLES
-    ):
+    if layer_kind(parent) == "attention" and parts[-2] in _ATTN_ROLES:
         prefix = _ATTN_ROLES[parts[-2]]
         if leaf in ("kernel", "bias"):
             return f"{prefix}_{leaf}", None
@@ -116,7 +142,7 @@ def mark_layers(
         if scope is not None:
             by_scope.setdefault(scope, []).append(node)
     for path, cls in classes.items():
-        kind = KINDS.get(cls.__name__)
+        kind = layer_kind(cls)
         if kind is None or kind not in _ANCHORS:
             continue
         candidates = [n for n in by_scope.get(path, []) if n.op_type in _ANCHORS[kind]]

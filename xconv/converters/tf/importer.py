@@ -37,6 +37,7 @@ import onnx_ir as ir
 import tensorflow as tf
 
 from xconv.converters.tf import keras_layers
+from xconv.converters.tf.inline import inline_calls
 from xconv.errors import ConversionError, InvalidModelError
 from xconv.ir.metadata import MODULE, SCOPE
 
@@ -390,7 +391,8 @@ def _convert_function(fn: Any, specs: Sequence[tf.TensorSpec]):
         concrete = fn.get_concrete_function(*specs)
     except Exception as e:
         raise ConversionError(f"TensorFlow could not trace the model: {_first_line(e)}") from e
-    inputs = [t.name for t in concrete.inputs if t.dtype != tf.resource]
+    captured = _captured_constants(concrete)
+    inputs = [t.name for t in concrete.inputs if t.dtype != tf.resource and t.name not in captured]
     outputs = [t.name for t in concrete.outputs if t.dtype != tf.resource]
     optimizers = {k: v for k, v in optimizer._get_optimizers().items() if k in SAFE_OPTIMIZERS}
     try:
@@ -400,6 +402,9 @@ def _convert_function(fn: Any, specs: Sequence[tf.TensorSpec]):
             )
             graph_def = frozen.graph.as_graph_def(add_shapes=True)
             graph_def = tf_loader.fix_freezing_errors_part2(graph_def)
+            _freeze_captured(graph_def, captured)
+            if inline_calls(graph_def):
+                graph_def = _with_shapes(graph_def)
             proto, _ = convert._convert_common(
                 graph_def,
                 name=concrete.name,
@@ -414,6 +419,46 @@ def _convert_function(fn: Any, specs: Sequence[tf.TensorSpec]):
     except Exception as e:
         raise ConversionError(f"tf2onnx could not translate the model: {_first_line(e)}") from e
     return proto
+
+
+def _with_shapes(graph_def: Any) -> Any:
+    """``graph_def`` with ``_output_shapes`` on every node (inlined bodies have none, and
+    tf2onnx needs them, e.g. to make a SAME convolution's pads explicit)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return graph.as_graph_def(add_shapes=True)
+
+
+def _captured_constants(concrete: Any) -> dict[str, np.ndarray]:
+    """``{placeholder tensor name: value}`` of the eager tensors ``concrete`` captures.
+
+    A Keras layer's constants that are not variables (``Normalization``'s mean and variance
+    given as arguments) enter the function as captured tensors; left alone they would become
+    graph inputs.
+    """
+    out = {}
+    for external, internal in concrete.graph.captures:
+        if getattr(external, "dtype", None) == tf.resource or not hasattr(external, "numpy"):
+            continue
+        out[internal.name] = np.asarray(external.numpy())
+    return out
+
+
+def _freeze_captured(graph_def: Any, captured: Mapping[str, np.ndarray]) -> None:
+    """Turn the placeholders of captured constants into ``Const`` nodes, in place."""
+    if not captured:
+        return
+    by_node = {name.rsplit(":", 1)[0]: value for name, value in captured.items()}
+    for node in graph_def.node:
+        value = by_node.get(node.name)
+        if value is None or node.op != "Placeholder":
+            continue
+        node.op = "Const"
+        for key in [k for k in node.attr if k != "_output_shapes"]:
+            del node.attr[key]
+        node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
+        node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
 
 
 def _erfc(ctx, node, name, args):

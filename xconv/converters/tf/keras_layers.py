@@ -42,8 +42,21 @@ _MHA_ROLES = {
 }
 
 
+def _is_keras(cls: type) -> bool:
+    mod = cls.__module__
+    return mod == "keras" or mod.startswith(("keras.", "tf_keras.", "tensorflow."))
+
+
 def class_name(layer: Any) -> str:
-    return type(layer).__name__
+    """The Keras layer class ``layer`` computes (``Dense`` for a subclass that keeps Keras's
+    ``call``), else its own qualified class name, which matches no Keras layer: a subclass
+    overriding ``call``, or a user class that only shares a Keras name, is its traced body."""
+    cls = type(layer)
+    owner = next((c for c in cls.__mro__ if "call" in c.__dict__), None)
+    if owner is not None and not _is_keras(owner):
+        return f"{cls.__module__}.{cls.__qualname__}"
+    base = next((c for c in cls.__mro__ if _is_keras(c)), cls)
+    return base.__name__
 
 
 def weight_spec(
@@ -202,7 +215,7 @@ def annotate_layers(
         cfg = layer.get_config()
         leaf = dict(weights.get(scope, {}))
         for node in bodies.get(scope, []):
-            node.metadata_props.setdefault(MODULE, f"keras.layers.{cls}")
+            node.metadata_props.setdefault(MODULE, cls if "." in cls else f"keras.layers.{cls}")
         try:
             kind = _mark(graph, bodies, scope, layer, cls, cfg, leaf)
         except Exception as e:  # recognition is best effort: the graph stays correct

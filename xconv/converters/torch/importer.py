@@ -34,7 +34,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 from onnx_ir.tensor_adapters import TorchTensor
 from torch import nn
 
-from xconv.converters.torch import layers
+from xconv.converters.torch import layers, rewrite
 from xconv.errors import ConversionError
 from xconv.ir import OPSET
 from xconv.ir.metadata import MODULE, SCOPE, SOURCE_LINE
@@ -142,6 +142,7 @@ def annotate(
     model.metadata_props[MODULES] = json.dumps(classes, sort_keys=True)
     model.metadata_props["xconv.source"] = "torch"
     layers.drop_zero_conv_bias(graph, modules, classes, state)
+    _single_index_gather(graph)
     _localize_constants(graph)
     RemoveUnusedNodesPass()(model)
     _add_missing_state(graph, state)
@@ -242,14 +243,20 @@ def _to_ir(program) -> ir.Model:
         registration = logging.getLogger("torch.onnx._internal.exporter._registration")
         level = registration.level
         registration.setLevel(logging.ERROR)
-        with (
-            contextlib.redirect_stdout(io.StringIO()),
-            warnings.catch_warnings(),
-        ):
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning, module="copyreg")
-            onnx_program = torch.onnx.export(
-                program, (), dynamo=True, optimize=False, opset_version=OPSET, verbose=False
-            )
+            with rewrite.rewritten(program) as (program, table):
+                onnx_program = torch.onnx.export(
+                    program,
+                    (),
+                    dynamo=True,
+                    optimize=False,
+                    opset_version=OPSET,
+                    verbose=False,
+                    custom_translation_table=table or None,
+                )
+    except ConversionError:
+        raise
     except Exception as e:
         raise ConversionError(
             f"torch.onnx could not translate the exported program: {_first_line(e)}"
@@ -362,6 +369,55 @@ def _localize_constants(graph: ir.Graph) -> int:
                 consumer.replace_input_with(index, clone.outputs[0])
             copies += 1
     return copies
+
+
+def _const_ints(value: ir.Value | None) -> list[int] | None:
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    return None if tensor is None else [int(v) for v in np.asarray(tensor.numpy()).ravel()]
+
+
+def _single_index_gather(graph: ir.Graph) -> int:
+    """``x[idx]`` (one index tensor): torchlib's ``GatherND(x, Concat(Unsqueeze(idx, -1)))``
+    becomes ``Gather(x, idx, axis=0)``, the op every emitter writes as plain indexing (Swin's
+    relative position bias table lookup)."""
+    count = 0
+    for node in list(graph):
+        if node.op_type != "GatherND" or node.domain not in ("", "ai.onnx"):
+            continue
+        if _attr_int(node, "batch_dims", 0) != 0:
+            continue
+        concat = node.inputs[1].producer() if node.inputs[1] is not None else None
+        if concat is None or concat.op_type != "Concat" or len(concat.inputs) != 1:
+            continue
+        unsq = concat.inputs[0].producer()
+        if unsq is None or unsq.op_type != "Unsqueeze" or len(unsq.inputs) != 2:
+            continue
+        if _const_ints(unsq.inputs[1]) != [-1]:
+            continue
+        gather = ir.Node(
+            "",
+            "Gather",
+            [node.inputs[0], unsq.inputs[0]],
+            attributes=[ir.AttrInt64("axis", 0)],
+            name=node.name,
+        )
+        gather.metadata_props.update(node.metadata_props)
+        graph.insert_after(node, gather)
+        old, new = node.outputs[0], gather.outputs[0]
+        new.shape, new.type = old.shape, old.type
+        ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+        name, old.name = old.name, None
+        new.name = name
+        graph.remove(node, safe=True)
+        count += 1
+    return count
+
+
+def _attr_int(node: ir.Node, name: str, default: int) -> int:
+    attr = node.attributes.get(name)
+    return default if attr is None else int(attr.value)
 
 
 def _scope_suffix(scope: str | None) -> str:

@@ -78,8 +78,38 @@ def _class_name(module: nn.Module) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+#: Methods whose torch.nn definition a layer's computation depends on (besides ``forward``).
+_COMPUTE_METHODS = ("forward", "_conv_forward")
+
+
+def computes_standard_layer(module: nn.Module) -> bool:
+    """True when ``module`` computes what its torch.nn base class computes.
+
+    A subclass that overrides ``forward`` (an embedding that scales its output, a layer norm
+    over channels-first data) or ``_conv_forward`` (a weight-standardised conv) computes
+    something else: its traced body must be emitted as is.
+    """
+    cls = type(module)
+    for name in _COMPUTE_METHODS:
+        owner = next((c for c in cls.__mro__ if name in c.__dict__), None)
+        if owner is not None and not _is_torch_class(owner):
+            return False
+    return True
+
+
+def _is_torch_class(cls: type) -> bool:
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    return name.startswith("torch.nn.") or name == HF_CONV1D
+
+
 def layer_kind(module: nn.Module) -> str | None:
-    """The ``xconv.layer`` kind of a torch module, or None for modules that are not layers."""
+    """The ``xconv.layer`` kind of a torch module, or None for modules that are not layers
+    (including subclasses of a layer that compute something else)."""
+    kind = _layer_kind(module)
+    return kind if kind is None or computes_standard_layer(module) else None
+
+
+def _layer_kind(module: nn.Module) -> str | None:
     if isinstance(module, nn.Linear) or _class_name(module) == HF_CONV1D:
         return "dense"
     if isinstance(module, nn.modules.conv._ConvTransposeNd):

@@ -1,0 +1,302 @@
+"""The model zoo: transformers model classes from tiny configs and keras.applications models,
+each through every direction xconv offers, written to docs/models.md (the zoo block).
+
+    python benchmarks/zoo.py                       # every row; rewrites the zoo block
+    python benchmarks/zoo.py --only t5_encoder,swin --no-write   # these rows; prints them
+
+Rows: the transformers builders of ``tests/models/test_hf_models.py`` (random weights from
+``torch.manual_seed(0)``, ``HF_HUB_OFFLINE=1``, default attention implementation) and
+``keras.applications`` models (``weights=None``, ``classifier_activation=None``, 64 px, batch
+norm statistics moved a tenth of the way to the batch's so the logits keep real magnitude).
+
+Directions, through the Python API on the in-memory model:
+
+* torch: ``from_torch`` then ``to_jax``, ``to_flax`` (linen, with ``example_inputs``: the
+  generated code is checked against ``to_jax`` first) and ``to_torch_source`` (checked against
+  ``to_torch``), each compared with the torch module;
+* keras: ``from_tf`` then ``to_jax``, ``to_flax`` and ``to_torch``, compared with Keras.
+
+A cell is ``pass`` when every output is within ``RTOL`` of the reference's largest magnitude,
+``FAIL`` (parity) or ``error`` with the first line of the error; a reference whose largest
+magnitude is under ``MIN_SCALE`` proves nothing and the cell reads ``not run``. Failures are
+grouped by cause above the table with the number of rows each cause blocks. No peer
+converter is installed in this environment, so there is no peer column yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DOC = ROOT / "docs" / "models.md"
+BEGIN, END = "<!-- zoo:begin -->", "<!-- zoo:end -->"
+STAMP = "Written by `python benchmarks/zoo.py`"
+RTOL = 1e-4
+MIN_SCALE = 1e-3
+
+TORCH_DIRECTIONS = ("torch-to-jax", "torch-to-flax", "torch-to-torch-source")
+KERAS_DIRECTIONS = ("keras-to-jax", "keras-to-flax", "keras-to-torch")
+KERAS_APPS = ("MobileNetV2", "ResNet50", "DenseNet121", "EfficientNetB0", "ConvNeXtTiny")
+
+
+@dataclass(frozen=True)
+class Cell:
+    verdict: str  # pass | FAIL | error | not run
+    rel_err: float | None = None
+    seconds: float | None = None
+    cause: str | None = None
+
+    def text(self) -> str:
+        parts = [self.verdict]
+        if self.rel_err is not None:
+            parts.append(f"{self.rel_err:.1e}")
+        if self.seconds is not None:
+            parts.append(f"{self.seconds:.0f} s")
+        return ", ".join(parts)
+
+
+def _numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        return x.detach().cpu().float().numpy()
+    return np.asarray(x, dtype=np.float64) if np.asarray(x).dtype.kind in "fc" else np.asarray(x)
+
+
+def _compare(got, want: list[np.ndarray]) -> tuple[str, float | None, str | None]:
+    got = list(got) if isinstance(got, tuple | list) else [got]
+    if len(got) != len(want):
+        return "FAIL", None, f"{len(got)} outputs, expected {len(want)}"
+    scale = max(
+        (float(np.abs(w).max()) for w in want if w.size and w.dtype.kind in "fc"), default=0
+    )
+    if scale < MIN_SCALE:
+        return "not run", None, f"reference ~0 (largest magnitude {scale:.1e})"
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        g = _numpy(g)
+        if g.shape != w.shape:
+            return "FAIL", None, f"shape {g.shape} vs {w.shape}"
+        worst = max(worst, float(np.abs(g.astype(np.float64) - w).max()) / scale)
+    return ("pass" if worst <= RTOL else "FAIL"), worst, None
+
+
+def _cell(run: Callable[[], tuple], want: list[np.ndarray]) -> Cell:
+    start = time.perf_counter()
+    try:
+        got = run()
+    except Exception as e:  # noqa: BLE001 (recorded in the table)
+        text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return Cell("error", None, time.perf_counter() - start, f"{type(e).__name__}: {text}"[:160])
+    verdict, err, cause = _compare(got, want)
+    return Cell(verdict, err, time.perf_counter() - start, cause)
+
+
+def _import(path: Path):
+    import importlib.util
+    import uuid
+
+    spec = importlib.util.spec_from_file_location(f"zoo_{uuid.uuid4().hex}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _flax_run(model, inputs, where: Path) -> Callable[[], tuple]:
+    import xconv
+
+    def run():
+        out = xconv.to_flax(model, where, example_inputs=inputs)
+        flax_model, variables = _import(out / "model.py").load(out)
+        return flax_model.apply(variables, *inputs)
+
+    return run
+
+
+def torch_row(name: str, where: Path) -> tuple[list[Cell], float]:
+    import torch
+
+    import xconv
+    from tests.models.test_hf_models import _build
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    try:
+        module, args = _build(name)
+        module = module.eval()
+        with torch.no_grad():
+            out = module(*args)
+        want = [_numpy(t).astype(np.float64) for t in out.to_tuple() if isinstance(t, torch.Tensor)]
+        model = xconv.from_torch(module, args)
+    except Exception as e:  # noqa: BLE001
+        text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        cell = Cell("error", None, None, f"import: {type(e).__name__}: {text}"[:160])
+        return [cell] * len(TORCH_DIRECTIONS), time.perf_counter() - start
+    import_s = time.perf_counter() - start
+    inputs = tuple(a.numpy() for a in args)
+
+    def jax_run():
+        fn, params = xconv.to_jax(model)
+        return fn(params, *inputs)
+
+    def source_run():
+        source, state = xconv.to_torch_source(model, example_inputs=inputs)
+        namespace: dict = {}
+        exec(compile(source, "generated", "exec"), namespace)  # noqa: S102
+        generated = namespace["Model"]().eval()
+        generated.load_state_dict(state)
+        with torch.no_grad():
+            return generated(*args)
+
+    cells = [
+        _cell(jax_run, want),
+        _cell(_flax_run(model, inputs, where / f"{name}_flax"), want),
+        _cell(source_run, want),
+    ]
+    return cells, import_s
+
+
+def keras_row(name: str, where: Path) -> tuple[list[Cell], float]:
+    import keras
+    import torch
+
+    import xconv
+
+    keras.utils.set_random_seed(0)
+    start = time.perf_counter()
+    x = (np.random.RandomState(0).rand(2, 64, 64, 3) * 255).astype(np.float32)
+    try:
+        net = getattr(keras.applications, name)(
+            weights=None, input_shape=(64, 64, 3), classifier_activation=None
+        )
+        for layer in net.layers:
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.momentum = 0.9
+        net(x, training=True)
+        want = [np.asarray(net(x, training=False), dtype=np.float64)]
+        model = xconv.from_tf(net, (x,))
+    except Exception as e:  # noqa: BLE001
+        text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        cell = Cell("error", None, None, f"import: {type(e).__name__}: {text}"[:160])
+        return [cell] * len(KERAS_DIRECTIONS), time.perf_counter() - start
+    import_s = time.perf_counter() - start
+
+    def jax_run():
+        fn, params = xconv.to_jax(model)
+        return fn(params, x)
+
+    def torch_run():
+        module, _ = xconv.to_torch(model)
+        with torch.no_grad():
+            return module(torch.from_numpy(x))
+
+    cells = [
+        _cell(jax_run, want),
+        _cell(_flax_run(model, (x,), where / f"{name}_flax"), want),
+        _cell(torch_run, want),
+    ]
+    return cells, import_s
+
+
+def rows() -> list[tuple[str, str, Callable]]:
+    """``(name, kind, runner)`` for every zoo row, in table order."""
+    from tests.models.models_table import MODELS
+
+    out = [(name, "transformers", torch_row) for name, _, _ in MODELS]
+    return out + [(name, "keras.applications", keras_row) for name in KERAS_APPS]
+
+
+def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
+    lines = []
+    causes: dict[str, set[str]] = {}
+    for name, _, cells, _ in results:
+        for cell in cells:
+            if cell.verdict != "pass" and cell.cause:
+                causes.setdefault(cell.cause, set()).add(name)
+    passed = sum(all(c.verdict == "pass" for c in cells) for _, _, cells, _ in results)
+    lines.append(f"{passed} of {len(results)} models pass in every direction.")
+    lines.append("")
+    if causes:
+        lines.append("Failures by cause (models blocked):")
+        lines.append("")
+        for cause, names in sorted(causes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            lines.append(f"- {len(names)}: `{cause}` ({', '.join(sorted(names))})")
+        lines.append("")
+    for kind, directions in (
+        ("transformers", TORCH_DIRECTIONS),
+        ("keras.applications", KERAS_DIRECTIONS),
+    ):
+        mine = [r for r in results if r[1] == kind]
+        if not mine:
+            continue
+        lines += [
+            f"| {kind} model | " + " | ".join(directions) + " | import s |",
+            "| --- | " + " | ".join("---" for _ in directions) + " | ---: |",
+        ]
+        for name, _, cells, import_s in mine:
+            text = " | ".join(c.text() for c in cells)
+            lines.append(f"| {name} | {text} | {import_s:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(text: str, stamp: str) -> None:
+    doc = DOC.read_text()
+    block = f"{BEGIN}\n{stamp}\n\n{text.rstrip()}\n{END}"
+    if BEGIN in doc:
+        doc = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
+    else:
+        doc = doc.rstrip("\n") + "\n\n## Zoo\n\n" + block + "\n"
+    DOC.write_text(doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated row names")
+    parser.add_argument("--no-write", action="store_true", help="print, do not touch the doc")
+    opts = parser.parse_args(argv)
+    wanted = {n for n in opts.only.split(",") if n}
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, kind, runner in rows():
+            if wanted and name not in wanted:
+                continue
+            try:
+                cells, import_s = runner(name, Path(tmp))
+            except Exception:  # noqa: BLE001 (a crash of the harness itself)
+                traceback.print_exc()
+                continue
+            results.append((name, kind, cells, import_s))
+            print(name, [c.text() for c in cells], [c.cause for c in cells if c.cause], flush=True)
+    text = render(results)
+    if not opts.no_write:
+        import subprocess
+
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()  # fmt: skip
+        scope = f" (rows: {', '.join(sorted(wanted))})" if wanted else ""
+        stamp = (
+            f"{STAMP} at commit `{commit}`{scope} ({time.strftime('%Y-%m-%d', time.gmtime())}, "
+            f"{platform.machine()}, load average {os.getloadavg()[0]:.1f} at the end). Errors "
+            f"are relative to the reference's largest magnitude; pass means <= {RTOL:g}."
+        )
+        write(text, stamp)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Library custom ops (``torch.ops.<lib>.*``) before torch.onnx.
+
+An op defined with ``torch.library.custom_op`` is replaced by its traced Python
+implementation (a mixture-of-experts grouped matmul becomes an ``Einsum``); an op with only a
+compiled kernel stops the import with one ``UnsupportedOpError`` naming every such op, its count
+and module scope.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+
+import xconv  # noqa: E402
+from xconv.errors import UnsupportedOpError  # noqa: E402
+
+
+@torch.library.custom_op("xconv_test_moe::grouped_mm", mutates_args=())
+def grouped_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.einsum("gnk,gkm->gnm", x, w)
+
+
+@grouped_mm.register_fake
+def _(x, w):
+    return x.new_empty(x.shape[0], x.shape[1], w.shape[2])
+
+
+_KERNELS = torch.library.Library("xconv_test_kernels", "DEF")
+_KERNELS.define("fused_act(Tensor x) -> Tensor")
+_KERNELS.impl("fused_act", lambda x: x * torch.sigmoid(x), "CPU")  # a "compiled" kernel
+_KERNELS.impl("fused_act", lambda x: torch.empty_like(x), "Meta")
+
+
+class Experts(torch.nn.Module):
+    def __init__(self, kernel: bool) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(2, 8, 4))
+        self.kernel = kernel
+
+    def forward(self, x):
+        y = torch.ops.xconv_test_moe.grouped_mm(x, self.w)
+        return torch.ops.xconv_test_kernels.fused_act(y) if self.kernel else y
+
+
+class Net(torch.nn.Module):
+    def __init__(self, kernel: bool = False) -> None:
+        super().__init__()
+        self.experts = Experts(kernel)
+        self.attn = torch.nn.MultiheadAttention(4, 2, batch_first=True)
+
+    def forward(self, x):
+        y = self.experts(x).reshape(6, 1, 4)
+        return self.attn(y, y, y, need_weights=False)[0]
+
+
+def test_custom_op_is_traced_through_its_python_implementation():
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(2, 3, 8)
+    model = xconv.from_torch(net, (x,))
+    ops = {n.op_type for n in model.graph}
+    assert {"Einsum", "Attention"} <= ops
+    fn, params = xconv.to_jax(model)
+    with torch.no_grad():
+        want = net(x).numpy()
+    assert np.abs(want).max() > 0.1
+    np.testing.assert_allclose(np.asarray(fn(params, x.numpy())[0]), want, rtol=1e-4, atol=1e-5)
+
+
+def test_kernel_only_op_is_one_clear_error():
+    net = Net(kernel=True).eval()
+    with pytest.raises(UnsupportedOpError) as info:
+        xconv.from_torch(net, (torch.randn(2, 3, 8),))
+    text = str(info.value)
+    assert "xconv_test_kernels::fused_act x1 (scope 'experts')" in text
+    assert "no Python implementation" in text
+    assert "grouped_mm" not in text  # traceable: not reported
+    assert info.value.exit_code == UnsupportedOpError.exit_code
