@@ -539,9 +539,14 @@ for _source, _target, _what in _COMMANDS:
               help="Example inputs from an .npz file (arrays in input order).")  # fmt: skip
 @click.option("--random-inputs", default=2, show_default=True, type=click.IntRange(0),
               help="Random input sets drawn within the example inputs' range.")  # fmt: skip
+@click.option("--mesh", default=None,
+              help="Run the candidate sharded over a DATAxMODEL mesh, e.g. 2x4.")  # fmt: skip
+@click.option("--partitioning", "rules", type=click.Choice(["fsdp", "tp", "fsdp+tp"]),
+              default=None, help="Parameter sharding for --mesh (default fsdp+tp, or as "
+              "the candidate's load placed them).")  # fmt: skip
 def check(reference: Path, candidate: Path, policy: str, html: Path | None,
           trust_code: bool, devices: str, inputs_npz: str | None,
-          random_inputs: int) -> None:  # fmt: skip
+          random_inputs: int, mesh: str | None, rules: str | None) -> None:  # fmt: skip
     """Check that CANDIDATE matches REFERENCE (.onnx files or xconv output folders) on the
     example inputs, random draws within their range, and edge inputs (zeros, large)."""
     from xconv.errors import ParityError
@@ -555,6 +560,7 @@ def check(reference: Path, candidate: Path, policy: str, html: Path | None,
         trust_code=trust_code,
         devices=[d for d in devices.split(",") if d.strip()] if "," in devices else devices,
         n_random=random_inputs,
+        **({"mesh": mesh, "rules": rules} if mesh else {}),
     )
     _console().print(report)
     if html is not None:
