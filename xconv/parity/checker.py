@@ -287,8 +287,7 @@ def check_parity(
     if mesh is not None:
         from xconv.sharding.parity import wrap_for_mesh
 
-        cand, mesh_notes = wrap_for_mesh(cand, mesh, rules, arrays)
-        notes.extend(mesh_notes)
+        cand = wrap_for_mesh(cand, mesh, rules, arrays, notes)
     timings: dict[str, float] = {}
 
     cand_devs = _select_devices(cand.devices(), devices)

@@ -84,7 +84,17 @@ class MeshAdapter(Adapter):
         xs = [
             jax.device_put(np.asarray(x), batch_sharding(self.mesh, x, self.rules)) for x in inputs
         ]
-        out = self._jit(self.params, *xs)
+        if self._jit is not None:
+            try:
+                out = self._jit(self.params, *xs)
+            except jax.errors.JAXTypeError as e:  # shapes computed from values: not traceable
+                self._jit = None
+                self.notes.append(
+                    f"the candidate is not jit-traceable ({type(e).__name__}); it ran op by op "
+                    "on the sharded arrays (each op still partitioned over the mesh)"
+                )
+        if self._jit is None:
+            out = self.inner._call(self.params, xs)
         return [np.asarray(o) for o in jax.tree_util.tree_leaves(out)]
 
     def input_notes(self, inputs) -> list[str]:
@@ -117,8 +127,9 @@ def _source_names(module: Any) -> dict[str, str] | None:
     return dict(names) if isinstance(names, dict) else None
 
 
-def wrap_for_mesh(cand: Adapter, mesh: Any, rules: Any, arrays) -> tuple[MeshAdapter, list[str]]:
-    """(mesh adapter, notes for the report)."""
+def wrap_for_mesh(cand: Adapter, mesh: Any, rules: Any, arrays, notes: list[str]) -> MeshAdapter:
+    """The mesh adapter for ``cand``; what it did goes into ``notes`` (the report's notes,
+    shared, so run-time fallbacks are reported too)."""
     try:
         m = MeshAdapter(cand, mesh, rules)
     except ShardingError:
@@ -130,13 +141,13 @@ def wrap_for_mesh(cand: Adapter, mesh: Any, rules: Any, arrays) -> tuple[MeshAda
     )
     specs = [x.sharding.spec for x in leaves(m.params).values() if hasattr(x, "sharding")]
     n = sum(1 for spec in specs if any(e is not None for e in spec))
-    notes = [
+    notes.append(
         f"candidate sharded over mesh {shape}: {n} of {len(specs)} parameters split, "
-        "inputs' batch over data",
-        *m.notes,
-        *m.input_notes(arrays),
-    ]
-    return m, notes
+        "inputs' batch over data"
+    )
+    notes.extend([*m.notes, *m.input_notes(arrays)])
+    m.notes = notes
+    return m
 
 
 __all__ = ["MeshAdapter", "wrap_for_mesh"]
