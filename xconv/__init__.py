@@ -30,7 +30,8 @@ _LAZY = {
     "load": ("xconv.converters.onnx.io", "load"),
     "save": ("xconv.converters.onnx.io", "save"),
     "to_jax": ("xconv.converters.jax.interpreter", "to_jax"),
-    "to_flax": ("xconv.converters.jax.flax_emitter", "to_flax"),
+    # the emitter's to_flax plus partitioning= / format= (xconv.sharding.flax)
+    "to_flax": ("xconv.sharding.flax", "to_flax"),
     "from_torch": ("xconv.converters.torch.importer", "from_torch"),
     "from_checkpoint": ("xconv.checkpoint", "from_checkpoint"),
     "convert_checkpoint": ("xconv.checkpoint", "convert_checkpoint"),

@@ -286,6 +286,12 @@ def _conversion_options(fn):
         click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False), default=None,
                      help="Example inputs from an .npz file (arrays in input order)."),
         click.option("--dynamic-batch", is_flag=True, help="Symbolic batch dimension."),
+        click.option("--partitioning", type=click.Choice(["fsdp", "tp", "fsdp+tp"]),
+                     default=None, help="Flax target: logical axes + this strategy's rule "
+                     "table in model.py; weights as Orbax; load(out_dir, mesh=) shards them."),
+        click.option("--format", "weights_format", type=click.Choice(["msgpack", "orbax"]),
+                     default=None, help="Flax target: weights file format (default msgpack; "
+                     "orbax with --partitioning)."),
     ]  # fmt: skip
     for option in reversed(options):
         fn = option(fn)
@@ -312,6 +318,8 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
         input_dtypes=tuple(kw["input_dtypes"]),
         inputs_npz=kw["inputs_npz"],
         parity=kw.get("parity_mode", "auto"),
+        partitioning=kw.get("partitioning"),
+        weights_format=kw.get("weights_format"),
     )
     if out is None:
         out = Path(f"{Path(str(source)).stem}_{target}")

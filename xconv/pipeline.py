@@ -65,6 +65,10 @@ class ConvertOptions:
             ``"layerwise"`` (one block at a time, per-block report; torch ``.pt2`` /
             ``nn.Module`` sources) or ``"auto"`` (layerwise once the model's float weights
             pass :data:`LAYERWISE_BYTES`, so the float64 copy stays within memory bounds).
+        partitioning: Target ``flax``: ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` or a rule table;
+            written into ``model.py`` with each variable's logical axes (:mod:`xconv.sharding`).
+        weights_format: Target ``flax``: ``"msgpack"`` (default) or ``"orbax"`` (implied by
+            ``partitioning``), which the generated ``load(out_dir, mesh=)`` restores sharded.
     """
 
     api: str = "linen"
@@ -79,6 +83,8 @@ class ConvertOptions:
     inputs_npz: str | None = None
     parity_random_inputs: int = 2
     parity: str = "auto"
+    partitioning: Any = None
+    weights_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.parity not in PARITY_MODES:
@@ -152,6 +158,8 @@ def convert(
         raise ConversionError(f"unknown source {source_kind!r}; choose one of {list(SOURCES)}")
     if target not in TARGETS:
         raise ConversionError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
+    if target != "flax" and (options.partitioning is not None or options.weights_format):
+        raise ConversionError("partitioning / weights format: only the flax target has them")
     out = Path(out_dir)
     timings: dict[str, float] = {}
     clock = [time.perf_counter()]
@@ -421,6 +429,14 @@ Loader = Callable[[Path], Any]
 def _emit_flax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
     from xconv.converters.jax.flax_emitter import to_flax
 
+    if options.partitioning is not None or options.weights_format == "orbax":
+        from xconv.sharding.flax import to_flax as to_flax_sharded
+
+        to_flax_sharded(
+            model, stage, api=options.api, partitioning=options.partitioning,
+            format=options.weights_format,
+        )  # fmt: skip
+        return lambda where: _load_generated(where / "model.py").load(where)
     to_flax(model, stage, api=options.api)
 
     def load(where: Path) -> Any:
