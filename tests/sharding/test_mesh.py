@@ -95,12 +95,15 @@ def test_generated_rule_table_and_source_are_deterministic(default_run):
     assert default_run["deterministic"] is True
 
 
-def test_one_training_step_runs_sharded_and_matches_unsharded(default_run):
+def test_one_training_step_runs_sharded_and_matches_torch(default_run):
+    """torch's SGD (momentum, weight decay) as optax via xconv.training, one jitted step on
+    the 2x4 mesh with fsdp+tp, against torch's own step on the source module."""
     t = default_run["training"]["transformer"]
-    loss_host, loss_mesh = t["loss"]
-    assert abs(loss_host - loss_mesh) <= 1e-6 * max(1.0, abs(loss_host))
-    assert t["max_update"] > 1e-3  # the step moved the weights
-    assert t["max_param_diff"] <= 1e-5, t  # float32 reduction-order noise only
+    loss_torch, loss_mesh = t["loss"]
+    assert abs(loss_torch - loss_mesh) <= 1e-5 * max(1.0, abs(loss_torch))
+    assert t["n_params"] == t["n_torch_params"]  # every parameter compared
+    assert t["max_update"] > 1e-2  # the step moved the weights
+    assert t["max_param_diff"] <= 1e-6, t  # float32 reduction-order noise only
     assert t["params_split_after_step"] >= t["n_params"] // 2  # still sharded after the step
 
 
