@@ -286,6 +286,12 @@ def _conversion_options(fn):
         click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False), default=None,
                      help="Example inputs from an .npz file (arrays in input order)."),
         click.option("--dynamic-batch", is_flag=True, help="Symbolic batch dimension."),
+        click.option("--partitioning", type=click.Choice(["fsdp", "tp", "fsdp+tp"]),
+                     default=None, help="Flax target: logical axes + this strategy's rule "
+                     "table in model.py; weights as Orbax; load(out_dir, mesh=) shards them."),
+        click.option("--format", "weights_format", type=click.Choice(["msgpack", "orbax"]),
+                     default=None, help="Flax target: weights file format (default msgpack; "
+                     "orbax with --partitioning)."),
     ]  # fmt: skip
     for option in reversed(options):
         fn = option(fn)
@@ -312,6 +318,8 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
         input_dtypes=tuple(kw["input_dtypes"]),
         inputs_npz=kw["inputs_npz"],
         parity=kw.get("parity_mode", "auto"),
+        partitioning=kw.get("partitioning"),
+        weights_format=kw.get("weights_format"),
     )
     if out is None:
         out = Path(f"{Path(str(source)).stem}_{target}")
@@ -570,9 +578,14 @@ for _source, _target, _what in _COMMANDS:
               help="Example inputs from an .npz file (arrays in input order).")  # fmt: skip
 @click.option("--random-inputs", default=2, show_default=True, type=click.IntRange(0),
               help="Random input sets drawn within the example inputs' range.")  # fmt: skip
+@click.option("--mesh", default=None,
+              help="Run the candidate sharded over a DATAxMODEL mesh, e.g. 2x4.")  # fmt: skip
+@click.option("--partitioning", "rules", type=click.Choice(["fsdp", "tp", "fsdp+tp"]),
+              default=None, help="Parameter sharding for --mesh (default fsdp+tp, or as "
+              "the candidate's load placed them).")  # fmt: skip
 def check(reference: Path, candidate: Path, policy: str, html: Path | None,
           trust_code: bool, devices: str, inputs_npz: str | None,
-          random_inputs: int) -> None:  # fmt: skip
+          random_inputs: int, mesh: str | None, rules: str | None) -> None:  # fmt: skip
     """Check that CANDIDATE matches REFERENCE (.onnx files or xconv output folders) on the
     example inputs, random draws within their range, and edge inputs (zeros, large)."""
     from xconv.errors import ParityError
@@ -586,6 +599,7 @@ def check(reference: Path, candidate: Path, policy: str, html: Path | None,
         trust_code=trust_code,
         devices=[d for d in devices.split(",") if d.strip()] if "," in devices else devices,
         n_random=random_inputs,
+        **({"mesh": mesh, "rules": rules} if mesh else {}),
     )
     _console().print(report)
     if html is not None:

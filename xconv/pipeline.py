@@ -66,6 +66,10 @@ class ConvertOptions:
             ``"layerwise"`` (one block at a time, per-block report; torch ``.pt2`` /
             ``nn.Module`` sources) or ``"auto"`` (layerwise once the model's float weights
             pass :data:`LAYERWISE_BYTES`, so the float64 copy stays within memory bounds).
+        partitioning: Target ``flax``: ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` or a rule table;
+            written into ``model.py`` with each variable's logical axes (:mod:`xconv.sharding`).
+        weights_format: Target ``flax``: ``"msgpack"`` (default) or ``"orbax"`` (implied by
+            ``partitioning``), which the generated ``load(out_dir, mesh=)`` restores sharded.
     """
 
     api: str = "linen"
@@ -80,6 +84,8 @@ class ConvertOptions:
     inputs_npz: str | None = None
     parity_random_inputs: int = 2
     parity: str = "auto"
+    partitioning: Any = None
+    weights_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.parity not in PARITY_MODES:
@@ -156,6 +162,8 @@ def convert(
         raise ConversionError(f"unknown source {source_kind!r}; choose one of {list(SOURCES)}")
     if target not in TARGETS:
         raise ConversionError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
+    if target != "flax" and (options.partitioning is not None or options.weights_format):
+        raise ConversionError("partitioning / weights format: only the flax target has them")
     out = Path(out_dir)
     timings: dict[str, float] = {}
     clock = [time.perf_counter()]
@@ -429,6 +437,14 @@ Loader = Callable[[Path], Any]
 def _emit_flax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
     from xconv.converters.jax.flax_emitter import to_flax
 
+    if options.partitioning is not None or options.weights_format == "orbax":
+        from xconv.sharding.flax import to_flax as to_flax_sharded
+
+        to_flax_sharded(
+            model, stage, api=options.api, partitioning=options.partitioning,
+            format=options.weights_format,
+        )  # fmt: skip
+        return lambda where: _load_generated(where / "model.py").load(where)
     to_flax(model, stage, api=options.api)
 
     def load(where: Path) -> Any:
@@ -655,18 +671,21 @@ def to_flax(
     api: str = "linen",
     options: Any = None,
     example_inputs: Any = None,
+    partitioning: Any = None,
+    format: str | None = None,
 ) -> Path:
-    """Write Flax source for ``model`` (see ``flax_emitter.to_flax``); with ``example_inputs``
-    (an array or a tuple of arrays), run the written ``model.py`` and check it against
-    ``xconv.to_jax`` of the same IR before returning.
+    """Write Flax source for ``model`` (see ``flax_emitter.to_flax``; ``partitioning`` and
+    ``format`` as in ``xconv.sharding.flax.to_flax``); with ``example_inputs`` (an array or a
+    tuple of arrays), run the written ``model.py`` and check it against ``xconv.to_jax`` of
+    the same IR before returning.
 
     Raises:
         ParityError: the generated module disagrees with the runtime; names the first differing
             output. ``out_dir`` is removed: nothing wrong is left behind.
     """
-    from xconv.converters.jax.flax_emitter import to_flax as emit
+    from xconv.sharding.flax import to_flax as emit
 
-    out = emit(model, out_dir, api=api, options=options)
+    out = emit(model, out_dir, api=api, options=options, partitioning=partitioning, format=format)
     if example_inputs is None:
         return out
     try:

@@ -218,6 +218,8 @@ def check_parity(
     allow_dtype: Any = None,
     grad_names: Mapping[str, str] | None = None,
     layerwise: Any = False,
+    mesh: Any = None,
+    rules: Any = None,
 ) -> ParityReport:
     """Run ``reference`` and ``candidate`` on the same inputs and compare them.
 
@@ -255,6 +257,11 @@ def check_parity(
             candidate (``xconv.to_jax`` results) or converts the program; an
             ``onnx_ir.Model`` is used as given; a ``LayerwiseResult`` from
             ``xconv.parity.layerwise.run_layerwise`` on the same inputs is taken as is, and so is a mapping from input-set name (:func:`input_sets`) to such runs.
+        mesh: Run the candidate (a JAX or Flax model) sharded over this mesh
+            (``"2x4"`` = data 2 x model 4, or a ``jax.sharding.Mesh``): batch split over
+            ``data``, params kept as placed or placed by ``rules`` (see
+            :mod:`xconv.sharding`). ``report.mesh`` gives the mesh and each param's sharding.
+        rules: ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` (default) or a rule table, for ``mesh``.
 
     Returns:
         A :class:`ParityReport`; ``report.passed`` says whether the candidate agrees on
@@ -277,6 +284,10 @@ def check_parity(
     arrays = make_inputs(inputs, input_spec, [ref, cand], seed)
     sets = input_sets(arrays, n_random=n_random, edges=edges, seed=seed)
     notes: list[str] = []
+    if mesh is not None:
+        from xconv.sharding.parity import wrap_for_mesh
+
+        cand = wrap_for_mesh(cand, mesh, rules, arrays, notes)
     timings: dict[str, float] = {}
 
     cand_devs = _select_devices(cand.devices(), devices)
@@ -403,6 +414,8 @@ def check_parity(
         timings=timings,
     )
     report.policy_kind = pol.kind
+    if mesh is not None:
+        report.mesh = cand.report()
     report.input_sets = [
         {
             "name": set_name,

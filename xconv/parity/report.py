@@ -59,6 +59,7 @@ class ParityReport:
         input_sets: One entry per input set (name, passed, input shapes); the example
             inputs first, then random and edge draws.
         policy_kind: ``oracle``, ``noise``, ``dtype`` or ``explicit`` after any fallback.
+        mesh: The mesh and per-parameter shardings when the candidate ran sharded.
     """
 
     passed: bool
@@ -76,6 +77,8 @@ class ParityReport:
     reason: str | None = None
     input_sets: list[dict[str, Any]] = field(default_factory=list)
     policy_kind: str | None = None
+    #: With ``mesh=``: ``{"shape": {"data": 2, "model": 4}, "params": {path: spec}}``.
+    mesh: dict[str, Any] | None = None
 
     def __bool__(self) -> bool:
         return self.passed
@@ -99,6 +102,7 @@ class ParityReport:
             "grads": None if self.grads is None else [m.to_dict() for m in self.grads],
             "notes": list(self.notes),
             "timings": dict(self.timings),
+            **({"mesh": self.mesh} if self.mesh is not None else {}),
         }
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int = 2) -> str:

@@ -207,12 +207,18 @@ class JaxFunction:
         return interp.run_graph(graph, env, [], rng)
 
 
-def to_jax(model: ir.Model, *, registry: Registry | None = None) -> tuple[JaxFunction, dict]:
+def to_jax(
+    model: ir.Model, *, registry: Registry | None = None, mesh: Any = None, rules: Any = None
+) -> tuple[JaxFunction, dict]:
     """Convert an IR model to a pure JAX function and its parameters.
 
     Args:
         model: The IR model (see :func:`xconv.load`).
         registry: Handler registry to use (defaults to the JAX backend's).
+        mesh: A ``jax.sharding.Mesh`` with axes ``("data", "model")`` or ``"DATAxMODEL"``:
+            place the params on it (see :mod:`xconv.sharding`); ``fn`` is then a jitted
+            ``ShardedFunction`` splitting inputs' batch over ``data``.
+        rules: ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` (default with a mesh) or a rule table.
 
     Returns:
         ``(fn, params)``: call ``fn(params, *inputs)`` to get a tuple of outputs. ``params``
@@ -240,5 +246,9 @@ def to_jax(model: ir.Model, *, registry: Registry | None = None) -> tuple[JaxFun
         input_names=input_names,
         output_names=tuple(v.name for v in graph.outputs),
     )
+    if mesh is not None:  # rules without a mesh are inert
+        from xconv.sharding.place import to_jax_sharded
+
+        return to_jax_sharded(model, fn, nest(weights), mesh, rules)
     params = jax.tree_util.tree_map(jnp.asarray, nest(weights))
     return fn, params

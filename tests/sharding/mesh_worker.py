@@ -1,0 +1,236 @@
+"""Runs every 8-device mesh check in one process and writes the findings as JSON.
+
+JAX fixes its device count when it starts, so the 8 forced CPU devices need their own process:
+``tests/sharding/test_mesh.py`` starts this module with
+``XLA_FLAGS=--xla_force_host_platform_device_count=8`` and asserts on what it writes, so the
+rest of the suite keeps one device. Run by hand:
+``XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.sharding.mesh_worker out.json``
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MESHES = ("1x8", "2x4", "8x1")
+STRATEGIES = ("fsdp", "tp", "fsdp+tp")
+#: The default suite's subset: per model, every strategy once and every mesh once (a Latin
+#: square); ``full`` runs all nine pairs per model.
+DEFAULT = {
+    "transformer": (("fsdp", "8x1"), ("tp", "1x8"), ("fsdp+tp", "2x4")),
+    "resnet": (("fsdp", "1x8"), ("tp", "2x4"), ("fsdp+tp", "8x1")),
+}
+BATCH = 8  # divides every mesh's data axis
+
+
+def fixtures():
+    from fixtures.torch_models import ResNetTiny, TinyTransformer, _build
+
+    g = torch.Generator().manual_seed(3)
+    # No token 0: torch's Embedding(padding_idx=0) never updates that row, a training-time
+    # rule the converted inference module does not carry (the training step below would
+    # differ on that row only).
+    ids = torch.randint(1, 50, (BATCH, 10), generator=g)
+    images = torch.randn(BATCH, 3, 32, 32, generator=g)
+    return {"transformer": (_build(TinyTransformer), ids), "resnet": (_build(ResNetTiny), images)}
+
+
+def _import(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _largest(variables):
+    """(path, array) of the largest kernel/embedding."""
+    from xconv.sharding.axes import leaves
+
+    flat = {
+        p: a
+        for p, a in leaves(variables).items()
+        if p[0] == "params" and p[-1] in ("kernel", "embedding") and a.ndim >= 2
+    }
+    path = max(sorted(flat), key=lambda p: flat[p].size)
+    return "/".join(path), flat[path]
+
+
+def _shards(a) -> int:
+    """How many distinct pieces the array is split into."""
+    return len(
+        {
+            tuple((s.start, s.stop) for s in idx)
+            for idx in a.sharding.devices_indices_map(a.shape).values()
+        }
+    )
+
+
+def mesh_checks(name, module, x, model, root: Path, out: dict, full: bool) -> None:
+    import xconv
+
+    pairs = [(s, m) for s in STRATEGIES for m in MESHES] if full else DEFAULT[name]
+    for strategy in STRATEGIES:
+        folder = xconv.to_flax(model, root / f"{name}_{strategy}", partitioning=strategy)
+        gen = _import(folder / "model.py", f"gen_{name}_{strategy.replace('+', '_')}")
+        for mesh in [m for s, m in pairs if s == strategy]:
+            t = time.perf_counter()
+            flax_model, variables = gen.load(folder, mesh=mesh)
+            path, big = _largest(variables)
+            report = xconv.check_parity(
+                module, (flax_model, variables), (x,), mesh=mesh, n_random=0, edges=False,
+                intermediates=False,
+            )  # fmt: skip
+            out["runs"].append(
+                {
+                    "model": name,
+                    "strategy": strategy,
+                    "mesh": mesh,
+                    "passed": bool(report.passed),
+                    "verdict": report.verdict,
+                    "mesh_report": report.mesh["shape"],
+                    "n_params_reported": len(report.mesh["params"]),
+                    "largest": path,
+                    "spec": [None if e is None else str(e) for e in big.sharding.spec],
+                    "shards": _shards(big),
+                    "rules": [
+                        list(r) if not isinstance(r[1], tuple) else [r[0], list(r[1])]
+                        for r in gen.RULES
+                    ],
+                    "seconds": round(time.perf_counter() - t, 2),
+                }
+            )
+
+
+def training_step(name, module, x, model, root: Path, out: dict) -> None:
+    """One jitted SGD step (torch's SGD with momentum and weight decay, as optax via
+    xconv.training) on the 2x4 mesh with fsdp+tp, against torch taking the same step on the
+    source module. (SGD: the update is linear in the gradient, so reduction-order noise stays
+    at float32 rounding; Adam's first step divides by |g| and magnifies it near eps.)"""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from xconv.sharding.axes import leaves
+    from xconv.sharding.place import batch_sharding
+    from xconv.sharding.rules import make_mesh
+    from xconv.training import from_torch_optimizer
+
+    gen = _import(root / f"{name}_fsdp+tp" / "model.py", f"gen_train_{name}")
+    flax_model, host = gen.load(root / f"{name}_fsdp+tp")
+    _, sharded = gen.load(root / f"{name}_fsdp+tp", mesh="2x4")
+    opt = torch.optim.SGD(module.parameters(), lr=0.5, momentum=0.9, weight_decay=0.01)
+    # The optimizer state comes from torch once, on the host; jit places it beside the
+    # sharded params.
+    tx, state = from_torch_optimizer(opt, host, model=module)
+
+    @jax.jit
+    def step(variables, state, x_in):
+        def loss_fn(params):
+            y = flax_model.apply({**variables, "params": params}, x_in)
+            return jnp.mean(jnp.square(y))
+
+        loss, grads = jax.value_and_grad(loss_fn)(variables["params"])
+        updates, state = tx.update(grads, state, variables["params"])
+        return optax.apply_updates(variables["params"], updates), state, loss
+
+    xs = jnp.asarray(x.numpy())
+    params, _, loss = step(sharded, state, jax.device_put(xs, batch_sharding(make_mesh("2x4"), xs)))
+
+    before = {n: p.detach().clone() for n, p in module.named_parameters()}
+    torch_loss = module(x).pow(2).mean()
+    torch_loss.backward()
+    opt.step()
+    after = dict(module.named_parameters())
+    diff, moved, compared = 0.0, 0.0, 0
+    for path, leaf in leaves(params).items():
+        key = "/".join(path)
+        torch_name = gen.SOURCE_NAMES.get(key, key.replace("/", "."))
+        want = after[torch_name].detach().numpy()
+        got = np.asarray(leaf)
+        if path[-1] == "kernel":  # a Flax Dense kernel is the torch Linear weight transposed
+            want = want.T
+        diff = max(diff, float(np.max(np.abs(got - want))))
+        moved = max(moved, float((after[torch_name].detach() - before[torch_name]).abs().max()))
+        compared += 1
+    split = sum(1 for v in leaves(params).values() if any(e is not None for e in v.sharding.spec))
+    out["training"][name] = {
+        "loss": [float(torch_loss), float(loss)],
+        "max_param_diff": diff,
+        "max_update": moved,
+        "params_split_after_step": split,
+        "n_params": compared,
+        "n_torch_params": len(after),
+    }
+
+
+def to_jax_checks(model, x, out: dict) -> None:
+    import xconv
+    from xconv.errors import ConversionError
+
+    fn0, p0 = xconv.to_jax(model)
+    ref = np.asarray(fn0(p0, x.numpy())[0])
+    fn, params = xconv.to_jax(model, mesh="2x4", rules="tp")
+    got = fn(params, x.numpy())[0]
+    out["to_jax"] = {
+        "max_abs": float(np.max(np.abs(np.asarray(got) - ref))),
+        "ff1_spec": [
+            None if e is None else str(e)
+            for e in params["layers"]["0"]["ff1"]["weight"].sharding.spec
+        ],
+        "notes": fn.plan.notes,
+    }
+    errors = {}
+    for label, kwargs in {
+        "mesh_mismatch": {"mesh": "4x4"},
+        "bad_mesh": {"mesh": "2x"},
+        "unknown_mesh_axis": {"mesh": "2x4", "rules": [("embed", "fsdp")]},
+        "unknown_logical_axis": {"mesh": "2x4", "rules": [("hidden", "model")]},
+        "unknown_strategy": {"mesh": "2x4", "rules": "zero3"},
+    }.items():
+        try:
+            xconv.to_jax(model, **kwargs)
+            errors[label] = None
+        except ConversionError as e:
+            errors[label] = f"{type(e).__name__}: {e}"
+        except Exception as e:  # a raw JAX error is a failure of ours
+            errors[label] = f"RAW {type(e).__name__}: {e}"
+    out["errors"] = errors
+
+
+def main(dest: str, mode: str = "default", only: str | None = None) -> None:
+    import jax
+
+    import xconv
+
+    out: dict = {"devices": len(jax.devices()), "runs": [], "training": {}, "timings": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for name, (module, x) in fixtures().items():
+            if only and name != only:
+                continue
+            t = time.perf_counter()
+            model = xconv.from_torch(module, (x,))
+            out["timings"][f"{name}_import"] = round(time.perf_counter() - t, 2)
+            t = time.perf_counter()
+            mesh_checks(name, module, x, model, root, out, mode == "full")
+            out["timings"][f"{name}_mesh"] = round(time.perf_counter() - t, 2)
+            if name == "transformer":
+                t = time.perf_counter()
+                training_step(name, module, x, model, root, out)
+                out["timings"][f"{name}_train"] = round(time.perf_counter() - t, 2)
+                to_jax_checks(model, x, out)
+                again = xconv.to_flax(model, root / "again", partitioning="fsdp+tp")
+                first = root / "transformer_fsdp+tp" / "model.py"
+                out["deterministic"] = first.read_bytes() == (again / "model.py").read_bytes()
+    Path(dest).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,142 @@
+"""Rule tables, logical axes and the partitioned Flax output, on this process's one device.
+
+The 8-device checks are in ``test_mesh.py`` (their own process); here: bad input is a clear
+``ShardingError``, the CLI writes the rule table and an Orbax checkpoint that the generated
+``load`` reads with and without a mesh, and unpartitioned output is unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import xconv
+from xconv.cli import main
+from xconv.sharding.axes import logical_axes
+from xconv.sharding.rules import ShardingError, make_mesh, parse_mesh_shape, resolve_rules
+
+
+def _import(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ("zero3", "unknown partitioning 'zero3'"),
+        ([("embed", "fsdp")], "unknown mesh axis 'fsdp'"),
+        ([("hidden", "model")], "unknown logical axis 'hidden'"),
+        ([("embed",)], "expected (logical_axis, mesh_axis | None)"),
+    ],
+)
+def test_bad_rules_are_sharding_errors(rules, message):
+    with pytest.raises(ShardingError) as e:
+        resolve_rules(rules)
+    assert message in str(e.value)
+    assert isinstance(e.value, xconv.ConversionError)
+
+
+def test_meshes_are_checked_against_the_visible_devices():
+    assert parse_mesh_shape("2x4") == (2, 4)
+    with pytest.raises(ShardingError, match="expected DATAxMODEL"):
+        parse_mesh_shape("2x4x1")
+    import jax
+
+    n = len(jax.devices())
+    with pytest.raises(ShardingError, match=f"needs {4 * n} devices; JAX sees {n}"):
+        make_mesh(f"2x{2 * n}")
+    assert make_mesh(f"1x{n}").axis_names == ("data", "model")
+
+
+def test_logical_axes_from_flax_leaf_names_without_ir():
+    tree = {
+        "params": {
+            "embed": {"embedding": np.zeros((50, 32))},
+            "up": {"kernel": np.zeros((32, 128)), "bias": np.zeros(128)},
+            "down": {"kernel": np.zeros((128, 32)), "bias": np.zeros(32)},
+            "conv": {"kernel": np.zeros((3, 3, 8, 16))},
+            "ln": {"scale": np.zeros(32)},
+        }
+    }
+    axes, notes = logical_axes(tree, strip_collection=True)
+    assert axes["params", "embed", "embedding"] == ("vocab", "embed")
+    assert axes["params", "conv", "kernel"] == (None, None, "conv_in", "conv_out")
+    assert axes["params", "ln", "scale"] == ("norm",)
+    # Without IR the model width is unknown: dense kernels default to (embed, mlp); their
+    # bias follows the output axis.
+    assert axes["params", "up", "bias"] == (axes["params", "up", "kernel"][-1],)
+    assert notes == []
+
+
+def test_cli_writes_rule_table_and_orbax_and_load_works(tmp_path):
+    from xconv.demo import build_demo_model
+
+    path = xconv.save(build_demo_model(), tmp_path / "demo.onnx")
+    out = tmp_path / "demo_flax"
+    r = CliRunner().invoke(
+        main, ["onnx-to-flax", str(path), "-o", str(out), "--partitioning", "fsdp"]
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "parity.json").read_text())["passed"] is True
+    assert (out / "variables.orbax").is_dir() and not (out / "variables.msgpack").exists()
+    assert json.loads((out / "xconv.json").read_text())["partitioning"] == "fsdp"
+    gen = _import(out / "model.py", "gen_demo_fsdp")
+    assert gen.PARTITIONING == "fsdp" and ("embed", ("data", "model")) in gen.RULES
+    assert gen.LOGICAL_AXES["params/conv/kernel"] == (None, None, "conv_in", "conv_out")
+    assert gen.LOGICAL_AXES["params/conv/bias"] == ("conv_out",)
+    assert gen.LOGICAL_AXES["batch_stats/bn/mean"] == ("norm",)
+    model, host = gen.load(out)
+    import jax
+
+    _, placed = gen.load(out, mesh=make_mesh(f"1x{len(jax.devices())}"))
+    assert placed["params"]["conv"]["kernel"].sharding.mesh.axis_names == ("data", "model")
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_array_equal(
+        np.asarray(model.apply(host, x)), np.asarray(model.apply(placed, x))
+    )
+
+
+def test_partitioned_output_is_ruff_clean_and_deterministic(tmp_path):
+    import subprocess
+    import sys
+
+    from xconv.demo import build_demo_model
+
+    a = xconv.to_flax(build_demo_model(), tmp_path / "a", partitioning="tp")
+    b = xconv.to_flax(build_demo_model(), tmp_path / "b", partitioning="tp")
+    assert (a / "model.py").read_bytes() == (b / "model.py").read_bytes()
+    ruff = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(a / "model.py")],
+                          capture_output=True, text=True)  # fmt: skip
+    assert ruff.returncode == 0, ruff.stdout
+
+
+def test_bad_partitioning_writes_nothing_and_plain_output_is_unchanged(tmp_path):
+    from xconv.demo import build_demo_model
+
+    with pytest.raises(ShardingError):
+        xconv.to_flax(build_demo_model(), tmp_path / "bad", partitioning="zero3")
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ShardingError, match="api='linen'"):
+        xconv.to_flax(build_demo_model(), tmp_path / "nnx", api="nnx", partitioning="fsdp")
+    plain = xconv.to_flax(build_demo_model(), tmp_path / "plain")
+    assert (plain / "variables.msgpack").is_file() and "LOGICAL_AXES" not in (
+        plain / "model.py"
+    ).read_text()
+
+
+def test_partitioning_is_refused_for_other_targets(tmp_path):
+    from xconv.demo import build_demo_model
+
+    path = xconv.save(build_demo_model(), tmp_path / "demo.onnx")
+    r = CliRunner().invoke(
+        main, ["onnx-to-jax", str(path), "-o", str(tmp_path / "j"), "--partitioning", "tp"]
+    )
+    assert r.exit_code != 0 and "only the flax target" in r.output
+    assert "Traceback" not in r.output

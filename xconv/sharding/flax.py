@@ -1,0 +1,241 @@
+"""``to_flax(..., partitioning=)``: partitioned Flax output.
+
+The Flax emitter writes the module and its variables tree; this module adds, as data, what
+sharding needs, and nothing to the module's layers:
+
+* a ``# --- Sharding`` section appended to ``model.py``: ``LOGICAL_AXES`` (variable path ->
+  logical axis names, from :mod:`xconv.sharding.axes`), ``PARTITIONING`` and ``RULES`` (the
+  strategy's rule table in ``flax.linen.partitioning`` format), ``shardings(mesh)`` built with
+  ``nn.logical_to_mesh_sharding``, and ``load(out_dir=None, mesh=None, rules=RULES)``;
+* the weights as an Orbax checkpoint (``variables.orbax/``) which ``load(mesh=...)`` restores
+  straight into each device's shard (target shardings; no host copy of the whole tree).
+
+Without a mesh everything is inert: ``load()`` returns ``(Model(), variables)`` as before.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from xconv.sharding.axes import leaves, logical_axes
+from xconv.sharding.rules import ShardingError, resolve_rules
+
+FORMATS = ("msgpack", "orbax")
+ORBAX_DIR = "variables.orbax"
+
+_SECTION = '''
+
+# --- Sharding (written by xconv.sharding; inert without a mesh) ---------------------------
+
+#: Logical axis names of every variable: "collection/path" -> one name (or None) per dim.
+LOGICAL_AXES = {{
+{axes}
+}}
+#: The partitioning strategy and its rule table: logical axis -> mesh axes (first match
+#: wins; ``flax.linen.partitioning`` format). The mesh axes are ``MESH_AXES``.
+PARTITIONING = {strategy}
+RULES = (
+{rules}
+)
+MESH_AXES = ("data", "model")
+
+
+def make_mesh(shape):
+    """A ``("data", "model")`` mesh over the visible devices from ``"2x4"`` or ``(2, 4)``."""
+    import numpy as np
+
+    dims = tuple(int(d) for d in (shape.split("x") if isinstance(shape, str) else shape))
+    devices = jax.devices()
+    if len(dims) != 2 or dims[0] * dims[1] != len(devices):
+        raise ValueError(f"mesh {{shape!r}} does not cover the {{len(devices)}} visible devices")
+    return jax.sharding.Mesh(np.array(devices).reshape(dims), MESH_AXES)
+
+
+def shardings(mesh, shapes, rules=RULES):
+    """``{{path: NamedSharding}}`` for ``mesh`` (``shapes``: path -> shape); a dimension its
+    mesh axes do not divide stays replicated."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
+    out = {{}}
+    for path, axes in LOGICAL_AXES.items():
+        spec = nn.logical_to_mesh_sharding(PartitionSpec(*axes), mesh, rules).spec
+        fitted = []
+        for dim, entry in zip(shapes[path], tuple(spec) + (None,) * len(axes), strict=False):
+            group = entry if isinstance(entry, tuple) else (entry,)
+            n = 1
+            for a in group:
+                n *= sizes[a] if a else 1
+            fitted.append(entry if dim % n == 0 else None)
+        out[path] = NamedSharding(mesh, PartitionSpec(*fitted))
+    return out
+
+
+def _nest(flat):
+    tree = {{}}
+    for path, value in flat.items():
+        node = tree
+        *parents, leaf = path.split("/")
+        for key in parents:
+            node = node.setdefault(key, {{}})
+        node[leaf] = value
+    return tree
+
+
+def load(out_dir=None, mesh=None, rules=RULES):
+    """Return ``(model, variables)``; run with ``model.apply(variables, *inputs)``.
+
+    With ``mesh`` (a ``jax.sharding.Mesh`` with axes ``MESH_AXES``, or ``"2x4"``), every
+    variable is restored from the Orbax checkpoint directly into its shards on the mesh
+    (``shardings(mesh)``): no host holds the whole tree. Run under ``jax.jit``.
+    """
+    out_dir = Path(out_dir or Path(__file__).parent).absolute()
+    if not (out_dir / "{orbax}").exists():
+        if mesh is not None:
+            raise FileNotFoundError(f"{{out_dir / '{orbax}'}}: sharded loading needs Orbax")
+        return _load_msgpack(out_dir)
+    import orbax.checkpoint as ocp
+
+    ckpt = ocp.PyTreeCheckpointer()
+    if mesh is None:
+        variables = ckpt.restore(out_dir / "{orbax}")
+        return Model(), jax.tree_util.tree_map(jnp.asarray, variables)
+    mesh = make_mesh(mesh) if isinstance(mesh, (str, tuple, list)) else mesh
+    meta = ckpt.metadata(out_dir / "{orbax}")
+    tree = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+    flat = {{
+        "/".join(str(getattr(k, "key", k)) for k in keys): m
+        for keys, m in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }}
+    placed = shardings(mesh, {{p: tuple(m.shape) for p, m in flat.items()}}, rules)
+    target = _nest(
+        {{p: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=placed[p]) for p, m in flat.items()}}
+    )
+    args = ocp.args.PyTreeRestore(restore_args=ocp.checkpoint_utils.construct_restore_args(target))
+    return Model(), ckpt.restore(out_dir / "{orbax}", args=args)
+'''
+
+
+def _py(value: Any) -> str:
+    if isinstance(value, tuple):
+        inner = ", ".join(_py(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def section(axes: dict[tuple[str, ...], tuple], strategy: str | None, rules: tuple) -> str:
+    """The ``# --- Sharding`` section of ``model.py`` (deterministic: sorted paths)."""
+    axes_lines = "\n".join(
+        f"    {_py('/'.join(p))}: {_py(tuple(ax))}," for p, ax in sorted(axes.items())
+    )
+    rule_lines = "\n".join(f"    ({_py(k)}, {_py(v)})," for k, v in rules)
+    return _SECTION.format(
+        axes=axes_lines, strategy=_py(strategy), rules=rule_lines, orbax=ORBAX_DIR
+    )
+
+
+def _source_names(source: str) -> dict[str, str]:
+    """``SOURCE_NAMES`` of the generated source (a dict literal), or {}."""
+    for node in ast.parse(source).body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and getattr(node.targets[0], "id", None) == "SOURCE_NAMES"
+        ):
+            return dict(ast.literal_eval(node.value))
+    return {}
+
+
+_LOAD = re.compile(r"^def load\(", re.M)
+
+
+def partitioned_source(source: str, variables: Any, model: Any, partitioning: Any) -> str:
+    """``source`` with its ``load`` renamed ``_load_msgpack`` and the sharding section added."""
+    if partitioning is None:
+        strategy, rules = None, ()
+    else:
+        rules = resolve_rules(partitioning)
+        strategy = partitioning if isinstance(partitioning, str) else "custom"
+    axes, _ = logical_axes(
+        variables, model=model, source_names=_source_names(source), strip_collection=True
+    )
+    if len(_LOAD.findall(source)) != 1:
+        raise ShardingError("the generated Flax source has no single top-level load()")
+    source = _LOAD.sub("def _load_msgpack(", source)
+    return source.rstrip("\n") + "\n" + section(axes, strategy, rules)
+
+
+def write_orbax(variables: Any, path: Path) -> None:
+    import orbax.checkpoint as ocp
+
+    ocp.PyTreeCheckpointer().save(Path(path).absolute(), variables)
+
+
+def to_flax(
+    model: Any,
+    out_dir: str | os.PathLike,
+    *,
+    api: str = "linen",
+    options: Any = None,
+    partitioning: Any = None,
+    format: str | None = None,
+) -> Path:
+    """:func:`xconv.converters.jax.flax_emitter.to_flax` plus sharding.
+
+    Args:
+        partitioning: ``None``, ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` or a rule table
+            ``((logical_axis, mesh_axis | tuple | None), ...)``: written into ``model.py``
+            with ``LOGICAL_AXES``; implies ``format="orbax"``.
+        format: ``"msgpack"`` (default without partitioning) or ``"orbax"``.
+
+    Without either, this is exactly the emitter's ``to_flax``.
+    """
+    from xconv.converters.jax import flax_emitter
+
+    if format not in (None, *FORMATS):
+        raise ShardingError(f"unknown weights format {format!r}; choose one of {FORMATS}")
+    if partitioning is None and format in (None, "msgpack"):
+        return flax_emitter.to_flax(model, out_dir, api=api, options=options)
+    if format == "msgpack":
+        raise ShardingError("partitioning= writes an Orbax checkpoint; drop format='msgpack'")
+    if api != "linen":
+        raise ShardingError(f"partitioning/Orbax output supports api='linen', not {api!r}")
+    if partitioning is not None:
+        resolve_rules(partitioning)  # bad rules fail before any work
+    source, variables = flax_emitter.generate(model, api=api, options=options)
+    source = partitioned_source(source, variables, model, partitioning)
+    meta = {"api": api, "format": 1, "weights": "orbax"}
+    if partitioning is not None:
+        meta["partitioning"] = partitioning if isinstance(partitioning, str) else "custom"
+    return _write(Path(out_dir), source, variables, meta)
+
+
+def _write(out: Path, source: str, variables: Any, meta: dict) -> Path:
+    """Write into a temp sibling, then one rename: nothing half-written on failure."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        (tmp / "model.py").write_text(source)
+        (tmp / "xconv.json").write_text(json.dumps(meta, sort_keys=True))
+        write_orbax(variables, tmp / ORBAX_DIR)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+__all__ = ["leaves", "partitioned_source", "section", "to_flax"]

@@ -1,0 +1,153 @@
+"""The parity checker's mesh runner: the candidate runs sharded, jitted over a mesh.
+
+``check_parity(reference, candidate, inputs, mesh=...)`` wraps the candidate adapter in
+:class:`MeshAdapter`: its params keep the shardings they were placed with
+(``xconv.to_jax(mesh=)``, a generated ``load(mesh=)``), or are placed by ``rules`` (names from
+the tree's leaf names, or from ``SOURCE_NAMES``/the IR when the candidate records them); the
+inputs are split over ``data`` along the batch dimension; ``jax.jit`` runs it on the mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from xconv.parity.adapters import Adapter
+from xconv.sharding.axes import leaves
+from xconv.sharding.place import batch_sharding, describe_tree, is_sharded_tree, place, plan
+from xconv.sharding.rules import ShardingError, make_mesh
+
+
+class MeshAdapter(Adapter):
+    """A JAX-family adapter run over a mesh."""
+
+    def __init__(self, inner: Any, mesh: Any, rules: Any = None) -> None:
+        if not hasattr(inner, "params") or not hasattr(inner, "_call"):
+            raise ShardingError(
+                f"mesh=: the candidate must be a JAX or Flax model, not {inner.describe()}"
+            )
+        self.inner = inner
+        self.framework = inner.framework
+        self.mesh = make_mesh(mesh)
+        self.rules = rules
+        self.notes: list[str] = []
+        params = inner.params
+        if is_sharded_tree(params) and all(
+            x.sharding.mesh == self.mesh for x in leaves(params).values() if hasattr(x, "sharding")
+        ):
+            self.params = params
+            self.notes.append("parameters keep the shardings they were placed with")
+        else:
+            model = getattr(getattr(inner, "fn", None), "model", None)
+            module = getattr(inner, "module", None)
+            p = plan(
+                params,
+                self.mesh,
+                rules,
+                model=model,
+                source_names=_source_names(module),
+                strip_collection=module is not None,
+            )
+            self.params = place(params, p)
+            self.notes.extend(p.notes)
+        import jax
+
+        self._jit = jax.jit(lambda params, *xs: inner._call(params, list(xs)))
+
+    @property
+    def name(self) -> str:
+        d, m = self.mesh.devices.shape
+        return f"mesh:{d}x{m}"
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} on mesh {self.name[5:]} (data x model)"
+
+    def devices(self) -> list[str]:
+        return [self.name]
+
+    def output_names(self, n: int) -> list[str]:
+        return self.inner.output_names(n)
+
+    def input_specs(self):
+        return self.inner.input_specs()
+
+    def source_names(self, names):
+        return self.inner.source_names(names)
+
+    def oracle(self):
+        return self.inner.oracle()
+
+    def run(self, inputs, device):
+        import jax
+
+        xs = [
+            jax.device_put(np.asarray(x), batch_sharding(self.mesh, x, self.rules)) for x in inputs
+        ]
+        if self._jit is not None:
+            try:
+                out = self._jit(self.params, *xs)
+            except jax.errors.JAXTypeError as e:  # shapes computed from values: not traceable
+                self._jit = None
+                self.notes.append(
+                    f"the candidate is not jit-traceable ({type(e).__name__}); it ran op by op "
+                    "on the sharded arrays (each op still partitioned over the mesh)"
+                )
+        if self._jit is None:
+            out = self.inner._call(self.params, xs)
+        return [np.asarray(o) for o in jax.tree_util.tree_leaves(out)]
+
+    def input_notes(self, inputs) -> list[str]:
+        notes = []
+        data = dict(zip(self.mesh.axis_names, self.mesh.devices.shape, strict=True))["data"]
+        for i, x in enumerate(inputs):
+            spec = batch_sharding(self.mesh, x, self.rules).spec
+            if data > 1 and np.ndim(x) and (not spec or spec[0] is None):
+                notes.append(
+                    f"input {i}: batch {np.shape(x)[0]} does not divide data={data}: "
+                    "replicated (no data parallelism)"
+                )
+        return notes
+
+    def report(self) -> dict[str, Any]:
+        """``{"shape": {...}, "params": {path: spec}}`` for ``ParityReport.mesh``."""
+        shape = dict(
+            zip(self.mesh.axis_names, (int(s) for s in self.mesh.devices.shape), strict=True)
+        )
+        return {"shape": shape, "params": describe_tree(self.params)}
+
+
+def _source_names(module: Any) -> dict[str, str] | None:
+    """``SOURCE_NAMES`` of the generated file a Flax module comes from, if any."""
+    import sys
+
+    if module is None:
+        return None
+    names = getattr(sys.modules.get(type(module).__module__), "SOURCE_NAMES", None)
+    return dict(names) if isinstance(names, dict) else None
+
+
+def wrap_for_mesh(cand: Adapter, mesh: Any, rules: Any, arrays, notes: list[str]) -> MeshAdapter:
+    """The mesh adapter for ``cand``; what it did goes into ``notes`` (the report's notes,
+    shared, so run-time fallbacks are reported too)."""
+    try:
+        m = MeshAdapter(cand, mesh, rules)
+    except ShardingError:
+        raise
+    except Exception as e:
+        raise ShardingError(f"mesh=: cannot place the candidate: {type(e).__name__}: {e}") from e
+    shape = " x ".join(
+        f"{a}={s}" for a, s in zip(m.mesh.axis_names, m.mesh.devices.shape, strict=True)
+    )
+    specs = [x.sharding.spec for x in leaves(m.params).values() if hasattr(x, "sharding")]
+    n = sum(1 for spec in specs if any(e is not None for e in spec))
+    notes.append(
+        f"candidate sharded over mesh {shape}: {n} of {len(specs)} parameters split, "
+        "inputs' batch over data"
+    )
+    notes.extend([*m.notes, *m.input_notes(arrays)])
+    m.notes = notes
+    return m
+
+
+__all__ = ["MeshAdapter", "wrap_for_mesh"]
