@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.common.arrays import is_static
+from xconv.converters.ops.arrays import is_static
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.errors import UnsupportedAttributeError
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xconv.converters.common.arrays import namespace, normalize_axis
+from xconv.converters.ops.arrays import namespace, normalize_axis
 from xconv.converters.jax.registry import builtin
 from xconv.converters.jax.shape import check_choice, static_ints
 

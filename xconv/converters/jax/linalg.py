@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from xconv.converters.common.arrays import normalize_axis
+from xconv.converters.ops.arrays import normalize_axis
 from xconv.converters.jax.registry import REQUIRED, builtin
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from xconv.converters.common.arrays import is_static, namespace
-from xconv.converters.common.attrs import CONV_ATTRS
+from xconv.converters.ops.arrays import is_static, namespace
+from xconv.converters.ops.attrs import CONV_ATTRS
 from xconv.converters.jax.registry import REQUIRED, builtin
 
 #: Attributes of the opset 1-6 binary ops (``broadcast``/``axis`` legacy broadcasting).

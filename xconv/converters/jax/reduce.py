@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xconv.converters.common.arrays import normalize_axis
+from xconv.converters.ops.arrays import normalize_axis
 from xconv.converters.jax.linalg import index_dtype
 from xconv.converters.jax.registry import builtin
 

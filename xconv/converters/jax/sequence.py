@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xconv.converters.common import sequence as sequences
+from xconv.converters.ops import sequence as sequences
 from xconv.converters.jax.registry import REQUIRED, builtin
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xconv.converters.common.arrays import normalize_axis
+from xconv.converters.ops.arrays import normalize_axis
 from xconv.converters.torch.backend.dtypes import needs_numpy
 from xconv.converters.torch.backend.registry import builtin
 from xconv.converters.torch.backend.shape import back, check_choice, static_ints, take, to_np

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from xconv.converters.common.arrays import normalize_axis
+from xconv.converters.ops.arrays import normalize_axis
 from xconv.converters.torch.backend.dtypes import WIDE_UNSIGNED
 from xconv.converters.torch.backend.math import as_numpy, from_numpy
 from xconv.converters.torch.backend.registry import builtin

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from xconv.converters.common import sequence as sequences
+from xconv.converters.ops import sequence as sequences
 from xconv.converters.torch.backend.dtypes import is_numpy
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import concatenate
