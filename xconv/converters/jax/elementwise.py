@@ -16,8 +16,8 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.ops.arrays import is_static
 from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.converters.ops.arrays import is_static
 from xconv.errors import UnsupportedAttributeError
 
 

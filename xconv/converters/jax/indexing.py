@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xconv.converters.ops.arrays import namespace, normalize_axis
 from xconv.converters.jax.registry import builtin
 from xconv.converters.jax.shape import check_choice, static_ints
+from xconv.converters.ops.arrays import namespace, normalize_axis
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
 

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.ops.arrays import is_static
 from xconv.converters.jax.context import JaxContext
+from xconv.converters.ops.arrays import is_static
 from xconv.converters.registry import Registry, as_tuple
 from xconv.errors import ConversionError
 from xconv.ir.metadata import ROLE, SOURCE_LINE, get_scope

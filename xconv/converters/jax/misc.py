@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xconv.converters.ops import nms, strings
 from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.converters.ops import nms, strings
 
 TRAINING = "ai.onnx.preview.training"
 

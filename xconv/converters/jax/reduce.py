@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xconv.converters.ops.arrays import normalize_axis
 from xconv.converters.jax.linalg import index_dtype
 from xconv.converters.jax.registry import builtin
+from xconv.converters.ops.arrays import normalize_axis
 
 _REDUCE_ATTRS = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
 

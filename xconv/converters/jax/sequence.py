@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xconv.converters.ops import sequence as sequences
 from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.converters.ops import sequence as sequences
 
 
 def _position(ctx, position, length: int, *, insert: bool) -> int:

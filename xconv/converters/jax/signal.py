@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from xconv.converters.ops.signal_ops import register_signal_ops
 from xconv.converters.jax.registry import builtin
+from xconv.converters.ops.signal_ops import register_signal_ops
 
 
 class _Kernel:
