@@ -19,9 +19,10 @@ import onnx_ir as ir
 
 from xconv.converters.jax.context import JaxContext
 from xconv.converters.ops.arrays import is_static
+from xconv.converters.ops.context import handler_errors
 from xconv.converters.registry import Registry, as_tuple
 from xconv.errors import ConversionError
-from xconv.ir.metadata import ROLE, SOURCE_LINE, get_scope
+from xconv.ir.metadata import ROLE, get_scope
 from xconv.ir.naming import flatten, nest
 from xconv.ir.passes._utils import is_weight
 
@@ -134,23 +135,13 @@ class Interpreter:
         static = (
             node.op_type not in _STATEFUL and not has_subgraph and all(is_static(a) for a in args)
         )
-        try:
+        with handler_errors(node):
             if static:
                 with jax.ensure_compile_time_eval():
                     outputs = as_tuple(handler.fn(ctx, *args, **attrs))
                 outputs = tuple(_to_static(o) for o in outputs)
             else:
                 outputs = as_tuple(handler.fn(ctx, *args, **attrs))
-        except ConversionError:
-            raise
-        except Exception as e:
-            raise ConversionError(
-                f"{type(e).__name__}: {e}",
-                op=node.op_type,
-                node=node.name,
-                scope=get_scope(node),
-                source_line=node.metadata_props.get(SOURCE_LINE),
-            ) from e
         if self.capture is not None:
             self.capture(node, outputs)
         return outputs

@@ -15,11 +15,12 @@ import onnx_ir as ir
 import torch
 from torch import nn
 
+from xconv.converters.ops.context import handler_errors
 from xconv.converters.registry import Registry, as_tuple
 from xconv.converters.torch.backend.context import TorchContext
 from xconv.converters.torch.backend.dtypes import to_tensor
 from xconv.errors import ConversionError
-from xconv.ir.metadata import ROLE, SOURCE_LINE, get_scope
+from xconv.ir.metadata import ROLE, get_scope
 from xconv.ir.naming import nest
 from xconv.ir.passes._utils import is_weight
 
@@ -125,18 +126,8 @@ class ConvertedModule(nn.Module):
             return self._run_graph(graph, env, sub_inputs, buffers)
 
         ctx = TorchContext(node, version, run_subgraph, self.training, None, buffers)
-        try:
+        with handler_errors(node):
             return as_tuple(handler.fn(ctx, *args, **attrs))
-        except ConversionError:
-            raise
-        except Exception as e:
-            raise ConversionError(
-                f"{type(e).__name__}: {e}",
-                op=node.op_type,
-                node=node.name,
-                scope=get_scope(node),
-                source_line=node.metadata_props.get(SOURCE_LINE),
-            ) from e
 
 
 def to_torch(model: ir.Model, *, registry: Registry | None = None):
