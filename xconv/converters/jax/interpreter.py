@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 from xconv.converters.jax.context import JaxContext
 from xconv.converters.ops.arrays import is_static
-from xconv.converters.ops.context import handler_errors
+from xconv.converters.ops.context import find_handler, graph_env, handler_errors
 from xconv.converters.registry import Registry, as_tuple
 from xconv.errors import ConversionError
 from xconv.ir.metadata import ROLE, get_scope
@@ -83,12 +83,7 @@ class Interpreter:
         rng: Any = None,
     ) -> list[Any]:
         """Run ``graph`` given values for its inputs; ``env`` holds enclosing-scope values."""
-        env = dict(env)
-        for value, x in zip(graph.inputs, inputs, strict=False):
-            env[value] = x
-        for value in graph.initializers.values():
-            if value not in env and value.const_value is not None:
-                env[value] = value.const_value.numpy()
+        env = graph_env(graph, env, inputs, lambda a: a)
         for index, node in enumerate(graph):
             outputs = self.run_node(node, env, index, rng)
             for value, out in zip(node.outputs, outputs, strict=False):
@@ -101,11 +96,7 @@ class Interpreter:
     def run_node(
         self, node: ir.Node, env: dict[ir.Value, Any], index: int, rng: Any
     ) -> tuple[Any, ...]:
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        version = node.version or self.model.opset_imports.get(domain, 1)
-        handler, reason = self.registry.lookup(domain, node.op_type, version)
-        if handler is None:
-            raise ConversionError(reason, op=node.op_type, node=node.name, scope=get_scope(node))
+        handler, version = find_handler(self.registry, self.model.opset_imports, node)
         attrs = handler.parse_attributes(node)
         args = []
         for v in node.inputs:
