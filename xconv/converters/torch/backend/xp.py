@@ -21,15 +21,34 @@ from xconv.converters.torch.backend.dtypes import numpy_only
 from xconv.converters.torch.backend.math import as_numpy, from_numpy
 
 bool_ = torch.bool
+float32 = torch.float32
 int64 = torch.int64
 iinfo = torch.iinfo
 abs = torch.abs  # noqa: A001 - numpy's name
 sqrt = torch.sqrt
 log = torch.log
 exp = torch.exp
+expm1 = torch.expm1
+tanh = torch.tanh
+logaddexp = torch.logaddexp
 isfinite = torch.isfinite
 where = torch.where
 zeros_like = torch.zeros_like
+full_like = torch.full_like
+clip = torch.clamp
+reshape = torch.reshape
+
+
+def _tensor(b: Any, like: Any) -> Any:
+    return b if isinstance(b, torch.Tensor) else torch.as_tensor(b, device=like.device)
+
+
+def maximum(a, b):
+    return torch.maximum(a, _tensor(b, a))
+
+
+def minimum(a, b):
+    return torch.minimum(a, _tensor(b, a))
 
 
 def _dims(axis: Any) -> tuple[int, ...]:
