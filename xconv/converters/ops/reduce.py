@@ -62,7 +62,7 @@ def _sum(xp, x, a, k):
     return xp.sum(x, axis=a, keepdims=k)
 
 
-def _log_sum_exp(xp, x, a, k):
+def log_sum_exp(xp, x, a, k):
     # Shift by the (finite) maximum for stability; an all -inf set gives -inf.
     mx = xp.max(x, axis=a, keepdims=True)
     mx = xp.where(xp.isfinite(mx), mx, xp.zeros_like(mx))
@@ -113,7 +113,7 @@ _REDUCERS: dict[str, tuple[int, Reducer, Callable | None, Callable]] = {
     ),
     "ReduceLogSumExp": (
         18,
-        _log_sum_exp,
+        log_sum_exp,
         lambda xp, d: -math.inf,
         lambda xp, x: xp.log(xp.exp(x)),
     ),

@@ -128,3 +128,45 @@ def run(fn: Callable[..., Any], *args: Any) -> Any:
         with np.errstate(all="ignore"):
             return from_numpy(fn(np, *(None if a is None else as_numpy(a) for a in args)), like)
     return fn(sys.modules[__name__], *args)
+
+
+def take(x, indices, axis=None):
+    """``np.take`` for numpy ``indices``."""
+    from xconv.converters.torch.backend.shape import take as take_static
+
+    if axis is None:
+        return take_static(x.reshape(-1), indices, 0)
+    return take_static(x, indices, axis)
+
+
+def expand_dims(x, axis):
+    return torch.unsqueeze(x, axis)
+
+
+def broadcast_to(x, shape):
+    return torch.broadcast_to(x, shape)
+
+
+def take_along_axis(x, indices, axis):
+    return torch.gather(x, axis, indices)
+
+
+class TorchKernel:
+    """The torch side of the shared op semantics: this namespace, numpy for what torch cannot
+    hold."""
+
+    overrides: dict = {}
+    run = staticmethod(run)
+
+    @staticmethod
+    def index_dtype(xp):
+        return np.int64 if xp is np else torch.int64
+
+    @staticmethod
+    def arange(xp, n, like):
+        if xp is np:
+            return np.arange(n)
+        return torch.arange(n, device=like.device)
+
+
+KERNEL = TorchKernel()
