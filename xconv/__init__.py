@@ -6,6 +6,7 @@ in the framework it needs when called.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,17 @@ _LAZY = {
     "check_training": ("xconv.training.check", "check_training"),
 }
 
+#: The conversion entry points: a framework found missing while one runs (they import their
+#: framework lazily, inside the call) raises MissingFrameworkError naming the extra, as the CLI does.
+_CALLS_MAP_MISSING = (
+    frozenset(_LAZY)
+    - {"ConvertOptions", "load", "save"}
+    - {
+        "check_training",  # xconv.training's own exports (identity pinned by tests/training)
+        "from_torch_optimizer",
+    }
+)
+
 if TYPE_CHECKING:
     from xconv.converters.jax.interpreter import to_jax  # noqa: F401
     from xconv.converters.onnx.io import load, save  # noqa: F401
@@ -60,8 +72,26 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(module), attr)
     except ImportError as e:
         raise _missing_framework(e) or e from e
+    if name in _CALLS_MAP_MISSING:
+        value = _mapping_missing_framework(value)
     globals()[name] = value
     return value
+
+
+def _mapping_missing_framework(fn: Any) -> Any:
+    """``fn`` whose ImportError of a known optional framework becomes MissingFrameworkError."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ImportError as e:
+            error = _missing_framework(e)
+            if error is None:
+                raise
+            raise error from e
+
+    return call
 
 
 def __dir__() -> list[str]:

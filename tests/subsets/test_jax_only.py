@@ -93,7 +93,13 @@ def test_cli_onnx_to_flax(tmp_path):
 def test_missing_torch_is_the_not_installed_error(net_and_ir, tmp_path):
     with pytest.raises(MissingFrameworkError, match=r"xconv\[torch\]"):
         xconv.to_torch(net_and_ir[3])
+    # The library calls that import the framework inside the call, not at attribute access.
+    with pytest.raises(MissingFrameworkError, match=r"xconv\[torch\]"):
+        xconv.to_torch_source(net_and_ir[3])
     path = xconv.save(build_demo_model(), tmp_path / "demo.onnx")
+    with pytest.raises(MissingFrameworkError, match=r"xconv\[torch\]"):
+        xconv.convert(path, source_kind="onnx", target="torch", out_dir=tmp_path / "c")
+    assert not (tmp_path / "c").exists()
     r = CliRunner().invoke(main, ["onnx-to-torch", str(path), "-o", str(tmp_path / "t")])
     assert r.exit_code == MissingFrameworkError.exit_code == 7, r.output
     assert "xconv[torch]" in r.output and "Traceback" not in r.output

@@ -87,7 +87,14 @@ def test_cli_torch_to_onnx(net_and_ir, tmp_path):
 def test_missing_jax_is_the_not_installed_error(net_and_ir, tmp_path):
     with pytest.raises(MissingFrameworkError, match=r"xconv\[jax\]"):
         xconv.to_jax(net_and_ir[2])
+    # The library calls that import the framework inside the call, not at attribute access.
+    with pytest.raises(MissingFrameworkError, match=r"xconv\[jax\]"):
+        xconv.to_flax(net_and_ir[2], tmp_path / "f")
+    assert not (tmp_path / "f").exists()
     path = xconv.save(build_demo_model(), tmp_path / "demo.onnx")
+    with pytest.raises(MissingFrameworkError, match=r"xconv\[jax\]"):
+        xconv.convert(path, source_kind="onnx", target="flax", out_dir=tmp_path / "c")
+    assert not (tmp_path / "c").exists()
     r = CliRunner().invoke(main, ["onnx-to-jax", str(path), "-o", str(tmp_path / "j")])
     assert r.exit_code == MissingFrameworkError.exit_code == 7, r.output
     assert "xconv[jax]" in r.output and "Traceback" not in r.output

@@ -16,9 +16,9 @@ import numpy as np
 import onnx_ir as ir
 from jax import lax
 
-from xconv.converters.common import attention as attention_attrs
 from xconv.converters.jax.linalg import reference_sum
 from xconv.converters.jax.registry import builtin
+from xconv.converters.ops import attention as attention_attrs
 
 _NEG_INF = -np.inf
 

@@ -10,12 +10,12 @@ import jax
 import numpy as np
 import onnx_ir as ir
 
-from xconv.errors import ConversionError, StaticValueError
-from xconv.ir.metadata import SOURCE_LINE, get_scope
+from xconv.converters.ops.context import NodeContext, node_error
+from xconv.errors import StaticValueError
 
 
 @dataclass
-class JaxContext:
+class JaxContext(NodeContext):
     """Per-node context passed as the first argument of every JAX handler.
 
     Attributes:
@@ -60,12 +60,11 @@ class JaxContext:
         if isinstance(value, jax.core.Tracer) or (
             isinstance(value, list) and any(isinstance(v, jax.core.Tracer) for v in value)
         ):
-            raise StaticValueError(
+            raise node_error(
+                self.node,
                 f"{what} must be known at trace time under jax.jit, but it is computed from "
                 "run-time data; run the function without jit or make the value constant",
-                op=self.node.op_type,
-                node=self.node.name,
-                scope=get_scope(self.node),
+                StaticValueError,
             )
         if isinstance(value, list):
             return [np.asarray(v) for v in value]
@@ -81,13 +80,3 @@ class JaxContext:
                 "function with rng=jax.random.key(...)"
             )
         return jax.random.fold_in(self.rng, self.node_index)
-
-    def error(self, message: str) -> ConversionError:
-        """A ConversionError carrying this node's op, name, scope and source line."""
-        return ConversionError(
-            message,
-            op=self.node.op_type,
-            node=self.node.name,
-            scope=get_scope(self.node),
-            source_line=self.node.metadata_props.get(SOURCE_LINE),
-        )

@@ -8,16 +8,16 @@ Ops whose output shape depends on data (NonZero, Unique, Compress) need concrete
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xconv.converters.common.arrays import namespace, normalize_axis
+from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import builtin
 from xconv.converters.jax.shape import check_choice, static_ints
+from xconv.converters.ops import indexing
+from xconv.converters.ops.arrays import namespace, normalize_axis
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
 
@@ -117,25 +117,6 @@ def gather_elements(ctx, x, indices, *, axis):
     return xp.asarray(x)[index]  # constant data, traced indices: index the jax array
 
 
-@builtin("GatherND", since=11, attrs={"batch_dims": 0})
-def gather_nd(ctx, x, indices, *, batch_dims):
-    """GatherND(data, indices) -> output: slices of data addressed by index tuples."""
-    xp = namespace(jnp, x, indices)
-    d_shape, i_shape = tuple(np.shape(x)), tuple(np.shape(indices))
-    b = batch_dims
-    k = i_shape[-1]
-    if d_shape[:b] != i_shape[:b] or b + k > len(d_shape):
-        raise ctx.error(f"indices {i_shape} do not fit data {d_shape} with batch_dims={b}")
-    nb = math.prod(d_shape[:b])
-    inner = i_shape[b:-1]
-    data = xp.reshape(xp.asarray(x), (nb, *d_shape[b:]))  # jnp.reshape keeps numpy as numpy
-    idx = xp.reshape(indices, (nb, *inner, k))
-    comps = tuple(_wrap(xp, idx[..., j], d_shape[b + j]) for j in range(k))
-    batch = xp.arange(nb).reshape((nb,) + (1,) * len(inner))
-    out = data[(batch, *comps)]
-    return xp.reshape(out, d_shape[:b] + inner + d_shape[b + k :])
-
-
 # -- scattering ----------------------------------------------------------------------------
 
 
@@ -178,40 +159,6 @@ def scatter_nd(ctx, x, indices, updates, *, reduction):
 # -- construction from indices --------------------------------------------------------------
 
 
-@builtin("OneHot", since=9, attrs={"axis": -1})
-def one_hot(ctx, indices, depth, values, *, axis):
-    """OneHot(indices, depth, values) -> output: values[1] where index matches, else values[0]."""
-    n = int(np.asarray(ctx.static(depth, "depth")).reshape(-1)[0])
-    rank = np.ndim(indices) + 1
-    axis = normalize_axis(ctx, axis, rank)
-    xp = namespace(jnp, indices, values)
-    idx = indices
-    if np.dtype(idx.dtype).kind == "f":
-        idx = (
-            idx.astype(np.int64)
-            if xp is np
-            else idx.astype(jax.dtypes.canonicalize_dtype(np.int64))
-        )
-    idx = xp.where(idx < 0, idx + n, idx)
-    view = [1] * rank
-    view[axis] = n
-    hot = xp.expand_dims(idx, axis) == xp.arange(n).reshape(view)
-    return xp.where(hot, values[1], values[0]).astype(values.dtype)
-
-
-@builtin("Compress", since=9, attrs={"axis": None})
-def compress(ctx, x, condition, *, axis):
-    """Compress(input, condition) -> output: the slices along axis where condition is true."""
-    keep = np.nonzero(np.asarray(ctx.static(condition, "condition")).reshape(-1))[0]
-    xp = namespace(jnp, x)
-    if axis is None:
-        return xp.take(xp.reshape(x, (-1,)), keep)
-    axis = normalize_axis(ctx, axis, np.ndim(x))
-    if keep.size and keep[-1] >= np.shape(x)[axis]:
-        raise ctx.error("condition selects past the end of the axis")
-    return xp.take(x, keep, axis=axis)
-
-
 @builtin("NonZero", since=9)
 def non_zero(ctx, x):
     """NonZero(X) -> Y: int64 indices (rank, count) of the non-zero elements."""
@@ -223,36 +170,8 @@ def non_zero(ctx, x):
 def unique(ctx, x, *, axis, sorted):  # noqa: A002 - the ONNX attribute name
     """Unique(X) -> (Y, indices, inverse_indices, counts): unique values or slices."""
     value = ctx.static(x, "Unique input (its output shape depends on the data)")
-    kwargs = {} if axis is None else {"axis": normalize_axis(ctx, axis, value.ndim)}
-    y, first, inverse, counts = np.unique(
-        value, return_index=True, return_inverse=True, return_counts=True, **kwargs
-    )
-    inverse = inverse.reshape(-1)
-    if not sorted:
-        order = np.argsort(first, kind="stable")
-        rank_of = np.empty_like(order)
-        rank_of[order] = np.arange(order.size)
-        first, counts, inverse = first[order], counts[order], rank_of[inverse]
-        y = np.take(value, first, axis=kwargs.get("axis"))
-    as64 = [np.asarray(v, dtype=np.int64) for v in (first, inverse, counts)]
-    return (y, *as64)[: len(ctx.output_values)]
+    return indexing.unique(ctx, value, axis, sorted)
 
 
-@builtin("ReverseSequence", since=10, attrs={"batch_axis": 1, "time_axis": 0})
-def reverse_sequence(ctx, x, sequence_lens, *, batch_axis, time_axis):
-    """ReverseSequence(input, sequence_lens) -> Y: reverses the first lens[b] steps of batch b."""
-    rank = np.ndim(x)
-    batch_axis = normalize_axis(ctx, batch_axis, rank)
-    time_axis = normalize_axis(ctx, time_axis, rank)
-    xp = namespace(jnp, x, sequence_lens)
-    n_time = np.shape(x)[time_axis]
-    t = xp.arange(n_time)[None, :]
-    lens = xp.reshape(sequence_lens, (-1, 1))
-    src = xp.where(t < lens, lens - 1 - t, t)  # (batch, time)
-    if batch_axis > time_axis:
-        src = src.T
-    view = [1] * rank
-    view[batch_axis] = np.shape(x)[batch_axis]
-    view[time_axis] = n_time
-    src = xp.broadcast_to(xp.reshape(src, view), np.shape(x))
-    return xp.take_along_axis(x, src.astype(np.int32) if xp is jnp else src, axis=time_axis)
+# GatherND, OneHot, Compress, ReverseSequence: written once in converters/ops/indexing.py.
+indexing.register_indexing_ops(builtin, KERNEL)

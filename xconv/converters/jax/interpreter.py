@@ -17,11 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.common.arrays import is_static
 from xconv.converters.jax.context import JaxContext
+from xconv.converters.ops.arrays import is_static
+from xconv.converters.ops.context import find_handler, graph_env, handler_errors
 from xconv.converters.registry import Registry, as_tuple
 from xconv.errors import ConversionError
-from xconv.ir.metadata import ROLE, SOURCE_LINE, get_scope
+from xconv.ir.metadata import ROLE, get_scope
 from xconv.ir.naming import flatten, nest
 from xconv.ir.passes._utils import is_weight
 
@@ -82,12 +83,7 @@ class Interpreter:
         rng: Any = None,
     ) -> list[Any]:
         """Run ``graph`` given values for its inputs; ``env`` holds enclosing-scope values."""
-        env = dict(env)
-        for value, x in zip(graph.inputs, inputs, strict=False):
-            env[value] = x
-        for value in graph.initializers.values():
-            if value not in env and value.const_value is not None:
-                env[value] = value.const_value.numpy()
+        env = graph_env(graph, env, inputs, lambda a: a)
         for index, node in enumerate(graph):
             outputs = self.run_node(node, env, index, rng)
             for value, out in zip(node.outputs, outputs, strict=False):
@@ -100,11 +96,7 @@ class Interpreter:
     def run_node(
         self, node: ir.Node, env: dict[ir.Value, Any], index: int, rng: Any
     ) -> tuple[Any, ...]:
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        version = node.version or self.model.opset_imports.get(domain, 1)
-        handler, reason = self.registry.lookup(domain, node.op_type, version)
-        if handler is None:
-            raise ConversionError(reason, op=node.op_type, node=node.name, scope=get_scope(node))
+        handler, version = find_handler(self.registry, self.model.opset_imports, node)
         attrs = handler.parse_attributes(node)
         args = []
         for v in node.inputs:
@@ -134,23 +126,13 @@ class Interpreter:
         static = (
             node.op_type not in _STATEFUL and not has_subgraph and all(is_static(a) for a in args)
         )
-        try:
+        with handler_errors(node):
             if static:
                 with jax.ensure_compile_time_eval():
                     outputs = as_tuple(handler.fn(ctx, *args, **attrs))
                 outputs = tuple(_to_static(o) for o in outputs)
             else:
                 outputs = as_tuple(handler.fn(ctx, *args, **attrs))
-        except ConversionError:
-            raise
-        except Exception as e:
-            raise ConversionError(
-                f"{type(e).__name__}: {e}",
-                op=node.op_type,
-                node=node.name,
-                scope=get_scope(node),
-                source_line=node.metadata_props.get(SOURCE_LINE),
-            ) from e
         if self.capture is not None:
             self.capture(node, outputs)
         return outputs

@@ -8,8 +8,8 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from xconv.converters.common.arrays import normalize_axis
 from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.converters.ops.arrays import normalize_axis
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
 _LOW_PRECISION = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from xconv.converters.common.arrays import is_static, namespace
-from xconv.converters.common.attrs import CONV_ATTRS
 from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.converters.ops.arrays import is_static, namespace
+from xconv.converters.ops.attrs import CONV_ATTRS
 
 #: Attributes of the opset 1-6 binary ops (``broadcast``/``axis`` legacy broadcasting).
 _LEGACY_BINARY = {"broadcast": 0, "axis": None, "consumed_inputs": None}

@@ -1,4 +1,4 @@
-"""NonMaxSuppression, the string ops (both written once in ``converters/common``) and the
+"""NonMaxSuppression, the string ops (both written once in ``converters/ops``) and the
 ai.onnx.preview.training optimizer ops (Adagrad, Adam, Momentum)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xconv.converters.common import nms, strings
 from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.converters.ops import nms, strings
 
 TRAINING = "ai.onnx.preview.training"
 

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xconv.converters.common import shapes
-from xconv.converters.common.attrs import CONV_ATTRS
 from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.converters.ops import shapes
+from xconv.converters.ops.attrs import CONV_ATTRS
 
 # --------------------------------------------------------------------------- geometry
 

@@ -14,6 +14,7 @@ Importing this module imports the handler modules, which register the built-in h
 
 from __future__ import annotations
 
+from xconv.converters.ops import RUNTIME_FAMILIES
 from xconv.converters.registry import REQUIRED, Registry, import_handler_modules
 
 registry = Registry("jax", module=__name__)
@@ -21,23 +22,7 @@ register = registry.register
 builtin = registry.builtin
 
 #: Handler modules, one per op family; importing one registers its handlers.
-HANDLER_MODULES = (
-    "elementwise",
-    "math",
-    "nn",
-    "rnn",
-    "linalg",
-    "reduce",
-    "attention",
-    "shape",
-    "indexing",
-    "control",
-    "sequence",
-    "random",
-    "misc",
-    "signal",
-    "ml",
-)
+HANDLER_MODULES = (*RUNTIME_FAMILIES, "ml")
 
 # After ``builtin`` exists: each handler module imports it from this (partly run) module.
 import_handler_modules("xconv.converters.jax", HANDLER_MODULES)

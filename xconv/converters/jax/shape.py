@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.common import resize as resizing
-from xconv.converters.common.arrays import namespace, normalize_axis
-from xconv.converters.common.attrs import check_choice, static_ints, unsupported
 from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.converters.ops import resize as resizing
+from xconv.converters.ops.arrays import namespace, normalize_axis
+from xconv.converters.ops.attrs import check_choice, static_ints, unsupported
 
 
 def _onnx_dtype(code: int) -> np.dtype:

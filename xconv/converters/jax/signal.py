@@ -1,14 +1,14 @@
 """The JAX kernel of the signal ops (window functions, DFT, STFT, MelWeightMatrix).
 
-The ops are written once in :mod:`xconv.converters.common.signal_ops`.
+The ops are written once in :mod:`xconv.converters.ops.signal_ops`.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from xconv.converters.common.signal_ops import register_signal_ops
 from xconv.converters.jax.registry import builtin
+from xconv.converters.ops.signal_ops import register_signal_ops
 
 
 class _Kernel:

@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
+from xconv.converters.ops import RUNTIME_FAMILIES
 from xconv.converters.registry import import_handler_modules
 
 #: Handler modules, one per op family; importing one registers its handlers.
-HANDLER_MODULES = (
-    "elementwise",
-    "math",
-    "linalg",
-    "reduce",
-    "attention",
-    "nn",
-    "rnn",
-    "shape",
-    "indexing",
-    "control",
-    "sequence",
-    "random",
-    "misc",
-    "signal",
-)
+HANDLER_MODULES = RUNTIME_FAMILIES
 
 import_handler_modules(__name__, HANDLER_MODULES)

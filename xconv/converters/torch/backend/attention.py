@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from xconv.converters.common import attention as attention_attrs
+from xconv.converters.ops import attention as attention_attrs
 from xconv.converters.torch.backend.linalg import reference_sum
 from xconv.converters.torch.backend.registry import builtin
 

@@ -10,12 +10,12 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from xconv.errors import ConversionError
-from xconv.ir.metadata import SOURCE_LINE, get_layer, get_scope
+from xconv.converters.ops.context import NodeContext
+from xconv.ir.metadata import get_layer
 
 
 @dataclass
-class TorchContext:
+class TorchContext(NodeContext):
     """Per-node context passed as the first argument of every PyTorch handler.
 
     Attributes:
@@ -57,12 +57,3 @@ class TorchContext:
         if isinstance(value, torch.Tensor):
             return value.detach().cpu().numpy()
         return np.asarray(value)
-
-    def error(self, message: str) -> ConversionError:
-        return ConversionError(
-            message,
-            op=self.node.op_type,
-            node=self.node.name,
-            scope=get_scope(self.node),
-            source_line=self.node.metadata_props.get(SOURCE_LINE),
-        )

@@ -15,10 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from xconv.converters.common.arrays import normalize_axis
+from xconv.converters.ops import indexing
+from xconv.converters.ops.arrays import normalize_axis
 from xconv.converters.torch.backend.dtypes import needs_numpy
 from xconv.converters.torch.backend.registry import builtin
 from xconv.converters.torch.backend.shape import back, check_choice, static_ints, take, to_np
+from xconv.converters.torch.backend.xp import KERNEL
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
 
@@ -140,24 +142,6 @@ def gather_elements(ctx, x, indices, *, axis):
     return torch.gather(x, axis, _wrap(indices, x.shape[axis]))
 
 
-@builtin("GatherND", since=11, attrs={"batch_dims": 0})
-def gather_nd(ctx, x, indices, *, batch_dims):
-    """GatherND(data, indices) -> output: slices of data addressed by index tuples."""
-    d_shape, i_shape = tuple(x.shape), tuple(indices.shape)
-    b = batch_dims
-    k = i_shape[-1]
-    if d_shape[:b] != i_shape[:b] or b + k > len(d_shape):
-        raise ctx.error(f"indices {i_shape} do not fit data {d_shape} with batch_dims={b}")
-    nb = math.prod(d_shape[:b])
-    inner = i_shape[b:-1]
-    data = x.reshape((nb, *d_shape[b:]))
-    idx = indices.reshape((nb, *inner, k))
-    comps = tuple(_wrap(idx[..., j], d_shape[b + j]) for j in range(k))
-    batch = torch.arange(nb, device=idx.device).reshape((nb,) + (1,) * len(inner))
-    out = data[(batch, *comps)]
-    return out.reshape(d_shape[:b] + inner + d_shape[b + k :])
-
-
 # -- scattering ----------------------------------------------------------------------------
 
 
@@ -197,32 +181,6 @@ def scatter_nd(ctx, x, indices, updates, *, reduction):
 # -- construction from indices --------------------------------------------------------------
 
 
-@builtin("OneHot", since=9, attrs={"axis": -1})
-def one_hot(ctx, indices, depth, values, *, axis):
-    """OneHot(indices, depth, values) -> output: values[1] where index matches, else values[0]."""
-    n = int(np.asarray(ctx.static(depth, "depth")).reshape(-1)[0])
-    rank = len(indices.shape) + 1
-    axis = normalize_axis(ctx, axis, rank)
-    idx = indices.to(torch.int64)
-    idx = torch.where(idx < 0, idx + n, idx)
-    view = [1] * rank
-    view[axis] = n
-    hot = idx.unsqueeze(axis) == torch.arange(n, device=idx.device).reshape(view)
-    return torch.where(hot, values[1], values[0]).to(values.dtype)
-
-
-@builtin("Compress", since=9, attrs={"axis": None})
-def compress(ctx, x, condition, *, axis):
-    """Compress(input, condition) -> output: the slices along axis where condition is true."""
-    keep = np.nonzero(np.asarray(ctx.static(condition, "condition")).reshape(-1))[0]
-    if axis is None:
-        return take(x.reshape(-1), keep, 0)
-    axis = normalize_axis(ctx, axis, len(x.shape))
-    if keep.size and keep[-1] >= x.shape[axis]:
-        raise ctx.error("condition selects past the end of the axis")
-    return take(x, keep, axis)
-
-
 @builtin("NonZero", since=9)
 def non_zero(ctx, x):
     """NonZero(X) -> Y: int64 indices (rank, count) of the non-zero elements."""
@@ -239,38 +197,10 @@ def unique(ctx, x, *, axis, sorted):  # noqa: A002 - the ONNX attribute name
     """Unique(X) -> (Y, indices, inverse_indices, counts): unique values or slices."""
     low = isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16)
     value = ctx.static(x.float() if low else x, "Unique input (its output depends on the data)")
-    kwargs = {} if axis is None else {"axis": normalize_axis(ctx, axis, value.ndim)}
-    y, first, inverse, counts = np.unique(
-        value, return_index=True, return_inverse=True, return_counts=True, **kwargs
-    )
-    inverse = inverse.reshape(-1)
-    if not sorted:
-        order = np.argsort(first, kind="stable")
-        rank_of = np.empty_like(order)
-        rank_of[order] = np.arange(order.size)
-        first, counts, inverse = first[order], counts[order], rank_of[inverse]
-        y = np.take(value, first, axis=kwargs.get("axis"))
+    y, *rest = indexing.unique(ctx, value, axis, sorted)
     y_out = back(y, x).to(x.dtype) if low else back(y, x)
-    outs = [y_out] + [back(np.asarray(v, np.int64), x) for v in (first, inverse, counts)]
-    return tuple(outs[: len(ctx.node.outputs)])
+    return (y_out, *(back(v, x) for v in rest))
 
 
-@builtin("ReverseSequence", since=10, attrs={"batch_axis": 1, "time_axis": 0})
-def reverse_sequence(ctx, x, sequence_lens, *, batch_axis, time_axis):
-    """ReverseSequence(input, sequence_lens) -> Y: reverses the first lens[b] steps of batch b."""
-    rank = len(x.shape)
-    batch_axis = normalize_axis(ctx, batch_axis, rank)
-    time_axis = normalize_axis(ctx, time_axis, rank)
-    n_time = x.shape[time_axis]
-    t = torch.arange(n_time, device=sequence_lens.device)[None, :]
-    lens = sequence_lens.to(torch.int64).reshape(-1, 1)
-    src = torch.where(t < lens, lens - 1 - t, t)  # (batch, time)
-    if batch_axis > time_axis:
-        src = src.T
-    view = [1] * rank
-    view[batch_axis] = x.shape[batch_axis]
-    view[time_axis] = n_time
-    src = src.reshape(view).expand(x.shape)
-    if needs_numpy(x):
-        return back(np.take_along_axis(to_np(x), to_np(src), axis=time_axis), x)
-    return torch.gather(x, time_axis, src)
+# GatherND, OneHot, Compress, ReverseSequence: written once in converters/ops/indexing.py.
+indexing.register_indexing_ops(builtin, KERNEL)

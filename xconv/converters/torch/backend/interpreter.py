@@ -15,11 +15,11 @@ import onnx_ir as ir
 import torch
 from torch import nn
 
+from xconv.converters.ops.context import find_handler, graph_env, handler_errors
 from xconv.converters.registry import Registry, as_tuple
 from xconv.converters.torch.backend.context import TorchContext
 from xconv.converters.torch.backend.dtypes import to_tensor
-from xconv.errors import ConversionError
-from xconv.ir.metadata import ROLE, SOURCE_LINE, get_scope
+from xconv.ir.metadata import ROLE
 from xconv.ir.naming import nest
 from xconv.ir.passes._utils import is_weight
 
@@ -100,12 +100,7 @@ class ConvertedModule(nn.Module):
     def _run_graph(
         self, graph: ir.Graph, env: dict[ir.Value, Any], inputs: Iterable[Any], buffers
     ) -> list[Any]:
-        env = dict(env)
-        for value, x in zip(graph.inputs, inputs, strict=False):
-            env[value] = x
-        for value in graph.initializers.values():
-            if value not in env and value.const_value is not None:
-                env[value] = to_tensor(np.array(value.const_value.numpy()))
+        env = graph_env(graph, env, inputs, lambda a: to_tensor(np.array(a)))
         for node in graph:
             outputs = self._run_node(node, env, buffers)
             for value, out in zip(node.outputs, outputs, strict=False):
@@ -113,11 +108,7 @@ class ConvertedModule(nn.Module):
         return [env[v] for v in graph.outputs]
 
     def _run_node(self, node: ir.Node, env: dict[ir.Value, Any], buffers) -> tuple[Any, ...]:
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        version = node.version or self._model.opset_imports.get(domain, 1)
-        handler, reason = self._registry.lookup(domain, node.op_type, version)
-        if handler is None:
-            raise ConversionError(reason, op=node.op_type, node=node.name, scope=get_scope(node))
+        handler, version = find_handler(self._registry, self._model.opset_imports, node)
         attrs = handler.parse_attributes(node)
         args = [None if v is None or v.name == "" else env[v] for v in node.inputs]
 
@@ -125,18 +116,8 @@ class ConvertedModule(nn.Module):
             return self._run_graph(graph, env, sub_inputs, buffers)
 
         ctx = TorchContext(node, version, run_subgraph, self.training, None, buffers)
-        try:
+        with handler_errors(node):
             return as_tuple(handler.fn(ctx, *args, **attrs))
-        except ConversionError:
-            raise
-        except Exception as e:
-            raise ConversionError(
-                f"{type(e).__name__}: {e}",
-                op=node.op_type,
-                node=node.name,
-                scope=get_scope(node),
-                source_line=node.metadata_props.get(SOURCE_LINE),
-            ) from e
 
 
 def to_torch(model: ir.Model, *, registry: Registry | None = None):

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xconv.converters.common.arrays import normalize_axis
+from xconv.converters.ops.arrays import normalize_axis
 from xconv.converters.torch.backend.math import as_numpy, from_numpy
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xconv.converters.common.arrays import namespace
-from xconv.converters.common.attrs import CONV_ATTRS
+from xconv.converters.ops.arrays import namespace
+from xconv.converters.ops.attrs import CONV_ATTRS
 from xconv.converters.torch.backend.dtypes import (
     needs_numpy,
     numpy_only,

@@ -1,5 +1,5 @@
 """PyTorch registration of NonMaxSuppression and the string ops (StringConcat,
-StringNormalizer, StringSplit, RegexFullMatch), written once in ``converters/common``.
+StringNormalizer, StringSplit, RegexFullMatch), written once in ``converters/ops``.
 
 Both run on concrete numpy values (NonMaxSuppression's output length depends on the data;
 torch has no string tensors); their numeric outputs come back as torch tensors.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from xconv.converters.common import nms, strings
+from xconv.converters.ops import nms, strings
 from xconv.converters.torch.backend.registry import builtin
 
 nms.register_nms(builtin, torch.from_numpy)

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xconv.converters.common import shapes
-from xconv.converters.common.attrs import CONV_ATTRS
+from xconv.converters.ops import shapes
+from xconv.converters.ops.attrs import CONV_ATTRS
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import check_choice
 from xconv.ir.metadata import MODULE

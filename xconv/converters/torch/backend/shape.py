@@ -15,9 +15,9 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from xconv.converters.common import resize as resizing
-from xconv.converters.common.arrays import normalize_axis
-from xconv.converters.common.attrs import check_choice, static_ints, unsupported
+from xconv.converters.ops import resize as resizing
+from xconv.converters.ops.arrays import normalize_axis
+from xconv.converters.ops.attrs import check_choice, static_ints, unsupported
 from xconv.converters.torch.backend.dtypes import (
     WIDE_UNSIGNED,
     is_numpy,

@@ -1,13 +1,13 @@
 """The PyTorch kernel of the signal ops (window functions, DFT, STFT, MelWeightMatrix).
 
-The ops are written once in :mod:`xconv.converters.common.signal_ops`.
+The ops are written once in :mod:`xconv.converters.ops.signal_ops`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from xconv.converters.common.signal_ops import register_signal_ops
+from xconv.converters.ops.signal_ops import register_signal_ops
 from xconv.converters.torch.backend.dtypes import to_tensor
 from xconv.converters.torch.backend.registry import builtin
 

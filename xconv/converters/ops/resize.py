@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from xconv.converters.common.arrays import normalize_axis
+from xconv.converters.ops.arrays import normalize_axis
 
 Fail = Callable[[str], Exception]
 
@@ -240,7 +240,7 @@ def resize_arguments(
     ``exclude_outside``, ``extrapolation_value``. ``present(v)`` says whether an optional
     input holds data (an empty tensor means absent).
     """
-    from xconv.converters.common.attrs import check_choice, static_ints, unsupported
+    from xconv.converters.ops.attrs import check_choice, static_ints, unsupported
 
     mode = attrs["mode"]
     coord_mode = attrs["coordinate_transformation_mode"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xconv.converters.common.arrays import is_static, namespace, normalize_axis
+from xconv.converters.ops.arrays import is_static, namespace, normalize_axis
 
 
 class _Ctx:

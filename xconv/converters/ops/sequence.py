@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -65,11 +65,28 @@ def split_sizes(split: np.ndarray, dim: int, fail: Fail) -> list[int]:
     return sizes
 
 
-def register_list_ops(builtin: Callable[..., Any], required: Any) -> None:
-    """Register the sequence and optional ops that only move Python objects around, the same in
-    every backend: ``builtin`` is a backend registry's decorator factory, ``required`` its
-    REQUIRED marker. Ops that build arrays (SequenceAt, SequenceLength, SplitToSequence,
-    ConcatFromSequence, OptionalHasElement) stay in each backend."""
+class SequenceKernel(Protocol):
+    """What a backend provides for the sequence ops that build arrays."""
+
+    def constant(self, a: np.ndarray) -> Any:
+        """A numpy result as the backend returns constants."""
+
+    def split(self, x: Any, sizes: list[int], axis: int) -> list[Any]: ...
+
+    def squeeze(self, x: Any, axis: int) -> Any: ...
+
+    def expand_dims(self, x: Any, axis: int) -> Any: ...
+
+    def concat(self, xs: list[Any], axis: int) -> Any:
+        """``xs`` joined along a non-negative ``axis`` (numpy string elements included)."""
+
+    def dynamic_at(self, ctx: Any, seq: list[Any], position: Any) -> Any:
+        """``seq[position]`` for a run-time position, or None where positions are static."""
+
+
+def register_list_ops(builtin: Callable[..., Any], required: Any, k: SequenceKernel) -> None:
+    """Register the sequence and optional ops: ``builtin`` is a backend registry's decorator
+    factory, ``required`` its REQUIRED marker, ``k`` its kernel for the ops that build arrays."""
 
     @builtin("SequenceConstruct", since=11)
     def sequence_construct(ctx, *inputs):
@@ -116,3 +133,52 @@ def register_list_ops(builtin: Callable[..., Any], required: Any) -> None:
         if x is None:
             raise ctx.error("the optional input is empty")
         return x
+
+    @builtin("SequenceAt", since=11)
+    def sequence_at(ctx, seq, position):
+        """SequenceAt(input_sequence, position) -> tensor."""
+        seq = as_sequence(seq, ctx.error)
+        found = k.dynamic_at(ctx, seq, position)
+        if found is not None:
+            return found
+        return seq[_position(ctx, position, len(seq))]
+
+    @builtin("SequenceLength", since=11)
+    def sequence_length(ctx, seq):
+        """SequenceLength(input_sequence) -> int64 scalar."""
+        return k.constant(np.array(len(as_sequence(seq, ctx.error)), dtype=np.int64))
+
+    @builtin("SplitToSequence", since=11, attrs={"axis": 0, "keepdims": 1})
+    def split_to_sequence(ctx, x, split=None, *, axis, keepdims):
+        """SplitToSequence(input, split?) -> output_sequence."""
+        axis = axis % x.ndim
+        dim = x.shape[axis]
+        if split is None:
+            if dim == 0:
+                return []
+            pieces = k.split(x, [1] * dim, axis)
+            return pieces if keepdims else [k.squeeze(p, axis) for p in pieces]
+        return k.split(x, split_sizes(ctx.static(split, "split"), dim, ctx.error), axis)
+
+    @builtin("ConcatFromSequence", since=11, attrs={"axis": required, "new_axis": 0})
+    def concat_from_sequence(ctx, seq, *, axis, new_axis):
+        """ConcatFromSequence(input_sequence) -> concatenated (or stacked, new_axis=1) tensor."""
+        seq = as_sequence(seq, ctx.error)
+        if not seq:
+            raise ctx.error("cannot concatenate an empty sequence")
+        rank = np.ndim(seq[0])
+        if new_axis:
+            axis = axis % (rank + 1)
+            seq = [k.expand_dims(s, axis) for s in seq]
+        else:
+            axis = axis % rank
+        return k.concat(seq, axis)
+
+    @builtin("OptionalHasElement", since=15)
+    def optional_has_element(ctx, x=None):
+        """OptionalHasElement(input?) -> bool scalar: whether the optional holds a value."""
+        return k.constant(np.array(x is not None))
+
+
+def _position(ctx, at, length: int) -> int:
+    return position(at, length, ctx.static, ctx.error, insert=False)

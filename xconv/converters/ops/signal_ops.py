@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from xconv.converters.common import signal as windows
+from xconv.converters.ops import signal as windows
 
 
 class SignalKernel(Protocol):

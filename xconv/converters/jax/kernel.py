@@ -1,0 +1,35 @@
+"""The JAX side of the shared op semantics (:mod:`xconv.converters.ops`): which namespace a
+handler computes with, and the few primitives the array API lacks."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from xconv.converters.jax.linalg import index_dtype
+from xconv.converters.ops.arrays import namespace
+
+
+class JaxKernel:
+    """numpy when every input is static (folded at trace time), else ``jax.numpy``."""
+
+    overrides: dict = {}
+
+    @staticmethod
+    def run(fn, *arrays):
+        xp = namespace(jnp, *arrays)
+        if xp is np:
+            with np.errstate(all="ignore"):
+                return fn(np, *(None if a is None else np.asarray(a) for a in arrays))
+        return fn(jnp, *(None if a is None else jnp.asarray(a) for a in arrays))
+
+    @staticmethod
+    def index_dtype(xp):
+        return index_dtype()
+
+    @staticmethod
+    def arange(xp, n, like):
+        return xp.arange(n)
+
+
+KERNEL = JaxKernel()

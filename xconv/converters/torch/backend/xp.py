@@ -1,0 +1,172 @@
+"""torch under numpy's names: the array namespace ``xp`` that shared op semantics
+(:mod:`xconv.converters.ops`) compute with on the torch backend.
+
+Only what the shared ops use; each function takes numpy's arguments (``axis``, ``keepdims``,
+tuples of axes, an empty tuple meaning no reduction) and returns torch tensors.
+:func:`run` picks numpy instead for arrays torch cannot compute with (wide unsigned types,
+numpy strings).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from xconv.converters.ops.arrays import namespace
+from xconv.converters.torch.backend.dtypes import numpy_only
+from xconv.converters.torch.backend.math import as_numpy, from_numpy
+
+bool_ = torch.bool
+float32 = torch.float32
+int64 = torch.int64
+iinfo = torch.iinfo
+abs = torch.abs  # noqa: A001 - numpy's name
+sqrt = torch.sqrt
+log = torch.log
+exp = torch.exp
+expm1 = torch.expm1
+tanh = torch.tanh
+logaddexp = torch.logaddexp
+isfinite = torch.isfinite
+where = torch.where
+zeros_like = torch.zeros_like
+full_like = torch.full_like
+clip = torch.clamp
+reshape = torch.reshape
+
+
+def _tensor(b: Any, like: Any) -> Any:
+    return b if isinstance(b, torch.Tensor) else torch.as_tensor(b, device=like.device)
+
+
+def maximum(a, b):
+    return torch.maximum(a, _tensor(b, a))
+
+
+def minimum(a, b):
+    return torch.minimum(a, _tensor(b, a))
+
+
+def _dims(axis: Any) -> tuple[int, ...]:
+    return tuple(axis) if isinstance(axis, tuple | list) else (axis,)
+
+
+def _reduce(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def reduce(x, axis=None, keepdims=False):
+        if axis is None:
+            axis = tuple(range(x.ndim))
+        axis = _dims(axis)
+        return fn(x, axis, keepdims) if axis else x
+
+    reduce.__name__ = fn.__name__
+    return reduce
+
+
+@_reduce
+def sum(x, axis, keepdims):  # noqa: A001 - numpy's name
+    return torch.sum(x, dim=axis, keepdim=keepdims)
+
+
+@_reduce
+def max(x, axis, keepdims):  # noqa: A001 - numpy's name
+    return torch.amax(x, dim=axis, keepdim=keepdims)
+
+
+@_reduce
+def min(x, axis, keepdims):  # noqa: A001 - numpy's name
+    return torch.amin(x, dim=axis, keepdim=keepdims)
+
+
+@_reduce
+def mean(x, axis, keepdims):
+    if not x.dtype.is_floating_point and not x.dtype.is_complex:
+        x = x.to(torch.float64)
+    return torch.mean(x, dim=axis, keepdim=keepdims)
+
+
+@_reduce
+def prod(x, axis, keepdims):
+    for a in sorted(axis, reverse=True):
+        x = torch.prod(x, dim=a, keepdim=keepdims)
+    return x
+
+
+def squeeze(x, axis):
+    return torch.squeeze(x, _dims(axis))
+
+
+def flip(x, axis):
+    return torch.flip(x, _dims(axis))
+
+
+def _arg(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def arg(x, axis, keepdims=False):
+        if x.dtype == torch.bool:
+            x = x.to(torch.int64)
+        return fn(x, dim=axis, keepdim=keepdims)
+
+    return arg
+
+
+argmax = _arg(torch.argmax)
+argmin = _arg(torch.argmin)
+
+
+def astype(x, dtype):
+    return x.to(dtype)
+
+
+def run(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(xp, *args)`` with this namespace, or with numpy (results back as tensors) for
+    arrays torch cannot compute with."""
+    if namespace(torch, *args, numpy_for=numpy_only) is np:
+        like = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        with np.errstate(all="ignore"):
+            return from_numpy(fn(np, *(None if a is None else as_numpy(a) for a in args)), like)
+    return fn(sys.modules[__name__], *args)
+
+
+def take(x, indices, axis=None):
+    """``np.take`` for numpy ``indices``."""
+    from xconv.converters.torch.backend.shape import take as take_static
+
+    if axis is None:
+        return take_static(x.reshape(-1), indices, 0)
+    return take_static(x, indices, axis)
+
+
+def expand_dims(x, axis):
+    return torch.unsqueeze(x, axis)
+
+
+def broadcast_to(x, shape):
+    return torch.broadcast_to(x, shape)
+
+
+def take_along_axis(x, indices, axis):
+    return torch.gather(x, axis, indices)
+
+
+class TorchKernel:
+    """The torch side of the shared op semantics: this namespace, numpy for what torch cannot
+    hold."""
+
+    overrides: dict = {}
+    run = staticmethod(run)
+
+    @staticmethod
+    def index_dtype(xp):
+        return np.int64 if xp is np else torch.int64
+
+    @staticmethod
+    def arange(xp, n, like):
+        if xp is np:
+            return np.arange(n)
+        return torch.arange(n, device=like.device)
+
+
+KERNEL = TorchKernel()
