@@ -124,3 +124,11 @@ def test_to_jax_on_a_mesh_and_its_errors(default_run):
 @pytest.mark.slow
 def test_full_matrix_all_strategies_on_all_meshes(tmp_path_factory):
     _check_runs(_run_worker(tmp_path_factory, "full"), 18)
+
+
+def test_cli_check_runs_the_candidate_on_the_mesh(default_run):
+    r = default_run["cli_check"]
+    assert r["exit_code"] == 0, r["output"]
+    assert "mesh:2x4" in r["output"] and "candidate sharded over mesh data=2 x model=4" in r[
+        "output"
+    ].replace("\n", " ")
