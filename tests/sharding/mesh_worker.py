@@ -223,6 +223,38 @@ def cli_check(model, x, root: Path, out: dict) -> None:
     out["cli_check"] = {"exit_code": r.exit_code, "output": r.output[-3000:]}
 
 
+def weights_stream(module, x, root: Path, out: dict) -> None:
+    """``convert_weights(..., mesh="2x4")``: the torch state_dict streamed into an Orbax
+    checkpoint placed by fsdp+tp, read by the generated ``load(mesh=)`` next to the one
+    ``to_flax`` wrote."""
+    import shutil
+
+    import jax
+
+    from xconv.sharding.axes import leaves
+    from xconv.weights.convert import convert_weights
+
+    ckpt = root / "state.pt"
+    torch.save(module.state_dict(), ckpt)
+    src, folder = root / "transformer_fsdp+tp", root / "streamed"
+    folder.mkdir()
+    for name in ("model.py", "xconv.json"):
+        shutil.copy(src / name, folder / name)
+    convert_weights(ckpt, lambda: (module, (x,)), out=folder / "variables.orbax", format="orbax",
+                    mesh="2x4", partitioning="fsdp+tp")  # fmt: skip
+    gen = _import(folder / "model.py", "gen_streamed")
+    _, got = gen.load(folder, mesh="2x4")
+    _, want = gen.load(src, mesh="2x4")
+    a, b = leaves(got), leaves(want)
+    out["weights_stream"] = {
+        "same_keys": sorted(a) == sorted(b),
+        "max_abs": max(float(np.max(np.abs(np.asarray(a[k]) - np.asarray(b[k])))) for k in b),
+        "same_specs": all(a[k].sharding.spec == b[k].sharding.spec for k in b),
+        "split": sum(1 for v in a.values() if any(e is not None for e in v.sharding.spec)),
+        "devices": len(jax.devices()),
+    }
+
+
 def main(dest: str, mode: str = "default", only: str | None = None) -> None:
     import jax
 
@@ -246,6 +278,8 @@ def main(dest: str, mode: str = "default", only: str | None = None) -> None:
                 out["timings"][f"{name}_train"] = round(time.perf_counter() - t, 2)
                 to_jax_checks(model, x, out)
                 cli_check(model, x, root, out)
+                if mode == "full":
+                    weights_stream(module, x, root, out)
                 again = xconv.to_flax(model, root / "again", partitioning="fsdp+tp")
                 first = root / "transformer_fsdp+tp" / "model.py"
                 out["deterministic"] = first.read_bytes() == (again / "model.py").read_bytes()
