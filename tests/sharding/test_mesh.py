@@ -135,6 +135,7 @@ def test_full_matrix_all_strategies_on_all_meshes(tmp_path_factory):
 def test_cli_check_runs_the_candidate_on_the_mesh(default_run):
     r = default_run["cli_check"]
     assert r["exit_code"] == 0, r["output"]
-    assert "mesh:2x4" in r["output"] and "candidate sharded over mesh data=2 x model=4" in r[
-        "output"
-    ].replace("\n", " ")
+    text = r["output"].replace("\n", " ")
+    assert "mesh:2x4" in text and "candidate sharded over mesh data=2 x model=4" in text
+    # The folder's module carries its table: the check places params by its own RULES.
+    assert "module's own RULES (PARTITIONING='fsdp+tp')" in text
