@@ -184,6 +184,10 @@ def _template_inputs(input_shape: tuple[str, ...], input_dtype: str):
 @click.option("--api", type=click.Choice(["linen", "nnx"]), default="linen", show_default=True)
 @click.option("--no-strict", is_flag=True, help="Skip bad keys instead of failing.")
 @click.option("--trust-pickle", is_flag=True, help="Allow a torch file that needs unpickling.")
+@click.option("--mesh", default=None, help="Write an Orbax checkpoint placed on a DATAxMODEL "
+              "mesh (e.g. 2x4) shard by shard, by --partitioning.")  # fmt: skip
+@click.option("--partitioning", type=click.Choice(["fsdp", "tp", "fsdp+tp"]), default=None,
+              help="Rules for --mesh (default fsdp+tp).")  # fmt: skip
 def weights_torch_to_flax(
     checkpoint: Path,
     template: str,
@@ -194,10 +198,14 @@ def weights_torch_to_flax(
     api: str,
     no_strict: bool,
     trust_pickle: bool,
+    mesh: str | None,
+    partitioning: str | None,
 ) -> None:
     """Convert a torch state_dict CHECKPOINT into Flax variables for the generated model.py."""
     from xconv.weights.convert import convert_weights
 
+    if mesh is not None:
+        fmt = fmt or "orbax"
     if out is None:
         fmt = fmt or "msgpack"
         stem = checkpoint.name.split(".")[0]
@@ -213,6 +221,7 @@ def weights_torch_to_flax(
         api=api,
         strict=not no_strict,
         trust_pickle=trust_pickle,
+        **({"mesh": mesh, "partitioning": partitioning} if mesh else {}),
     )
     _print_weights_report(report)
 

@@ -9,6 +9,7 @@ rest of the suite keeps one device. Run by hand:
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import sys
@@ -122,6 +123,8 @@ def training_step(name, module, x, model, root: Path, out: dict) -> None:
     from xconv.sharding.rules import make_mesh
     from xconv.training import from_torch_optimizer
 
+    # A copy: the IR's weights may share memory with the module's, and the step is in place.
+    module = copy.deepcopy(module)
     gen = _import(root / f"{name}_fsdp+tp" / "model.py", f"gen_train_{name}")
     flax_model, host = gen.load(root / f"{name}_fsdp+tp")
     _, sharded = gen.load(root / f"{name}_fsdp+tp", mesh="2x4")
@@ -204,6 +207,54 @@ def to_jax_checks(model, x, out: dict) -> None:
     out["errors"] = errors
 
 
+def cli_check(model, x, root: Path, out: dict) -> None:
+    """``xconv check REF.onnx FOLDER --mesh 2x4 --trust-code`` on the fsdp+tp folder."""
+    from click.testing import CliRunner
+
+    import xconv
+    from xconv.cli import main as cli
+
+    onnx_path = xconv.save(model, root / "ref.onnx")
+    np.savez(root / "inputs.npz", x.numpy())
+    folder = root / "transformer_fsdp+tp"
+    args = ["check", str(onnx_path), str(folder), "--trust-code", "--mesh", "2x4",
+            "--inputs", str(root / "inputs.npz"), "--random-inputs", "0"]  # fmt: skip
+    r = CliRunner().invoke(cli, args)
+    out["cli_check"] = {"exit_code": r.exit_code, "output": r.output[-3000:]}
+
+
+def weights_stream(module, x, root: Path, out: dict) -> None:
+    """``convert_weights(..., mesh="2x4")``: the torch state_dict streamed into an Orbax
+    checkpoint placed by fsdp+tp, read by the generated ``load(mesh=)`` next to the one
+    ``to_flax`` wrote."""
+    import shutil
+
+    import jax
+
+    from xconv.sharding.axes import leaves
+    from xconv.weights.convert import convert_weights
+
+    ckpt = root / "state.pt"
+    torch.save(module.state_dict(), ckpt)
+    src, folder = root / "transformer_fsdp+tp", root / "streamed"
+    folder.mkdir()
+    for name in ("model.py", "xconv.json"):
+        shutil.copy(src / name, folder / name)
+    convert_weights(ckpt, lambda: (module, (x,)), out=folder / "variables.orbax", format="orbax",
+                    mesh="2x4", partitioning="fsdp+tp")  # fmt: skip
+    gen = _import(folder / "model.py", "gen_streamed")
+    _, got = gen.load(folder, mesh="2x4")
+    _, want = gen.load(src, mesh="2x4")
+    a, b = leaves(got), leaves(want)
+    out["weights_stream"] = {
+        "same_keys": sorted(a) == sorted(b),
+        "max_abs": max(float(np.max(np.abs(np.asarray(a[k]) - np.asarray(b[k])))) for k in b),
+        "same_specs": all(a[k].sharding.spec == b[k].sharding.spec for k in b),
+        "split": sum(1 for v in a.values() if any(e is not None for e in v.sharding.spec)),
+        "devices": len(jax.devices()),
+    }
+
+
 def main(dest: str, mode: str = "default", only: str | None = None) -> None:
     import jax
 
@@ -226,6 +277,9 @@ def main(dest: str, mode: str = "default", only: str | None = None) -> None:
                 training_step(name, module, x, model, root, out)
                 out["timings"][f"{name}_train"] = round(time.perf_counter() - t, 2)
                 to_jax_checks(model, x, out)
+                cli_check(model, x, root, out)
+                if mode == "full":
+                    weights_stream(module, x, root, out)
                 again = xconv.to_flax(model, root / "again", partitioning="fsdp+tp")
                 first = root / "transformer_fsdp+tp" / "model.py"
                 out["deterministic"] = first.read_bytes() == (again / "model.py").read_bytes()

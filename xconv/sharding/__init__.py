@@ -7,7 +7,9 @@ per strategy, and placement on JAX meshes by JAX's own SPMD partitioner.
   the IR's weight metadata;
 * :mod:`xconv.sharding.place`: shardings, sharded ``to_jax``, the parity checker's mesh runner;
 * :mod:`xconv.sharding.flax`: ``to_flax(..., partitioning=)``: the rule table written into the
-  generated ``model.py``, an Orbax checkpoint, and ``load(out_dir, mesh=)``.
+  generated ``model.py``, an Orbax checkpoint, and ``load(out_dir, mesh=)``;
+* :mod:`xconv.sharding.stream`: weights streamed into an Orbax checkpoint placed on a mesh;
+* :mod:`xconv.sharding.torch`: FSDP2 ``fully_shard`` over generated torch source.
 
 Imported lazily: ``import xconv.sharding`` loads no framework.
 """
@@ -26,6 +28,8 @@ _LAZY = {
     "plan": ("xconv.sharding.place", "plan"),
     "place": ("xconv.sharding.place", "place"),
     "to_flax": ("xconv.sharding.flax", "to_flax"),
+    "write_sharded_orbax": ("xconv.sharding.stream", "write_sharded_orbax"),
+    "fully_shard_generated": ("xconv.sharding.torch", "fully_shard_generated"),
 }
 
 

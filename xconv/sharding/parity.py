@@ -38,6 +38,16 @@ class MeshAdapter(Adapter):
         ):
             self.params = params
             self.notes.append("parameters keep the shardings they were placed with")
+        elif rules is None and _generated(inner) is not None:
+            # A module xconv.to_flax wrote with partitioning: its own table and shardings().
+            gen = _generated(inner)
+            shapes = {"/".join(p): tuple(x.shape) for p, x in leaves(params).items()}
+            placed = gen["shardings"](self.mesh, shapes)
+            self.params = _place_by_path(params, placed)
+            self.notes.append(
+                f"parameters placed by the module's own RULES "
+                f"(PARTITIONING={gen.get('PARTITIONING')!r})"
+            )
         else:
             model = getattr(getattr(inner, "fn", None), "model", None)
             module = getattr(inner, "module", None)
@@ -117,13 +127,42 @@ class MeshAdapter(Adapter):
         return {"shape": shape, "params": describe_tree(self.params)}
 
 
-def _source_names(module: Any) -> dict[str, str] | None:
-    """``SOURCE_NAMES`` of the generated file a Flax module comes from, if any."""
-    import sys
+def _globals(module: Any) -> dict[str, Any]:
+    """The globals of the file a Flax module's class is defined in (also when that file was
+    imported from a path without a ``sys.modules`` entry)."""
+    import inspect
 
     if module is None:
-        return None
-    names = getattr(sys.modules.get(type(module).__module__), "SOURCE_NAMES", None)
+        return {}
+    for attr in ("__call__", "setup"):
+        fn = type(module).__dict__.get(attr)
+        if fn is not None:
+            return getattr(inspect.unwrap(fn), "__globals__", {})
+    return {}
+
+
+def _generated(inner: Any) -> dict[str, Any] | None:
+    """The generated file's globals when it carries a sharding section, else None."""
+    g = _globals(getattr(inner, "module", None))
+    ok = isinstance(g.get("LOGICAL_AXES"), dict) and callable(g.get("shardings"))
+    return g if ok else None
+
+
+def _place_by_path(params: Any, shardings: dict[str, Any]) -> Any:
+    import jax
+
+    from xconv.sharding.place import _nest
+
+    flat = leaves(params)
+    missing = sorted("/".join(p) for p in flat if "/".join(p) not in shardings)
+    if missing:
+        raise ShardingError(f"the module's LOGICAL_AXES lacks {missing[:5]}")
+    return _nest({p: jax.device_put(x, shardings["/".join(p)]) for p, x in flat.items()})
+
+
+def _source_names(module: Any) -> dict[str, str] | None:
+    """``SOURCE_NAMES`` of the generated file a Flax module comes from, if any."""
+    names = _globals(module).get("SOURCE_NAMES")
     return dict(names) if isinstance(names, dict) else None
 
 

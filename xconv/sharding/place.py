@@ -8,7 +8,7 @@ computation. Nothing here partitions by hand.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,12 +157,3 @@ def describe_tree(tree: Any) -> dict[str, str]:
         for p, x in sorted(leaves(tree).items())
         if hasattr(getattr(x, "sharding", None), "spec")
     }
-
-
-def _inputs_note(mesh: Any, xs: Sequence[Any], rules: Any) -> list[str]:
-    notes = []
-    for i, x in enumerate(xs):
-        s = batch_sharding(mesh, x, rules)
-        if getattr(x, "shape", ()) and s.spec == ():
-            notes.append(f"input {i}: batch {x.shape[0]} does not divide the data axis: replicated")
-    return notes

@@ -138,6 +138,8 @@ def convert_weights(
     strict: bool = True,
     trust_pickle: bool = False,
     max_shard_bytes: int | None = None,
+    mesh: Any = None,
+    partitioning: Any = None,
 ) -> WeightsReport:
     """Convert a checkpoint between torch and Flax names and layouts, shard by shard.
 
@@ -155,6 +157,10 @@ def convert_weights(
         strict: Raise on any missing / unexpected / mis-shaped key.
         trust_pickle: Allow a torch checkpoint that needs a full unpickle.
         max_shard_bytes: Split a safetensors output into shards of about this size.
+        mesh: torch-to-flax only: write an Orbax checkpoint whose arrays are placed on this
+            mesh (``"2x4"`` or a ``Mesh``) by ``partitioning`` as each input shard arrives
+            (:func:`xconv.sharding.stream.write_sharded_orbax`).
+        partitioning: ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` (default) or a rule table.
 
     Returns:
         A :class:`WeightsReport`.
@@ -171,10 +177,13 @@ def convert_weights(
     else:
         template = build_template(template_factory, example_inputs, api)
     report = WeightsReport(direction, checkpoint)
+    if mesh is not None and (direction != "torch-to-flax" or format not in (None, "orbax")):
+        raise ConversionError("mesh= writes a sharded Orbax checkpoint: torch-to-flax only")
     if direction == "torch-to-flax":
         _torch_to_flax(
-            checkpoint, template, report, out, format, strict, trust_pickle, max_shard_bytes
-        )
+            checkpoint, template, report, out, format, strict, trust_pickle, max_shard_bytes,
+            (mesh, partitioning),
+        )  # fmt: skip
     else:
         _flax_to_torch(
             checkpoint, template, report, out, format, strict, trust_pickle, max_shard_bytes
@@ -213,7 +222,9 @@ def _prescan(path: Path, report, trust_pickle) -> tuple[dict, Iterator[dict]]:
     return shapes, iter(shards)
 
 
-def _torch_to_flax(path, template, report, out, fmt, strict, trust_pickle, max_shard_bytes):
+def _torch_to_flax(
+    path, template, report, out, fmt, strict, trust_pickle, max_shard_bytes, sharded=(None, None)
+):
     wmap, aliases = template.wmap, template.aliases
     shapes, shards = _prescan(path, report, trust_pickle)
     # Tied keys: one copy is enough, under either name (HF checkpoints often drop one).
@@ -255,7 +266,13 @@ def _torch_to_flax(path, template, report, out, fmt, strict, trust_pickle, max_s
         if rest:
             yield rest
 
-    report.out = _write(converted(), path, out, fmt, max_shard_bytes)
+    if sharded[0] is not None:
+        from xconv.sharding.stream import write_sharded_orbax
+
+        write_sharded_orbax(converted(), out, sharded[0], sharded[1])
+        report.out = out
+    else:
+        report.out = _write(converted(), path, out, fmt, max_shard_bytes)
     if side:
         report.side_file = _side_path(report.out)
         io.write_checkpoint(side, report.side_file, "npz")
