@@ -562,8 +562,8 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
     if (source_kind, target) == ("flax", "torch"):
         command = _train_state_back_options(command)
     # A TensorFlow SavedModel is a folder (so is a --train-state folder); the rest are files.
-    path_type = click.Path(dir_okay=source_kind in ("tf", "flax"), exists=source_kind == "tf",
-                           path_type=Path)  # fmt: skip
+    dir_okay = source_kind == "tf" or (source_kind, target) == ("flax", "torch")
+    path_type = click.Path(dir_okay=dir_okay, exists=source_kind == "tf", path_type=Path)
     command = click.argument("model", type=path_type, required=source_kind != "torch")(command)
     main.command(f"{source_kind}-to-{target}")(command)
 

@@ -94,10 +94,12 @@ def test_one_cycle(three_phase, anneal):
     [
         lambda p: torch.optim.Adam(p, lr=0.1),
         lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
-        lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5),
-        lambda p: torch.optim.NAdam(p, lr=0.01),
+        pytest.param(
+            lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5), marks=pytest.mark.slow
+        ),
+        pytest.param(lambda p: torch.optim.NAdam(p, lr=0.01), marks=pytest.mark.slow),
     ],
-    ids=["adam_betas", "sgd_nesterov", "rmsprop", "nadam"],
+    ids=["adam_betas", "sgd_nesterov", "rmsprop", "nadam"],  # the last two: test_train_matrix
 )
 def test_one_cycle_momentum_continues_and_goes_back(make):
     """OneCycleLR(cycle_momentum=True) anneals beta1 / momentum each step: converted after 7

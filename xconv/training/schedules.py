@@ -8,6 +8,8 @@ converted mid-way continues from the scheduler's current step. Each scheduler is
 its closed form (torch's recursive ``get_lr`` equals it up to rounding; the tests compare both
 over three times the schedule's length). The counter advances once per optimizer step: a
 scheduler stepped once per epoch needs its counts (``T_max``, ``step_size``) in steps.
+``OneCycleLR(cycle_momentum=True)`` also anneals the momentum (``betas[0]`` or ``momentum``);
+:func:`momentum_for` gives that schedule, which the converted optimizer reads each step.
 """
 
 from __future__ import annotations
