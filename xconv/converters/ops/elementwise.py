@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.ops.reduce import astype
+from xconv.converters.ops.arrays import astype, is_float
 from xconv.errors import UnsupportedAttributeError
 
 #: fn(xp, k, x, **attrs) -> y.
@@ -42,12 +42,6 @@ class ElementwiseKernel(Protocol):
 
     def e8m0(self, exponent: Any) -> Any:
         """Integer exponents (0..255) viewed as float8e8m0."""
-
-
-def is_float(xp: Any, dtype: Any) -> bool:
-    """Whether ``dtype`` (numpy's, JAX's or torch's) is a floating-point type."""
-    flag = getattr(dtype, "is_floating_point", None)
-    return bool(flag) if flag is not None else bool(xp.issubdtype(dtype, xp.floating))
 
 
 def _relu(xp, k, x):

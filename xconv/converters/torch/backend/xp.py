@@ -95,6 +95,16 @@ def prod(x, axis, keepdims):
     return x
 
 
+@_reduce
+def var(x, axis, keepdims):
+    return torch.var(x, dim=axis, keepdim=keepdims, correction=0)
+
+
+promote_types = torch.promote_types
+ones_like = torch.ones_like
+repeat = torch.repeat_interleave
+
+
 def squeeze(x, axis):
     return torch.squeeze(x, _dims(axis))
 
@@ -167,6 +177,10 @@ class TorchKernel:
         if xp is np:
             return np.arange(n)
         return torch.arange(n, device=like.device)
+
+    @staticmethod
+    def rsqrt(xp, x):
+        return 1 / np.sqrt(x) if xp is np else torch.rsqrt(x)
 
 
 KERNEL = TorchKernel()
