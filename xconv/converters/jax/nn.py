@@ -590,13 +590,6 @@ def _roi_align_impl(
 # --------------------------------------------------------------------------- normalisation
 
 
-def _stash(x, stash_type: int):
-    """The dtype statistics are computed in: float32 for stash_type 1 (never below x's)."""
-    if stash_type == 1 and jnp.issubdtype(x.dtype, jnp.floating):
-        return jnp.promote_types(x.dtype, jnp.float32)
-    return x.dtype
-
-
 @builtin(
     "BatchNormalization",
     attrs={

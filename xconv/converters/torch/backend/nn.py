@@ -315,12 +315,6 @@ def max_unpool(ctx, x, indices, output_shape=None, *, kernel_shape, pads, stride
 # --------------------------------------------------------------------------- normalisation
 
 
-def _stash(x, stash_type: int) -> torch.dtype:
-    if stash_type == 1 and x.dtype.is_floating_point:
-        return torch.promote_types(x.dtype, torch.float32)
-    return x.dtype
-
-
 @builtin(
     "BatchNormalization",
     attrs={
