@@ -105,6 +105,18 @@ ones_like = torch.ones_like
 repeat = torch.repeat_interleave
 
 
+def transpose(x, perm):
+    return x.permute(tuple(perm))
+
+
+def concatenate(arrays, axis=0):
+    return torch.cat(list(arrays), dim=axis)
+
+
+def tile(x, reps):
+    return x.repeat(tuple(reps)) if x.ndim else x.clone()
+
+
 def squeeze(x, axis):
     return torch.squeeze(x, _dims(axis))
 
@@ -181,6 +193,12 @@ class TorchKernel:
     @staticmethod
     def rsqrt(xp, x):
         return 1 / np.sqrt(x) if xp is np else torch.rsqrt(x)
+
+    constant = staticmethod(from_numpy)
+
+    @staticmethod
+    def materialize(xp, x):
+        return x.copy() if xp is np else x.clone()
 
 
 KERNEL = TorchKernel()
