@@ -147,6 +147,12 @@ def register_shape_ops(builtin: Callable[..., Any], k: ShapeKernel, required: An
         src = axes_in if axes_in is not None else axes
         return reshaped(x, _unsqueezed(ctx, tuple(np.shape(x)), src))
 
+    _register_layout_ops(builtin, k, required)
+
+
+def _register_layout_ops(builtin: Callable[..., Any], k: ShapeKernel, required: Any) -> None:
+    """Transpose, Concat, Split, Expand, Tile."""
+
     @builtin("Transpose", since=1, attrs={"perm": None})
     def transpose(ctx, x, *, perm):
         """Transpose(data) -> transposed: permutes axes by `perm` (default: reversed)."""
