@@ -21,6 +21,7 @@ from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.elementwise import (
     FLOAT8,
     data_type,
+    register_cast_ops,
     register_elementwise_ops,
     to_e8m0,
 )
@@ -114,23 +115,12 @@ def cast_array(ctx, x, to: ir.DataType, saturate: int, round_mode: str):
     return x.astype(target)
 
 
-_CAST_ATTRS = {"to": REQUIRED, "saturate": 1, "round_mode": "up"}
+def _type_of(a) -> ir.DataType:
+    dtype = np.dtype(a.dtype)
+    return ir.DataType.STRING if dtype.kind in "OSUT" else ir.DataType.from_numpy(dtype)
 
 
-@builtin("Cast", since=1, attrs=_CAST_ATTRS)
-def cast(ctx, x, *, to, saturate, round_mode):
-    """Cast(input) -> output of type ``to`` (saturate: float8 overflow clamps; round_mode: e8m0)."""
-    return cast_array(ctx, x, data_type(ctx, to), saturate, round_mode)
-
-
-@builtin("CastLike", since=15, attrs={"saturate": 1, "round_mode": "up"})
-def cast_like(ctx, x, target_type, *, saturate, round_mode):
-    """CastLike(input, target_type) -> input cast to target_type's element type."""
-    declared = ctx.input_values[1].dtype if ctx.input_values[1] is not None else None
-    if declared is None:
-        dtype = np.dtype(target_type.dtype)
-        declared = ir.DataType.STRING if dtype.kind in "OSUT" else ir.DataType.from_numpy(dtype)
-    return cast_array(ctx, x, declared, saturate, round_mode)
+register_cast_ops(builtin, REQUIRED, cast_array, _type_of)
 
 
 @builtin("BitCast", since=26, attrs={"to": REQUIRED})

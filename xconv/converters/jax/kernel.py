@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from xconv.converters.jax.linalg import index_dtype
 from xconv.converters.ops.arrays import namespace
@@ -30,6 +31,18 @@ class JaxKernel:
     @staticmethod
     def arange(xp, n, like):
         return xp.arange(n)
+
+    @staticmethod
+    def rsqrt(xp, x):
+        return lax.rsqrt(x) if xp is jnp else 1 / np.sqrt(x)
+
+    @staticmethod
+    def constant(a):
+        return a  # numpy: folded at trace time
+
+    @staticmethod
+    def materialize(xp, x):
+        return x
 
 
 KERNEL = JaxKernel()

@@ -15,9 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops import shapes
 from xconv.converters.ops.attrs import CONV_ATTRS
+from xconv.converters.ops.normalization import register_normalization_ops
 
 # --------------------------------------------------------------------------- geometry
 
@@ -588,13 +590,6 @@ def _roi_align_impl(
 # --------------------------------------------------------------------------- normalisation
 
 
-def _stash(x, stash_type: int):
-    """The dtype statistics are computed in: float32 for stash_type 1 (never below x's)."""
-    if stash_type == 1 and jnp.issubdtype(x.dtype, jnp.floating):
-        return jnp.promote_types(x.dtype, jnp.float32)
-    return x.dtype
-
-
 @builtin(
     "BatchNormalization",
     attrs={
@@ -654,63 +649,9 @@ def batch_normalization(
     return y, run_mean, run_var, batch_mean, batch_var
 
 
-@builtin("InstanceNormalization", attrs={"epsilon": 1e-5})
-def instance_normalization(ctx, x, scale, b, *, epsilon):
-    """InstanceNormalization(input, scale, B) -> output: normalise each (n, c) over space."""
-    x = jnp.asarray(x)
-    axes = tuple(range(2, x.ndim))
-    mean = jnp.mean(x, axis=axes, keepdims=True)
-    var = jnp.var(x, axis=axes, keepdims=True)
-    y = (x - mean) * lax.rsqrt(var + jnp.asarray(epsilon, x.dtype))
-    return y * _bias_shape(scale, x.ndim).astype(x.dtype) + _bias_shape(b, x.ndim).astype(x.dtype)
-
-
-@builtin("LayerNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1})
-def layer_normalization(ctx, x, scale, b=None, *, axis, epsilon, stash_type):
-    """LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?) over axes [axis, rank)."""
-    x = jnp.asarray(x)
-    axis = axis % x.ndim
-    axes = tuple(range(axis, x.ndim))
-    xs = x.astype(_stash(x, stash_type))
-    mean = jnp.mean(xs, axis=axes, keepdims=True)
-    diff = xs - mean
-    inv = lax.rsqrt(jnp.mean(diff * diff, axis=axes, keepdims=True) + epsilon)
-    y = (diff * inv).astype(x.dtype) * jnp.asarray(scale).astype(x.dtype)
-    if b is not None:
-        y = y + jnp.asarray(b).astype(x.dtype)
-    stat_dtype = ctx.output_dtype(1) if len(ctx.output_values) > 1 else None
-    stat_dtype = stat_dtype or xs.dtype
-    return y, mean.astype(stat_dtype), inv.astype(stat_dtype)
-
-
-@builtin("GroupNormalization", attrs={"epsilon": 1e-5, "num_groups": REQUIRED, "stash_type": 1})
-def group_normalization(ctx, x, scale, b, *, epsilon, num_groups, stash_type):
-    """GroupNormalization(X, scale, bias) -> Y; scale/bias per channel (opset 21) or per group
-    (opset 18)."""
-    x = jnp.asarray(x)
-    g = int(num_groups)
-    nb, c = x.shape[:2]
-    xs = x.astype(_stash(x, stash_type)).reshape((nb, g, -1))
-    mean = jnp.mean(xs, axis=-1, keepdims=True)
-    diff = xs - mean
-    inv = lax.rsqrt(jnp.mean(diff * diff, axis=-1, keepdims=True) + epsilon)
-    y = (diff * inv).reshape(x.shape).astype(x.dtype)
-    scale, b = jnp.asarray(scale), jnp.asarray(b)
-    # Opset 18 scales per group; a model upgraded by the version converter keeps such a
-    # scale, and opset 21 requires one per channel, so the shape tells them apart.
-    if scale.shape[0] == g and g != c:
-        scale, b = jnp.repeat(scale, c // g), jnp.repeat(b, c // g)
-    return y * _bias_shape(scale, x.ndim).astype(x.dtype) + _bias_shape(b, x.ndim).astype(x.dtype)
-
-
-@builtin("RMSNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1})
-def rms_normalization(ctx, x, scale, *, axis, epsilon, stash_type):
-    """RMSNormalization(X, scale) -> Y = X / sqrt(mean(X^2 over [axis, rank)) + eps) * scale."""
-    x = jnp.asarray(x)
-    axes = tuple(range(axis % x.ndim, x.ndim))
-    xs = x.astype(_stash(x, stash_type))
-    inv = lax.rsqrt(jnp.mean(xs * xs, axis=axes, keepdims=True) + epsilon)
-    return (xs * inv).astype(x.dtype) * jnp.asarray(scale).astype(x.dtype)
+# Instance/Layer/Group/RMS/Lp/MeanVariance normalisation: written once in
+# converters/ops/normalization.py.
+register_normalization_ops(builtin, KERNEL, REQUIRED)
 
 
 @builtin("LRN", attrs={"alpha": 1e-4, "beta": 0.75, "bias": 1.0, "size": REQUIRED})
@@ -728,31 +669,6 @@ def lrn(ctx, x, *, alpha, beta, bias, size):
         ((0, 0), (lo, hi)) + ((0, 0),) * (x.ndim - 2),
     )
     return x / (bias + alpha / size * sq) ** beta
-
-
-@builtin("LpNormalization", attrs={"axis": -1, "p": 2})
-def lp_normalization(ctx, x, *, axis, p):
-    """LpNormalization(input) -> output: divide by the L1 or L2 norm along axis."""
-    x = jnp.asarray(x)
-    if p == 1:
-        norm = jnp.sum(jnp.abs(x), axis=axis, keepdims=True)
-    elif p == 2:
-        norm = jnp.sqrt(jnp.sum(x * x, axis=axis, keepdims=True))
-    else:
-        raise ctx.error(f"p={p}; supported: 1, 2")
-    zero = norm == 0
-    # A zero norm gives 0, not NaN (as the ONNX reference does).
-    return jnp.where(zero, jnp.zeros((), x.dtype), x / jnp.where(zero, 1, norm).astype(x.dtype))
-
-
-@builtin("MeanVarianceNormalization", attrs={"axes": (0, 2, 3)})
-def mean_variance_normalization(ctx, x, *, axes):
-    """MeanVarianceNormalization(X) -> Y = (X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9)."""
-    x = jnp.asarray(x)
-    axes = tuple(int(a) for a in axes)
-    mean = jnp.mean(x, axis=axes, keepdims=True)
-    var = jnp.mean(x * x, axis=axes, keepdims=True) - mean * mean
-    return (x - mean) / (jnp.sqrt(var) + jnp.asarray(1e-9, x.dtype))
 
 
 # --------------------------------------------------------------------------- dropout

@@ -8,16 +8,16 @@ dtype and their value even with JAX's 64-bit types off.
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops import resize as resizing
 from xconv.converters.ops.arrays import namespace, normalize_axis
 from xconv.converters.ops.attrs import check_choice, static_ints, unsupported
+from xconv.converters.ops.shape import register_shape_ops
 
 
 def _onnx_dtype(code: int) -> np.dtype:
@@ -92,145 +92,9 @@ def constant_of_shape(ctx, shape, *, value):
     return np.full(dims, fill[0], dtype=fill.dtype)
 
 
-@builtin("Shape", since=1, attrs={"start": 0, "end": None})
-def shape(ctx, x, *, start, end):
-    """Shape(data) -> shape: the int64 shape, optionally sliced to [start, end)."""
-    dims = tuple(np.shape(x))
-    return np.array(dims[slice(start, end)], dtype=np.int64)
-
-
-@builtin("Size", since=1)
-def size(ctx, x):
-    """Size(data) -> size: the int64 number of elements."""
-    return np.array(math.prod(np.shape(x)), dtype=np.int64)
-
-
-# -- reshaping --------------------------------------------------------------------------
-
-
-@builtin("Reshape", since=1, attrs={"allowzero": 0, "shape": None, "consumed_inputs": None})
-def reshape(ctx, x, shape_in=None, *, allowzero, shape, consumed_inputs):
-    """Reshape(data, shape) -> reshaped: 0 copies the input dim (unless allowzero), -1 infers."""
-    del consumed_inputs  # Reshape-1's legacy in-place hint: no effect on the result.
-    dims = static_ints(ctx, shape_in if shape_in is not None else shape, "shape")
-    in_shape = np.shape(x)
-    if not allowzero:
-        dims = [in_shape[i] if d == 0 else d for i, d in enumerate(dims)]
-    if dims.count(-1) > 1:
-        raise ctx.error(f"shape {dims} has more than one -1")
-    if -1 in dims:
-        known = math.prod(d for d in dims if d != -1)
-        total = math.prod(in_shape)
-        dims[dims.index(-1)] = total // known if known else 0
-    return namespace(jnp, x).reshape(x, dims)
-
-
-@builtin("Flatten", since=1, attrs={"axis": 1})
-def flatten(ctx, x, *, axis):
-    """Flatten(input) -> output: a 2-D tensor (prod(dims[:axis]), prod(dims[axis:]))."""
-    in_shape = np.shape(x)
-    rank = len(in_shape)
-    if axis < 0:
-        axis += rank
-    if not 0 <= axis <= rank:
-        raise ctx.error(f"axis {axis} is out of range for rank {rank}")
-    return namespace(jnp, x).reshape(x, (math.prod(in_shape[:axis]), math.prod(in_shape[axis:])))
-
-
-@builtin("Squeeze", since=1, attrs={"axes": None})
-def squeeze(ctx, x, axes_in=None, *, axes):
-    """Squeeze(data, axes?) -> squeezed: drops the given (or every) size-1 dimension."""
-    in_shape = np.shape(x)
-    src = axes_in if axes_in is not None else axes
-    if src is None:
-        drop = tuple(i for i, d in enumerate(in_shape) if d == 1)
-    else:
-        drop = tuple(
-            sorted(normalize_axis(ctx, a, len(in_shape)) for a in static_ints(ctx, src, "axes"))
-        )
-        if any(in_shape[a] != 1 for a in drop):
-            raise ctx.error(f"cannot squeeze axes {drop} of shape {in_shape}")
-    return namespace(jnp, x).squeeze(x, axis=drop) if drop else x
-
-
-@builtin("Unsqueeze", since=1, attrs={"axes": None})
-def unsqueeze(ctx, x, axes_in=None, *, axes):
-    """Unsqueeze(data, axes) -> expanded: inserts size-1 dims at `axes` of the output."""
-    src = axes_in if axes_in is not None else axes
-    values = static_ints(ctx, src, "axes")
-    out_rank = np.ndim(x) + len(values)
-    norm = sorted(normalize_axis(ctx, a, out_rank) for a in values)
-    if len(set(norm)) != len(norm):
-        raise ctx.error(f"axes {values} repeat an axis")
-    dims = list(np.shape(x))
-    for a in norm:
-        dims.insert(a, 1)
-    return namespace(jnp, x).reshape(x, dims)
-
-
-@builtin("Transpose", since=1, attrs={"perm": None})
-def transpose(ctx, x, *, perm):
-    """Transpose(data) -> transposed: permutes axes by `perm` (default: reversed)."""
-    if perm is None:
-        perm = tuple(reversed(range(np.ndim(x))))
-    return namespace(jnp, x).transpose(x, perm)
-
-
-@builtin("Concat", since=4, attrs={"axis": REQUIRED})
-@builtin("Concat", since=1, until=3, attrs={"axis": 1})
-def concat(ctx, *inputs, axis):
-    """Concat(inputs...) -> concat_result: joins tensors along `axis`."""
-    arrays = [a for a in inputs if a is not None]
-    if not arrays:
-        raise ctx.error("Concat needs at least one input")
-    axis = normalize_axis(ctx, axis, np.ndim(arrays[0]))
-    return namespace(jnp, *arrays).concatenate(arrays, axis=axis)
-
-
-@builtin("Split", since=1, attrs={"axis": 0, "split": None, "num_outputs": None})
-def split(ctx, x, split_in=None, *, axis, split, num_outputs):
-    """Split(input, split?) -> outputs...: pieces along `axis` of the given or equal sizes."""
-    axis = normalize_axis(ctx, axis, np.ndim(x))
-    dim = np.shape(x)[axis]
-    src = split_in if split_in is not None else split
-    n_out = len(ctx.output_values)
-    if src is not None and np.size(src) > 0:
-        sizes = static_ints(ctx, src, "split")
-        if sum(sizes) != dim:
-            raise ctx.error(f"split sizes {sizes} do not add up to dimension {dim}")
-    else:
-        n = num_outputs or n_out
-        chunk = -(-dim // n)
-        sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
-        if sizes[-1] < 0:
-            raise ctx.error(f"cannot split dimension {dim} into {n} parts")
-    xp = namespace(jnp, x)
-    bounds = np.cumsum(sizes)[:-1].tolist()
-    return tuple(xp.split(x, bounds, axis=axis))
-
-
-@builtin("Expand", since=8)
-def expand(ctx, x, shape):
-    """Expand(input, shape) -> output: broadcasts the input to `shape` (bidirectionally)."""
-    dims = static_ints(ctx, shape, "shape")
-    out = np.broadcast_shapes(np.shape(x), tuple(dims))
-    return namespace(jnp, x).broadcast_to(x, out)
-
-
-@builtin("Tile", since=6)
-@builtin("Tile", since=1, until=5)
-def tile(ctx, x, repeats, axis=None):
-    """Tile(input, repeats) -> output: repeats the input `repeats[i]` times along axis i.
-
-    Tile-1 is Tile(input, tiles, axis): a scalar count along one axis.
-    """
-    reps = static_ints(ctx, repeats, "repeats")
-    if axis is not None:
-        along = normalize_axis(ctx, static_ints(ctx, axis, "axis")[0], np.ndim(x))
-        reps = [reps[0] if i == along else 1 for i in range(np.ndim(x))]
-    if len(reps) != np.ndim(x):
-        raise ctx.error(f"repeats {reps} must have one entry per axis of rank {np.ndim(x)}")
-    return namespace(jnp, x).tile(x, reps)
+# Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Split, Expand, Tile:
+# written once in converters/ops/shape.py.
+register_shape_ops(builtin, KERNEL, REQUIRED)
 
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")

@@ -48,3 +48,15 @@ def normalize_axis(ctx: Any, axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1):
         raise ctx.error(f"axis {axis} is out of range for a tensor of rank {rank}")
     return axis % rank if rank else 0
+
+
+def astype(xp: Any, x: Any, dtype: Any) -> Any:
+    """``x`` as ``dtype`` in namespace ``xp`` (numpy before 2.0 has only the method)."""
+    cast = getattr(xp, "astype", None)
+    return cast(x, dtype) if cast is not None else x.astype(dtype)
+
+
+def is_float(xp: Any, dtype: Any) -> bool:
+    """Whether ``dtype`` (numpy's, JAX's or torch's) is a floating-point type."""
+    flag = getattr(dtype, "is_floating_point", None)
+    return bool(flag) if flag is not None else bool(xp.issubdtype(dtype, xp.floating))

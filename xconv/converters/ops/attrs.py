@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from xconv.converters.ops.context import node_error
 from xconv.errors import UnsupportedAttributeError
-from xconv.ir.metadata import SOURCE_LINE, get_scope
 
 #: The attributes (and defaults) every ONNX convolution op shares: Conv, ConvTranspose,
 #: ConvInteger, QLinearConv.
@@ -30,14 +30,7 @@ def static_ints(ctx, value: Any, what: str) -> list[int]:
 
 def unsupported(ctx, message: str) -> UnsupportedAttributeError:
     """An UnsupportedAttributeError carrying the node's op, name, scope and source line."""
-    node = ctx.node
-    return UnsupportedAttributeError(
-        message,
-        op=node.op_type,
-        node=node.name,
-        scope=get_scope(node),
-        source_line=node.metadata_props.get(SOURCE_LINE),
-    )
+    return node_error(ctx.node, message, UnsupportedAttributeError)
 
 
 def check_choice(ctx, name: str, value: str, choices: Sequence[str]) -> None:

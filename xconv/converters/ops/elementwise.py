@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.ops.reduce import astype
+from xconv.converters.ops.arrays import astype, is_float
 from xconv.errors import UnsupportedAttributeError
 
 #: fn(xp, k, x, **attrs) -> y.
@@ -42,12 +42,6 @@ class ElementwiseKernel(Protocol):
 
     def e8m0(self, exponent: Any) -> Any:
         """Integer exponents (0..255) viewed as float8e8m0."""
-
-
-def is_float(xp: Any, dtype: Any) -> bool:
-    """Whether ``dtype`` (numpy's, JAX's or torch's) is a floating-point type."""
-    flag = getattr(dtype, "is_floating_point", None)
-    return bool(flag) if flag is not None else bool(xp.issubdtype(dtype, xp.floating))
 
 
 def _relu(xp, k, x):
@@ -249,3 +243,32 @@ def to_e8m0(xp, k: ElementwiseKernel, x, saturate: bool, round_mode: str):
         special, xp.full_like(exponent, 0xFF), exponent + astype(xp, round_up, exponent.dtype)
     )
     return k.e8m0(exponent)
+
+
+_CAST_ATTRS = {"saturate": 1, "round_mode": "up"}
+
+
+def register_cast_ops(
+    builtin: Callable[..., Any],
+    required: Any,
+    cast: Callable[..., Any],
+    type_of: Callable[[Any], ir.DataType],
+) -> None:
+    """Register Cast and CastLike: ``cast(ctx, x, to: ir.DataType, saturate, round_mode)`` is
+    the backend's cast, ``type_of(array)`` the ONNX type of a backend array (for a CastLike
+    target whose IR value declares none)."""
+
+    @builtin("Cast", since=1, attrs={"to": required, **_CAST_ATTRS})
+    def cast_op(ctx, x, *, to, saturate, round_mode):
+        """Cast(input) -> output of type ``to`` (saturate: float8 overflow clamps; round_mode:
+        e8m0)."""
+        return cast(ctx, x, data_type(ctx, to), saturate, round_mode)
+
+    @builtin("CastLike", since=15, attrs=_CAST_ATTRS)
+    def cast_like(ctx, x, target_type, *, saturate, round_mode):
+        """CastLike(input, target_type) -> input cast to target_type's element type."""
+        value = ctx.node.inputs[1]
+        declared = value.dtype if value is not None else None
+        if declared is None:
+            declared = type_of(target_type)
+        return cast(ctx, x, declared, saturate, round_mode)

@@ -13,8 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from xconv.converters.ops.arrays import normalize_axis
-from xconv.converters.ops.reduce import astype
+from xconv.converters.ops.arrays import astype, normalize_axis
 
 
 class IndexingKernel(Protocol):

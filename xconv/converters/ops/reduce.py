@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from xconv.converters.ops.arrays import normalize_axis
+from xconv.converters.ops.arrays import astype, normalize_axis
 
 _REDUCE_ATTRS = {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}
 _ARG_ATTRS = {"axis": 0, "keepdims": 1, "select_last_index": 0}
@@ -39,12 +39,6 @@ class ReduceKernel(Protocol):
 
     def index_dtype(self, xp: Any) -> Any:
         """The dtype of ArgMax/ArgMin's output in ``xp`` (int64, or int32 without x64)."""
-
-
-def astype(xp: Any, x: Any, dtype: Any) -> Any:
-    """``x`` as ``dtype`` in namespace ``xp`` (numpy before 2.0 has only the method)."""
-    cast = getattr(xp, "astype", None)
-    return cast(x, dtype) if cast is not None else x.astype(dtype)
 
 
 def bound(xp: Any, dtype: Any, *, low: bool) -> Any:

@@ -134,6 +134,12 @@ def register_list_ops(builtin: Callable[..., Any], required: Any, k: SequenceKer
             raise ctx.error("the optional input is empty")
         return x
 
+    _register_array_ops(builtin, required, k)
+
+
+def _register_array_ops(builtin: Callable[..., Any], required: Any, k: SequenceKernel) -> None:
+    """The sequence and optional ops that build arrays (through the kernel ``k``)."""
+
     @builtin("SequenceAt", since=11)
     def sequence_at(ctx, seq, position):
         """SequenceAt(input_sequence, position) -> tensor."""

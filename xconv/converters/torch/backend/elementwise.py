@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from xconv.converters.ops.elementwise import (
     FLOAT8,
     data_type,
+    register_cast_ops,
     register_elementwise_ops,
     to_e8m0,
 )
@@ -132,26 +133,14 @@ def cast_tensor(ctx, x, to: ir.DataType, saturate: int, round_mode: str):
     return x.to(target)
 
 
-_CAST_ATTRS = {"to": REQUIRED, "saturate": 1, "round_mode": "up"}
+def _type_of(a) -> ir.DataType:
+    if isinstance(a, np.ndarray):
+        return ir.DataType.STRING
+    names = {v: k for k, v in {**_BY_NAME, **_EXTRA}.items()}
+    return ir.DataType[names[a.dtype]]
 
 
-@builtin("Cast", since=1, attrs=_CAST_ATTRS)
-def cast(ctx, x, *, to, saturate, round_mode):
-    """Cast(input) -> output of type ``to`` (saturate: float8 overflow clamps; round_mode: e8m0)."""
-    return cast_tensor(ctx, x, data_type(ctx, to), saturate, round_mode)
-
-
-@builtin("CastLike", since=15, attrs={"saturate": 1, "round_mode": "up"})
-def cast_like(ctx, x, target_type, *, saturate, round_mode):
-    """CastLike(input, target_type) -> input cast to target_type's element type."""
-    declared = ctx.node.inputs[1].dtype if ctx.node.inputs[1] is not None else None
-    if declared is None:
-        if isinstance(target_type, np.ndarray):
-            declared = ir.DataType.STRING
-        else:
-            names = {v: k for k, v in {**_BY_NAME, **_EXTRA}.items()}
-            declared = ir.DataType[names[target_type.dtype]]
-    return cast_tensor(ctx, x, declared, saturate, round_mode)
+register_cast_ops(builtin, REQUIRED, cast_tensor, _type_of)
 
 
 @builtin("BitCast", since=26, attrs={"to": REQUIRED})

@@ -19,8 +19,10 @@ import torch.nn.functional as F
 
 from xconv.converters.ops import shapes
 from xconv.converters.ops.attrs import CONV_ATTRS
+from xconv.converters.ops.normalization import register_normalization_ops
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import check_choice
+from xconv.converters.torch.backend.xp import KERNEL
 from xconv.ir.metadata import MODULE
 
 
@@ -313,12 +315,6 @@ def max_unpool(ctx, x, indices, output_shape=None, *, kernel_shape, pads, stride
 # --------------------------------------------------------------------------- normalisation
 
 
-def _stash(x, stash_type: int) -> torch.dtype:
-    if stash_type == 1 and x.dtype.is_floating_point:
-        return torch.promote_types(x.dtype, torch.float32)
-    return x.dtype
-
-
 @builtin(
     "BatchNormalization",
     attrs={
@@ -395,57 +391,9 @@ def batch_normalization(
     return y, run_mean, run_var, batch_mean, batch_var
 
 
-@builtin("InstanceNormalization", attrs={"epsilon": 1e-5})
-def instance_normalization(ctx, x, scale, b, *, epsilon):
-    """InstanceNormalization(input, scale, B) -> output: normalise each (n, c) over space."""
-    axes = tuple(range(2, x.ndim))
-    mean = x.mean(dim=axes, keepdim=True)
-    var = x.var(dim=axes, keepdim=True, unbiased=False)
-    y = (x - mean) * torch.rsqrt(var + epsilon)
-    return y * _bias(scale, x.ndim, x.dtype) + _bias(b, x.ndim, x.dtype)
-
-
-@builtin("LayerNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1})
-def layer_normalization(ctx, x, scale, b=None, *, axis, epsilon, stash_type):
-    """LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?) over axes [axis, rank)."""
-    axis = axis % x.ndim
-    axes = tuple(range(axis, x.ndim))
-    xs = x.to(_stash(x, stash_type))
-    mean = xs.mean(dim=axes, keepdim=True)
-    diff = xs - mean
-    inv = torch.rsqrt((diff * diff).mean(dim=axes, keepdim=True) + epsilon)
-    y = (diff * inv).to(x.dtype) * scale.to(x.dtype)
-    if b is not None:
-        y = y + b.to(x.dtype)
-    n_out = len(ctx.node.outputs)
-    if n_out == 1:
-        return y
-    stat_dtype = ctx.output_dtype(1) or xs.dtype
-    return (y, mean.to(stat_dtype), inv.to(stat_dtype))[:n_out]
-
-
-@builtin("GroupNormalization", attrs={"epsilon": 1e-5, "num_groups": REQUIRED, "stash_type": 1})
-def group_normalization(ctx, x, scale, b, *, epsilon, num_groups, stash_type):
-    """GroupNormalization(X, scale, bias) -> Y; scale/bias per channel (21) or per group (18)."""
-    g = int(num_groups)
-    nb, c = x.shape[:2]
-    xs = x.to(_stash(x, stash_type)).reshape((nb, g, -1))
-    mean = xs.mean(dim=-1, keepdim=True)
-    diff = xs - mean
-    inv = torch.rsqrt((diff * diff).mean(dim=-1, keepdim=True) + epsilon)
-    y = (diff * inv).reshape(x.shape).to(x.dtype)
-    if scale.shape[0] == g and g != c:
-        scale, b = scale.repeat_interleave(c // g), b.repeat_interleave(c // g)
-    return y * _bias(scale, x.ndim, x.dtype) + _bias(b, x.ndim, x.dtype)
-
-
-@builtin("RMSNormalization", attrs={"axis": -1, "epsilon": 1e-5, "stash_type": 1})
-def rms_normalization(ctx, x, scale, *, axis, epsilon, stash_type):
-    """RMSNormalization(X, scale) -> Y = X / sqrt(mean(X^2 over [axis, rank)) + eps) * scale."""
-    axes = tuple(range(axis % x.ndim, x.ndim))
-    xs = x.to(_stash(x, stash_type))
-    inv = torch.rsqrt((xs * xs).mean(dim=axes, keepdim=True) + epsilon)
-    return (xs * inv).to(x.dtype) * scale.to(x.dtype)
+# Instance/Layer/Group/RMS/Lp/MeanVariance normalisation: written once in
+# converters/ops/normalization.py.
+register_normalization_ops(builtin, KERNEL, REQUIRED)
 
 
 @builtin("LRN", attrs={"alpha": 1e-4, "beta": 0.75, "bias": 1.0, "size": REQUIRED})
@@ -456,28 +404,6 @@ def lrn(ctx, x, *, alpha, beta, bias, size):
     sq = (x * x).transpose(1, -1)
     sq = F.pad(sq, (lo, hi)).unfold(-1, size, 1).sum(-1).transpose(1, -1)
     return x / (bias + alpha / size * sq) ** beta
-
-
-@builtin("LpNormalization", attrs={"axis": -1, "p": 2})
-def lp_normalization(ctx, x, *, axis, p):
-    """LpNormalization(input) -> output: divide by the L1 or L2 norm along axis."""
-    if p == 1:
-        norm = x.abs().sum(dim=axis, keepdim=True)
-    elif p == 2:
-        norm = (x * x).sum(dim=axis, keepdim=True).sqrt()
-    else:
-        raise ctx.error(f"p={p}; supported: 1, 2")
-    zero = norm == 0
-    return torch.where(zero, torch.zeros((), dtype=x.dtype), x / torch.where(zero, 1, norm))
-
-
-@builtin("MeanVarianceNormalization", attrs={"axes": (0, 2, 3)})
-def mean_variance_normalization(ctx, x, *, axes):
-    """MeanVarianceNormalization(X) -> Y = (X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9)."""
-    axes = tuple(int(a) for a in axes)
-    mean = x.mean(dim=axes, keepdim=True)
-    var = (x * x).mean(dim=axes, keepdim=True) - mean * mean
-    return (x - mean) / (var.sqrt() + 1e-9)
 
 
 # --------------------------------------------------------------------------- dropout

@@ -95,6 +95,28 @@ def prod(x, axis, keepdims):
     return x
 
 
+@_reduce
+def var(x, axis, keepdims):
+    return torch.var(x, dim=axis, keepdim=keepdims, correction=0)
+
+
+promote_types = torch.promote_types
+ones_like = torch.ones_like
+repeat = torch.repeat_interleave
+
+
+def transpose(x, perm):
+    return x.permute(tuple(perm))
+
+
+def concatenate(arrays, axis=0):
+    return torch.cat(list(arrays), dim=axis)
+
+
+def tile(x, reps):
+    return x.repeat(tuple(reps)) if x.ndim else x.clone()
+
+
 def squeeze(x, axis):
     return torch.squeeze(x, _dims(axis))
 
@@ -167,6 +189,16 @@ class TorchKernel:
         if xp is np:
             return np.arange(n)
         return torch.arange(n, device=like.device)
+
+    @staticmethod
+    def rsqrt(xp, x):
+        return 1 / np.sqrt(x) if xp is np else torch.rsqrt(x)
+
+    constant = staticmethod(from_numpy)
+
+    @staticmethod
+    def materialize(xp, x):
+        return x.copy() if xp is np else x.clone()
 
 
 KERNEL = TorchKernel()

@@ -1,0 +1,197 @@
+"""Shape ops written once against ``xp``: Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze,
+Transpose, Concat, Split, Expand, Tile.
+
+Shapes, axes, split sizes and repeats are static (``ctx.static``); the data goes through the
+backend kernel's namespace (numpy for static data, so shape arithmetic folds at trace time).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from xconv.converters.ops.arrays import normalize_axis
+from xconv.converters.ops.attrs import static_ints
+
+
+class ShapeKernel(Protocol):
+    """What a backend provides for the shape ops."""
+
+    def run(self, fn: Callable[..., Any], *arrays: Any) -> Any:
+        """``fn(xp, *arrays)`` in the namespace this backend picks for ``arrays``."""
+
+    def constant(self, a: np.ndarray) -> Any:
+        """A numpy result as the backend returns constants (JAX: numpy, folded)."""
+
+    def materialize(self, xp: Any, x: Any) -> Any:
+        """``x`` as an array of its own (not a broadcast view), where the backend needs one."""
+
+
+def reshape_dims(ctx, in_shape: tuple[int, ...], dims: list[int], allowzero: int) -> list[int]:
+    """Reshape's target: 0 copies the input dim (unless allowzero), one -1 is inferred."""
+    if not allowzero:
+        dims = [in_shape[i] if d == 0 else d for i, d in enumerate(dims)]
+    if dims.count(-1) > 1:
+        raise ctx.error(f"shape {dims} has more than one -1")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        total = math.prod(in_shape)
+        dims[dims.index(-1)] = total // known if known else 0
+    return dims
+
+
+def _squeezed(ctx, in_shape: tuple[int, ...], src) -> tuple[int, ...]:
+    if src is None:
+        drop = {i for i, d in enumerate(in_shape) if d == 1}
+    else:
+        drop = {normalize_axis(ctx, a, len(in_shape)) for a in static_ints(ctx, src, "axes")}
+        if any(in_shape[a] != 1 for a in drop):
+            raise ctx.error(f"cannot squeeze axes {sorted(drop)} of shape {in_shape}")
+    return tuple(d for i, d in enumerate(in_shape) if i not in drop)
+
+
+def _unsqueezed(ctx, in_shape: tuple[int, ...], src) -> tuple[int, ...]:
+    values = static_ints(ctx, src, "axes")
+    out_rank = len(in_shape) + len(values)
+    norm = sorted(normalize_axis(ctx, a, out_rank) for a in values)
+    if len(set(norm)) != len(norm):
+        raise ctx.error(f"axes {values} repeat an axis")
+    dims = list(in_shape)
+    for a in norm:
+        dims.insert(a, 1)
+    return tuple(dims)
+
+
+def split_sizes(ctx, dim: int, src, num_outputs: int | None) -> list[int]:
+    """Split's piece sizes: given, or ``num_outputs`` (else one per output) nearly equal."""
+    if src is not None and np.size(ctx.static(src, "split")) > 0:
+        sizes = static_ints(ctx, src, "split")
+        if sum(sizes) != dim:
+            raise ctx.error(f"split sizes {sizes} do not add up to dimension {dim}")
+        return sizes
+    n = num_outputs or len(ctx.node.outputs)
+    chunk = -(-dim // n)
+    sizes = [chunk] * (n - 1) + [dim - chunk * (n - 1)]
+    if sizes[-1] < 0:
+        raise ctx.error(f"cannot split dimension {dim} into {n} parts")
+    return sizes
+
+
+def _split(xp, x, axis: int, sizes: list[int]) -> tuple[Any, ...]:
+    bounds = np.cumsum([0, *sizes]).tolist()
+    index = [slice(None)] * x.ndim
+    out = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        index[axis] = slice(lo, hi)
+        out.append(x[tuple(index)])
+    return tuple(out)
+
+
+def _tile_reps(ctx, rank: int, repeats, axis) -> list[int]:
+    reps = static_ints(ctx, repeats, "repeats")
+    if axis is not None:
+        along = normalize_axis(ctx, static_ints(ctx, axis, "axis")[0], rank)
+        reps = [reps[0] if i == along else 1 for i in range(rank)]
+    if len(reps) != rank:
+        raise ctx.error(f"repeats {reps} must have one entry per axis of rank {rank}")
+    return reps
+
+
+def register_shape_ops(builtin: Callable[..., Any], k: ShapeKernel, required: Any) -> None:
+    """Register the shape ops with a backend's ``builtin`` and kernel ``k``."""
+
+    def reshaped(x, dims):
+        return k.run(lambda xp, x: xp.reshape(x, tuple(dims)), x)
+
+    @builtin("Shape", since=1, attrs={"start": 0, "end": None})
+    def shape(ctx, x, *, start, end):
+        """Shape(data) -> shape: the int64 shape, optionally sliced to [start, end)."""
+        return k.constant(np.array(tuple(np.shape(x))[slice(start, end)], dtype=np.int64))
+
+    @builtin("Size", since=1)
+    def size(ctx, x):
+        """Size(data) -> size: the int64 number of elements."""
+        return k.constant(np.array(math.prod(np.shape(x)), dtype=np.int64))
+
+    @builtin("Reshape", since=1, attrs={"allowzero": 0, "shape": None, "consumed_inputs": None})
+    def reshape(ctx, x, shape_in=None, *, allowzero, shape, consumed_inputs):
+        """Reshape(data, shape) -> reshaped: 0 copies the input dim (unless allowzero), -1
+        infers."""
+        del consumed_inputs  # Reshape-1's legacy in-place hint: no effect on the result.
+        dims = static_ints(ctx, shape_in if shape_in is not None else shape, "shape")
+        return reshaped(x, reshape_dims(ctx, tuple(np.shape(x)), dims, allowzero))
+
+    @builtin("Flatten", since=1, attrs={"axis": 1})
+    def flatten(ctx, x, *, axis):
+        """Flatten(input) -> output: a 2-D tensor (prod(dims[:axis]), prod(dims[axis:]))."""
+        in_shape = tuple(np.shape(x))
+        rank = len(in_shape)
+        if axis < 0:
+            axis += rank
+        if not 0 <= axis <= rank:
+            raise ctx.error(f"axis {axis} is out of range for rank {rank}")
+        return reshaped(x, (math.prod(in_shape[:axis]), math.prod(in_shape[axis:])))
+
+    @builtin("Squeeze", since=1, attrs={"axes": None})
+    def squeeze(ctx, x, axes_in=None, *, axes):
+        """Squeeze(data, axes?) -> squeezed: drops the given (or every) size-1 dimension."""
+        src = axes_in if axes_in is not None else axes
+        return reshaped(x, _squeezed(ctx, tuple(np.shape(x)), src))
+
+    @builtin("Unsqueeze", since=1, attrs={"axes": None})
+    def unsqueeze(ctx, x, axes_in=None, *, axes):
+        """Unsqueeze(data, axes) -> expanded: inserts size-1 dims at `axes` of the output."""
+        src = axes_in if axes_in is not None else axes
+        return reshaped(x, _unsqueezed(ctx, tuple(np.shape(x)), src))
+
+    _register_layout_ops(builtin, k, required)
+
+
+def _register_layout_ops(builtin: Callable[..., Any], k: ShapeKernel, required: Any) -> None:
+    """Transpose, Concat, Split, Expand, Tile."""
+
+    @builtin("Transpose", since=1, attrs={"perm": None})
+    def transpose(ctx, x, *, perm):
+        """Transpose(data) -> transposed: permutes axes by `perm` (default: reversed)."""
+        if perm is None:
+            perm = tuple(reversed(range(np.ndim(x))))
+        return k.run(lambda xp, x: xp.transpose(x, tuple(perm)), x)
+
+    @builtin("Concat", since=4, attrs={"axis": required})
+    @builtin("Concat", since=1, until=3, attrs={"axis": 1})
+    def concat(ctx, *inputs, axis):
+        """Concat(inputs...) -> concat_result: joins tensors along `axis`."""
+        arrays = [a for a in inputs if a is not None]
+        if not arrays:
+            raise ctx.error("Concat needs at least one input")
+        axis = normalize_axis(ctx, axis, np.ndim(arrays[0]))
+        return k.run(lambda xp, *a: xp.concatenate(list(a), axis=axis), *arrays)
+
+    @builtin("Split", since=1, attrs={"axis": 0, "split": None, "num_outputs": None})
+    def split(ctx, x, split_in=None, *, axis, split, num_outputs):
+        """Split(input, split?) -> outputs...: pieces along `axis` of the given or equal
+        sizes."""
+        axis = normalize_axis(ctx, axis, np.ndim(x))
+        src = split_in if split_in is not None else split
+        sizes = split_sizes(ctx, np.shape(x)[axis], src, num_outputs)
+        return k.run(lambda xp, x: _split(xp, x, axis, sizes), x)
+
+    @builtin("Expand", since=8)
+    def expand(ctx, x, shape):
+        """Expand(input, shape) -> output: broadcasts the input to `shape` (bidirectionally)."""
+        dims = static_ints(ctx, shape, "shape")
+        out = np.broadcast_shapes(tuple(np.shape(x)), tuple(dims))
+        return k.run(lambda xp, x: k.materialize(xp, xp.broadcast_to(x, out)), x)
+
+    @builtin("Tile", since=6)
+    @builtin("Tile", since=1, until=5)
+    def tile(ctx, x, repeats, axis=None):
+        """Tile(input, repeats) -> output: repeats the input `repeats[i]` times along axis i.
+
+        Tile-1 is Tile(input, tiles, axis): a scalar count along one axis.
+        """
+        reps = _tile_reps(ctx, np.ndim(x), repeats, axis)
+        return k.run(lambda xp, x: xp.tile(x, reps), x)
