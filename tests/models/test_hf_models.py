@@ -200,7 +200,7 @@ def _check_generated(out, api: str, module, args) -> None:
 #: The four headline models: linen, nnx and torch-to-jax in the default suite.
 HEADLINE = ["bert", "gpt2", "vit", "resnet"]
 # The headline models (~10-20 s each on one core), then quick extras.
-DEFAULT = [*HEADLINE, "distilbert", "t5_encoder", "swin"]
+DEFAULT = [*HEADLINE, "distilbert", "t5_encoder"]
 SLOW = [
     "roberta",
     "albert",
@@ -214,6 +214,7 @@ SLOW = [
     "convnext",
     "wav2vec2",
     "whisper_encoder",
+    "swin",  # ~20 s idle, 110 s on a loaded machine; the SDPA forms it uses are in test_sdpa
 ]
 
 
@@ -257,7 +258,9 @@ def test_torch_to_flax_nnx(tmp_path, exported, name):
     _doc_says(name, "torch-to-flax --api nnx")
 
 
-@pytest.mark.parametrize("name", HEADLINE)
+@pytest.mark.parametrize(
+    "name", [*HEADLINE, *(pytest.param(n, marks=pytest.mark.slow) for n in ("t5_encoder", "swin"))]
+)
 def test_torch_to_jax(tmp_path, exported, name):
     pt2, module, args = exported(name)
     out = tmp_path / "out"

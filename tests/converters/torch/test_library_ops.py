@@ -49,11 +49,10 @@ class Net(torch.nn.Module):
     def __init__(self, kernel: bool = False) -> None:
         super().__init__()
         self.experts = Experts(kernel)
-        self.attn = torch.nn.MultiheadAttention(4, 2, batch_first=True)
+        self.out = torch.nn.Linear(4, 4)
 
     def forward(self, x):
-        y = self.experts(x).reshape(6, 1, 4)
-        return self.attn(y, y, y, need_weights=False)[0]
+        return self.out(self.experts(x))
 
 
 def test_custom_op_is_traced_through_its_python_implementation():
@@ -62,7 +61,7 @@ def test_custom_op_is_traced_through_its_python_implementation():
     x = torch.randn(2, 3, 8)
     model = xconv.from_torch(net, (x,))
     ops = {n.op_type for n in model.graph}
-    assert {"Einsum", "Attention"} <= ops
+    assert "Einsum" in ops
     fn, params = xconv.to_jax(model)
     with torch.no_grad():
         want = net(x).numpy()

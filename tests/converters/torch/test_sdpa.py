@@ -26,20 +26,26 @@ F = torch.nn.functional
 
 
 class AllForms(torch.nn.Module):
-    """Six SDPA calls, each a form torch.onnx's own path could not take."""
+    """Six SDPA calls, each a form torch.onnx's own path could not take, and an
+    ``nn.MultiheadAttention`` asked for its weights."""
 
     def __init__(self) -> None:
         super().__init__()
         self.q = torch.nn.Linear(16, 32)
         self.kv = torch.nn.Linear(16, 32)
-        self.bias = torch.nn.Parameter(torch.randn(1, 4, 6, 6))
+        # Swin's relative position bias: a table indexed by a constant buffer.
+        self.table = torch.nn.Parameter(torch.randn(11, 4))
+        pos = torch.arange(6)
+        self.register_buffer("index", (pos[:, None] - pos[None, :] + 5).reshape(-1))
+        self.mha = torch.nn.MultiheadAttention(16, 4, batch_first=True)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         b, s, _ = x.shape
         q = self.q(x).view(b, s, 4, 8).transpose(1, 2)  # (b, 4, s, 8)
         kv = self.kv(x).view(b, s, 4, 8).transpose(1, 2)
         k, v = kv[:, :2], kv[:, 2:]  # 2 kv heads
-        float_mask = F.scaled_dot_product_attention(q, q, q, attn_mask=self.bias, scale=0.5)
+        bias = self.table[self.index].view(6, 6, 4).permute(2, 0, 1).unsqueeze(0)
+        float_mask = F.scaled_dot_product_attention(q, q, q, attn_mask=bias, scale=0.5)
         keep = torch.ones(s, s, dtype=torch.bool).tril()
         bool_mask = F.scaled_dot_product_attention(q, kv, kv, attn_mask=keep)
         causal = F.scaled_dot_product_attention(q, kv, kv, is_causal=True)
@@ -49,7 +55,8 @@ class AllForms(torch.nn.Module):
         rank3 = F.scaled_dot_product_attention(flat, flat, flat, scale=0.25).view(b, 4, s, 8)
         # T5/Swin's layout step: transpose then view of the attention output.
         merged = float_mask.transpose(1, 2).contiguous().view(b, s, 32)
-        return merged, bool_mask, causal, gqa, mqa, rank3
+        _, weights = self.mha(x, x, x, need_weights=True)  # explicit path: weights are output
+        return merged, bool_mask, causal, gqa, mqa, rank3, weights
 
 
 def _torch(module, args):
@@ -75,17 +82,24 @@ def _close(got, want) -> None:
 
 @pytest.fixture(scope="module")
 def converted():
+    """Converted from an ExportedProgram, which must come back unchanged."""
     torch.manual_seed(0)
     module = AllForms().eval()
     args = (torch.randn(2, 6, 16),)
-    return module, args, xconv.from_torch(module, args)
+    program = torch.export.export(module, args, strict=False)
+    before = [str(n.target) for n in program.graph.nodes]
+    model = xconv.from_torch(program)
+    assert [str(n.target) for n in program.graph.nodes] == before
+    assert sum("scaled_dot_product_attention" in t for t in before) == 6
+    return module, args, model
 
 
 def test_every_form_is_one_attention_node(converted):
     _, _, model = converted
     ops = [n.op_type for n in model.graph]
     assert ops.count("Attention") == 6
-    assert "Softmax" not in ops
+    assert ops.count("Softmax") == 1  # need_weights=True keeps its explicit path
+    assert "GatherND" not in ops  # the one-index table lookup is a plain Gather
     causal = [
         n for n in model.graph if n.op_type == "Attention" and n.attributes["is_causal"].value
     ]
@@ -121,33 +135,3 @@ def test_every_form_in_generated_flax_and_torch_source(converted, tmp_path):
     generated.load_state_dict(state)
     with torch.no_grad():
         _close([o.numpy() for o in generated(*args)], want)
-
-
-def test_exported_program_is_left_as_given(converted):
-    """The rewrite is undone after the export: the caller's program still calls aten SDPA."""
-    module, args, _ = converted
-    program = torch.export.export(module, args, strict=False)
-    before = [str(n.target) for n in program.graph.nodes]
-    xconv.from_torch(program)
-    assert [str(n.target) for n in program.graph.nodes] == before
-    assert sum("scaled_dot_product_attention" in t for t in before) == 6
-
-
-def test_need_weights_keeps_the_explicit_path():
-    torch.manual_seed(0)
-    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
-    x = torch.randn(2, 5, 16)
-
-    class Weights(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.mha = mha
-
-        def forward(self, x):
-            return self.mha(x, x, x, need_weights=True)
-
-    module = Weights().eval()
-    model = xconv.from_torch(module, (x,))
-    assert "Softmax" in {n.op_type for n in model.graph}
-    fn, params = xconv.to_jax(model)
-    _close(fn(params, x.numpy()), _torch(module, (x,)))

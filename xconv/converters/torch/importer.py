@@ -142,6 +142,7 @@ def annotate(
     model.metadata_props[MODULES] = json.dumps(classes, sort_keys=True)
     model.metadata_props["xconv.source"] = "torch"
     layers.drop_zero_conv_bias(graph, modules, classes, state)
+    _unique_value_names(graph)
     _single_index_gather(graph)
     _localize_constants(graph)
     RemoveUnusedNodesPass()(model)
@@ -369,6 +370,29 @@ def _localize_constants(graph: ir.Graph) -> int:
                 consumer.replace_input_with(index, clone.outputs[0])
             copies += 1
     return copies
+
+
+def _unique_value_names(graph: ir.Graph) -> int:
+    """Rename node outputs that share a name with an initializer or another value.
+
+    torch.onnx names a node's output after its FX node (``index`` for ``aten.index``) and the
+    initializers after their ``state_dict`` keys, without checking the two apart: a buffer
+    called ``index`` and an indexing op made an invalid graph.
+    """
+    taken = {v.name for v in graph.inputs} | set(graph.initializers)
+    renamed = 0
+    for node in graph.all_nodes():
+        for value in node.outputs:
+            if not value.name:
+                continue
+            if value.name in taken:
+                base, k = value.name, 1
+                while f"{base}_{k}" in taken:
+                    k += 1
+                value.name = f"{base}_{k}"
+                renamed += 1
+            taken.add(value.name)
+    return renamed
 
 
 def _const_ints(value: ir.Value | None) -> list[int] | None:

@@ -127,8 +127,8 @@ def _val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
-def _rewritable(node: torch.fx.Node) -> tuple[tuple[Any, ...], bool] | None:
-    """``(xconv::attention args, ok)`` for an SDPA call this rewrite can take, else None."""
+def _rewritable(node: torch.fx.Node) -> tuple[Any, ...] | None:
+    """The ``xconv::attention`` args for an SDPA call this rewrite can take, else None."""
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
     bound = dict(zip(names, node.args, strict=False))
     bound.update(node.kwargs)
@@ -153,8 +153,7 @@ def _rewritable(node: torch.fx.Node) -> tuple[tuple[Any, ...], bool] | None:
     is_causal = bool(bound.get("is_causal", False))
     if is_causal and mask is not None:
         return None
-    args = (bound["query"], bound["key"], bound["value"], mask, is_causal, scale)
-    return args, True
+    return (bound["query"], bound["key"], bound["value"], mask, is_causal, scale)
 
 
 def _rewrite_attention(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
@@ -163,10 +162,9 @@ def _rewrite_attention(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, torch
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not _SDPA:
             continue
-        found = _rewritable(node)
-        if found is None:
+        args = _rewritable(node)
+        if args is None:
             continue
-        args, _ = found
         with graph.inserting_after(node):
             new = graph.call_function(_attention_op(), args)
         new.meta = dict(node.meta)
