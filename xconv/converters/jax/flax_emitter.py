@@ -22,7 +22,11 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.codegen import Namespace, parse_attrs, write_dir_atomic
-from xconv.converters.jax import flax_classes, layout
+from xconv.converters.jax import (
+    flax_classes,
+    flax_ops_resize,  # noqa: F401  (registers templates)
+    layout,
+)
 from xconv.converters.jax.flax_layers import layer_ctor
 from xconv.converters.jax.flax_ops import (
     HELPERS,
