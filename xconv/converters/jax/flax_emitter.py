@@ -22,6 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.codegen import Namespace, parse_attrs, write_dir_atomic
+from xconv.converters.flax.source_names import predicted_name
 from xconv.converters.jax import (
     flax_classes,
     flax_ops_resize,  # noqa: F401  (registers templates)
@@ -1096,7 +1097,9 @@ def _source_names(em: _Emitter) -> list[str]:
     names = {
         "/".join(v.path): v.source
         for v in em.src.variables
-        if v.source and v.source != "/".join(v.path)
+        if v.source
+        and v.source != "/".join(v.path)
+        and v.source != predicted_name("/".join(v.path), em.src.scopes)
     }
     if not names and not em.src.scopes:
         return []
@@ -1107,9 +1110,11 @@ def _source_names(em: _Emitter) -> list[str]:
         "SOURCE_SCOPES = {",
         *(f"    {_q(k)}: ({_q(a)}, {_q(b)})," for k, (a, b) in sorted(em.src.scopes.items())),
         "}",
-        "SOURCE_NAMES = {",
-        *(f"    {_q(k)}: {_q(v)}," for k, v in sorted(names.items())),
-        "}",
+        *(
+            ["SOURCE_NAMES = {", *(f"    {_q(k)}: {_q(v)}," for k, v in sorted(names.items())), "}"]
+            if names
+            else ["SOURCE_NAMES = {}  # every variable is named by SOURCE_SCOPES"]
+        ),
     ]
     return ["\n".join(lines)]
 
