@@ -22,7 +22,6 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.codegen import Namespace, parse_attrs, write_dir_atomic
-from xconv.converters.flax.source_names import predicted_name
 from xconv.converters.jax import (
     flax_classes,
     flax_ops_resize,  # noqa: F401  (registers templates)
@@ -36,6 +35,13 @@ from xconv.converters.jax.flax_ops import (
     array_literal,
     dtype_expr,
     find_template,
+)
+from xconv.converters.jax.flax_render import (
+    _class_doc,
+    _class_name,
+    render,
+    render_class,
+    variables_tree,
 )
 from xconv.errors import ConversionError, MissingOp
 from xconv.ir.metadata import LAYOUT, MODULE, ROLE, SOURCE_LINE, get_layer, get_scope
@@ -583,16 +589,26 @@ class _Emitter:
         (``x = self.conv1(x)``, ``h = h + x``): a chain reads as the source's does. Otherwise
         a new name for the value's role (:meth:`role`), never the exporter's value name.
         """
-        for v in list(inputs)[:1]:
+        role = self.role(value, scope)
+        inputs = list(inputs)
+        for v in inputs[:1]:
             names = self.env.get(v)
             if not names or v.is_graph_output() or v not in self.native:
                 break
             base = names[self.native[v]]
-            if re.sub(r"_\d+$", "", base) not in _ROLES:
+            base_role = re.sub(r"_\d+$", "", base)
+            if base_role not in _ROLES:
                 break  # a source input keeps its name (``input_ids``), its result is new
+            if role != "h" and role != base_role:
+                break  # the value changes role: ``attn = softmax(scores)``
+            if role == "h" and (
+                base_role in ("scores", "attn", "mask")
+                or (base_role in ("q", "k", "v") and len(inputs) > 1)
+            ):
+                break  # ``h = attn @ v``, ``h = _attention(q, k, v)``
             if all(u.node in self.done for u in v.uses()):
                 return base
-        return self.ns.new(self.role(value, scope))
+        return self.ns.new(role)
 
     def role(self, value: ir.Value, scope: str | None = None) -> str:
         """A readable name for what a value is: ``q``/``k``/``v``, ``scores``, ``attn``,
@@ -605,7 +621,9 @@ class _Emitter:
             return "attn"
         if op in ("Shape", "Size"):
             return "shape"
-        if op in ("MatMul", "Einsum", "Div", "Mul", "Add") and _feeds_softmax(value):
+        if op in ("MatMul", "Einsum", "Div", "Mul", "Add", "Sub", "Where") and _feeds_softmax(
+            value
+        ):
             return "scores"
         scope = scope or (get_scope(producer) if producer is not None else None) or ""
         leaf = scope.rsplit(".", 1)[-1]
@@ -785,6 +803,7 @@ class _Emitter:
             sub.bind(v, name, None)
         for node in p.body:
             if node.op_type != "Constant":
+                sub.done.add(node)
                 sub.emit_node(node)
         sub.outputs = [sub.get(v, None) for v in p.outputs]
         self.src.helpers |= sub.src.helpers
@@ -979,165 +998,6 @@ def _dims(value: ir.Value) -> list[int | None] | None:
     if value.shape is None:
         return None
     return [d if isinstance(d, int) else None for d in value.shape]
-
-
-# ---------------------------------------------------------------- source assembly
-
-
-def _imports(text: str, api: str) -> list[str]:
-    std = ["from pathlib import Path"]
-    if re.search(r"(?<![\w.])math\.", text):
-        std.insert(0, "import math")
-    third = []
-    if api == "linen" or re.search(r"(?<![\w.])nn\.", text):
-        third.append("import flax.linen as nn")
-    if re.search(r"(?<![\w.])jax\.", text):
-        third.append("import jax")
-    third.append("import jax.numpy as jnp")
-    if re.search(r"(?<![\w.])np\.", text):
-        third.append("import numpy as np")
-    third.append(
-        "from flax import nnx, serialization" if api == "nnx" else "from flax import serialization"
-    )
-    if re.search(r"(?<![\w.])lax\.", text):
-        third.append("from jax import lax")
-    return [*std, "", *third]
-
-
-def _indent(lines: list[str], n: int) -> list[str]:
-    return [(" " * n + line) if line else "" for line in lines]
-
-
-def render_class(em: _Emitter, name: str, doc: str, *, train: bool = False) -> str:
-    """One Module class: setup / __init__ from ``em.src.setup``, __call__ from its body."""
-    ret = em.outputs[0] if len(em.outputs) == 1 else "(" + ", ".join(em.outputs) + ")"
-    body = [*em.src.body, f"return {ret}"]
-    args = ", ".join([*em.inputs, "train: bool = False"] if train else em.inputs)
-    if em.api == "linen":
-        lines = [f"class {name}(nn.Module):", f'    """{doc}"""', "", "    def setup(self):"]
-        setup, body = flax_classes.loop_lists([a for a, _ in em.src.setup], body)
-        setup = setup or ["pass"]
-    else:
-        lines = [
-            f"class {name}(nnx.Module):",
-            f'    """{doc}"""',
-            "",
-            "    def __init__(self, *, rngs: nnx.Rngs):",
-        ]
-        setup = [b for _, b in em.src.setup] or ["pass"]
-    lines += _indent(setup, 8) + [""]
-    lines += [f"    def __call__(self, {args}):"] + _indent(body, 8)
-    return "\n".join(lines)
-
-
-def _class_name(p: LayerPlan) -> str:
-    module = p.anchor.metadata_props.get(MODULE, "")
-    base = module.rsplit(".", 1)[-1] if module else ""
-    if not base.isidentifier():
-        base = "".join(part.capitalize() for part in p.kind.split("_"))
-    return base
-
-
-def _class_doc(p: LayerPlan) -> str:
-    module = p.anchor.metadata_props.get(MODULE)
-    return f"The source's {p.kind} layer" + (f" ({module})." if module else ".")
-
-
-def render(em: _Emitter, name: str) -> str:
-    api = em.api
-    doc = f'"""Flax ({api}) model generated by xconv from {name!r}. Regenerate, do not edit."""'
-    cls: list[str] = []
-    if api == "nnx" and em.has_constants:
-        cls += [
-            "class Constant(nnx.Variable):",
-            '    """A non-trainable tensor the source model stores (a buffer)."""',
-            "",
-            "",
-        ]
-    texts = [text.replace("{cls}", cname) for text, cname in em.classes.items()]
-    texts += [flax_classes.render_group(g, api) for g in em.groups]
-    for text in sorted(texts, key=lambda t: t.split("(", 1)[0]):
-        cls += [flax_classes.resolve(text, em.groups, api), "", ""]
-    model = render_class(em, "Model", "The converted model; see ``load``.", train=True)
-    cls += [flax_classes.resolve(model, em.groups, api)]
-    if api == "linen":
-        load = [
-            "def load(out_dir=None):",
-            '    """Return ``(model, variables)``; run with ``model.apply(variables, *inputs)``."""',
-            '    path = Path(out_dir or Path(__file__).parent) / "variables.msgpack"',
-            "    variables = serialization.msgpack_restore(path.read_bytes())",
-            "    return Model(), jax.tree_util.tree_map(jnp.asarray, variables)",
-        ]
-    else:
-        saved = "nnx.Param, nnx.BatchStat" + (", Constant" if em.has_constants else "")
-        load = [
-            "def load(out_dir=None):",
-            '    """Return the model with its variables loaded; call ``model(*inputs)``."""',
-            '    path = Path(out_dir or Path(__file__).parent) / "variables.msgpack"',
-            "    model = Model(rngs=nnx.Rngs(0))",
-            f"    state = nnx.state(model, nnx.Any({saved}))",
-            "    saved = serialization.msgpack_restore(path.read_bytes())",
-            "    # msgpack gives read-only numpy arrays; train-mode BatchNorm updates in place.",
-            "    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map(jnp.asarray, saved))",
-            "    nnx.update(model, state)",
-            "    return model",
-        ]
-    helpers = [HELPERS[h].strip("\n") for h in sorted(em.src.helpers)]
-    code_parts = [*helpers, "\n".join(cls), "\n".join(load), *_source_names(em)]
-    text = "\n\n\n".join(code_parts)
-    imports = _imports(text, api)
-    return doc + "\n\n" + "\n".join(imports) + "\n\n\n" + text + "\n"
-
-
-def _source_names(em: _Emitter) -> list[str]:
-    """``SOURCE_SCOPES`` / ``SOURCE_NAMES``: where each submodule and variable came from, so
-    converting the module back (``xconv.from_flax``) restores the source model's names."""
-    if em.model.metadata_props.get("xconv.source", "").startswith("flax"):
-        return []
-    names = {
-        "/".join(v.path): v.source
-        for v in em.src.variables
-        if v.source
-        and v.source != "/".join(v.path)
-        and v.source != predicted_name("/".join(v.path), em.src.scopes)
-    }
-    if not names and not em.src.scopes:
-        return []
-    lines = [
-        "#: Where each submodule and variable of ``Model`` came from in the source model",
-        "#: (submodule -> (scope, class); variable path -> weight name). ``xconv`` reads them",
-        "#: when converting this module back, so the source model's names return.",
-        "SOURCE_SCOPES = {",
-        *(f"    {_q(k)}: ({_q(a)}, {_q(b)})," for k, (a, b) in sorted(em.src.scopes.items())),
-        "}",
-        *(
-            ["SOURCE_NAMES = {", *(f"    {_q(k)}: {_q(v)}," for k, v in sorted(names.items())), "}"]
-            if names
-            else ["SOURCE_NAMES = {}  # every variable is named by SOURCE_SCOPES"]
-        ),
-    ]
-    return ["\n".join(lines)]
-
-
-def _q(text: str) -> str:
-    return json.dumps(text)
-
-
-def variables_tree(em: _Emitter) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for var in em.src.variables:
-        path = (var.collection, *var.path) if em.api == "linen" else var.path
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = np.asarray(var.value)
-    return _sorted(tree)
-
-
-def _sorted(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _sorted(tree[k]) for k in sorted(tree)}
-    return tree
 
 
 @dataclass(frozen=True)
