@@ -80,15 +80,39 @@ def _bn_inputs():
     return seen
 
 
+def _flax_path(scope: str) -> tuple[str, ...]:
+    """The generated module tree's path of a torch scope: blocks nest, a container index
+    joins its container's name as Flax names list elements (``layer1.0.bn1`` ->
+    ``("layer1_0", "bn1")``)."""
+    out: list[str] = []
+    for part in scope.split("."):
+        if part.isdigit() and out:
+            out[-1] += f"_{part}"
+        else:
+            out.append(part)
+    return tuple(out)
+
+
 def _flax_key(scope: str) -> str:
-    return scope.replace(".", "_")
+    return "/".join(_flax_path(scope))
+
+
+def _norm_stats(tree, prefix=()) -> dict:
+    """``{path: {"mean", "var"}}`` of every BatchNorm in a nested batch_stats tree."""
+    if "mean" in tree:
+        return {"/".join(prefix): tree}
+    out = {}
+    for k, v in tree.items():
+        out.update(_norm_stats(v, (*prefix, k)))
+    return out
 
 
 def _linen_train(tmp_path):
     model, variables = _generated(tmp_path, "linen")
     x, y, stats = _torch_train_step()
     out, updates = model.apply(variables, x, train=True, mutable=["batch_stats"])
-    return np.asarray(out), jax.tree_util.tree_map(np.asarray, updates["batch_stats"]), y, stats
+    stats_tree = jax.tree_util.tree_map(np.asarray, updates["batch_stats"])
+    return np.asarray(out), _norm_stats(stats_tree), y, stats
 
 
 def _writable(model):
@@ -108,7 +132,9 @@ def _nnx_train(tmp_path):
     out = np.asarray(model(x, train=True))
     got = {}
     for name in stats:
-        bn = getattr(model, _flax_key(name))
+        bn = model
+        for attr in _flax_path(name):
+            bn = getattr(bn, attr)
         assert isinstance(bn.mean, nnx.BatchStat)
         got[_flax_key(name)] = {"mean": np.asarray(bn.mean[...]), "var": np.asarray(bn.var[...])}
     return out, got, y, stats

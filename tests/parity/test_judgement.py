@@ -395,9 +395,12 @@ def test_renamed_candidate_parameter_is_an_error_naming_it(tmp_path):
     net = SmallCNN(blocks=1)
     x = np.random.default_rng(0).normal(size=(2, 3, 8, 8)).astype(np.float32)
     out = xconv.to_flax(xconv.from_torch(net, (torch.from_numpy(x),)), tmp_path / "m")
-    # Rename the layer ``fc`` to ``head`` in the module and its variables, not in SOURCE_NAMES.
+    # Rename the layer ``fc`` to ``head`` in the module and its variables, not in the recorded
+    # names (SOURCE_SCOPES names fc/kernel fc.weight; SOURCE_NAMES lists only other renames).
     source = (out / "model.py").read_text()
-    assert source.count("self.fc") == 2 and '"fc/kernel": "fc.weight"' in source
+    assert (
+        source.count("self.fc") == 2 and '"fc": ("fc", "torch.nn.modules.linear.Linear")' in source
+    )
     (tmp_path / "renamed.py").write_text(source.replace("self.fc", "self.head"))
     spec = importlib.util.spec_from_file_location("gen_grads_renamed", tmp_path / "renamed.py")
     gen = importlib.util.module_from_spec(spec)

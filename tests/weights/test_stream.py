@@ -140,7 +140,8 @@ def test_streamed_flax_matches_torch(checkpoint, traced, converted):
     # Dense kernels were transposed on the way, nothing else changed.
     flat = read_flat(out)
     q = index.read("model.layers.0.self_attn.q_proj.weight")
-    key = next(k for k in flat if "layers_0_self_attn_q_proj" in k)
+    # The module tree: the decoder layer and its attention are nested submodules.
+    key = next(k for k in flat if k.endswith("layers_0/self_attn/q_proj/kernel"))
     np.testing.assert_array_equal(flat[key], q.T)
 
 

@@ -5,9 +5,11 @@ with ``xconv.role`` / ``xconv.layout``; the anchor node of its layer carries the
 :mod:`xconv.weights.flax_names` turns ``(scope, role, kind)`` into the Flax variable path and
 the kernel layout transform. A layer the Flax emitter cannot write natively becomes a generated
 submodule whose weights are raw parameters named after their role; a weight outside any layer
-is one raw top-level parameter. Which of the three a weight became is read off the emitter's
-own output for the template model (:func:`build_weight_map`), so the map always matches the
-``model.py`` that :func:`xconv.to_flax` writes; every entry is verified by value.
+is one raw top-level parameter. Blocks of the source's module tree nest these paths
+(``params/layer1_0/conv1/kernel``). Where each weight went is read off the emitter's own record
+for the template model (:func:`xconv.converters.jax.flax_emitter.emitted_variables`, used by
+:func:`build_weight_map`), so the map always matches the ``model.py`` that
+:func:`xconv.to_flax` writes; every entry is verified by value.
 
 torch keeps state Flax has no variable for (``xconv.role`` ``num_batches``, i.e. BatchNorm's
 ``num_batches_tracked``). It is carried in a side map (:meth:`WeightMap.side_state`), never
@@ -157,10 +159,19 @@ def _weight_scopes(value: ir.Value, kinds: Mapping[str, str]) -> list[str]:
     return scopes
 
 
-def _candidates(value: ir.Value, kinds: Mapping[str, str]) -> list[tuple[Path_, str | None]]:
+def _candidates(
+    value: ir.Value, kinds: Mapping[str, str], recorded: Mapping[str, list[Path_]]
+) -> list[tuple[Path_, str | None]]:
     role = value.metadata_props.get(ROLE)
     layout = value.metadata_props.get(LAYOUT)
+    is_kernel = bool(role == "kernel" and layout and "O" in layout and "I" in layout)
     out: list[tuple[Path_, str | None]] = []
+    # Where the emitter says it put this weight (the module tree's nested path); the
+    # predicted flat paths below stay as candidates for a value it deduplicated.
+    for path in recorded.get(value.name, []):
+        if is_kernel:
+            out.append((path, layout))
+        out.append((path, None))
     for scope in _weight_scopes(value, kinds) if role else []:
         try:
             path = flax_path(scope, role, kinds[scope])
@@ -193,10 +204,17 @@ def build_weight_map(
             non-persistent buffer) are template constants, not expected in a checkpoint.
             Default: every initializer is a state_dict entry.
     """
-    from xconv.converters.jax.flax_emitter import generate
+    from xconv.converters.jax.flax_emitter import generate_with_records
 
-    _, variables = generate(model_ir, api=api)
+    _, variables, records = generate_with_records(model_ir, api=api)
     flat: dict[Path_, np.ndarray] = {tuple(k.split(SEP)): v for k, v in flatten(variables).items()}
+    recorded: dict[str, list[Path_]] = {}
+    for rec in records:
+        if rec.source:
+            # linen paths start with the collection, as the candidates below do
+            recorded.setdefault(rec.source, []).append(
+                rec.path if api == "linen" else ("params", *rec.path)
+            )
     kinds = _layer_kinds(model_ir.graph)
     claimed: set[Path_] = set()
     entries: dict[str, Entry] = {}
@@ -213,7 +231,7 @@ def build_weight_map(
             side[name] = np.array(arr)
             continue
         found: list[Entry] = []
-        for path, layout in _candidates(value, kinds):
+        for path, layout in _candidates(value, kinds, recorded):
             key = path if api == "linen" else path[1:]
             got = flat.get(key)
             if key in claimed or got is None or any(e.path == key for e in found):

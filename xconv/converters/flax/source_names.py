@@ -5,7 +5,8 @@
 ``model.py`` records where each came from in two module constants:
 
 * ``SOURCE_SCOPES``: submodule path -> ``(source scope, source module class)``;
-* ``SOURCE_NAMES``: variable path (``/``-joined, no collection) -> source weight name.
+* ``SOURCE_NAMES``: variable path (``/``-joined, no collection) -> source weight name, for
+  the variables :func:`predicted_name` does not already name from ``SOURCE_SCOPES``.
 
 :func:`restore_source_names` applies them to the IR that :func:`xconv.from_flax` traced from
 such a module: initializers take their source names, node scopes and module classes their
@@ -23,6 +24,51 @@ from typing import Any
 import onnx_ir as ir
 
 from xconv.ir.metadata import MODULE, SCOPE
+
+#: A native Flax layer's variable -> the torch parameter / buffer it holds.
+_TORCH_VARIABLE = {
+    "kernel": "weight",
+    "scale": "weight",
+    "embedding": "weight",
+    "bias": "bias",
+    "mean": "running_mean",
+    "var": "running_var",
+}
+
+
+def predicted_name(path: str, scopes: Mapping[str, tuple[str, str]]) -> str | None:
+    """The source weight name a variable path implies: its submodule's source scope plus
+    torch's name for the variable (``layer1_0/conv1/kernel`` -> ``layer1.0.conv1.weight``).
+    ``SOURCE_NAMES`` lists only the variables this does not predict."""
+    module, _, var = path.rpartition("/")
+    origin = scopes.get(module)
+    if origin is None or var not in _TORCH_VARIABLE:
+        return None
+    return f"{origin[0]}.{_TORCH_VARIABLE[var]}"
+
+
+class SourceNames(dict):
+    """``SOURCE_NAMES`` completed by :func:`predicted_name`: a lookup of a variable path the
+    table omits returns the name its submodule's source scope implies."""
+
+    def __init__(self, names: Mapping[str, str], scopes: Mapping[str, tuple[str, str]]):
+        super().__init__(names)
+        self.scopes = dict(scopes)
+
+    def __missing__(self, key: str) -> str:
+        name = predicted_name(key, self.scopes)
+        if name is None:
+            raise KeyError(key)
+        return name
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
 
 
 def recorded_names(module: Any) -> tuple[dict[str, tuple[str, str]], dict[str, str]] | None:
@@ -43,9 +89,8 @@ def recorded_names(module: Any) -> tuple[dict[str, tuple[str, str]], dict[str, s
     for namespace in namespaces:
         scopes, names = namespace.get("SOURCE_SCOPES"), namespace.get("SOURCE_NAMES")
         if isinstance(scopes, Mapping) and isinstance(names, Mapping):
-            return {str(k): (str(v[0]), str(v[1])) for k, v in scopes.items()}, {
-                str(k): str(v) for k, v in names.items()
-            }
+            scopes = {str(k): (str(v[0]), str(v[1])) for k, v in scopes.items()}
+            return scopes, SourceNames({str(k): str(v) for k, v in names.items()}, scopes)
     return None
 
 
@@ -61,7 +106,8 @@ def restore_source_names(model: ir.Model, module: Any) -> ir.Model:
     graph = model.graph
     taken = set(graph.initializers)
     for value in list(graph.initializers.values()):
-        source = names.get((value.name or "").replace(".", "/"))
+        path = (value.name or "").replace(".", "/")
+        source = names.get(path)
         if source and source != value.name and source not in taken:
             taken.discard(value.name)
             value.name = source
@@ -82,4 +128,4 @@ def restore_source_names(model: ir.Model, module: Any) -> ir.Model:
     return model
 
 
-__all__ = ["recorded_names", "restore_source_names"]
+__all__ = ["SourceNames", "predicted_name", "recorded_names", "restore_source_names"]

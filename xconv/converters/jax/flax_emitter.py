@@ -22,7 +22,12 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.codegen import Namespace, parse_attrs, write_dir_atomic
-from xconv.converters.jax import layout
+from xconv.converters.jax import (
+    flax_classes,
+    flax_ops_resize,  # noqa: F401  (registers templates)
+    layout,
+)
+from xconv.converters.jax.flax_layers import layer_ctor
 from xconv.converters.jax.flax_ops import (
     HELPERS,
     OpCall,
@@ -30,7 +35,13 @@ from xconv.converters.jax.flax_ops import (
     array_literal,
     dtype_expr,
     find_template,
-    scalar_literal,
+)
+from xconv.converters.jax.flax_render import (
+    _class_doc,
+    _class_name,
+    render,
+    render_class,
+    variables_tree,
 )
 from xconv.errors import ConversionError, MissingOp
 from xconv.ir.metadata import LAYOUT, MODULE, ROLE, SOURCE_LINE, get_layer, get_scope
@@ -149,16 +160,17 @@ class FlaxOptions:
         native_conv_transpose: Write group-1 transposed convolutions as ``nn.ConvTranspose``
             (``transpose_kernel=True``, kernel ``(*k, out, in)``) instead of a generated class
             holding torch's ``(in, out, *k)`` kernel.
-        share_blocks: Write each instance of a source block class (a torch ``BasicBlock``)
-            as a generated class, one class for identical instances, variables nested per
-            block (DESIGN rule 10).
+        share_blocks: Rebuild the source's module tree (the default): each instance of a
+            source block class (a torch ``BasicBlock``, ``BertLayer``) becomes a generated
+            class, one class for identical instances, blocks nested as the source nests
+            them, variables nested per block (DESIGN rule 10). False: one flat class.
 
-    Both are off by default until ``xconv.weights.mapping`` predicts their variable paths
-    and kernel layout.
+    ``native_conv_transpose`` is off by default until ``xconv.weights.mapping`` predicts its
+    kernel layout; the mapping reads the block tree off the emitter's own output.
     """
 
     native_conv_transpose: bool = False
-    share_blocks: bool = False
+    share_blocks: bool = True
 
 
 @dataclass
@@ -174,10 +186,20 @@ class Block:
 
 @dataclass
 class _Var:
+    """One emitted variable: where it lives and what it came from.
+
+    ``scope`` / ``role`` / ``kind`` are the source layer's scope, the weight's role in it
+    (``kernel``, ``mean``) and the layer kind (``conv``; ``raw`` for a weight outside a native
+    layer, ``constant`` for a stored buffer): what partitioning rules key on.
+    """
+
     collection: str
     path: tuple[str, ...]
     value: np.ndarray
     source: str | None = None  # the IR initializer (source weight) name
+    scope: str | None = None
+    role: str | None = None
+    kind: str = "raw"
 
 
 @dataclass
@@ -223,12 +245,15 @@ class _Emitter:
         #: generate identical classes (shared, like a torch block class used many times).
         self.canonical = False
         self.classes: dict[str, str] = {}  # generated submodule source -> class name
+        self.groups: list[flax_classes.Group] = []  # block classes (shared with sub-emitters)
         self.class_ns = _namespace(_RESERVED | {"Model", "Constant"})
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         #: Instances of one source block class (a torch ``BasicBlock``): node -> its block.
         self.blocks: dict[ir.Node, Block] = {}
         self.prefix: str | None = None  # inside a generated block class: the block's scope
+        self.done: set[ir.Node] = set()  # nodes already written (their reads are over)
+        self.modules: dict[str, str] | None = None  # xconv.modules, parsed once
 
     # ------------------------------------------------------------ planning
 
@@ -248,6 +273,8 @@ class _Emitter:
             if plan is not None:
                 for n in body:
                     self.plans[n] = plan
+        if self.options.share_blocks:
+            self.plan_blocks()
 
     def _plan(self, anchor, meta, body, scope) -> LayerPlan | None:
         kind = meta.pop("kind")
@@ -335,30 +362,41 @@ class _Emitter:
             return "embedding" in roles
         return p.kind == "dropout"
 
-    def plan_blocks(self) -> None:
+    def plan_blocks(self, nodes: list[ir.Node] | None = None, outer: str | None = None) -> None:
         """Find instances of source block classes (DESIGN rule 10).
 
         A scope ``S`` whose own nodes carry a non-leaf source class (the ``Add`` of a torch
         ``BasicBlock`` at ``layer1.0``) and whose sub-scopes hold more nodes is a block when its
-        nodes are contiguous and every layer inside lies wholly inside. Blocks of a class
-        that occurs at least twice become generated classes; identical ones share a class.
+        nodes are contiguous and every layer inside lies wholly inside. Each block becomes a
+        generated class (identical ones share a class); blocks inside it are planned when it
+        is emitted (``outer``: its scope), so the classes nest as the source's modules do.
         """
-        nodes = list(self.graph)
+        nodes = list(self.graph) if nodes is None else nodes
         classes: dict[str, str] = {}
         for node in nodes:
             scope, module = get_scope(node), node.metadata_props.get(MODULE)
             if scope and module and node.op_type != "Constant":
                 classes.setdefault(scope, module)
+        # Modules with no node of their own (a BertLayer only calls its children) are blocks
+        # too; torch containers are not: their children are a list (``layer1_0``).
+        for sc, module in self._modules().items():
+            if (
+                sc
+                and sc not in classes
+                and not module.startswith("torch.nn.modules.container.")
+                and any(other.startswith(sc + ".") for other in list(classes))
+            ):
+                classes[sc] = module
         scopes = [
             sc
             for sc, module in classes.items()
             if any(other.startswith(sc + ".") for other in classes)
+            and (outer is None or sc.startswith(outer + "."))
         ]
-        by_class = Counter(classes[sc] for sc in scopes)
         taken: set[ir.Node] = set()
         for sc in sorted(scopes, key=lambda x: x.count(".")):  # outermost first
-            if by_class[classes[sc]] < 2:
-                continue
+            if any(n in self.plans and self.plans[n].scope == sc for n in nodes):
+                continue  # a recognised layer (attention): its plan writes it
             # Constants are inlined where they are used: they belong to no block.
             idx = [
                 i
@@ -395,16 +433,29 @@ class _Emitter:
                 self.blocks[n] = block
             taken |= inside
 
+    def _modules(self) -> dict[str, str]:
+        """``{scope: source module class}`` the importer recorded for the whole model."""
+        if self.modules is None:
+            raw = self.model.metadata_props.get("xconv.modules")
+            try:
+                self.modules = json.loads(raw) if raw else {}
+            except ValueError:
+                self.modules = {}
+        return self.modules
+
     def emit_block(self, b: Block) -> None:
         """One instance of a source block class, as a (shared) generated class."""
         sub = _Emitter(self.model, self.api)
         sub.plans = self.plans
         sub.prefix = sub.own_scope = b.scope
         sub.canonical = True
-        sub.classes, sub.class_ns = self.classes, self.class_ns
+        sub.classes, sub.class_ns, sub.groups = self.classes, self.class_ns, self.groups
+        sub.options, sub.modules = self.options, self._modules()
+        sub.plan_blocks(b.nodes, b.scope)
         sub.inputs = []
-        for v in b.inputs:
-            name = sub.ns.new("x" if len(b.inputs) == 1 else sub.hint(v))
+        for i, v in enumerate(b.inputs):
+            role = "x" if i == 0 else sub.role(v)
+            name = sub.ns.new("residual" if role == "h" and len(b.inputs) == 2 else role)
             sub.inputs.append(name)
             sub.bind(v, name, self.native[v], v in self.static)
         sub.emit_nodes(b.nodes)
@@ -416,29 +467,49 @@ class _Emitter:
         text = render_class(sub, "{cls}", doc, train=train)
         if train:  # the block takes train without a default: the caller always passes it
             text = text.replace("train: bool = False", "train: bool")
-        cls = self.classes.get(text)
-        if cls is None:
-            base = b.module.rsplit(".", 1)[-1]
-            cls = self.class_ns.new(base if base.isidentifier() else "Block")
-            self.classes[text] = cls
+        ctor = self._block_class(text, b.module)
         attr = self.attrs.new(module_name(self._relative(b.scope)))
-        self.src.setup.append((f"self.{attr} = {cls}()", f"self.{attr} = {cls}(rngs=rngs)"))
+        self.src.setup.append((f"self.{attr} = {ctor}", f"self.{attr} = {ctor}"))
         self._adopt(attr, sub, b.scope, b.module)
         args = [self.env[v][self.native[v]] for v in b.inputs]
         if train:
             args.append("train=train")
-        outs = [self.ns.new(self.hint(v)) for v in b.outputs]
+        outs = [self.local(v, b.inputs if len(b.outputs) == 1 else (), b.scope) for v in b.outputs]
         self.src.body.append(
             f"{', '.join(outs)} = self.{attr}({', '.join(args)}){self._comment(b.nodes[-1], b.scope)}"
         )
         for v, name in zip(b.outputs, outs, strict=True):
             self.bind(v, name, sub.native[v], v in sub.static)
 
+    def _block_class(self, text: str, module: str) -> str:
+        """The placeholder constructing this block: its class is shared by every instance
+        of the source class with the same structure, feature counts becoming fields."""
+        skeleton, roles, values = flax_classes.abstract(text, self.api)
+        index = next((i for i, g in enumerate(self.groups) if g.skeleton == skeleton), None)
+        if index is None:
+            base = module.rsplit(".", 1)[-1]
+            base = base if base.isidentifier() else "Block"
+            same = [g for g in self.groups if g.base == base]
+            name = self.class_ns.new(flax_classes.variant_name(base, skeleton, same))
+            self.groups.append(flax_classes.Group(name, skeleton, roles, base=base))
+            index = len(self.groups) - 1
+        if values not in self.groups[index].instances:
+            self.groups[index].instances.append(values)
+        return flax_classes.token(index, values)
+
     def _adopt(self, attr: str, sub: _Emitter, scope: str | None, module: str) -> None:
         """Take a generated submodule's variables and source names under ``attr``."""
         for var in sub.src.variables:
             self.src.variables.append(
-                _Var(var.collection, (attr, *var.path), var.value, var.source)
+                _Var(
+                    var.collection,
+                    (attr, *var.path),
+                    var.value,
+                    var.source,
+                    var.scope,
+                    var.role,
+                    var.kind,
+                )
             )
         if scope:
             self.src.scopes[attr] = (scope, module)
@@ -511,6 +582,57 @@ class _Emitter:
         names[perm] = name
         return name
 
+    def local(self, value: ir.Value, inputs=(), scope: str | None = None) -> str:
+        """The local a node's output is bound to.
+
+        The name of the node's first data input when this node is that input's last reader
+        (``x = self.conv1(x)``, ``h = h + x``): a chain reads as the source's does. Otherwise
+        a new name for the value's role (:meth:`role`), never the exporter's value name.
+        """
+        role = self.role(value, scope)
+        inputs = list(inputs)
+        for v in inputs[:1]:
+            names = self.env.get(v)
+            if not names or v.is_graph_output() or v not in self.native:
+                break
+            base = names[self.native[v]]
+            base_role = re.sub(r"_\d+$", "", base)
+            if base_role not in _ROLES:
+                break  # a source input keeps its name (``input_ids``), its result is new
+            if role != "h" and role != base_role:
+                break  # the value changes role: ``attn = softmax(scores)``
+            if role == "h" and (
+                base_role in ("scores", "attn", "mask")
+                or (base_role in ("q", "k", "v") and len(inputs) > 1)
+            ):
+                break  # ``h = attn @ v``, ``h = _attention(q, k, v)``
+            if all(u.node in self.done for u in v.uses()):
+                return base
+        return self.ns.new(role)
+
+    def role(self, value: ir.Value, scope: str | None = None) -> str:
+        """A readable name for what a value is: ``q``/``k``/``v``, ``scores``, ``attn``,
+        ``mask``, ``residual``, ``shape``, else ``h``."""
+        if value.dtype == ir.DataType.BOOL:
+            return "mask"
+        producer = value.producer()
+        op = producer.op_type if producer is not None else ""
+        if op == "Softmax":
+            return "attn"
+        if op in ("Shape", "Size"):
+            return "shape"
+        if op in ("MatMul", "Einsum", "Div", "Mul", "Add", "Sub", "Where") and _feeds_softmax(
+            value
+        ):
+            return "scores"
+        scope = scope or (get_scope(producer) if producer is not None else None) or ""
+        leaf = scope.rsplit(".", 1)[-1]
+        if leaf in _QKV:
+            return _QKV[leaf]
+        if {"downsample", "shortcut"} & set(scope.split(".")):
+            return "residual"
+        return "h"
+
     def hint(self, value: ir.Value) -> str | None:
         """The name hint of a value: its source name, or its op type in generated classes."""
         producer = value.producer()
@@ -532,7 +654,9 @@ class _Emitter:
                     f"self.{attr} = nnx.Param(jnp.zeros({shape}, {dt}))",
                 )
             )
-            self.src.variables.append(_Var("params", (attr,), arr, value.name))
+            role = value.metadata_props.get(ROLE)
+            scope = value.name.rpartition(".")[0] if value.name else None
+            self.src.variables.append(_Var("params", (attr,), arr, value.name, scope, role))
             self.raw[value] = f"self.{attr}[...]"
         return self.raw[value]
 
@@ -555,7 +679,7 @@ class _Emitter:
                     f"self.{attr} = Constant(jnp.zeros({shape}, {dt}))",
                 )
             )
-            self.src.variables.append(_Var("constants", (attr,), arr, value.name))
+            self.src.variables.append(_Var("constants", (attr,), arr, value.name, kind="constant"))
             self.raw[key] = f"self.{attr}[...]"
         return self.raw[key]
 
@@ -585,11 +709,13 @@ class _Emitter:
             block = self.blocks.get(node)
             if block is not None:
                 if node is block.nodes[0]:
+                    self.done.update(block.nodes)
                     self.emit_block(block)
                 continue
             plan = self.plans.get(node)
             if plan is not None:
                 if node is plan.last:
+                    self.done.update(plan.body)
                     if plan.native:
                         self.emit_layer(plan)
                     else:
@@ -597,13 +723,19 @@ class _Emitter:
                 continue
             if node.op_type == "Constant":
                 continue
+            self.done.add(node)
             self.emit_node(node)
 
     def _comment(self, node: ir.Node, scope: str | None = None) -> str:
         scope = scope or get_scope(node)
         if scope and self.prefix and scope.startswith(self.prefix + "."):
             scope = scope[len(self.prefix) + 1 :]
-        return f"  # {scope}" if scope and scope != self.own_scope else ""
+        tree = self.options.share_blocks
+        parts = (scope or "").split(".")
+        child = len(parts) == 1 or (len(parts) == 2 and parts[1].isdigit())  # layer1.0: a list
+        if not scope or scope == self.own_scope or (tree and child):
+            return ""  # a direct child of this class: its attribute says where it came from
+        return f"  # {scope}"
 
     def emit_layer(self, p: LayerPlan) -> None:
         h, kind = p.hyper, p.kind
@@ -621,102 +753,39 @@ class _Emitter:
         w = {r: v.const_value.numpy() for r, v in p.weights.items() if r not in DROPPED_ROLES}
         pdt = ""
         if "kernel" in p.weights and p.weights["kernel"].dtype != ir.DataType.FLOAT:
-            pdt = f", param_dtype={dtype_expr(p.weights['kernel'].dtype)}"
+            pdt = dtype_expr(p.weights["kernel"].dtype)
         call = f"self.{attr}({x})"
         if kind == "dense":
             lay = p.weights["kernel"].metadata_props.get(LAYOUT) or self._dense_layout(p)
             if lay == "OI" and self._tied_dense(p, x):
                 return
             w["kernel"] = _kernel_view(w["kernel"], lay) if lay == "OI" else w["kernel"]
-            use_bias = bool(h["use_bias"])
-            linen = f"nn.Dense(features={h['out_features']}, use_bias={use_bias}{pdt})"
-            nnx_ = (
-                f"nnx.Linear({h['in_features']}, {h['out_features']}, use_bias={use_bias}"
-                f"{pdt}, rngs=rngs)"
-            )
         elif kind == "conv":
             n = h["ndim"]
             lay = p.weights["kernel"].metadata_props.get(LAYOUT) or "OI" + "DHW"[-n:]
             w["kernel"] = _kernel_view(w["kernel"], lay)
-            k, s = tuple(h["kernel_size"]), tuple(h["strides"])
-            pad = tuple(tuple(int(x) for x in pp) for pp in h["padding"])
-            d, g, b = tuple(h["dilations"]), h["groups"], bool(h["use_bias"])
-            common = (
-                f"kernel_size={k}, strides={s}, padding={pad}, kernel_dilation={d}, "
-                f"feature_group_count={g}, use_bias={b}{pdt}"
-            )
-            linen = f"nn.Conv(features={h['out_channels']}, {common})"
-            nnx_ = f"nnx.Conv({h['in_channels']}, {h['out_channels']}, {common}, rngs=rngs)"
         elif kind == "conv_transpose":
             n = h["ndim"]
             # torch's (in, out, *k) kernel is the kernel of the convolution this one is the
             # gradient of; Flax takes it as (*k, out, in) with transpose_kernel=True.
             w["kernel"] = np.transpose(w["kernel"], (*range(2, n + 2), 1, 0))
-            k, s, d = tuple(h["kernel_size"]), tuple(h["strides"]), tuple(h["dilations"])
-            # Explicit padding of the stride-dilated input, as lax.conv_transpose takes it.
-            pad = tuple(
-                (
-                    d[i] * (k[i] - 1) - int(h["padding"][i][0]),
-                    d[i] * (k[i] - 1) - int(h["padding"][i][1]) + int(h["output_padding"][i]),
-                )
-                for i in range(n)
-            )
-            common = (
-                f"kernel_size={k}, strides={s}, padding={pad}, kernel_dilation={d}, "
-                f"use_bias={bool(h['use_bias'])}, transpose_kernel=True{pdt}"
-            )
-            linen = f"nn.ConvTranspose(features={h['out_channels']}, {common})"
-            nnx_ = (
-                f"nnx.ConvTranspose({h['in_channels']}, {h['out_channels']}, {common}, rngs=rngs)"
-            )
         elif kind == "batch_norm":
-            m = 1.0 - float(h["momentum"])
-            aff = bool(h["affine"])
-            common = (
-                f"momentum={scalar_literal(m)}, epsilon={scalar_literal(h['epsilon'])}, "
-                f"use_scale={aff}, use_bias={aff}"
-            )
-            linen = f"nn.BatchNorm({common})"
-            nnx_ = f"nnx.BatchNorm({h['num_features']}, {common}, rngs=rngs)"
             call = f"self.{attr}({x}, use_running_average=not train)"
             if p.anchor.metadata_props.get(MODULE, "").startswith("torch."):
                 self.src.helpers.add(f"torch_batch_norm_{self.api}")
                 call = f"_torch_batch_norm(self.{attr}, {x}, train)"
-        elif kind == "layer_norm":
-            aff = bool(h["elementwise_affine"])
-            common = (
-                f"epsilon={scalar_literal(h['epsilon'])}, use_scale={aff}, "
-                f"use_bias={aff and bool(h['use_bias'])}"
-            )
-            linen = f"nn.LayerNorm({common})"
-            nnx_ = f"nnx.LayerNorm({h['normalized_shape'][0]}, {common}, rngs=rngs)"
-        elif kind == "group_norm":
-            aff = bool(h["affine"])
-            common = (
-                f"num_groups={h['num_groups']}, epsilon={scalar_literal(h['epsilon'])}, "
-                f"use_scale={aff}, use_bias={aff}"
-            )
-            linen = f"nn.GroupNorm({common})"
-            nnx_ = f"nnx.GroupNorm({h['num_channels']}, {common}, rngs=rngs)"
-        elif kind == "rms_norm":
-            aff = bool(h["elementwise_affine"])
-            common = f"epsilon={scalar_literal(h['epsilon'])}, use_scale={aff}"
-            linen = f"nn.RMSNorm({common})"
-            nnx_ = f"nnx.RMSNorm({h['normalized_shape'][-1]}, {common}, rngs=rngs)"
-        elif kind == "embedding":
-            linen = f"nn.Embed(num_embeddings={h['num_embeddings']}, features={h['features']})"
-            nnx_ = f"nnx.Embed({h['num_embeddings']}, {h['features']}, rngs=rngs)"
-        else:  # dropout
-            linen = f"nn.Dropout(rate={scalar_literal(h['rate'])})"
-            nnx_ = f"nnx.Dropout({scalar_literal(h['rate'])}, rngs=rngs)"
+        elif kind == "dropout":
             call = f"self.{attr}({x}, deterministic=not train)"
+        linen, nnx_ = layer_ctor(kind, h, pdt)
         self.src.setup.append((f"self.{attr} = {linen}", f"self.{attr} = {nnx_}"))
         for role, arr in sorted(w.items()):
             collection, var = FLAX_VARIABLES[kind][role]
-            self.src.variables.append(_Var(collection, (attr, var), arr, p.weights[role].name))
+            self.src.variables.append(
+                _Var(collection, (attr, var), arr, p.weights[role].name, p.scope, role, kind)
+            )
         if p.scope:
             self.src.scopes[attr] = (p.scope, p.anchor.metadata_props.get(MODULE, ""))
-        out = self.ns.new(self.hint(p.output))
+        out = self.local(p.output, [p.input], p.scope)
         self.src.body.append(f"{out} = {call}{self._comment(p.anchor, p.scope)}")
         out_perm = perm if kind != "embedding" else None
         self.bind(p.output, out, out_perm)
@@ -729,11 +798,12 @@ class _Emitter:
         sub.canonical = True
         sub.inputs = []
         for v in p.inputs:
-            name = sub.ns.new("x" if len(p.inputs) == 1 else sub.hint(v))
+            name = sub.ns.new("x" if len(p.inputs) == 1 else sub.role(v))
             sub.inputs.append(name)
             sub.bind(v, name, None)
         for node in p.body:
             if node.op_type != "Constant":
+                sub.done.add(node)
                 sub.emit_node(node)
         sub.outputs = [sub.get(v, None) for v in p.outputs]
         self.src.helpers |= sub.src.helpers
@@ -747,7 +817,8 @@ class _Emitter:
         self.has_constants |= sub.has_constants
         self._adopt(attr, sub, p.scope, p.anchor.metadata_props.get(MODULE, ""))
         args = ", ".join(self.get(v, None) for v in p.inputs)
-        outs = ", ".join(self.ns.new(self.hint(v)) for v in p.outputs)
+        single = p.inputs if len(p.outputs) == 1 else ()
+        outs = ", ".join(self.local(v, single, p.scope) for v in p.outputs)
         comment = self._comment(p.anchor, p.scope)
         self.src.body.append(f"{outs} = self.{attr}({args}){comment}")
         for v, name in zip(p.outputs, outs.split(", "), strict=True):
@@ -768,7 +839,7 @@ class _Emitter:
         expr = f"jax.lax.dot_general({x}, {w}, ((({x}.ndim - 1,), (1,)), ((), ())))"
         if p.hyper["use_bias"] and "bias" in p.weights:
             expr += f" + {self.weight(p.weights['bias'])}"
-        out = self.ns.new(self.hint(p.output))
+        out = self.local(p.output, [p.input], p.scope)
         self.src.body.append(f"{out} = {expr}{self._comment(p.anchor, p.scope)}")
         self.bind(p.output, out, None)
         return True
@@ -821,9 +892,10 @@ class _Emitter:
         self._drop_unused_constants(stored, expr)
         self.src.helpers |= call.helpers
         outs = []
+        used = [o for o in node.outputs if o.name and (o.uses() or o.is_graph_output())]
         for o in node.outputs:
-            if o.name and (o.uses() or o.is_graph_output()):
-                outs.append(self.ns.new(self.hint(o)))
+            if o in used:
+                outs.append(self.local(o, data if len(used) == 1 else ()))
             else:
                 outs.append("_")
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
@@ -858,7 +930,7 @@ class _Emitter:
             return False
         name = self.env[x][perm]
         out = node.outputs[0]
-        target = self.ns.new(self.hint(out))
+        target = self.local(out, ())
         if node.op_type == "Size":
             expr = f"np.asarray({name}.size, dtype=np.int64)"
         else:
@@ -902,177 +974,104 @@ class _Emitter:
         return layout.after_reduce(perm, ax, rank)
 
 
+_ROLES = frozenset({"x", "h", "residual", "q", "k", "v", "scores", "attn", "mask"})
+_QKV = {
+    **dict.fromkeys(("query", "q_proj", "q", "to_q", "q_lin"), "q"),
+    **dict.fromkeys(("key", "k_proj", "k", "to_k", "k_lin"), "k"),
+    **dict.fromkeys(("value", "v_proj", "v", "to_v", "v_lin"), "v"),
+}
+
+
+def _feeds_softmax(value: ir.Value, depth: int = 3) -> bool:
+    """Whether ``value`` reaches a Softmax through at most ``depth`` elementwise ops."""
+    for use in value.uses():
+        op = use.node.op_type
+        if op == "Softmax":
+            return True
+        elementwise = op in ("Add", "Div", "Mul", "Where", "Cast", "Sub")
+        if depth and elementwise and any(_feeds_softmax(o, depth - 1) for o in use.node.outputs):
+            return True
+    return False
+
+
 def _dims(value: ir.Value) -> list[int | None] | None:
     if value.shape is None:
         return None
     return [d if isinstance(d, int) else None for d in value.shape]
 
 
-# ---------------------------------------------------------------- source assembly
+@dataclass(frozen=True)
+class EmittedVariable:
+    """One variable of the generated module, with its origin.
+
+    Attributes:
+        path: Variable path, collection first for linen (``("params", "layer1_0", "conv1",
+            "kernel")``), without it for nnx.
+        source: The IR initializer (source weight) name, or None.
+        scope: The source layer's scope (``layer1.0.conv1``), or None.
+        role: The weight's role in that layer (``kernel``, ``bias``, ``mean``), or None.
+        kind: The layer kind (``conv``, ``dense``, ...), ``raw`` for a weight the emitter
+            keeps as a plain parameter, ``constant`` for a stored buffer.
+        shape: The stored (Flax-layout) shape.
+    """
+
+    path: tuple[str, ...]
+    source: str | None
+    scope: str | None
+    role: str | None
+    kind: str
+    shape: tuple[int, ...]
 
 
-def _imports(text: str, api: str) -> list[str]:
-    std = ["from pathlib import Path"]
-    if re.search(r"(?<![\w.])math\.", text):
-        std.insert(0, "import math")
-    third = []
-    if api == "linen" or re.search(r"(?<![\w.])nn\.", text):
-        third.append("import flax.linen as nn")
-    if re.search(r"(?<![\w.])jax\.", text):
-        third.append("import jax")
-    third.append("import jax.numpy as jnp")
-    if re.search(r"(?<![\w.])np\.", text):
-        third.append("import numpy as np")
-    third.append(
-        "from flax import nnx, serialization" if api == "nnx" else "from flax import serialization"
+def _run(model: ir.Model, api: str, options: FlaxOptions | None) -> _Emitter:
+    if api not in ("linen", "nnx"):
+        raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
+    model = canonicalize(_copy(model))
+    em = _Emitter(model, api, options)
+    em.plan_layers()
+    em.check_supported()
+    em.emit()
+    return em
+
+
+def _records(em: _Emitter) -> list[EmittedVariable]:
+    return sorted(
+        (
+            EmittedVariable(
+                (v.collection, *v.path) if em.api == "linen" else v.path,
+                v.source,
+                v.scope,
+                v.role,
+                v.kind,
+                tuple(np.shape(v.value)),
+            )
+            for v in em.src.variables
+        ),
+        key=lambda r: r.path,
     )
-    if re.search(r"(?<![\w.])lax\.", text):
-        third.append("from jax import lax")
-    return [*std, "", *third]
 
 
-def _indent(lines: list[str], n: int) -> list[str]:
-    return [(" " * n + line) if line else "" for line in lines]
-
-
-def render_class(em: _Emitter, name: str, doc: str, *, train: bool = False) -> str:
-    """One Module class: setup / __init__ from ``em.src.setup``, __call__ from its body."""
-    ret = em.outputs[0] if len(em.outputs) == 1 else "(" + ", ".join(em.outputs) + ")"
-    body = [*em.src.body, f"return {ret}"]
-    args = ", ".join([*em.inputs, "train: bool = False"] if train else em.inputs)
-    if em.api == "linen":
-        lines = [f"class {name}(nn.Module):", f'    """{doc}"""', "", "    def setup(self):"]
-        setup = [a for a, _ in em.src.setup] or ["pass"]
-    else:
-        lines = [
-            f"class {name}(nnx.Module):",
-            f'    """{doc}"""',
-            "",
-            "    def __init__(self, *, rngs: nnx.Rngs):",
-        ]
-        setup = [b for _, b in em.src.setup] or ["pass"]
-    lines += _indent(setup, 8) + [""]
-    lines += [f"    def __call__(self, {args}):"] + _indent(body, 8)
-    return "\n".join(lines)
-
-
-def _class_name(p: LayerPlan) -> str:
-    module = p.anchor.metadata_props.get(MODULE, "")
-    base = module.rsplit(".", 1)[-1] if module else ""
-    if not base.isidentifier():
-        base = "".join(part.capitalize() for part in p.kind.split("_"))
-    return base
-
-
-def _class_doc(p: LayerPlan) -> str:
-    module = p.anchor.metadata_props.get(MODULE)
-    return f"The source's {p.kind} layer" + (f" ({module})." if module else ".")
-
-
-def render(em: _Emitter, name: str) -> str:
-    api = em.api
-    doc = f'"""Flax ({api}) model generated by xconv from {name!r}. Regenerate, do not edit."""'
-    cls: list[str] = []
-    if api == "nnx" and em.has_constants:
-        cls += [
-            "class Constant(nnx.Variable):",
-            '    """A non-trainable tensor the source model stores (a buffer)."""',
-            "",
-            "",
-        ]
-    for text, cname in sorted(em.classes.items(), key=lambda kv: kv[1]):
-        cls += [text.replace("{cls}", cname), "", ""]
-    cls += [render_class(em, "Model", "The converted model; see ``load``.", train=True)]
-    if api == "linen":
-        load = [
-            "def load(out_dir=None):",
-            '    """Return ``(model, variables)``; run with ``model.apply(variables, *inputs)``."""',
-            '    path = Path(out_dir or Path(__file__).parent) / "variables.msgpack"',
-            "    variables = serialization.msgpack_restore(path.read_bytes())",
-            "    return Model(), jax.tree_util.tree_map(jnp.asarray, variables)",
-        ]
-    else:
-        saved = "nnx.Param, nnx.BatchStat" + (", Constant" if em.has_constants else "")
-        load = [
-            "def load(out_dir=None):",
-            '    """Return the model with its variables loaded; call ``model(*inputs)``."""',
-            '    path = Path(out_dir or Path(__file__).parent) / "variables.msgpack"',
-            "    model = Model(rngs=nnx.Rngs(0))",
-            f"    state = nnx.state(model, nnx.Any({saved}))",
-            "    saved = serialization.msgpack_restore(path.read_bytes())",
-            "    # msgpack gives read-only numpy arrays; train-mode BatchNorm updates in place.",
-            "    nnx.replace_by_pure_dict(state, jax.tree_util.tree_map(jnp.asarray, saved))",
-            "    nnx.update(model, state)",
-            "    return model",
-        ]
-    helpers = [HELPERS[h].strip("\n") for h in sorted(em.src.helpers)]
-    code_parts = [*helpers, "\n".join(cls), "\n".join(load), *_source_names(em)]
-    text = "\n\n\n".join(code_parts)
-    imports = _imports(text, api)
-    return doc + "\n\n" + "\n".join(imports) + "\n\n\n" + text + "\n"
-
-
-def _source_names(em: _Emitter) -> list[str]:
-    """``SOURCE_SCOPES`` / ``SOURCE_NAMES``: where each submodule and variable came from, so
-    converting the module back (``xconv.from_flax``) restores the source model's names."""
-    if em.model.metadata_props.get("xconv.source", "").startswith("flax"):
-        return []
-    names = {
-        "/".join(v.path): v.source
-        for v in em.src.variables
-        if v.source and v.source != "/".join(v.path)
-    }
-    if not names and not em.src.scopes:
-        return []
-    lines = [
-        "#: Where each submodule and variable of ``Model`` came from in the source model",
-        "#: (submodule -> (scope, class); variable path -> weight name). ``xconv`` reads them",
-        "#: when converting this module back, so the source model's names return.",
-        "SOURCE_SCOPES = {",
-        *(f"    {_q(k)}: ({_q(a)}, {_q(b)})," for k, (a, b) in sorted(em.src.scopes.items())),
-        "}",
-        "SOURCE_NAMES = {",
-        *(f"    {_q(k)}: {_q(v)}," for k, v in sorted(names.items())),
-        "}",
-    ]
-    return ["\n".join(lines)]
-
-
-def _q(text: str) -> str:
-    return json.dumps(text)
-
-
-def variables_tree(em: _Emitter) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for var in em.src.variables:
-        path = (var.collection, *var.path) if em.api == "linen" else var.path
-        node = tree
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = np.asarray(var.value)
-    return _sorted(tree)
-
-
-def _sorted(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _sorted(tree[k]) for k in sorted(tree)}
-    return tree
+def emitted_variables(
+    model: ir.Model, *, api: str = "linen", options: FlaxOptions | None = None
+) -> list[EmittedVariable]:
+    """Every variable the generated module holds, sorted by path, with its origin."""
+    return _records(_run(model, api, options))
 
 
 def generate(
     model: ir.Model, *, api: str = "linen", options: FlaxOptions | None = None
 ) -> tuple[str, dict[str, Any]]:
     """Return ``(model.py source, variables tree)`` without writing anything."""
-    if api not in ("linen", "nnx"):
-        raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
-    model = canonicalize(_copy(model))
-    em = _Emitter(model, api, options)
-    em.plan_layers()
-    if em.options.share_blocks:
-        em.plan_blocks()
-    em.check_supported()
-    em.emit()
-    return render(em, model.graph.name or "model"), variables_tree(em)
+    em = _run(model, api, options)
+    return render(em, em.model.graph.name or "model"), variables_tree(em)
+
+
+def generate_with_records(
+    model: ir.Model, *, api: str = "linen", options: FlaxOptions | None = None
+) -> tuple[str, dict[str, Any], list[EmittedVariable]]:
+    """:func:`generate` plus :func:`emitted_variables`, from one emission."""
+    em = _run(model, api, options)
+    return render(em, em.model.graph.name or "model"), variables_tree(em), _records(em)
 
 
 def to_flax(

@@ -1,0 +1,85 @@
+"""GatherND and Resize templates of the Flax emitter, against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+import xconv
+from tests.converters.jax.test_flax_emitter import ort_run, ruff_ok, run_generated
+
+CASES = [
+    ("nearest", "asymmetric", "floor", [1.0, 1.0, 2.0, 2.0], None),  # torch nearest
+    ("nearest", "half_pixel", "round_prefer_floor", None, [2, 3, 5, 3]),
+    ("linear", "half_pixel", "round_prefer_floor", [1.0, 1.0, 2.0, 1.5], None),
+    ("linear", "pytorch_half_pixel", "round_prefer_floor", None, [2, 3, 3, 7]),
+    ("linear", "align_corners", "round_prefer_floor", [1.0, 1.0, 2.0, 2.0], None),
+    ("linear", "asymmetric", "round_prefer_floor", None, [2, 3, 8, 2]),
+]
+
+
+def _resize_model(mode, coord, nearest, scales, sizes) -> ir.Model:
+    inits, names = [], ["x", ""]
+    if scales is not None:
+        inits.append(h.make_tensor("scales", T.FLOAT, [4], scales))
+        names.append("scales")
+    else:
+        inits.append(h.make_tensor("sizes", T.INT64, [4], sizes))
+        names += ["", "sizes"]
+    node = h.make_node(
+        "Resize",
+        names,
+        ["y"],
+        mode=mode,
+        coordinate_transformation_mode=coord,
+        nearest_mode=nearest,
+    )
+    graph = h.make_graph(
+        [node],
+        "resize",
+        [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4, 5])],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+        inits,
+    )
+    return ir.from_proto(h.make_model(graph, opset_imports=[h.make_opsetid("", 19)]))
+
+
+@pytest.mark.parametrize(("mode", "coord", "nearest", "scales", "sizes"), CASES)
+def test_resize_matches_onnxruntime(tmp_path, mode, coord, nearest, scales, sizes):
+    model = _resize_model(mode, coord, nearest, scales, sizes)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    (want,) = ort_run(model, x)
+    out = xconv.to_flax(model, tmp_path / "out", api="linen")
+    src = (out / "model.py").read_text()
+    assert "def _resize(" in src
+    got, _ = run_generated(out, "linen", x)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gather_nd_matches_onnxruntime(tmp_path, batch_dims):
+    data_shape = [2, 3, 4]
+    idx = np.array([[[1, -1], [0, 2]], [[2, 3], [-3, 0]]], dtype=np.int64)
+    if batch_dims == 0:
+        idx = np.array([[[1, -1], [0, 2]], [[1, 1], [0, 0]]], dtype=np.int64)
+    node = h.make_node("GatherND", ["x", "idx"], ["y"], batch_dims=batch_dims)
+    graph = h.make_graph(
+        [node],
+        "gnd",
+        [h.make_tensor_value_info("x", T.FLOAT, data_shape)],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+        [h.make_tensor("idx", T.INT64, list(idx.shape), idx.reshape(-1).tolist())],
+    )
+    model = ir.from_proto(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]))
+    x = np.random.default_rng(1).standard_normal(data_shape).astype(np.float32)
+    (want,) = ort_run(model, x)
+    out = xconv.to_flax(model, tmp_path / "out", api="nnx")
+    got, _ = run_generated(out, "nnx", x)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
