@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from xconv.converters.flax.source_names import SourceNames
+
 MESHES = ("1x8", "2x4", "8x1")
 STRATEGIES = ("fsdp", "tp", "fsdp+tp")
 #: The default suite's subset: per model, every strategy once and every mesh once (a Latin
@@ -151,10 +153,11 @@ def training_step(name, module, x, model, root: Path, out: dict) -> None:
     torch_loss.backward()
     opt.step()
     after = dict(module.named_parameters())
+    names = SourceNames(gen.SOURCE_NAMES, getattr(gen, "SOURCE_SCOPES", {}))
     diff, moved, compared = 0.0, 0.0, 0
     for path, leaf in leaves(params).items():
         key = "/".join(path)
-        torch_name = gen.SOURCE_NAMES.get(key, key.replace("/", "."))
+        torch_name = names.get(key, key.replace("/", "."))
         want = after[torch_name].detach().numpy()
         got = np.asarray(leaf)
         if path[-1] == "kernel":  # a Flax Dense kernel is the torch Linear weight transposed

@@ -187,7 +187,7 @@ def logical_axes(
     infos = model_info(model) if model is not None else {}
     width, vocab = _widths(infos)
     flat = leaves(tree)
-    names = dict(source_names or {})
+    names = source_names if source_names is not None else {}  # SourceNames predicts
     out: dict[Path, Axes] = {}
     notes: list[str] = []
     kernels: dict[Path, Axes] = {}

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -141,16 +142,18 @@ def section(axes: dict[tuple[str, ...], tuple], strategy: str | None, rules: tup
     )
 
 
-def _source_names(source: str) -> dict[str, str]:
-    """``SOURCE_NAMES`` of the generated source (a dict literal), or {}."""
+def _source_names(source: str) -> Mapping[str, str]:
+    """``SOURCE_NAMES`` of the generated source completed by its ``SOURCE_SCOPES`` (the
+    emitter lists only the names the scopes do not predict), or {}."""
+    from xconv.converters.flax.source_names import SourceNames
+
+    tables: dict[str, dict] = {}
     for node in ast.parse(source).body:
-        if (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and getattr(node.targets[0], "id", None) == "SOURCE_NAMES"
-        ):
-            return dict(ast.literal_eval(node.value))
-    return {}
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            name = getattr(node.targets[0], "id", None)
+            if name in ("SOURCE_NAMES", "SOURCE_SCOPES"):
+                tables[name] = dict(ast.literal_eval(node.value))
+    return SourceNames(tables.get("SOURCE_NAMES", {}), tables.get("SOURCE_SCOPES", {}))
 
 
 _LOAD = re.compile(r"^def load\(", re.M)

@@ -161,9 +161,15 @@ def _place_by_path(params: Any, shardings: dict[str, Any]) -> Any:
 
 
 def _source_names(module: Any) -> dict[str, str] | None:
-    """``SOURCE_NAMES`` of the generated file a Flax module comes from, if any."""
-    names = _globals(module).get("SOURCE_NAMES")
-    return dict(names) if isinstance(names, dict) else None
+    """``SOURCE_NAMES`` of the generated file a Flax module comes from, completed by its
+    ``SOURCE_SCOPES``, if any."""
+    from xconv.converters.flax.source_names import SourceNames
+
+    g = _globals(module)
+    names, scopes = g.get("SOURCE_NAMES"), g.get("SOURCE_SCOPES", {})
+    if not isinstance(names, dict):
+        return None
+    return SourceNames(names, scopes if isinstance(scopes, dict) else {})
 
 
 def wrap_for_mesh(cand: Adapter, mesh: Any, rules: Any, arrays, notes: list[str]) -> MeshAdapter:

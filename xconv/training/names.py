@@ -76,9 +76,13 @@ def _rank(name: str, path: Path) -> int:
     scope, _, attr = name.rpartition(".")
     roles = _ROLE_NAMES.get(attr, (attr,))
     module = identifier(scope) if scope else ""
-    if module and module in path and path[-1] in roles:
+    # A flat tree names the module by one key (``layers_0_ln1``), a nested one by its path
+    # (``layers_0/ln1``): either way the leaf's module path ends with the scope's identifier.
+    holder = "_" + "_".join(path[:-1])
+    here = bool(module) and (module in path or holder.endswith("_" + module))
+    if here and path[-1] in roles:
         return 1
-    if module and module in path:
+    if here:
         return 2
     if identifier(name) in path:
         return 3
