@@ -176,14 +176,44 @@ def training_step(name, module, x, model, root: Path, out: dict) -> None:
     }
 
 
+def nnx_check(name, module, x, model, root: Path, out: dict, strategy="tp", mesh="1x8") -> None:
+    """nnx output: ``to_flax(api="nnx", partitioning=)`` loaded onto the mesh by the
+    generated ``load(mesh=)``, parity checked sharded against the torch source."""
+    from flax import nnx
+
+    import xconv
+
+    folder = xconv.to_flax(model, root / f"{name}_nnx", api="nnx", partitioning=strategy)
+    gen = _import(folder / "model.py", f"gen_nnx_{name}")
+    t = time.perf_counter()
+    nnx_model = gen.load(folder, mesh=mesh)
+    path, big = _largest({"params": nnx.state(nnx_model, nnx.Param).to_pure_dict()})
+    report = xconv.check_parity(module, nnx_model, (x,), mesh=mesh, n_random=0, edges=False,
+                                intermediates=False)  # fmt: skip
+    out["nnx"][name] = {
+        "strategy": strategy,
+        "mesh": mesh,
+        "passed": bool(report.passed),
+        "verdict": report.verdict,
+        "mesh_report": report.mesh["shape"],
+        "largest": path,
+        "spec": [None if e is None else str(e) for e in big.sharding.spec],
+        "shards": _shards(big),
+        "n_params": len(gen.LOGICAL_AXES),
+        "seconds": round(time.perf_counter() - t, 2),
+    }
+
+
 def to_jax_checks(model, x, out: dict) -> None:
+    import jax
+
     import xconv
     from xconv.errors import ConversionError
 
     fn0, p0 = xconv.to_jax(model)
-    ref = np.asarray(fn0(p0, x.numpy())[0])
+    ref = np.asarray(jax.jit(fn0)(p0, x.numpy())[0])
     fn, params = xconv.to_jax(model, mesh="2x4", rules="tp")
-    got = fn(params, x.numpy())[0]
+    got = jax.jit(fn)(params, x.numpy())[0]  # jitted over the params' shardings
     out["to_jax"] = {
         "max_abs": float(np.max(np.abs(np.asarray(got) - ref))),
         "ff1_spec": [
@@ -263,7 +293,13 @@ def main(dest: str, mode: str = "default", only: str | None = None) -> None:
 
     import xconv
 
-    out: dict = {"devices": len(jax.devices()), "runs": [], "training": {}, "timings": {}}
+    out: dict = {
+        "devices": len(jax.devices()),
+        "runs": [],
+        "training": {},
+        "nnx": {},
+        "timings": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for name, (module, x) in fixtures().items():
@@ -279,6 +315,9 @@ def main(dest: str, mode: str = "default", only: str | None = None) -> None:
                 t = time.perf_counter()
                 training_step(name, module, x, model, root, out)
                 out["timings"][f"{name}_train"] = round(time.perf_counter() - t, 2)
+                t = time.perf_counter()
+                nnx_check(name, module, x, model, root, out)
+                out["timings"][f"{name}_nnx"] = round(time.perf_counter() - t, 2)
                 to_jax_checks(model, x, out)
                 cli_check(model, x, root, out)
                 if mode == "full":

@@ -123,8 +123,6 @@ def test_bad_partitioning_writes_nothing_and_plain_output_is_unchanged(tmp_path)
     with pytest.raises(ShardingError):
         xconv.to_flax(build_demo_model(), tmp_path / "bad", partitioning="zero3")
     assert not (tmp_path / "bad").exists()
-    with pytest.raises(ShardingError, match="api='linen'"):
-        xconv.to_flax(build_demo_model(), tmp_path / "nnx", api="nnx", partitioning="fsdp")
     plain = xconv.to_flax(build_demo_model(), tmp_path / "plain")
     assert (plain / "variables.msgpack").is_file() and "LOGICAL_AXES" not in (
         plain / "model.py"
@@ -140,3 +138,26 @@ def test_partitioning_is_refused_for_other_targets(tmp_path):
     )
     assert r.exit_code != 0 and "only the flax target" in r.output
     assert "Traceback" not in r.output
+
+
+def test_nnx_output_carries_the_table_and_loads_with_and_without_a_mesh(tmp_path):
+    """nnx: the same LOGICAL_AXES/RULES (paths without a collection level) and a ``load``
+    that builds the module abstractly and restores its state onto the mesh."""
+    import jax
+
+    from xconv.demo import build_demo_model
+
+    out = xconv.to_flax(build_demo_model(), tmp_path / "nnx", api="nnx", partitioning="fsdp")
+    assert (out / "variables.orbax").is_dir() and not (out / "variables.msgpack").exists()
+    gen = _import(out / "model.py", "gen_demo_nnx")
+    assert gen.LOGICAL_AXES["conv/kernel"] == (None, None, "conv_in", "conv_out")
+    assert gen.LOGICAL_AXES["bn/mean"] == ("norm",)
+    host = gen.load(out)
+    placed = gen.load(out, mesh=make_mesh(f"1x{len(jax.devices())}"))
+    kernel = placed.conv.kernel[...]
+    assert kernel.sharding.spec[-1] == ("data", "model")
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(host(x)), np.asarray(placed(x)))
+    with pytest.raises(ShardingError, match="api='linen' or 'nnx'"):
+        xconv.to_flax(build_demo_model(), tmp_path / "bad", api="haiku", format="orbax")
+    assert not (tmp_path / "bad").exists()

@@ -62,12 +62,13 @@ def make_mesh(shape):
 def shardings(mesh, shapes, rules=RULES):
     """``{{path: NamedSharding}}`` for ``mesh`` (``shapes``: path -> shape); a dimension its
     mesh axes do not divide stays replicated."""
+    from flax.linen import logical_to_mesh_sharding
     from jax.sharding import NamedSharding, PartitionSpec
 
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
     out = {{}}
     for path, axes in LOGICAL_AXES.items():
-        spec = nn.logical_to_mesh_sharding(PartitionSpec(*axes), mesh, rules).spec
+        spec = logical_to_mesh_sharding(PartitionSpec(*axes), mesh, rules).spec
         fitted = []
         for dim, entry in zip(shapes[path], tuple(spec) + (None,) * len(axes), strict=False):
             group = entry if isinstance(entry, tuple) else (entry,)
@@ -89,6 +90,9 @@ def _nest(flat):
         node[leaf] = value
     return tree
 
+'''
+
+_LOAD_LINEN = '''
 
 def load(out_dir=None, mesh=None, rules=RULES):
     """Return ``(model, variables)``; run with ``model.apply(variables, *inputs)``.
@@ -123,6 +127,60 @@ def load(out_dir=None, mesh=None, rules=RULES):
     return Model(), ckpt.restore(out_dir / "{orbax}", args=args)
 '''
 
+_LOAD_NNX = '''
+
+def _restore(out_dir, mesh, rules):
+    """The saved variables as a nested dict: on the host, or (with ``mesh``) restored from
+    Orbax straight into each device's shard by ``shardings(mesh)``."""
+    import orbax.checkpoint as ocp
+
+    ckpt = ocp.PyTreeCheckpointer()
+    if mesh is None:
+        return jax.tree_util.tree_map(jnp.asarray, ckpt.restore(out_dir / "{orbax}"))
+    meta = ckpt.metadata(out_dir / "{orbax}")
+    tree = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+    flat = {{
+        "/".join(str(getattr(k, "key", k)) for k in keys): m
+        for keys, m in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }}
+    placed = shardings(mesh, {{p: tuple(m.shape) for p, m in flat.items()}}, rules)
+    target = _nest(
+        {{p: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=placed[p]) for p, m in flat.items()}}
+    )
+    args = ocp.args.PyTreeRestore(restore_args=ocp.checkpoint_utils.construct_restore_args(target))
+    return ckpt.restore(out_dir / "{orbax}", args=args)
+
+
+def load(out_dir=None, mesh=None, rules=RULES):
+    """Return the model with its variables loaded; call ``model(*inputs)``.
+
+    With ``mesh`` (a ``jax.sharding.Mesh`` with axes ``MESH_AXES``, or ``"2x4"``), every
+    parameter and batch statistic is restored from the Orbax checkpoint directly into its
+    shards on the mesh (``shardings(mesh)``, by ``LOGICAL_AXES``): the module is built
+    abstractly (``nnx.eval_shape``), so no host holds the whole state. Run under ``nnx.jit``.
+    """
+    out_dir = Path(out_dir or Path(__file__).parent).absolute()
+    if not (out_dir / "{orbax}").exists():
+        if mesh is not None:
+            raise FileNotFoundError(f"{{out_dir / '{orbax}'}}: sharded loading needs Orbax")
+        return _load_msgpack(out_dir)
+    mesh = make_mesh(mesh) if isinstance(mesh, (str, tuple, list)) else mesh
+    saved = _restore(out_dir, mesh, rules)
+    stored = nnx.Any(nnx.Param, nnx.BatchStat)
+    abstract = nnx.eval_shape(lambda: Model(rngs=nnx.Rngs(0)))
+    graphdef, state, rest = nnx.split(abstract, stored, ...)
+    if jax.tree_util.tree_leaves(rest):
+        # Rng streams and the like: small, made by one jitted build whose parameter
+        # initialisers XLA drops as dead code; replicated on the mesh beside the state.
+        spec = jax.sharding.PartitionSpec()
+        out = None if mesh is None else jax.sharding.NamedSharding(mesh, spec)
+        rest = jax.jit(
+            lambda: nnx.state(Model(rngs=nnx.Rngs(0)), nnx.Not(stored)), out_shardings=out
+        )()
+    nnx.replace_by_pure_dict(state, saved)
+    return nnx.merge(graphdef, state, rest)
+'''
+
 
 def _py(value: Any) -> str:
     if isinstance(value, tuple):
@@ -131,13 +189,15 @@ def _py(value: Any) -> str:
     return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
-def section(axes: dict[tuple[str, ...], tuple], strategy: str | None, rules: tuple) -> str:
+def section(
+    axes: dict[tuple[str, ...], tuple], strategy: str | None, rules: tuple, api: str = "linen"
+) -> str:
     """The ``# --- Sharding`` section of ``model.py`` (deterministic: sorted paths)."""
     axes_lines = "\n".join(
         f"    {_py('/'.join(p))}: {_py(tuple(ax))}," for p, ax in sorted(axes.items())
     )
     rule_lines = "\n".join(f"    ({_py(k)}, {_py(v)})," for k, v in rules)
-    return _SECTION.format(
+    return (_SECTION + (_LOAD_NNX if api == "nnx" else _LOAD_LINEN)).format(
         axes=axes_lines, strategy=_py(strategy), rules=rule_lines, orbax=ORBAX_DIR
     )
 
@@ -159,7 +219,9 @@ def _source_names(source: str) -> Mapping[str, str]:
 _LOAD = re.compile(r"^def load\(", re.M)
 
 
-def partitioned_source(source: str, variables: Any, model: Any, partitioning: Any) -> str:
+def partitioned_source(
+    source: str, variables: Any, model: Any, partitioning: Any, api: str = "linen"
+) -> str:
     """``source`` with its ``load`` renamed ``_load_msgpack`` and the sharding section added."""
     if partitioning is None:
         strategy, rules = None, ()
@@ -167,12 +229,15 @@ def partitioned_source(source: str, variables: Any, model: Any, partitioning: An
         rules = resolve_rules(partitioning)
         strategy = partitioning if isinstance(partitioning, str) else "custom"
     axes, _ = logical_axes(
-        variables, model=model, source_names=_source_names(source), strip_collection=True
+        variables,
+        model=model,
+        source_names=_source_names(source),
+        strip_collection=api == "linen",  # nnx state has no collection level
     )
     if len(_LOAD.findall(source)) != 1:
         raise ShardingError("the generated Flax source has no single top-level load()")
     source = _LOAD.sub("def _load_msgpack(", source)
-    return source.rstrip("\n") + "\n" + section(axes, strategy, rules)
+    return source.rstrip("\n") + "\n" + section(axes, strategy, rules, api)
 
 
 def write_orbax(variables: Any, path: Path) -> None:
@@ -208,12 +273,12 @@ def to_flax(
         return flax_emitter.to_flax(model, out_dir, api=api, options=options)
     if format == "msgpack":
         raise ShardingError("partitioning= writes an Orbax checkpoint; drop format='msgpack'")
-    if api != "linen":
-        raise ShardingError(f"partitioning/Orbax output supports api='linen', not {api!r}")
+    if api not in ("linen", "nnx"):
+        raise ShardingError(f"partitioning/Orbax output supports api='linen' or 'nnx', not {api!r}")
     if partitioning is not None:
         resolve_rules(partitioning)  # bad rules fail before any work
     source, variables = flax_emitter.generate(model, api=api, options=options)
-    source = partitioned_source(source, variables, model, partitioning)
+    source = partitioned_source(source, variables, model, partitioning, api)
     meta = {"api": api, "format": 1, "weights": "orbax"}
     if partitioning is not None:
         meta["partitioning"] = partitioning if isinstance(partitioning, str) else "custom"

@@ -43,7 +43,7 @@ class MeshAdapter(Adapter):
             gen = _generated(inner)
             shapes = {"/".join(p): tuple(x.shape) for p, x in leaves(params).items()}
             placed = gen["shardings"](self.mesh, shapes)
-            self.params = _place_by_path(params, placed)
+            self.params = _place_by_path(params, placed, self.mesh, self.notes)
             self.notes.append(
                 f"parameters placed by the module's own RULES "
                 f"(PARTITIONING={gen.get('PARTITIONING')!r})"
@@ -148,16 +148,26 @@ def _generated(inner: Any) -> dict[str, Any] | None:
     return g if ok else None
 
 
-def _place_by_path(params: Any, shardings: dict[str, Any]) -> Any:
+def _place_by_path(params: Any, shardings: dict[str, Any], mesh: Any, notes: list[str]) -> Any:
+    """``params`` (a nested dict or an nnx ``State``) placed by path; leaves the table does
+    not name (an nnx module's rng streams) are replicated on the mesh."""
     import jax
+    from jax.sharding import NamedSharding, PartitionSpec
 
-    from xconv.sharding.place import _nest
+    replicated = NamedSharding(mesh, PartitionSpec())
+    missing: list[str] = []
 
-    flat = leaves(params)
-    missing = sorted("/".join(p) for p in flat if "/".join(p) not in shardings)
+    def put(keys, x):
+        # Dict keys only: an nnx Variable adds an attribute key (".value") below its name.
+        path = "/".join(str(k.key) for k in keys if isinstance(k, jax.tree_util.DictKey))
+        if path not in shardings:
+            missing.append(path)
+        return jax.device_put(x, shardings.get(path, replicated))
+
+    placed = jax.tree_util.tree_map_with_path(put, params)
     if missing:
-        raise ShardingError(f"the module's LOGICAL_AXES lacks {missing[:5]}")
-    return _nest({p: jax.device_put(x, shardings["/".join(p)]) for p, x in flat.items()})
+        notes.append(f"{len(missing)} leaves outside LOGICAL_AXES replicated ({missing[0]}, ...)")
+    return placed
 
 
 def _source_names(module: Any) -> dict[str, str] | None:
