@@ -1,4 +1,5 @@
-"""Runs every 8-device mesh check in one process and writes the findings as JSON.
+"""Runs every 8-device mesh check, and the torch FSDP2/DDP check (``fsdp_worker.run``), in
+one process and writes the findings as JSON.
 
 JAX fixes its device count when it starts, so the 8 forced CPU devices need their own process:
 ``tests/sharding/test_mesh.py`` starts this module with
@@ -325,6 +326,15 @@ def main(dest: str, mode: str = "default", only: str | None = None) -> None:
                 again = xconv.to_flax(model, root / "again", partitioning="fsdp+tp")
                 first = root / "transformer_fsdp+tp" / "model.py"
                 out["deterministic"] = first.read_bytes() == (again / "model.py").read_bytes()
+        if not only:
+            # The torch side in the same launch: generated torch source under FSDP2 and DDP
+            # on 2 gloo ranks (spawned; they import torch only).
+            from tests.sharding.fsdp_worker import run as fsdp_run
+
+            t = time.perf_counter()
+            (root / "fsdp").mkdir()
+            out["torch_fsdp"] = fsdp_run(root / "fsdp")
+            out["timings"]["torch_fsdp"] = round(time.perf_counter() - t, 2)
     Path(dest).write_text(json.dumps(out, indent=1))
 
 

@@ -10,41 +10,15 @@ The default suite runs each strategy and each mesh once per model; ``-m slow`` r
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.sharding.conftest import run_mesh_worker
+
 SIZES = {
     "1x8": {"data": 1, "model": 8},
     "2x4": {"data": 2, "model": 4},
     "8x1": {"data": 8, "model": 1},
 }
-
-
-def _run_worker(tmp_path_factory, mode: str) -> dict:
-    out = tmp_path_factory.mktemp(f"mesh_{mode}") / "out.json"
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "HF_HUB_OFFLINE": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.sharding.mesh_worker", str(out), mode],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
-
-
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory) -> dict:
-    return _run_worker(tmp_path_factory, "default")
 
 
 def _expected_shards(spec: list, mesh: str) -> int:
@@ -133,7 +107,7 @@ def test_to_jax_on_a_mesh_and_its_errors(default_run):
 
 @pytest.mark.slow
 def test_full_matrix_all_strategies_on_all_meshes(tmp_path_factory):
-    result = _run_worker(tmp_path_factory, "full")
+    result = run_mesh_worker(tmp_path_factory, "full")
     _check_runs(result, 18)
     # Weights-only path: the torch state_dict streamed into an Orbax checkpoint on the mesh
     # loads exactly as the one to_flax wrote, with the same shardings.

@@ -1,6 +1,6 @@
 """Generated torch source (from a Flax model) under FSDP2 and DDP on 2 gloo CPU processes.
 
-``fsdp_worker`` converts the Flax transformer fixture to torch source, runs one training step
+``fsdp_worker.run`` (called by the shared ``mesh_worker`` launch) converts the Flax transformer fixture to torch source, runs one training step
 in one process, then the same step on 2 ranks (half the batch each) under ``fully_shard``
 (``xconv.sharding.torch.fully_shard_generated``) and under DDP. torch.distributed runs in
 its own processes, so the suite's process never initialises a process group.
@@ -33,8 +33,8 @@ def _run(tmp_path: Path, *flags: str) -> dict:
     return json.loads((tmp_path / "result.json").read_text())
 
 
-def test_generated_torch_source_under_fsdp2_and_ddp_matches_one_process(tmp_path):
-    r = _run(tmp_path)
+def test_generated_torch_source_under_fsdp2_and_ddp_matches_one_process(default_run):
+    r = default_run["torch_fsdp"]  # run by the shared worker launch (conftest.default_run)
     assert r["single"]["vs_flax"] < 1e-5  # the generated module is the Flax model
     assert r["single"]["moved"] > 1e-3  # the step changed the weights
     fsdp = r["fsdp"]
