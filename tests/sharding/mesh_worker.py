@@ -21,8 +21,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from xconv.converters.flax.source_names import SourceNames
-
 MESHES = ("1x8", "2x4", "8x1")
 STRATEGIES = ("fsdp", "tp", "fsdp+tp")
 #: The default suite's subset: per model, every strategy once and every mesh once (a Latin
@@ -121,6 +119,7 @@ def training_step(name, module, x, model, root: Path, out: dict) -> None:
     import jax.numpy as jnp
     import optax
 
+    from xconv.converters.flax.source_names import SourceNames
     from xconv.sharding.axes import leaves
     from xconv.sharding.place import batch_sharding
     from xconv.sharding.rules import make_mesh
@@ -328,7 +327,8 @@ def main(dest: str, mode: str = "default", only: str | None = None) -> None:
                 out["deterministic"] = first.read_bytes() == (again / "model.py").read_bytes()
         if not only:
             # The torch side in the same launch: generated torch source under FSDP2 and DDP
-            # on 2 gloo ranks (spawned; they import torch only).
+            # on 2 gloo ranks (spawned: they re-import this module, so its top level
+            # imports torch and numpy only).
             from tests.sharding.fsdp_worker import run as fsdp_run
 
             t = time.perf_counter()

@@ -1,7 +1,8 @@
 """Generated torch source (from a Flax model) under FSDP2 and DDP on 2 gloo CPU processes.
 
-``fsdp_worker.run`` (called by the shared ``mesh_worker`` launch) converts the Flax transformer fixture to torch source, runs one training step
-in one process, then the same step on 2 ranks (half the batch each) under ``fully_shard``
+``fsdp_worker.run`` (called by the suite's one ``mesh_worker`` launch, ``conftest.py``)
+converts the Flax transformer fixture to torch source, runs one training step in one process,
+then the same step on 2 ranks (half the batch each) under ``fully_shard``
 (``xconv.sharding.torch.fully_shard_generated``) and under DDP. torch.distributed runs in
 its own processes, so the suite's process never initialises a process group.
 """
