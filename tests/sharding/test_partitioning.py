@@ -161,3 +161,46 @@ def test_nnx_output_carries_the_table_and_loads_with_and_without_a_mesh(tmp_path
     with pytest.raises(ShardingError, match="api='linen' or 'nnx'"):
         xconv.to_flax(build_demo_model(), tmp_path / "bad", api="haiku", format="orbax")
     assert not (tmp_path / "bad").exists()
+
+
+def test_weights_streamed_for_nnx_load_like_to_flax_output(tmp_path):
+    """``convert_weights(..., api="nnx", mesh=)``: the torch state_dict streamed into Orbax
+    (nnx paths, no collection level) loads through the nnx ``load(mesh=)`` exactly as the
+    checkpoint ``to_flax`` wrote, and both match torch."""
+    import shutil
+
+    import jax
+    import torch
+    from torch import nn
+
+    from xconv.weights.convert import convert_weights
+
+    class Small(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn, self.fc = (
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.BatchNorm2d(8),
+                nn.Linear(8, 4),
+            )
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    module, x = Small().eval(), torch.randn(2, 3, 16, 16)
+    src = xconv.to_flax(xconv.from_torch(module, (x,)), tmp_path / "nnx", api="nnx",
+                        partitioning="tp")  # fmt: skip
+    torch.save(module.state_dict(), tmp_path / "state.pt")
+    folder = tmp_path / "streamed"
+    folder.mkdir()
+    for name in ("model.py", "xconv.json"):
+        shutil.copy(src / name, folder / name)
+    mesh = f"1x{len(jax.devices())}"
+    convert_weights(tmp_path / "state.pt", lambda: (module, (x,)), out=folder / "variables.orbax",
+                    format="orbax", api="nnx", mesh=mesh, partitioning="tp")  # fmt: skip
+    gen = _import(folder / "model.py", "gen_nnx_streamed")
+    got, want = gen.load(folder, mesh=mesh), gen.load(src, mesh=mesh)
+    np.testing.assert_array_equal(np.asarray(got(x.numpy())), np.asarray(want(x.numpy())))
+    np.testing.assert_allclose(np.asarray(got(x.numpy())), module(x).detach().numpy(), atol=1e-5)
+    assert got.conv.kernel[...].sharding.spec == want.conv.kernel[...].sharding.spec

@@ -25,6 +25,9 @@ from xconv.sharding.rules import make_mesh, mesh_spec, resolve_rules
 SEP = "/"
 
 
+_COLLECTIONS = frozenset({"params", "batch_stats"})
+
+
 def write_sharded_orbax(
     parts: Iterable[Mapping[str, np.ndarray]],
     path: str | os.PathLike,
@@ -51,7 +54,9 @@ def write_sharded_orbax(
     for part in parts:
         largest = max(largest, sum(int(np.asarray(a).nbytes) for a in part.values()))
         tree = {tuple(k.split(SEP)): a for k, a in part.items()}
-        axes, why = logical_axes(_nest(tree), model=model, strip_collection=True)
+        # linen trees start with a collection ("params/..."); nnx state does not.
+        linen = all(k[0] in _COLLECTIONS for k in tree)
+        axes, why = logical_axes(_nest(tree), model=model, strip_collection=linen)
         notes.extend(why)
         for key, array in tree.items():
             spec, why = mesh_spec(axes[key], np.shape(array), table, mesh)
