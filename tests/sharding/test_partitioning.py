@@ -109,10 +109,13 @@ def test_partitioned_output_is_ruff_clean_and_deterministic(tmp_path):
 
     from xconv.demo import build_demo_model
 
-    a = xconv.to_flax(build_demo_model(), tmp_path / "a", partitioning="tp")
-    b = xconv.to_flax(build_demo_model(), tmp_path / "b", partitioning="tp")
-    assert (a / "model.py").read_bytes() == (b / "model.py").read_bytes()
-    ruff = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(a / "model.py")],
+    files = []
+    for api in ("linen", "nnx"):
+        a = xconv.to_flax(build_demo_model(), tmp_path / f"{api}_a", api=api, partitioning="tp")
+        b = xconv.to_flax(build_demo_model(), tmp_path / f"{api}_b", api=api, partitioning="tp")
+        assert (a / "model.py").read_bytes() == (b / "model.py").read_bytes()
+        files.append(str(a / "model.py"))
+    ruff = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *files],
                           capture_output=True, text=True)  # fmt: skip
     assert ruff.returncode == 0, ruff.stdout
 
