@@ -204,6 +204,34 @@ def nnx_check(name, module, x, model, root: Path, out: dict, strategy="tp", mesh
     }
 
 
+def constraint_check(name, x, root: Path, out: dict, mesh="2x4") -> None:
+    """The generated ``constrained(mesh)``: block outputs get ``with_logical_constraint`` to
+    the batch over data; jitted on the mesh, the numbers do not move."""
+    import jax
+
+    from xconv.sharding.place import batch_sharding
+    from xconv.sharding.rules import make_mesh
+
+    gen = _import(root / f"{name}_fsdp+tp" / "model.py", f"gen_constrained_{name}")
+    flax_model, variables = gen.load(root / f"{name}_fsdp+tp", mesh=mesh)
+    xs = jax.device_put(x.numpy(), batch_sharding(make_mesh(mesh), x.numpy()))
+
+    def constrained(v, x_in):
+        with gen.constrained(mesh):
+            return flax_model.apply(v, x_in)
+
+    got = jax.jit(constrained)(variables, xs)
+    want = jax.jit(flax_model.apply)(variables, xs)
+    jaxpr = str(jax.make_jaxpr(constrained)(variables, xs))
+    out["constrained"] = {
+        "n_constraints": jaxpr.count("sharding_constraint"),
+        "n_block_classes": sum(1 for v in vars(gen).values() if isinstance(v, type)
+                               and issubclass(v, gen.nn.Module) and v.__module__ == gen.__name__),
+        "max_abs": float(np.max(np.abs(np.asarray(got) - np.asarray(want)))),
+        "out_spec": [None if e is None else str(e) for e in got.sharding.spec],
+    }  # fmt: skip
+
+
 def to_jax_checks(model, x, out: dict) -> None:
     import jax
 
@@ -318,6 +346,7 @@ def main(dest: str, mode: str = "default", only: str | None = None) -> None:
                 t = time.perf_counter()
                 nnx_check(name, module, x, model, root, out)
                 out["timings"][f"{name}_nnx"] = round(time.perf_counter() - t, 2)
+                constraint_check(name, x, root, out)
                 to_jax_checks(model, x, out)
                 cli_check(model, x, root, out)
                 if mode == "full":

@@ -91,6 +91,16 @@ def test_nnx_output_loads_onto_the_mesh_and_passes_parity(default_run):
     assert r["n_params"] > 10
 
 
+def test_block_outputs_are_constrained_to_the_batch_over_data(default_run):
+    """``with constrained(mesh):`` (generated, linen): every block's output gets a
+    ``with_logical_constraint`` (batch over data) under jit on 2x4; numbers unchanged."""
+    c = default_run["constrained"]
+    assert c["n_block_classes"] >= 2, c  # the root and at least one source block class
+    assert c["n_constraints"] >= c["n_block_classes"], c
+    assert c["max_abs"] <= 1e-5, c  # float32 reduction order only
+    assert c["out_spec"][0] == "data", c
+
+
 def test_to_jax_on_a_mesh_and_its_errors(default_run):
     tj = default_run["to_jax"]
     assert tj["max_abs"] < 1e-5

@@ -94,6 +94,30 @@ def _nest(flat):
 
 _LOAD_LINEN = '''
 
+def constrained(mesh, rules=RULES):
+    """A context: every block of this file (a module class defined here, the root included)
+    constrains its outputs to ``("batch", None, ...)`` with ``nn.with_logical_constraint``,
+    so activations stay split over ``data`` between blocks whatever the parameters' split.
+    Use around ``model.apply`` under ``jax.jit``; inert for a one-device mesh's numbers."""
+    mesh = make_mesh(mesh) if isinstance(mesh, (str, tuple, list)) else mesh
+    here = globals()
+
+    def constrain(y):
+        if not hasattr(y, "ndim") or y.ndim == 0:
+            return y
+        names = ("batch",) + (None,) * (y.ndim - 1)
+        return nn.with_logical_constraint(y, names, rules=rules, mesh=mesh)
+
+    def interceptor(next_fun, args, kwargs, context):
+        out = next_fun(*args, **kwargs)
+        block = here.get(type(context.module).__name__) is type(context.module)
+        if not block or context.method_name != "__call__":
+            return out
+        return jax.tree_util.tree_map(constrain, out)
+
+    return nn.intercept_methods(interceptor)
+
+
 def load(out_dir=None, mesh=None, rules=RULES):
     """Return ``(model, variables)``; run with ``model.apply(variables, *inputs)``.
 
