@@ -87,8 +87,13 @@ def test_structure_resnet_and_transformer():
     src_resnet, _ = to_torch_source(_converted("resnet")[2])
     for text in ("nn.Conv2d(", "nn.BatchNorm2d(", "nn.Linear(", "class BasicBlock(nn.Module):"):
         assert text in src_resnet
-    # the block's layers live in its class; torch's defaults are not spelled out
-    assert "self.conv1 = nn.Conv2d(8, 8, 3, padding=1, bias=False)" in src_resnet
+    # the block's layers live in its class, its channel count a field; torch's defaults are
+    # not spelled out; the variant with a downsample is its own class; blocks run in a loop
+    assert "    def __init__(self, channels: int):" in src_resnet
+    assert "self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)" in src_resnet
+    assert 'add_module("1", BasicBlock(16))' in src_resnet
+    assert "class BasicBlockDownsample(nn.Module):" in src_resnet
+    assert "for block in (self.layer1[0], self.layer1[1]):" in src_resnet
     assert "nn.BatchNorm2d(8)\n" in src_resnet and "groups=1" not in src_resnet
     assert "F.max_pool2d(" in src_resnet
     src_tr, _ = to_torch_source(_converted("transformer")[2])

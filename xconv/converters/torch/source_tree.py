@@ -18,6 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from xconv.converters.module_tree import variant_name
 from xconv.ir.naming import split_path
 
 #: Module-class prefixes of library layers (not generated as classes).
@@ -141,39 +142,135 @@ def _forward(lines: list[str], ins: list[str], blocks: set[str], kinds: dict[str
     return [*loop_chains(lines[:-1], kinds), lines[-1]]
 
 
+#: Leading positional ints of a torch layer constructor: its channel / feature counts.
+_CTOR = re.compile(
+    r"(?<![\w.])(?P<ctor>nn\.(?:Conv|ConvTranspose)[123]d|nn\.Linear|nn\.BatchNorm[123]d"
+    r"|BiasedVarBatchNorm[123]d|nn\.LayerNorm|nn\.GroupNorm|nn\.Embedding)"
+    r"\((?P<a>\d+)(?:, (?P<b>\d+))?(?=[,)])"
+)
+_SLOT = "\x00"
+_TOKEN = re.compile(r"\{inst:(\d+):([\d,]*)\}")
+
+
+def _slot_roles(ctor: str, two: bool) -> list[str]:
+    if "Conv" in ctor:
+        return ["in_channels", "out_channels"][: 1 + two]
+    if "Linear" in ctor:
+        return ["in_features", "out_features"][: 1 + two]
+    if "BatchNorm" in ctor:
+        return ["channels"]
+    return ["features", "features"][: 1 + two]
+
+
+@dataclass
+class _Group:
+    name: str
+    base: str
+    skeleton: str
+    roles: list[str]
+    instances: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def _abstract(text: str) -> tuple[str, list[str], tuple[int, ...]]:
+    roles: list[str] = []
+    values: list[int] = []
+
+    def sub(m: re.Match) -> str:
+        two = m.group("b") is not None
+        nums = [int(m.group("a"))] + ([int(m.group("b"))] if two else [])
+        roles.extend(_slot_roles(m.group("ctor"), two))
+        values.extend(nums)
+        return f"{m.group('ctor')}(" + ", ".join(_SLOT for _ in nums)
+
+    return _CTOR.sub(sub, text), roles, tuple(values)
+
+
+def _fields(g: _Group) -> tuple[list[str], dict[int, str]]:
+    """Field names and ``{slot: field}`` for the slots whose value differs between instances;
+    slots that always hold the same values as each other share one field."""
+    by_column: dict[tuple[int, ...], list[str]] = {}
+    slot_column: dict[int, tuple[int, ...]] = {}
+    for pos, role in enumerate(g.roles):
+        column = tuple(inst[pos] for inst in g.instances)
+        if len(set(column)) > 1:
+            by_column.setdefault(column, []).append(role)
+            slot_column[pos] = column
+    names: list[str] = []
+    column_name: dict[tuple[int, ...], str] = {}
+    for column, roles in by_column.items():
+        kinds = {r.split("_")[-1] for r in roles}
+        role = roles[0] if len(set(roles)) == 1 else (kinds.pop() if len(kinds) == 1 else roles[0])
+        name, k = role, 1
+        while name in names:
+            k += 1
+            name = f"{role}{k}"
+        names.append(name)
+        column_name[column] = name
+    return names, {pos: column_name[c] for pos, c in slot_column.items()}
+
+
+def _render(g: _Group) -> str:
+    names, by_pos = _fields(g)
+    parts = g.skeleton.split(_SLOT)
+    out = [parts[0]]
+    for pos, rest in enumerate(parts[1:]):
+        out += [by_pos.get(pos) or str(g.instances[0][pos]), rest]
+    text = "".join(out)
+    if names:
+        args = ", ".join(f"{n}: int" for n in names)
+        text = text.replace("    def __init__(self):", f"    def __init__(self, {args}):", 1)
+    doc = f'    """``{g.base}`` of the source model."""'
+    return "\n".join([f"class {g.name}(nn.Module):", doc, "", text])
+
+
+def _resolve(text: str, groups: list[_Group]) -> str:
+    def sub(m: re.Match) -> str:
+        g = groups[int(m.group(1))]
+        values = tuple(int(v) for v in m.group(2).split(",") if v)
+        names, by_pos = _fields(g)
+        args = [str(values[min(p for p, f in by_pos.items() if f == n)]) for n in names]
+        return f"{g.name}({', '.join(args)})"
+
+    return _TOKEN.sub(sub, text)
+
+
 def build(tree: Tree, classes: dict[tuple[str, ...], str]) -> None:
-    """Extract a generated class per user-class path (deepest first), sharing identical ones."""
-    texts: dict[str, str] = {}  # class text -> generated name
-    taken: set[str] = set()
+    """Extract a generated class per user-class path (deepest first). Instances of one source
+    class with one structure share a class, differing channel / feature counts becoming
+    constructor fields; other structures are variants (``BasicBlockDownsample``)."""
+    groups: list[_Group] = []
+    taken: set[str] = {"Model", "Scope"}
     for path in sorted(classes, key=lambda p: (-len(p), p)):
         done = _extract(tree, path)
         if done is None:
             continue
-        lines, _ = done
-        key = "\n".join(lines)
-        name = texts.get(key)
-        if name is None:
-            base, i = classes[path], 1
-            name = base
-            while name in taken or name in ("Model", "Scope"):
-                i += 1
-                name = f"{base}{i}"
+        skeleton, roles, values = _abstract("\n".join(done[0]))
+        base = classes[path]
+        gid = next(
+            (i for i, g in enumerate(groups) if g.base == base and g.skeleton == skeleton), None
+        )
+        if gid is None:
+            same = [g for g in groups if g.base == base]
+            name = variant_name(base, skeleton, same)
+            k = 1
+            while name in taken:
+                k += 1
+                name = f"{base}{k}"
             taken.add(name)
-            texts[key] = name
-            doc = f'    """``{classes[path]}`` of the source model."""'
-            tree.classes.append("\n".join([f"class {name}(nn.Module):", doc, "", *lines]))
-        tree.kinds[path] = name
-        tree.init = [
-            (
-                f"{ln.rsplit(' = ', 1)[0]} = {name}()"
-                if p == path and ln.endswith("Scope()")
-                else ln.replace('", Scope())', f'", {name}())')
-                if p == path
-                else ln,
-                p,
-            )
-            for ln, p in tree.init
-        ]
+            groups.append(_Group(name, base, skeleton, roles))
+            gid = len(groups) - 1
+        groups[gid].instances.append(values)
+        tree.kinds[path] = groups[gid].name
+        tok = f"{{inst:{gid}:{','.join(map(str, values))}}}"
+        tree.init = [(_instantiate(ln, tok) if p == path else ln, p) for ln, p in tree.init]
+    tree.classes = [_resolve(_render(g), groups) for g in groups]
+    tree.init = [(_resolve(ln, groups), p) for ln, p in tree.init]
+
+
+def _instantiate(line: str, tok: str) -> str:
+    if line.endswith(" = Scope()"):
+        return line[: -len("Scope()")] + tok
+    return line.replace('", Scope())', f'", {tok})')
 
 
 # ------------------------------------------------------------------ locals by role
@@ -206,6 +303,11 @@ def _role(rhs: str, blocks: set[str]) -> str:
     if re.fullmatch(r"\w+ \+ \w+", rhs):
         return "x"
     return "h"
+
+
+def _calls_block(line: str, blocks: set[str]) -> bool:
+    m = _ASSIGN.match(line)
+    return bool(m) and m.group("rhs").split("(", 1)[0] in blocks
 
 
 def rename_locals(
@@ -244,6 +346,9 @@ def rename_locals(
         rhs = _ASSIGN.match(lines[i]).group("rhs") if d else ""
         role = _role(rhs.split("  # ")[0], blocks) if d else ""
         for old in d:
+            first = next((j for j in range(i + 1, len(lines)) if old in uses[j]), None)
+            if len(d) == 1 and first is not None and _calls_block(lines[first], blocks):
+                role = "x"  # the value a block takes: the model's running value
             k = 1
             while True:
                 cand = role if k == 1 else f"{role}{k}"
