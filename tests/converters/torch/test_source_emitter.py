@@ -230,3 +230,44 @@ def test_flax_layouts_transposed_into_torch_layouts(relu_scope):
     with torch.no_grad():
         got = gen(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_flax_repeated_blocks_become_one_class_in_a_loop(tmp_path):
+    """Flax -> torch source: the Flax module tree (``xconv.modules``) gives one class per Flax
+    class, its instances called in a loop, role-named locals, state_dict keys nested as the
+    Flax variables are, outputs equal to Flax's."""
+    jax = pytest.importorskip("jax")
+    from flax import linen as fnn
+
+    from fixtures.flax_models import LinenBlock
+
+    class Stack(fnn.Module):
+        @fnn.compact
+        def __call__(self, ids):
+            x = fnn.Embed(50, 32)(ids)
+            for _ in range(3):
+                x = LinenBlock(32)(x)
+            return fnn.Dense(50)(fnn.LayerNorm()(x))
+
+    m = Stack()
+    ids = np.random.default_rng(0).integers(0, 50, (2, 7)).astype(np.int32)
+    variables = m.init(jax.random.PRNGKey(0), ids)
+    model = xconv.from_flax(m, variables, (ids,))
+    source, state = to_torch_source(model)
+    assert source.count("class LinenBlock(nn.Module):") == 1
+    assert "self.LinenBlock_2 = LinenBlock()" in source
+    assert "for block in (self.LinenBlock_0, self.LinenBlock_1, self.LinenBlock_2):" in source
+    assert "nn.Linear(32, 64)\n" in source and "bias=True" not in source
+    assert not re.search(r"\b(add|mul|where|layernormalization|dropout)_\d+\b", source)
+    assert "LinenBlock_1.Dense_0.weight" in state
+    assert "LinenBlock_1.MultiHeadDotProductAttention_0.in_proj_weight" in state
+    gen = _exec(source)()
+    gen.load_state_dict(state)
+    gen.eval()
+    with torch.no_grad():
+        got = gen(torch.from_numpy(ids)).numpy()
+    np.testing.assert_allclose(got, np.asarray(m.apply(variables, ids)), rtol=1e-5, atol=1e-5)
+    assert to_torch_source(model)[0] == source
+    (tmp_path / "model.py").write_text(source)
+    result = _ruff(tmp_path / "model.py")
+    assert result.returncode == 0, result.stdout + result.stderr
