@@ -252,7 +252,8 @@ class _Emitter:
         self.uses_scope = False
         self.uses_f = False
         self.helpers: set[str] = set()  # generated helper classes (BatchNorm2d, ...)
-        self.modules = source_tree.user_classes(model.metadata_props.get("xconv.modules"))
+        self.modules = source_tree.node_classes(self.graph)
+        self.modules.update(source_tree.user_classes(model.metadata_props.get("xconv.modules")))
 
     # ------------------------------------------------------------ checks
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from xconv.converters.module_tree import variant_name
+from xconv.ir.metadata import MODULE, SCOPE
 from xconv.ir.naming import split_path
 
 #: Module-class prefixes of library layers (not generated as classes).
@@ -59,6 +61,20 @@ def user_classes(modules_json: str | None) -> dict[tuple[str, ...], str]:
             name = qual.rsplit(".", 1)[-1]
             if name.isidentifier():
                 out[split_path(path)] = name
+    return out
+
+
+def node_classes(graph: Any) -> dict[tuple[str, ...], str]:
+    """``{module path: class}`` from the nodes' own ``xconv.scope`` / ``xconv.module`` (a Flax
+    module xconv generated records its source's scopes and classes there, not in
+    ``xconv.modules``); user-defined classes only."""
+    out: dict[tuple[str, ...], str] = {}
+    for node in graph:
+        scope, qual = node.metadata_props.get(SCOPE), node.metadata_props.get(MODULE)
+        if scope and qual and not qual.startswith(_LIBRARY):
+            name = qual.rsplit(".", 1)[-1]
+            if name.isidentifier():
+                out.setdefault(split_path(scope), name)
     return out
 
 
