@@ -325,7 +325,18 @@ def _variadic(fn: str) -> Callable[[OpCall], str]:
     return build
 
 
-TEMPLATES["Max"] = Template(_variadic("torch.maximum"), {})
+def _max(c: OpCall) -> str:
+    """``torch.relu(x)`` for ``Max(x, 0)`` (how JAX traces ``nn.relu``), else ``maximum``."""
+    if len(c.args) == 2:
+        for i in (0, 1):
+            z, x = c.consts[1 - i], c.shapes[i]
+            zero = z is not None and z.size == 1 and not z.any()
+            if zero and x is not None and z.ndim <= len(x) and c.consts[i] is None:
+                return f"torch.relu({c.args[i]})"
+    return _variadic("torch.maximum")(c)
+
+
+TEMPLATES["Max"] = Template(_max, {})
 TEMPLATES["Min"] = Template(_variadic("torch.minimum"), {})
 
 
