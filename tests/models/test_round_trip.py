@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import json
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,6 +75,10 @@ def test_state_dict_and_outputs_come_back(tmp, name, api):
     gen.eval()
     for got, ref in zip(_outputs(gen, inputs), _outputs(module, inputs), strict=True):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    if name == "resnet":  # the torch source's classes come back, blocks as instances
+        source = (Path(tmp) / f"{name}_{api}_torch.py").read_text()
+        assert "class BasicBlock(nn.Module):" in source
+        assert "for block in (self.layer1[0], self.layer1[1]):" in source
 
 
 @pytest.mark.parametrize("api", ["linen", "nnx"])

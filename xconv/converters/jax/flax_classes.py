@@ -16,6 +16,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from xconv.converters.module_tree import class_attrs as _attrs  # noqa: F401 (re-export)
+from xconv.converters.module_tree import variant_name  # noqa: F401 (re-export)
+
 #: Leading positional ints of a layer constructor: its feature counts.
 _CTOR = re.compile(
     r"(?P<ctor>nnx?\.(?:Conv|Dense|ConvTranspose|Linear|BatchNorm|LayerNorm|GroupNorm|RMSNorm))"
@@ -56,20 +59,6 @@ def abstract(text: str, api: str) -> tuple[str, list[str], tuple[int, ...]]:
         return f"{m.group('ctor')}(" + ", ".join(_SLOT for _ in nums)
 
     return _CTOR.sub(sub, text), roles, tuple(values)
-
-
-def _attrs(text: str) -> list[str]:
-    return re.findall(r"^ {8}self\.(\w+) =", text, flags=re.M)
-
-
-def variant_name(base: str, skeleton: str, others: list[Group]) -> str:
-    """``BasicBlock`` + what this structure adds over the first group of the class."""
-    if not others:
-        return base
-    others = [g for g in others if g.name == base] or others
-    extra = [a for a in _attrs(skeleton) if a not in set(_attrs(others[0].skeleton))]
-    stem = extra[0].split("_")[0] if extra else ""
-    return base + stem[:1].upper() + stem[1:] if stem.isidentifier() else base
 
 
 def _fields(group: Group) -> tuple[list[str], dict[int, str]]:

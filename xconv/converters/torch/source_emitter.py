@@ -32,6 +32,7 @@ from xconv.converters.codegen import (
     parse_attrs,
     scalar_literal,
 )
+from xconv.converters.torch import source_tree
 from xconv.converters.torch.source_ops import TEMPLATES, OpCall, dtype_expr, tensor_literal
 from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, ROLE, get_scope
@@ -242,13 +243,17 @@ class _Emitter:
         self.top = Namespace(_RESERVED | self.members)  # flat top-level attribute names
         self.tree: dict[tuple[str, ...], str] = {}  # module path -> "scope" | "leaf"
         self.init: list[str] = []
+        self.init_paths: list[tuple[str, ...]] = []  # module path each init line assigns
         self.body: list[str] = []
+        self.body_meta: list[tuple[tuple[str, ...], list[str], list[str]]] = []
         self.state: dict[str, np.ndarray] = {}
         self.env: dict[ir.Value, str] = {}
         self.raw: dict[ir.Value, str] = {}
         self.uses_scope = False
         self.uses_f = False
         self.helpers: set[str] = set()  # generated helper classes (BatchNorm2d, ...)
+        self.modules = source_tree.node_classes(self.graph)
+        self.modules.update(source_tree.user_classes(model.metadata_props.get("xconv.modules")))
 
     # ------------------------------------------------------------ checks
 
@@ -292,7 +297,7 @@ class _Emitter:
             if pre not in self.tree:
                 self.tree[pre] = "scope"
                 self.uses_scope = True
-                self.init.append(self._assign(pre, "Scope()"))
+                self._init(self._assign(pre, "Scope()"), pre)
                 if i == 1:
                     self.top.take(pre[0])
         self.tree[parts] = "leaf"
@@ -303,6 +308,14 @@ class _Emitter:
         if attr.isdigit():
             return f'{owner}.add_module("{attr}", {expr})'
         return f"{owner}.{attr} = {expr}"
+
+    def _init(self, line: str, path: tuple[str, ...]) -> None:
+        self.init.append(line)
+        self.init_paths.append(path)
+
+    def _stmt(self, line: str, owner: tuple[str, ...], defs: list[str], uses: list[str]) -> None:
+        self.body.append(line)
+        self.body_meta.append((owner, defs, uses))
 
     # ------------------------------------------------------------ values
 
@@ -315,11 +328,11 @@ class _Emitter:
         role = value.metadata_props.get(ROLE)
         buffer = role in ("mean", "var", "num_batches") or not np.issubdtype(arr.dtype, np.floating)
         if buffer:
-            self.init.append(f'{owner}.register_buffer("{attr}", {empty})')
+            self._init(f'{owner}.register_buffer("{attr}", {empty})', parts)
         elif attr.isdigit():
-            self.init.append(f'{owner}.register_parameter("{attr}", nn.Parameter({empty}))')
+            self._init(f'{owner}.register_parameter("{attr}", nn.Parameter({empty}))', parts)
         else:
-            self.init.append(f"{owner}.{attr} = nn.Parameter({empty})")
+            self._init(f"{owner}.{attr} = nn.Parameter({empty})", parts)
         self.state[".".join(parts)] = arr
         self.raw[value] = self._access(parts)
         return self.raw[value]
@@ -333,8 +346,9 @@ class _Emitter:
         if value not in self.raw:
             attr = self.top.new(f"const_{value.name or 'value'}")
             dt = dtype_expr(ir.DataType.from_numpy(arr.dtype))
-            self.init.append(
-                f'self.register_buffer("{attr}", torch.empty({_shape(arr.shape)}, dtype={dt}))'
+            self._init(
+                f'self.register_buffer("{attr}", torch.empty({_shape(arr.shape)}, dtype={dt}))',
+                (attr,),
             )
             self.state[attr] = arr
             self.tree[(attr,)] = "leaf"
@@ -385,10 +399,8 @@ class _Emitter:
         if kind == "dense":
             lay = p.weights["kernel"].metadata_props.get(LAYOUT) or _dense_layout(p)
             w["kernel"] = _kernel_to_torch(w["kernel"], lay, "OI")
-            layer = (
-                f"nn.Linear({h['in_features']}, {h['out_features']}, "
-                f"bias={bool(h['use_bias'])}{dt})"
-            )
+            bias = "" if h["use_bias"] else ", bias=False"
+            layer = f"nn.Linear({h['in_features']}, {h['out_features']}{bias}{dt})"
         elif kind in ("conv", "conv_transpose"):
             n = h["ndim"]
             target = ("OI" if kind == "conv" else "IO") + "DHW"[-n:]
@@ -403,20 +415,15 @@ class _Emitter:
                 self.uses_f = True  # F.pad lists the last dimension first
                 flat = ", ".join(f"{lo}, {hi}" for lo, hi in reversed(extra))
                 call = f"{self._access(parts)}(F.pad({x}, ({flat})))"
-            args = [
-                str(h["in_channels"]),
-                str(h["out_channels"]),
-                _tup(h["kernel_size"]),
-                f"stride={_tup(h['strides'])}",
-                f"padding={_tup(pad)}",
-            ]
-            if kind == "conv_transpose":
-                args.append(f"output_padding={_tup(h['output_padding'])}")
-            args += [
-                f"dilation={_tup(h['dilations'])}",
-                f"groups={h['groups']}",
-                f"bias={bool(h['use_bias'])}",
-            ]
+            args = [str(h["in_channels"]), str(h["out_channels"]), _tup(h["kernel_size"])]
+            args += _non_default(
+                ("stride", _tup(h["strides"]), "1"),
+                ("padding", _tup(pad), "0"),
+                ("output_padding", _tup(h.get("output_padding") or 0), "0"),
+                ("dilation", _tup(h["dilations"]), "1"),
+                ("groups", str(h["groups"]), "1"),
+                ("bias", str(bool(h["use_bias"])), "True"),
+            )
             mode = h.get("padding_mode") or "zeros"
             if mode != "zeros":
                 args.append(f'padding_mode="{mode}"')
@@ -432,32 +439,40 @@ class _Emitter:
                 # Flax, Keras and ONNX update running_var with the biased batch variance.
                 cls = f"BiasedVarBatchNorm{nd}d"
                 self.helpers.add(cls)
-            layer = (
-                f"{cls}({h['num_features']}, eps={scalar_literal(h['epsilon'])}, "
-                f"momentum={'None' if mom is None else scalar_literal(mom)}, "
-                f"affine={bool(h['affine'])}, "
-                f"track_running_stats={bool(h['track_running_stats'])}{dt})"
+            args = [str(h["num_features"])]
+            args += _non_default(
+                ("eps", scalar_literal(h["epsilon"]), _EPS),
+                ("momentum", "None" if mom is None else scalar_literal(mom), "0.1"),
+                ("affine", str(bool(h["affine"])), "True"),
+                ("track_running_stats", str(bool(h["track_running_stats"])), "True"),
             )
+            layer = f"{cls}({', '.join(args)}{dt})"
             if h["track_running_stats"] and "num_batches" not in w:
                 w["num_batches"] = np.asarray(0, dtype=np.int64)
         elif kind == "layer_norm":
             aff = bool(h["elementwise_affine"])
             bias = "" if not aff or h["use_bias"] else ", bias=False"
-            layer = (
-                f"nn.LayerNorm({_tup(h['normalized_shape'])}, "
-                f"eps={scalar_literal(h['epsilon'])}, elementwise_affine={aff}{bias}{dt})"
+            args = [_tup(h["normalized_shape"])]
+            args += _non_default(
+                ("eps", scalar_literal(h["epsilon"]), _EPS),
+                ("elementwise_affine", str(aff), "True"),
             )
+            layer = f"nn.LayerNorm({', '.join(args)}{bias}{dt})"
         elif kind == "group_norm":
-            layer = (
-                f"nn.GroupNorm({h['num_groups']}, {h['num_channels']}, "
-                f"eps={scalar_literal(h['epsilon'])}, affine={bool(h['affine'])}{dt})"
+            args = [str(h["num_groups"]), str(h["num_channels"])]
+            args += _non_default(
+                ("eps", scalar_literal(h["epsilon"]), _EPS),
+                ("affine", str(bool(h["affine"])), "True"),
             )
+            layer = f"nn.GroupNorm({', '.join(args)}{dt})"
         elif kind == "rms_norm":
             eps = "None" if h["epsilon"] is None else scalar_literal(h["epsilon"])
-            layer = (
-                f"nn.RMSNorm({_tup(h['normalized_shape'])}, eps={eps}, "
-                f"elementwise_affine={bool(h['elementwise_affine'])}{dt})"
+            args = [_tup(h["normalized_shape"])]
+            args += _non_default(
+                ("eps", eps, "None"),
+                ("elementwise_affine", str(bool(h["elementwise_affine"])), "True"),
             )
+            layer = f"nn.RMSNorm({', '.join(args)}{dt})"
         elif kind == "embedding":
             pad = h.get("padding_idx")
             pad_s = "" if pad is None else f", padding_idx={pad}"
@@ -469,20 +484,22 @@ class _Emitter:
             for key in ("kdim", "vdim"):
                 if h.get(key) not in (None, h["embed_dim"]):
                     extra += f", {key}={h[key]}"
-            layer = (
-                f"nn.MultiheadAttention({h['embed_dim']}, {h['num_heads']}, "
-                f"dropout={scalar_literal(h.get('dropout') or 0.0)}, bias={bool(h['use_bias'])}"
-                f"{extra}, batch_first={bool(h['batch_first'])}{dt})"
+            args = [str(h["embed_dim"]), str(h["num_heads"])]
+            args += _non_default(
+                ("dropout", scalar_literal(h.get("dropout") or 0.0), "0.0"),
+                ("bias", str(bool(h["use_bias"])), "True"),
             )
+            args += _non_default(("batch_first", str(bool(h["batch_first"])), "False"))
+            layer = f"nn.MultiheadAttention({', '.join(args)}{extra}{dt})"
             call = f"{self._access(parts)}({x}, {x}, {x}, need_weights=False)[0]"
         else:  # dropout
             layer = f"nn.Dropout({scalar_literal(h['rate'])})"
-        self.init.append(self._assign(parts, layer))
+        self._init(self._assign(parts, layer), parts)
         prefix = ".".join(parts)
         for role, arr in w.items():
             self.state[f"{prefix}.{TORCH_NAMES[kind][role]}"] = arr
         out = self.ns.new(p.outputs[0].name)
-        self.body.append(f"{out} = {call}")
+        self._stmt(f"{out} = {call}", parts[:-1], [out], [x] if c is None else [])
         self.env[p.outputs[0]] = out
 
     def emit_node(self, node: ir.Node) -> None:
@@ -516,7 +533,15 @@ class _Emitter:
                 outs.append("_")
         scope = get_scope(node)
         comment = f"  # {scope}" if scope else ""
-        self.body.append(f"{', '.join(outs)} = {expr}{comment}")
+        used = [
+            self.env[v]
+            for v, c in zip(node.inputs, consts, strict=True)
+            if v is not None and v.name and c is None and v in self.env
+        ]
+        owner = split_path(scope) if scope else ()
+        self._stmt(
+            f"{', '.join(outs)} = {expr}{comment}", owner, [o for o in outs if o != "_"], used
+        )
         for o, name in zip(node.outputs, outs, strict=True):
             if name != "_":
                 self.env[o] = name
@@ -561,6 +586,15 @@ def structured_constant(arr: np.ndarray) -> str | None:
                 mask = f"torch.ones(({n}, {m}), dtype={dt}).{fn}({diag})"
                 return mask + (f".reshape({_shape(base.shape)})" if base.ndim != 2 else "") + expand
     return None
+
+
+#: torch's default epsilon of its norm layers, as ``scalar_literal`` writes it.
+_EPS = "1e-05"
+
+
+def _non_default(*args: tuple[str, str, str]) -> list[str]:
+    """``name=value`` for the ``(name, value, default)`` whose value is not torch's default."""
+    return [f"{name}={value}" for name, value, default in args if value != default]
 
 
 def _dense_layout(p: LayerBody) -> str:
@@ -624,7 +658,22 @@ _LOAD = '''def load(out_dir=None):
 
 
 def render(em: _Emitter, inputs: list[str], outputs: list[str], name: str) -> str:
+    tree = source_tree.Tree(
+        list(zip(em.init, em.init_paths, strict=True)),
+        [source_tree.Stmt(t, *m) for t, m in zip(em.body, em.body_meta, strict=True)],
+        list(outputs),
+    )
+    source_tree.build(tree, em.modules)
+    em.init = [line for line, _ in tree.init]
     ret = outputs[0] if len(outputs) == 1 else ", ".join(outputs)
+    params = [p if not re.fullmatch(r"input(_\d+)?", p) else "" for p in inputs]
+    lines = [s.text for s in tree.body] + [f"return {ret}"]
+    blocks = {source_tree.access(p) for p in tree.kinds}
+    lines, params = source_tree.rename_locals(lines, inputs, params, blocks)
+    kinds = {source_tree.access(p)[len("self.") :]: k for p, k in tree.kinds.items()}
+    em.body = source_tree.loop_chains(lines[:-1], kinds)
+    ret = lines[-1][len("return ") :]
+    inputs = params
     cls = [
         "class Model(nn.Module):",
         '    """The converted model; see ``load``."""',
@@ -636,8 +685,11 @@ def render(em: _Emitter, inputs: list[str], outputs: list[str], name: str) -> st
         f"    def forward(self, {', '.join(inputs)}):",
         *_indent([*em.body, f"return {ret}"], 8),
     ]
+    em.uses_scope = any("Scope()" in line for line in [*em.init, *tree.classes])
     helpers = [_BIASED_BATCH_NORM.replace("{n}", name[-2]) for name in sorted(em.helpers)]
-    parts = ([_SCOPE_CLASS] if em.uses_scope else []) + helpers + ["\n".join(cls), _LOAD]
+    parts = (
+        ([_SCOPE_CLASS] if em.uses_scope else []) + helpers + tree.classes + ["\n".join(cls), _LOAD]
+    )
     text = "\n\n\n".join(parts)
     imports = ["from pathlib import Path", "", "import torch"]
     if re.search(r"(?<![\w.])F\.", text):

@@ -325,7 +325,18 @@ def _variadic(fn: str) -> Callable[[OpCall], str]:
     return build
 
 
-TEMPLATES["Max"] = Template(_variadic("torch.maximum"), {})
+def _max(c: OpCall) -> str:
+    """``torch.relu(x)`` for ``Max(x, 0)`` (how JAX traces ``nn.relu``), else ``maximum``."""
+    if len(c.args) == 2:
+        for i in (0, 1):
+            z, x = c.consts[1 - i], c.shapes[i]
+            zero = z is not None and z.size == 1 and not z.any()
+            if zero and x is not None and z.ndim <= len(x) and c.consts[i] is None:
+                return f"torch.relu({c.args[i]})"
+    return _variadic("torch.maximum")(c)
+
+
+TEMPLATES["Max"] = Template(_max, {})
 TEMPLATES["Min"] = Template(_variadic("torch.minimum"), {})
 
 
@@ -467,11 +478,18 @@ def _max_pool(c: OpCall) -> str:
     pad = _sym_pads(c, n)
     s = c.attrs["strides"] or [1] * n
     d = c.attrs["dilations"] or [1] * n
-    return (
-        f"F.max_pool{n}d({c.args[0]}, {int_tuple(k)}, stride={int_tuple(s)}, "
-        f"padding={int_tuple(pad)}, dilation={int_tuple(d)}, "
-        f"ceil_mode={bool(c.attrs['ceil_mode'])})"
-    )
+    args = [c.args[0], _compact(k)]
+    args += [f"stride={_compact(s)}"] if list(s) != list(k) else []  # torch: stride = kernel
+    args += [f"padding={_compact(pad)}"] if any(pad) else []
+    args += [f"dilation={_compact(d)}"] if any(x != 1 for x in d) else []
+    args += ["ceil_mode=True"] if c.attrs["ceil_mode"] else []
+    return f"F.max_pool{n}d({', '.join(args)})"
+
+
+def _compact(values) -> str:
+    """``3`` for ``(3, 3)``: torch's pooling functions take one int for all dimensions."""
+    values = [int(v) for v in values]
+    return str(values[0]) if len(set(values)) == 1 else int_tuple(values)
 
 
 @template(
@@ -491,11 +509,13 @@ def _avg_pool(c: OpCall) -> str:
         raise c.fail("dilated AveragePool has no torch counterpart")
     pad = _sym_pads(c, n)
     s = c.attrs["strides"] or [1] * n
-    return (
-        f"F.avg_pool{n}d({c.args[0]}, {int_tuple(k)}, stride={int_tuple(s)}, "
-        f"padding={int_tuple(pad)}, ceil_mode={bool(c.attrs['ceil_mode'])}, "
-        f"count_include_pad={bool(c.attrs['count_include_pad'])})"
-    )
+    args = [c.args[0], _compact(k)]
+    args += [f"stride={_compact(s)}"] if list(s) != list(k) else []  # torch: stride = kernel
+    args += [f"padding={_compact(pad)}"] if any(pad) else []
+    args += ["ceil_mode=True"] if c.attrs["ceil_mode"] else []
+    if any(pad) and not c.attrs["count_include_pad"]:  # ONNX's default, not torch's
+        args.append("count_include_pad=False")
+    return f"F.avg_pool{n}d({', '.join(args)})"
 
 
 @template("GlobalAveragePool")

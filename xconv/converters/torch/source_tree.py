@@ -1,0 +1,435 @@
+"""The source module tree in generated PyTorch: one class per source module class.
+
+The emitter writes one flat ``Model.forward`` whose statements know their source module path
+(``owner``) and the locals they define and read. From the model's ``xconv.modules`` (module
+path -> source class, recorded by the Flax importer), each path of a user-defined class whose
+statements are one contiguous run becomes a generated ``nn.Module`` class: its layers move
+into the class's ``__init__`` (attribute names unchanged, so the state_dict keys are those of
+the flat model), the run becomes its ``forward``, and the parent calls it
+(``x = self.Block_0(x)``). Deepest paths first, so blocks nest. Instances whose class text
+is identical share one class; consecutive instances chained on one value are called in a loop.
+Locals are renamed by role (``x`` for a block's or residual's value, ``attn``, ``h``), a name
+reused once its value is dead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from xconv.converters.module_tree import variant_name
+from xconv.ir.metadata import MODULE, SCOPE
+from xconv.ir.naming import split_path
+
+#: Module-class prefixes of library layers (not generated as classes).
+_LIBRARY = ("flax.", "torch.", "jax.", "keras.", "tensorflow.")
+_COMMENT = re.compile(r"  # (?P<scope>\S+)$")
+
+
+@dataclass
+class Stmt:
+    text: str
+    owner: tuple[str, ...]
+    defs: list[str]
+    uses: list[str]
+
+
+@dataclass
+class Tree:
+    """Emitted statements plus what the class extraction needs."""
+
+    init: list[tuple[str, tuple[str, ...]]]  # (line, module path it assigns)
+    body: list[Stmt]
+    returns: list[str]
+    classes: list[str] = field(default_factory=list)  # rendered class texts
+    kinds: dict[tuple[str, ...], str] = field(default_factory=dict)  # path -> generated class
+
+
+def user_classes(modules_json: str | None) -> dict[tuple[str, ...], str]:
+    """``{module path: source class name}`` for user-defined classes (not library layers)."""
+    if not modules_json:
+        return {}
+    try:
+        modules = json.loads(modules_json)
+    except ValueError:
+        return {}
+    out = {}
+    for path, qual in modules.items():
+        if path and isinstance(qual, str) and not qual.startswith(_LIBRARY):
+            name = qual.rsplit(".", 1)[-1]
+            if name.isidentifier():
+                out[split_path(path)] = name
+    return out
+
+
+def node_classes(graph: Any) -> dict[tuple[str, ...], str]:
+    """``{module path: class}`` from the nodes' own ``xconv.scope`` / ``xconv.module`` (a Flax
+    module xconv generated records its source's scopes and classes there, not in
+    ``xconv.modules``); user-defined classes only."""
+    out: dict[tuple[str, ...], str] = {}
+    for node in graph:
+        scope, qual = node.metadata_props.get(SCOPE), node.metadata_props.get(MODULE)
+        if scope and qual and not qual.startswith(_LIBRARY):
+            name = qual.rsplit(".", 1)[-1]
+            if name.isidentifier():
+                out.setdefault(split_path(scope), name)
+    return out
+
+
+def access(parts: tuple[str, ...]) -> str:
+    out = "self"
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else f".{p}"
+    return out
+
+
+def _rebase(line: str, prefix: str) -> tuple[str, bool]:
+    """``line`` with ``prefix`` (``self.Block_0``) replaced by ``self``; False when the line
+    also reads ``self`` members outside the prefix."""
+    pat = re.compile(re.escape(prefix) + r"(?=[.\[(])")
+    new, n = pat.subn("self", line)
+    total = len(re.findall(r"(?<![\w.])self(?=[.\[(])", line))
+    return new, n == total
+
+
+def _relative_comment(line: str, path: tuple[str, ...]) -> str:
+    m = _COMMENT.search(line)
+    if not m:
+        return line
+    parts = split_path(m.group("scope"))
+    if parts[: len(path)] != path:
+        return line
+    rest = "/".join(parts[len(path) :])
+    return line[: m.start()] + (f"  # {rest}" if rest else "")
+
+
+def _extract(tree: Tree, path: tuple[str, ...]) -> tuple[list[str], list[str]] | None:
+    n = len(path)
+    rows = [i for i, s in enumerate(tree.body) if s.owner[:n] == path]
+    if not rows or rows != list(range(rows[0], rows[-1] + 1)):
+        return None
+    scope_rows = [i for i, (_, p) in enumerate(tree.init) if p == path]
+    init_rows = [i for i, (_, p) in enumerate(tree.init) if p[:n] == path and len(p) > n]
+    if len(scope_rows) != 1 or not init_rows:
+        return None
+    prefix = access(path)
+    init, body = [], []
+    for i in init_rows:
+        line, ok = _rebase(tree.init[i][0], prefix)
+        if not ok:
+            return None
+        init.append(line)
+    for i in rows:
+        line, ok = _rebase(tree.body[i].text, prefix)
+        if not ok:
+            return None
+        body.append(_relative_comment(line, path))
+    run = [tree.body[i] for i in rows]
+    defined = {d for s in run for d in s.defs}
+    ins: list[str] = []
+    for s in run:
+        ins += [u for u in s.uses if u not in defined and u not in ins]
+    later = {u for s in tree.body[rows[-1] + 1 :] for u in s.uses} | set(tree.returns)
+    outs = [d for s in run for d in s.defs if d in later]
+    if not outs:
+        return None
+    ret = ", ".join(outs)
+    blocks = {access(q[n:]) for q in tree.kinds if q[:n] == path}
+    kinds = {access(q[n:])[len("self.") :]: k for q, k in tree.kinds.items() if q[:n] == path}
+    text = [
+        "    def __init__(self):",
+        "        super().__init__()",
+        *["        " + ln for ln in init],
+        "",
+        f"    def forward(self, {', '.join(rename_locals([], ins)[1])}):",
+        *["        " + ln for ln in _forward(body + [f"return {ret}"], ins, blocks, kinds)],
+    ]
+    call = Stmt(f"{ret} = {prefix}({', '.join(ins)})", path[:-1], outs, ins)
+    tree.body[rows[0] : rows[-1] + 1] = [call]
+    keep = [row for i, row in enumerate(tree.init) if i not in set(init_rows)]
+    tree.init = keep
+    return text, [ins[0] if ins else ""]
+
+
+def _forward(lines: list[str], ins: list[str], blocks: set[str], kinds: dict[str, str]):
+    lines = rename_locals(lines, ins, None, blocks)[0]
+    return [*loop_chains(lines[:-1], kinds), lines[-1]]
+
+
+#: Leading positional ints of a torch layer constructor: its channel / feature counts.
+_CTOR = re.compile(
+    r"(?<![\w.])(?P<ctor>nn\.(?:Conv|ConvTranspose)[123]d|nn\.Linear|nn\.BatchNorm[123]d"
+    r"|BiasedVarBatchNorm[123]d|nn\.LayerNorm|nn\.GroupNorm|nn\.Embedding)"
+    r"\((?P<a>\d+)(?:, (?P<b>\d+))?(?=[,)])"
+)
+_SLOT = "\x00"
+_TOKEN = re.compile(r"\{inst:(\d+):([\d,]*)\}")
+
+
+def _slot_roles(ctor: str, two: bool) -> list[str]:
+    if "Conv" in ctor:
+        return ["in_channels", "out_channels"][: 1 + two]
+    if "Linear" in ctor:
+        return ["in_features", "out_features"][: 1 + two]
+    if "BatchNorm" in ctor:
+        return ["channels"]
+    return ["features", "features"][: 1 + two]
+
+
+@dataclass
+class _Group:
+    name: str
+    base: str
+    skeleton: str
+    roles: list[str]
+    instances: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def _abstract(text: str) -> tuple[str, list[str], tuple[int, ...]]:
+    roles: list[str] = []
+    values: list[int] = []
+
+    def sub(m: re.Match) -> str:
+        two = m.group("b") is not None
+        nums = [int(m.group("a"))] + ([int(m.group("b"))] if two else [])
+        roles.extend(_slot_roles(m.group("ctor"), two))
+        values.extend(nums)
+        return f"{m.group('ctor')}(" + ", ".join(_SLOT for _ in nums)
+
+    return _CTOR.sub(sub, text), roles, tuple(values)
+
+
+def _fields(g: _Group) -> tuple[list[str], dict[int, str]]:
+    """Field names and ``{slot: field}`` for the slots whose value differs between instances;
+    slots that always hold the same values as each other share one field."""
+    by_column: dict[tuple[int, ...], list[str]] = {}
+    slot_column: dict[int, tuple[int, ...]] = {}
+    for pos, role in enumerate(g.roles):
+        column = tuple(inst[pos] for inst in g.instances)
+        if len(set(column)) > 1:
+            by_column.setdefault(column, []).append(role)
+            slot_column[pos] = column
+    names: list[str] = []
+    column_name: dict[tuple[int, ...], str] = {}
+    for column, roles in by_column.items():
+        kinds = {r.split("_")[-1] for r in roles}
+        role = roles[0] if len(set(roles)) == 1 else (kinds.pop() if len(kinds) == 1 else roles[0])
+        name, k = role, 1
+        while name in names:
+            k += 1
+            name = f"{role}{k}"
+        names.append(name)
+        column_name[column] = name
+    return names, {pos: column_name[c] for pos, c in slot_column.items()}
+
+
+def _render(g: _Group) -> str:
+    names, by_pos = _fields(g)
+    parts = g.skeleton.split(_SLOT)
+    out = [parts[0]]
+    for pos, rest in enumerate(parts[1:]):
+        out += [by_pos.get(pos) or str(g.instances[0][pos]), rest]
+    text = "".join(out)
+    if names:
+        args = ", ".join(f"{n}: int" for n in names)
+        text = text.replace("    def __init__(self):", f"    def __init__(self, {args}):", 1)
+    doc = f'    """``{g.base}`` of the source model."""'
+    return "\n".join([f"class {g.name}(nn.Module):", doc, "", text])
+
+
+def _resolve(text: str, groups: list[_Group]) -> str:
+    def sub(m: re.Match) -> str:
+        g = groups[int(m.group(1))]
+        values = tuple(int(v) for v in m.group(2).split(",") if v)
+        names, by_pos = _fields(g)
+        args = [str(values[min(p for p, f in by_pos.items() if f == n)]) for n in names]
+        return f"{g.name}({', '.join(args)})"
+
+    return _TOKEN.sub(sub, text)
+
+
+def build(tree: Tree, classes: dict[tuple[str, ...], str]) -> None:
+    """Extract a generated class per user-class path (deepest first). Instances of one source
+    class with one structure share a class, differing channel / feature counts becoming
+    constructor fields; other structures are variants (``BasicBlockDownsample``)."""
+    groups: list[_Group] = []
+    taken: set[str] = {"Model", "Scope"}
+    for path in sorted(classes, key=lambda p: (-len(p), p)):
+        done = _extract(tree, path)
+        if done is None:
+            continue
+        skeleton, roles, values = _abstract("\n".join(done[0]))
+        base = classes[path]
+        gid = next(
+            (i for i, g in enumerate(groups) if g.base == base and g.skeleton == skeleton), None
+        )
+        if gid is None:
+            same = [g for g in groups if g.base == base]
+            name = variant_name(base, skeleton, same)
+            k = 1
+            while name in taken:
+                k += 1
+                name = f"{base}{k}"
+            taken.add(name)
+            groups.append(_Group(name, base, skeleton, roles))
+            gid = len(groups) - 1
+        groups[gid].instances.append(values)
+        tree.kinds[path] = groups[gid].name
+        tok = f"{{inst:{gid}:{','.join(map(str, values))}}}"
+        tree.init = [(_instantiate(ln, tok) if p == path else ln, p) for ln, p in tree.init]
+    tree.classes = [_resolve(_render(g), groups) for g in groups]
+    tree.init = [(_resolve(ln, groups), p) for ln, p in tree.init]
+
+
+def _instantiate(line: str, tok: str) -> str:
+    if line.endswith(" = Scope()"):
+        return line[: -len("Scope()")] + tok
+    return line.replace('", Scope())', f'", {tok})')
+
+
+# ------------------------------------------------------------------ locals by role
+
+_ASSIGN = re.compile(r"^(?P<lhs>[\w, ]+?) = (?P<rhs>.*)$")
+_IDENT = re.compile(r"(?<![\w.\"'])[A-Za-z_]\w*(?![\w\"'])")
+
+
+def _role(rhs: str, blocks: set[str]) -> str:
+    m = re.match(r"self(?:\.\w+|\[\d+\])+\((?P<args>.*)\)(?P<tail>.*)$", rhs)
+    if m:
+        callee = rhs.split("(", 1)[0]
+        if callee in blocks:
+            return "x"
+        if "need_weights" in rhs or "attention" in callee.lower():
+            return "attn"
+        last = re.split(r"[.\[\]]", callee.rstrip("]"))[-1]
+        if last.startswith("Embed"):
+            return "x"
+        return (
+            "x"
+            if last[:1].isupper()
+            and not re.match(
+                r"(Dense|Conv|LayerNorm|BatchNorm|GroupNorm|RMSNorm|Embed|Dropout|Linear)", last
+            )
+            else "h"
+        )
+    if "scaled_dot_product_attention" in rhs or "softmax" in rhs:
+        return "attn"
+    if re.fullmatch(r"\w+ \+ \w+", rhs):
+        return "x"
+    return "h"
+
+
+def _calls_block(line: str, blocks: set[str]) -> bool:
+    m = _ASSIGN.match(line)
+    return bool(m) and m.group("rhs").split("(", 1)[0] in blocks
+
+
+def rename_locals(
+    lines: list[str],
+    params: list[str],
+    keep: list[str] | None = None,
+    blocks: set[str] = frozenset(),
+) -> tuple[list[str], list[str]]:
+    """``(lines, new param names)``: straight-line ``lines`` (last one ``return ...``) with
+    locals named by role, a name reused once the value it held is dead; ``params`` become
+    ``x``, ``x2``... except where ``keep`` gives a non-empty name to keep."""
+    defs: list[list[str]] = []
+    uses: list[set[str]] = []
+    local = set(params)
+    for ln in lines:
+        m = _ASSIGN.match(ln)
+        d = [t.strip() for t in m.group("lhs").split(",")] if m else []
+        d = [t for t in d if t != "_" and t.isidentifier()]
+        rhs = m.group("rhs") if m else ln
+        uses.append({t for t in _IDENT.findall(rhs.split("  # ")[0]) if t in local})
+        local |= set(d)
+        defs.append(d)
+    last: dict[str, int] = {}
+    for i, u in enumerate(uses):
+        for t in u:
+            last[t] = i
+    new: dict[str, str] = {}
+    held: dict[str, str] = {}  # new name -> old name holding it
+    free_x = iter(["x", *(f"x{k}" for k in range(2, 99))])
+    for k, p in enumerate(params):
+        kept = keep[k] if keep else ""
+        new[p] = kept or next(n for n in free_x if n not in set(params) | set(held))
+        held[new[p]] = p
+    for i, d in enumerate(defs):
+        line_new: set[str] = set()
+        rhs = _ASSIGN.match(lines[i]).group("rhs") if d else ""
+        role = _role(rhs.split("  # ")[0], blocks) if d else ""
+        for old in d:
+            first = next((j for j in range(i + 1, len(lines)) if old in uses[j]), None)
+            if len(d) == 1 and first is not None and _calls_block(lines[first], blocks):
+                role = "x"  # the value a block takes: the model's running value
+            k = 1
+            while True:
+                cand = role if k == 1 else f"{role}{k}"
+                owner = held.get(cand)
+                free = owner is None or last.get(owner, -1) <= i
+                if free and cand not in line_new:
+                    break
+                k += 1
+            new[old] = cand
+            held[cand] = old
+            line_new.add(cand)
+            last.setdefault(old, len(lines))
+    if not new:
+        return lines, [new.get(p, p) for p in params]
+    pat = re.compile(
+        r"(?<![\w.\"'])("
+        + "|".join(map(re.escape, sorted(new, key=len, reverse=True)))
+        + r")(?![\w\"'])"
+    )
+    return [
+        pat.sub(lambda m: new[m.group(1)], ln.split("  # ")[0])
+        + ("  # " + ln.split("  # ", 1)[1] if "  # " in ln else "")
+        for ln in lines
+    ], [new[p] for p in params]
+
+
+_CHAIN = re.compile(
+    r"^(?P<ind> *)(?P<v>\w+) = self\.(?P<p>\w+?)(?P<sep>_|\[)(?P<i>\d+)\]?\((?P=v)\)$"
+)
+
+
+def _item(m: re.Match, k: int = 0) -> str:
+    i = int(m.group("i")) + k
+    return f"{m.group('p')}_{i}" if m.group("sep") == "_" else f"{m.group('p')}[{i}]"
+
+
+def loop_chains(lines: list[str], kinds: dict[str, str]) -> list[str]:
+    """``x = self.Block_0(x)``, ``x = self.Block_1(x)``... of one generated class become
+    ``for block in (self.Block_0, self.Block_1): x = block(x)``."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        m = _CHAIN.match(lines[i])
+        j = i + 1
+        if m:
+            kind = kinds.get(_item(m))
+            while j < len(lines):
+                n = _CHAIN.match(lines[j])
+                if not (
+                    n
+                    and n.group("v") == m.group("v")
+                    and n.group("p") == m.group("p")
+                    and n.group("sep") == m.group("sep")
+                    and int(n.group("i")) == int(m.group("i")) + j - i
+                    and kinds.get(_item(n)) == kind
+                    and kind
+                ):
+                    break
+                j += 1
+        if m and j - i >= 2:
+            ind, v = m.group("ind"), m.group("v")
+            items = "(" + ", ".join(f"self.{_item(m, k)}" for k in range(j - i)) + ")"
+            out += [f"{ind}for block in {items}:", f"{ind}    {v} = block({v})"]
+            i = j
+        else:
+            out.append(lines[i])
+            i += 1
+    return out
