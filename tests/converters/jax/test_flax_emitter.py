@@ -266,6 +266,25 @@ def test_torch_exported_unannotated(tmp_path, api):
 
 
 @pytest.mark.parametrize("api", APIS)
+def test_dynamic_batch_transformer_runs_under_jit(tmp_path, api):
+    """Shape values computed from a dynamic batch stay numpy across generated classes (they
+    are passed into and returned from attention submodules), so the model jits; a jnp shape
+    would be a tracer in ``_reshape`` and raise ConcretizationTypeError under jit."""
+    import torch
+
+    from fixtures.torch_models import TinyTransformer, _build
+
+    net = _build(TinyTransformer)
+    ids = torch.randint(1, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    model = xconv.from_torch(net, (ids,), dynamic_batch=True)
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    with torch.no_grad():
+        expected = net(ids).numpy()
+    got, _ = run_generated(out, api, ids.numpy(), jit=True)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("which", ["resnet_block", "tiny_transformer"])
 def test_matches_to_jax(tmp_path, api, which):
     """The generated module and the IR interpreter (xconv.to_jax), both under jit, agree."""

@@ -800,7 +800,8 @@ class _Emitter:
         for v in p.inputs:
             name = sub.ns.new("x" if len(p.inputs) == 1 else sub.role(v))
             sub.inputs.append(name)
-            sub.bind(v, name, None)
+            # A shape value stays numpy inside the class, so it folds under jit as it does here.
+            sub.bind(v, name, None, v in self.static)
         for node in p.body:
             if node.op_type != "Constant":
                 sub.done.add(node)
@@ -822,7 +823,7 @@ class _Emitter:
         comment = self._comment(p.anchor, p.scope)
         self.src.body.append(f"{outs} = self.{attr}({args}){comment}")
         for v, name in zip(p.outputs, outs.split(", "), strict=True):
-            self.bind(v, name, None)
+            self.bind(v, name, None, v in sub.static)
 
     def _tied_dense(self, p: LayerPlan, x: str) -> bool:
         """A Linear whose ``(out, in)`` weight is already a raw parameter of this module (an LM
