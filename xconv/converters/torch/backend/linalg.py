@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from xconv.converters.ops.arrays import normalize_axis
-from xconv.converters.torch.backend.math import as_numpy, from_numpy
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
+from xconv.converters.torch.backend.xp import as_numpy, from_numpy
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
