@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from xconv.converters.ops import shapes
 from xconv.converters.ops.attrs import CONV_ATTRS
 from xconv.converters.ops.math import register_math_ops
 from xconv.converters.torch.backend.dtypes import (
@@ -274,22 +275,9 @@ def _conv_exact(ctx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, st
     if nd not in (1, 2, 3):
         raise ctx.error(f"input must have rank 3 to 5 (N, C, spatial...), got {x.ndim}")
     kernel = tuple(kernel_shape) if kernel_shape else tuple(w.shape[2:])
-    strides = tuple(strides) if strides else (1,) * nd
-    dilations = tuple(dilations) if dilations else (1,) * nd
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        padding = []
-        for size, k, s, d in zip(x.shape[2:], kernel, strides, dilations, strict=True):
-            out = -(-size // s)
-            total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
-            small, big = total // 2, total - total // 2
-            padding.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
-    elif auto_pad == "VALID":
-        padding = [(0, 0)] * nd
-    elif auto_pad == "NOTSET":
-        pads = tuple(pads) if pads else (0,) * (2 * nd)
-        padding = [(pads[i], pads[i + nd]) for i in range(nd)]
-    else:
-        raise ctx.error(f"auto_pad={auto_pad!r}; supported: NOTSET, SAME_UPPER, SAME_LOWER, VALID")
+    strides, dilations = shapes.ints(strides, nd, 1), shapes.ints(dilations, nd, 1)
+    spatial = tuple(x.shape[2:])
+    padding = shapes.conv_padding(ctx.node, auto_pad, spatial, kernel, strides, dilations, pads)
     flat = [p for pair in reversed(padding) for p in pair]
     x = F.pad(x, flat) if any(flat) else x
     conv = (F.conv1d, F.conv2d, F.conv3d)[nd - 1]
