@@ -19,7 +19,7 @@ from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops import shapes
 from xconv.converters.ops.attrs import CONV_ATTRS
-from xconv.converters.ops.normalization import register_normalization_ops
+from xconv.converters.ops.normalization import register_batch_norm, register_normalization_ops
 
 # --------------------------------------------------------------------------- geometry
 
@@ -565,64 +565,7 @@ def _roi_align_impl(
 # --------------------------------------------------------------------------- normalisation
 
 
-@builtin(
-    "BatchNormalization",
-    attrs={
-        "epsilon": 1e-5,
-        "momentum": 0.9,
-        "training_mode": 0,
-        "spatial": 1,
-        "is_test": 0,
-        "consumed_inputs": None,
-    },
-)
-def batch_normalization(
-    ctx,
-    x,
-    scale,
-    b,
-    mean,
-    var,
-    *,
-    epsilon,
-    momentum,
-    training_mode,
-    spatial,
-    is_test,
-    consumed_inputs,
-):
-    """BatchNormalization(X, scale, B, input_mean, input_var) -> (Y, running_mean?, running_var?).
-
-    Opsets 9-14 train when the node asks for more than one output, and then also return the
-    saved (batch) mean and variance.
-    """
-    x = jnp.asarray(x)
-    outputs = [v for v in ctx.output_values if v.name]
-    training = bool(training_mode) if ctx.opset >= 15 else (len(outputs) > 1 and not is_test)
-    if not spatial and ctx.opset < 9:
-        raise ctx.error("spatial=0 is not supported; use spatial=1 (per-channel statistics)")
-
-    def bc(v):
-        return _bias_shape(jnp.asarray(v), x.ndim).astype(x.dtype)
-
-    if not training:
-        inv = jax.lax.rsqrt(bc(var) + jnp.asarray(epsilon, x.dtype))
-        return (x - bc(mean)) * inv * bc(scale) + bc(b)
-    axes = (0,) + tuple(range(2, x.ndim))
-    batch_mean = jnp.mean(x, axis=axes)
-    batch_var = jnp.var(x, axis=axes)
-    inv = jax.lax.rsqrt(bc(batch_var) + jnp.asarray(epsilon, x.dtype))
-    y = (x - bc(batch_mean)) * inv * bc(scale) + bc(b)
-    run_mean = jnp.asarray(mean) * momentum + batch_mean.astype(mean.dtype) * (1 - momentum)
-    run_var = jnp.asarray(var) * momentum + batch_var.astype(var.dtype) * (1 - momentum)
-    run_mean, run_var = (
-        run_mean.astype(jnp.asarray(mean).dtype),
-        run_var.astype(jnp.asarray(var).dtype),
-    )
-    if ctx.opset >= 15:
-        return y, run_mean, run_var
-    return y, run_mean, run_var, batch_mean, batch_var
-
+register_batch_norm(builtin, KERNEL)
 
 # Instance/Layer/Group/RMS/Lp/MeanVariance normalisation: written once in
 # converters/ops/normalization.py.

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from xconv.converters.ops import shapes
 from xconv.converters.ops.attrs import CONV_ATTRS
-from xconv.converters.ops.normalization import register_normalization_ops
+from xconv.converters.ops.normalization import register_batch_norm, register_normalization_ops
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import check_choice
 from xconv.converters.torch.backend.xp import KERNEL
@@ -290,80 +290,34 @@ def max_unpool(ctx, x, indices, output_shape=None, *, kernel_shape, pads, stride
 # --------------------------------------------------------------------------- normalisation
 
 
-@builtin(
-    "BatchNormalization",
-    attrs={
-        "epsilon": 1e-5,
-        "momentum": 0.9,
-        "training_mode": 0,
-        "spatial": 1,
-        "is_test": 0,
-        "consumed_inputs": None,
-    },
-)
-def batch_normalization(
-    ctx,
-    x,
-    scale,
-    b,
-    mean,
-    var,
-    *,
-    epsilon,
-    momentum,
-    training_mode,
-    spatial,
-    is_test,
-    consumed_inputs,
-):
-    """BatchNormalization(X, scale, B, input_mean, input_var) -> (Y, running_mean?, running_var?).
-
-    Opsets 9-14 train when the node asks for more than one output, and then also return the
-    saved (batch) mean and variance. A recognised ``batch_norm`` layer in a module in
-    training mode normalises with batch statistics and updates its running buffers in place.
-    """
-    outputs = [v for v in ctx.node.outputs if v.name]
-    training = bool(training_mode) if ctx.opset >= 15 else (len(outputs) > 1 and not is_test)
-    if not spatial and ctx.opset < 9:
-        raise ctx.error("spatial=0 is not supported; use spatial=1 (per-channel statistics)")
+def _module_batch_norm(ctx, x, scale, b, mean, var, epsilon, momentum):
+    """A recognised ``batch_norm`` layer of a module in training mode: normalise with batch
+    statistics and update the running buffers in place (torch's rule for torch layers)."""
     layer = ctx.layer or {}
-    module_training = ctx.training and layer.get("kind") == "batch_norm"
-
-    def bc(v):
-        return _bias(v, x.ndim, x.dtype)
-
+    if not (ctx.training and layer.get("kind") == "batch_norm"):
+        return None
     axes = (0,) + tuple(range(2, x.ndim))
-    if module_training:
-        batch_mean = x.mean(dim=axes)
-        batch_var = x.var(dim=axes, unbiased=False)
-        torch_momentum = layer.get("momentum", 1.0 - momentum)
-        count = x.numel() // x.shape[1]
-        with torch.no_grad():
-            if torch_momentum is None:  # cumulative moving average
-                torch_momentum = 0.0
-            # torch updates running_var with the unbiased batch variance; Flax, Keras and
-            # ONNX with the biased one.
-            update = batch_var
-            if ctx.node.metadata_props.get(MODULE, "").startswith("torch."):
-                update = batch_var * (count / max(count - 1, 1))
-            mean.mul_(1 - torch_momentum).add_(batch_mean.detach().to(mean.dtype) * torch_momentum)
-            var.mul_(1 - torch_momentum).add_(update.detach().to(var.dtype) * torch_momentum)
-        inv = torch.rsqrt(bc(batch_var) + epsilon)
-        y = (x - bc(batch_mean)) * inv * bc(scale) + bc(b)
-        return (y, *([None] * (len(ctx.node.outputs) - 1)))
-    if not training:
-        inv = torch.rsqrt(bc(var) + epsilon)
-        y = (x - bc(mean)) * inv * bc(scale) + bc(b)
-        return (y, *([None] * (len(ctx.node.outputs) - 1))) if len(ctx.node.outputs) > 1 else y
     batch_mean = x.mean(dim=axes)
     batch_var = x.var(dim=axes, unbiased=False)
-    inv = torch.rsqrt(bc(batch_var) + epsilon)
-    y = (x - bc(batch_mean)) * inv * bc(scale) + bc(b)
-    run_mean = (mean * momentum + batch_mean.to(mean.dtype) * (1 - momentum)).to(mean.dtype)
-    run_var = (var * momentum + batch_var.to(var.dtype) * (1 - momentum)).to(var.dtype)
-    if ctx.opset >= 15:
-        return y, run_mean, run_var
-    return y, run_mean, run_var, batch_mean, batch_var
+    torch_momentum = layer.get("momentum", 1.0 - momentum)
+    count = x.numel() // x.shape[1]
+    with torch.no_grad():
+        if torch_momentum is None:  # cumulative moving average
+            torch_momentum = 0.0
+        # torch updates running_var with the unbiased batch variance; Flax, Keras and
+        # ONNX with the biased one.
+        update = batch_var
+        if ctx.node.metadata_props.get(MODULE, "").startswith("torch."):
+            update = batch_var * (count / max(count - 1, 1))
+        mean.mul_(1 - torch_momentum).add_(batch_mean.detach().to(mean.dtype) * torch_momentum)
+        var.mul_(1 - torch_momentum).add_(update.detach().to(var.dtype) * torch_momentum)
+    inv = torch.rsqrt(_bias(batch_var, x.ndim, x.dtype) + epsilon)
+    return (x - _bias(batch_mean, x.ndim, x.dtype)) * inv * _bias(scale, x.ndim, x.dtype) + _bias(
+        b, x.ndim, x.dtype
+    )
+
+
+register_batch_norm(builtin, KERNEL, _module_batch_norm)
 
 
 # Instance/Layer/Group/RMS/Lp/MeanVariance normalisation: written once in
