@@ -133,27 +133,16 @@ def _scatter_elements(ctx, x, indices, updates, axis, reduction):
     return _scatter(xp, x, index, updates, reduction)
 
 
-@builtin("ScatterElements", since=11, attrs={"axis": 0, "reduction": "none"})
-def scatter_elements(ctx, x, indices, updates, *, axis, reduction):
-    """ScatterElements(data, indices, updates) -> output: element-wise scatter (+ reduction)."""
-    return _scatter_elements(ctx, x, indices, updates, axis, reduction)
-
-
-@builtin("Scatter", since=9, attrs={"axis": 0})
-def scatter(ctx, x, indices, updates, *, axis):
-    """Scatter(data, indices, updates) -> output: deprecated alias of ScatterElements."""
-    return _scatter_elements(ctx, x, indices, updates, axis, "none")
-
-
-@builtin("ScatterND", since=11, attrs={"reduction": "none"})
-def scatter_nd(ctx, x, indices, updates, *, reduction):
-    """ScatterND(data, indices, updates) -> output: writes slices addressed by index tuples."""
+def _scatter_nd(ctx, x, indices, updates, reduction):
     _check_reduction(ctx, reduction)
     xp = namespace(jnp, x, indices, updates)
     k = np.shape(indices)[-1]
     d_shape = np.shape(x)
     index = tuple(_wrap(xp, indices[..., j], d_shape[j]) for j in range(k))
     return _scatter(xp, x, index, updates, reduction)
+
+
+indexing.register_scatter_ops(builtin, _scatter_elements, _scatter_nd)
 
 
 # -- construction from indices --------------------------------------------------------------

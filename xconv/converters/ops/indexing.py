@@ -89,6 +89,31 @@ def _reverse_sequence(k, xp, x, lens, batch_axis: int, time_axis: int):
     return xp.take_along_axis(x, src, axis=time_axis)
 
 
+def register_scatter_ops(
+    builtin: Callable[..., Any], elements: Callable[..., Any], nd: Callable[..., Any]
+) -> None:
+    """ScatterElements, its deprecated alias Scatter, and ScatterND, over a backend's
+    ``elements(ctx, x, indices, updates, axis, reduction)`` and ``nd(ctx, x, indices, updates,
+    reduction)``."""
+
+    @builtin("ScatterElements", since=11, attrs={"axis": 0, "reduction": "none"})
+    def scatter_elements(ctx, x, indices, updates, *, axis, reduction):
+        """ScatterElements(data, indices, updates) -> output: element-wise scatter (+
+        reduction)."""
+        return elements(ctx, x, indices, updates, axis, reduction)
+
+    @builtin("Scatter", since=9, attrs={"axis": 0})
+    def scatter(ctx, x, indices, updates, *, axis):
+        """Scatter(data, indices, updates) -> output: deprecated alias of ScatterElements."""
+        return elements(ctx, x, indices, updates, axis, "none")
+
+    @builtin("ScatterND", since=11, attrs={"reduction": "none"})
+    def scatter_nd(ctx, x, indices, updates, *, reduction):
+        """ScatterND(data, indices, updates) -> output: writes slices addressed by index
+        tuples."""
+        return nd(ctx, x, indices, updates, reduction)
+
+
 def register_indexing_ops(builtin: Callable[..., Any], k: IndexingKernel) -> None:
     """Register GatherND, OneHot, Compress and ReverseSequence with a backend's ``builtin``."""
 

@@ -155,27 +155,16 @@ def _scatter_elements(ctx, x, indices, updates, axis, reduction):
     return _scatter_rows(x, rows, updates, tuple(x.shape), reduction)
 
 
-@builtin("ScatterElements", since=11, attrs={"axis": 0, "reduction": "none"})
-def scatter_elements(ctx, x, indices, updates, *, axis, reduction):
-    """ScatterElements(data, indices, updates) -> output: element-wise scatter (+ reduction)."""
-    return _scatter_elements(ctx, x, indices, updates, axis, reduction)
-
-
-@builtin("Scatter", since=9, attrs={"axis": 0})
-def scatter(ctx, x, indices, updates, *, axis):
-    """Scatter(data, indices, updates) -> output: deprecated alias of ScatterElements."""
-    return _scatter_elements(ctx, x, indices, updates, axis, "none")
-
-
-@builtin("ScatterND", since=11, attrs={"reduction": "none"})
-def scatter_nd(ctx, x, indices, updates, *, reduction):
-    """ScatterND(data, indices, updates) -> output: writes slices addressed by index tuples."""
+def _scatter_nd(ctx, x, indices, updates, reduction):
     check_choice(ctx, "reduction", reduction, _REDUCTIONS)
     k = indices.shape[-1]
     d_shape = tuple(x.shape)
     comps = [_wrap(indices[..., j], d_shape[j]) for j in range(k)]
     rows = _linear(comps, d_shape[:k])
     return _scatter_rows(x, rows, updates, d_shape[:k], reduction)
+
+
+indexing.register_scatter_ops(builtin, _scatter_elements, _scatter_nd)
 
 
 # -- construction from indices --------------------------------------------------------------
