@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xconv.converters.jax.registry import REQUIRED, builtin
-from xconv.converters.ops.control import register_scan_ops
+from xconv.converters.ops.control import register_scan_ops, scan_steps
 from xconv.errors import ConversionError
 
 
@@ -253,8 +253,6 @@ def _scan_core(ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_d
             else (np.moveaxis(x, axis, 0))
         )
         xs.append(x[::-1] if direction else x)
-    length = xs[0].shape[0]
-    n_out = len(body.outputs) - n_state
     traced = is_traced(list(states)) or is_traced(list(scan_inputs))
     if traced:
 
@@ -275,17 +273,7 @@ def _scan_core(ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_d
             ) from e
         final, ys = list(final), list(ys)
     else:
-        final = list(states)
-        collected: list[list[Any]] = [[] for _ in range(n_out)]
-        for t in range(length):
-            outs = ctx.run_subgraph(body, [*final, *(x[t] for x in xs)])
-            final = list(outs[:n_state])
-            for k in range(n_out):
-                collected[k].append(outs[n_state + k])
-        ys = [
-            _stack(c) if c else _empty_like_output(body.outputs[n_state + k])
-            for k, c in enumerate(collected)
-        ]
+        final, ys = scan_steps(ctx, body, states, xs, _stack, _empty_like_output)
     outputs = []
     for y, axis, direction in zip(ys, out_axes, out_dirs, strict=True):
         y = y[::-1] if direction else y

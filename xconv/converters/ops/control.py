@@ -24,6 +24,25 @@ class ScanKernel(Protocol):
         """``y`` with ``extra`` zero rows appended along axis 0."""
 
 
+def scan_steps(ctx, body, states, xs, stack, empty_like_output) -> tuple[list, list]:
+    """Scan's loop in Python over the leading axis of ``xs``: the final states and the
+    stacked scan outputs (``empty_like_output(value)`` for a loop of no steps)."""
+    n_state = len(states)
+    n_out = len(body.outputs) - n_state
+    final = list(states)
+    collected: list[list[Any]] = [[] for _ in range(n_out)]
+    for t in range(xs[0].shape[0]):
+        outs = ctx.run_subgraph(body, [*final, *(x[t] for x in xs)])
+        final = list(outs[:n_state])
+        for k in range(n_out):
+            collected[k].append(outs[n_state + k])
+    ys = [
+        stack(c) if c else empty_like_output(body.outputs[n_state + k])
+        for k, c in enumerate(collected)
+    ]
+    return final, ys
+
+
 def _fill(values: Sequence[int] | None, n: int, what: str, ctx) -> list[int]:
     if values is None:
         return [0] * n

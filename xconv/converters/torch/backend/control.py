@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from xconv.converters.ops.control import register_scan_ops
+from xconv.converters.ops.control import register_scan_ops, scan_steps
 from xconv.converters.torch.backend.dtypes import is_numpy, torch_dtype
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import back
@@ -83,24 +83,11 @@ def loop(ctx, m, cond, *v_initial, body):
 
 def _scan_core(ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_dirs):
     """Scan-9 semantics on unbatched values; returns (final states..., scan outputs...)."""
-    n_state = len(states)
     xs = []
     for x, axis, direction in zip(scan_inputs, in_axes, in_dirs, strict=True):
         x = _moveaxis(x, axis, 0)
         xs.append(_flip0(x) if direction else x)
-    length = xs[0].shape[0]
-    n_out = len(body.outputs) - n_state
-    final = list(states)
-    collected: list[list[Any]] = [[] for _ in range(n_out)]
-    for t in range(length):
-        outs = ctx.run_subgraph(body, [*final, *(x[t] for x in xs)])
-        final = list(outs[:n_state])
-        for k in range(n_out):
-            collected[k].append(outs[n_state + k])
-    ys = [
-        _stack(c) if c else _empty_like_output(body.outputs[n_state + k])
-        for k, c in enumerate(collected)
-    ]
+    final, ys = scan_steps(ctx, body, states, xs, _stack, _empty_like_output)
     outputs = []
     for y, axis, direction in zip(ys, out_axes, out_dirs, strict=True):
         y = _flip0(y) if direction else y
