@@ -21,7 +21,7 @@ from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops import shapes
 from xconv.converters.ops.arrays import namespace
 from xconv.converters.ops.attrs import CONV_ATTRS
-from xconv.converters.ops.math import register_math_ops
+from xconv.converters.ops.math import quant_param, register_math_ops
 
 
 class _MathKernel:
@@ -93,36 +93,14 @@ def _onnx_type(ctx, dtype) -> Any:
         raise ctx.error(f"unsupported quantized type {dtype}") from None
 
 
+def _blocks(value, block_size, axis, length):
+    value = jnp.repeat(value, block_size, axis=axis)
+    return jax.lax.slice_in_dim(value, 0, length, axis=axis)
+
+
 def _quant_param(ctx, value, shape, axis: int, block_size: int, what: str):
     """Scale or zero point, broadcastable to ``shape``: per tensor, per axis or blocked."""
-    value = jnp.asarray(value)
-    if value.ndim == 0:
-        return value
-    if value.size == 1:
-        return value.reshape(())
-    rank = len(shape)
-    if not -rank <= axis < rank:
-        raise ctx.error(f"axis {axis} is out of range for an input of rank {rank}")
-    axis %= rank
-    if not block_size:
-        if value.ndim != 1 or value.shape[0] != shape[axis]:
-            raise ctx.error(
-                f"per-axis {what} must be 1-D with {shape[axis]} elements (axis {axis}), "
-                f"got shape {tuple(value.shape)}"
-            )
-        dims = [1] * rank
-        dims[axis] = value.shape[0]
-        return value.reshape(dims)
-    if block_size < 0:
-        raise ctx.error(f"block_size must be positive, got {block_size}")
-    value = jnp.repeat(value, block_size, axis=axis)
-    value = jax.lax.slice_in_dim(value, 0, shape[axis], axis=axis)
-    if tuple(value.shape) != tuple(shape):
-        raise ctx.error(
-            f"blocked {what} of shape {tuple(value.shape)} does not match the input "
-            f"{tuple(shape)} outside the blocked axis"
-        )
-    return value
+    return quant_param(ctx, jnp.asarray(value), shape, axis, block_size, what, _blocks)
 
 
 def _exact_div(x, scale):

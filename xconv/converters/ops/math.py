@@ -211,6 +211,40 @@ def _register_variadic(builtin, k, op_type: str, fn, doc: str) -> None:
     builtin(op_type, since=6)(handler)
 
 
+def quant_param(ctx, value, shape, axis: int, block_size: int, what: str, blocks):
+    """Scale or zero point, broadcastable to ``shape``: per tensor, per axis or blocked.
+
+    ``blocks(value, block_size, axis, length)`` repeats each entry ``block_size`` times along
+    ``axis`` and keeps the first ``length`` (the backend's repeat and slice).
+    """
+    if value.ndim == 0:
+        return value
+    if int(np.prod(value.shape)) == 1:
+        return value.reshape(())
+    rank = len(shape)
+    if not -rank <= axis < rank:
+        raise ctx.error(f"axis {axis} is out of range for an input of rank {rank}")
+    axis %= rank
+    if not block_size:
+        if value.ndim != 1 or value.shape[0] != shape[axis]:
+            raise ctx.error(
+                f"per-axis {what} must be 1-D with {shape[axis]} elements (axis {axis}), "
+                f"got shape {tuple(value.shape)}"
+            )
+        dims = [1] * rank
+        dims[axis] = value.shape[0]
+        return value.reshape(dims)
+    if block_size < 0:
+        raise ctx.error(f"block_size must be positive, got {block_size}")
+    value = blocks(value, block_size, axis, shape[axis])
+    if tuple(value.shape) != tuple(shape):
+        raise ctx.error(
+            f"blocked {what} of shape {tuple(value.shape)} does not match the input "
+            f"{tuple(shape)} outside the blocked axis"
+        )
+    return value
+
+
 def register_math_ops(builtin: Callable[..., Any], k: MathKernel) -> None:
     """Register the unary, binary and variadic ops, IsInf, Mod and Where with a backend's
     ``builtin`` and kernel ``k``."""

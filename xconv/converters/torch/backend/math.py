@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from xconv.converters.ops import shapes
 from xconv.converters.ops.attrs import CONV_ATTRS
-from xconv.converters.ops.math import register_math_ops
+from xconv.converters.ops.math import quant_param, register_math_ops
 from xconv.converters.torch.backend.dtypes import (
     needs_numpy,
 )
@@ -106,35 +106,13 @@ def _onnx_to_torch(ctx, data_type: int) -> torch.dtype:
         raise ctx.error(str(e.args[0])) from None
 
 
+def _blocks(value, block_size, axis, length):
+    return torch.repeat_interleave(value, block_size, dim=axis).narrow(axis, 0, length)
+
+
 def _quant_param(ctx, value, shape, axis: int, block_size: int, what: str):
     """Scale or zero point, broadcastable to ``shape``: per tensor, per axis or blocked."""
-    if value.ndim == 0:
-        return value
-    if value.numel() == 1:
-        return value.reshape(())
-    rank = len(shape)
-    if not -rank <= axis < rank:
-        raise ctx.error(f"axis {axis} is out of range for an input of rank {rank}")
-    axis %= rank
-    if not block_size:
-        if value.ndim != 1 or value.shape[0] != shape[axis]:
-            raise ctx.error(
-                f"per-axis {what} must be 1-D with {shape[axis]} elements (axis {axis}), "
-                f"got shape {tuple(value.shape)}"
-            )
-        dims = [1] * rank
-        dims[axis] = value.shape[0]
-        return value.reshape(dims)
-    if block_size < 0:
-        raise ctx.error(f"block_size must be positive, got {block_size}")
-    value = torch.repeat_interleave(value, block_size, dim=axis)
-    value = value.narrow(axis, 0, shape[axis])
-    if tuple(value.shape) != tuple(shape):
-        raise ctx.error(
-            f"blocked {what} of shape {tuple(value.shape)} does not match the input "
-            f"{tuple(shape)} outside the blocked axis"
-        )
-    return value
+    return quant_param(ctx, value, shape, axis, block_size, what, _blocks)
 
 
 def _quant_supported() -> list[str]:
