@@ -26,6 +26,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.codegen import TemplateCall, int_tuple, nested_literal, scalar_literal
+from xconv.converters.ops.rnn import COMMON_ATTRS
 from xconv.converters.registry import REQUIRED
 from xconv.errors import (
     ConversionError,
@@ -938,15 +939,7 @@ def _topk(c: OpCall) -> str:
 
 # ---------------------------------------------------------------- recurrent layers
 
-_RNN_ATTRS = {
-    "activation_alpha": None,
-    "activation_beta": None,
-    "activations": None,
-    "clip": None,
-    "direction": "forward",
-    "hidden_size": None,
-    "layout": 0,
-}
+_RNN_ATTRS = COMMON_ATTRS
 
 #: op -> (default activations, number of outputs of the helper)
 _RNN_DEFAULTS = {
