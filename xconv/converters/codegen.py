@@ -14,13 +14,18 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.registry import REQUIRED, attribute_value
-from xconv.errors import MissingOp, UnsupportedAttributeError, UnsupportedOpError
+from xconv.errors import (
+    ConversionError,
+    MissingOp,
+    UnsupportedAttributeError,
+    UnsupportedOpError,
+)
 from xconv.ir.metadata import ROLE, SOURCE_LINE, get_layer, get_scope
 from xconv.ir.passes._utils import constant_of, is_weight
 
@@ -240,3 +245,63 @@ def scalar_literal(v: Any) -> str:
     if math.isinf(f):
         return 'float("inf")' if f > 0 else '-float("inf")'
     return repr(f)
+
+
+def nested_literal(a: np.ndarray) -> str:
+    """A (nested) Python list literal of an array's values; a scalar for a 0-d array."""
+    if a.ndim == 0:
+        return scalar_literal(a[()])
+    return "[" + ", ".join(nested_literal(x) for x in a) + "]"
+
+
+def int_tuple(values: Any) -> str:
+    """A tuple literal of ints (``(3,)`` for one)."""
+    items = [int(v) for v in np.asarray(values).reshape(-1)]
+    return "(" + ", ".join(map(str, items)) + ("," if len(items) == 1 else "") + ")"
+
+
+@dataclass
+class TemplateCall:
+    """What a source template sees for one node (each emitter's ``OpCall`` extends it)."""
+
+    node: ir.Node
+    args: list[str | None]
+    consts: list[np.ndarray | None]
+    shapes: list[tuple[int | None, ...] | None]
+    attrs: dict[str, Any]
+
+    #: The emitter's name in messages.
+    emitter: ClassVar[str] = "source emitter"
+
+    def const(self, i: int, what: str) -> np.ndarray:
+        """A constant input's value; an error when it is computed at run time."""
+        c = self.consts[i] if i < len(self.consts) else None
+        if c is None:
+            raise ConversionError(
+                f"{what} must be a constant for the {self.emitter} (it is computed at run time)",
+                op=self.node.op_type,
+                node=self.node.name,
+            )
+        return c
+
+    def has(self, i: int) -> bool:
+        return i < len(self.args) and self.args[i] is not None
+
+    def rank(self, i: int = 0) -> int | None:
+        s = self.shapes[i] if i < len(self.shapes) else None
+        return None if s is None else len(s)
+
+    def need_rank(self, i: int = 0) -> int:
+        """The rank of input ``i``; an error naming the op when shape inference gave none."""
+        r = self.rank(i)
+        if r is None:
+            raise ConversionError(
+                "the input's rank is unknown (ONNX shape inference could not infer it); "
+                "give the model's inputs static ranks",
+                op=self.node.op_type,
+                node=self.node.name,
+            )
+        return r
+
+    def fail(self, message: str) -> UnsupportedAttributeError:
+        return UnsupportedAttributeError(message, op=self.node.op_type, node=self.node.name)

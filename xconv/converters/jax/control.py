@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.converters.ops.control import register_scan_ops, scan_steps
 from xconv.errors import ConversionError
 
 
@@ -252,8 +253,6 @@ def _scan_core(ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_d
             else (np.moveaxis(x, axis, 0))
         )
         xs.append(x[::-1] if direction else x)
-    length = xs[0].shape[0]
-    n_out = len(body.outputs) - n_state
     traced = is_traced(list(states)) or is_traced(list(scan_inputs))
     if traced:
 
@@ -274,17 +273,7 @@ def _scan_core(ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_d
             ) from e
         final, ys = list(final), list(ys)
     else:
-        final = list(states)
-        collected: list[list[Any]] = [[] for _ in range(n_out)]
-        for t in range(length):
-            outs = ctx.run_subgraph(body, [*final, *(x[t] for x in xs)])
-            final = list(outs[:n_state])
-            for k in range(n_out):
-                collected[k].append(outs[n_state + k])
-        ys = [
-            _stack(c) if c else _empty_like_output(body.outputs[n_state + k])
-            for k, c in enumerate(collected)
-        ]
+        final, ys = scan_steps(ctx, body, states, xs, _stack, _empty_like_output)
     outputs = []
     for y, axis, direction in zip(ys, out_axes, out_dirs, strict=True):
         y = y[::-1] if direction else y
@@ -293,91 +282,15 @@ def _scan_core(ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_d
     return (*final, *outputs)
 
 
-def _fill(values: Sequence[int] | None, n: int, what: str, ctx) -> list[int]:
-    if values is None:
-        return [0] * n
-    if len(values) != n:
-        raise ctx.error(f"{what} has {len(values)} entries, expected {n}")
-    return list(values)
+class _ScanKernel:
+    """The JAX side of :mod:`xconv.converters.ops.control`."""
+
+    scan_core = staticmethod(_scan_core)
+    stack = staticmethod(_stack)
+
+    @staticmethod
+    def pad_time(y, extra):
+        return jnp.pad(jnp.asarray(y), [(0, extra)] + [(0, 0)] * (y.ndim - 1))
 
 
-@builtin(
-    "Scan",
-    since=9,
-    attrs={
-        "body": REQUIRED,
-        "num_scan_inputs": REQUIRED,
-        "scan_input_axes": None,
-        "scan_input_directions": None,
-        "scan_output_axes": None,
-        "scan_output_directions": None,
-    },
-)
-def scan(
-    ctx,
-    *inputs,
-    body,
-    num_scan_inputs,
-    scan_input_axes,
-    scan_input_directions,
-    scan_output_axes,
-    scan_output_directions,
-):
-    """Scan(initial_state_and_scan_inputs...) -> (final_state..., scan_outputs...)."""
-    n_state = len(inputs) - num_scan_inputs
-    states, xs = inputs[:n_state], inputs[n_state:]
-    n_out = len(body.outputs) - n_state
-    in_axes = [
-        a % np.ndim(x)
-        for a, x in zip(
-            _fill(scan_input_axes, num_scan_inputs, "scan_input_axes", ctx), xs, strict=True
-        )
-    ]
-    in_dirs = _fill(scan_input_directions, num_scan_inputs, "scan_input_directions", ctx)
-    out_axes = _fill(scan_output_axes, n_out, "scan_output_axes", ctx)
-    out_dirs = _fill(scan_output_directions, n_out, "scan_output_directions", ctx)
-    return _scan_core(ctx, body, states, xs, in_axes, in_dirs, out_axes, out_dirs)
-
-
-@builtin(
-    "Scan",
-    since=8,
-    until=8,
-    attrs={"body": REQUIRED, "num_scan_inputs": REQUIRED, "directions": None},
-)
-def scan_8(ctx, sequence_lens, *inputs, body, num_scan_inputs, directions):
-    """Scan-8(sequence_lens?, initial_state_and_scan_inputs...): batch axis 0, scan axis 1."""
-    n_state = len(inputs) - num_scan_inputs
-    states, xs = inputs[:n_state], inputs[n_state:]
-    n_out = len(body.outputs) - n_state
-    dirs = _fill(directions, num_scan_inputs, "directions", ctx)
-    batch = int(np.shape(xs[0])[0])
-    max_len = int(np.shape(xs[0])[1])
-    lens = (
-        [max_len] * batch
-        if sequence_lens is None
-        else [int(v) for v in ctx.static(sequence_lens, "sequence_lens").reshape(-1)]
-    )
-    results = []
-    for b in range(batch):
-        n = lens[b]
-        per = _scan_core(
-            ctx,
-            body,
-            [s[b] for s in states],
-            [x[b, :n] for x in xs],
-            [0] * num_scan_inputs,
-            dirs,
-            [0] * n_out,
-            [0] * n_out,
-        )
-        if n < max_len:
-            per = (
-                *per[:n_state],
-                *(
-                    jnp.pad(jnp.asarray(y), [(0, max_len - n)] + [(0, 0)] * (y.ndim - 1))
-                    for y in per[n_state:]
-                ),
-            )
-        results.append(per)
-    return tuple(_stack([r[k] for r in results]) for k in range(n_state + n_out))
+register_scan_ops(builtin, _ScanKernel(), REQUIRED)

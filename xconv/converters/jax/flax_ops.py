@@ -20,17 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.codegen import scalar_literal
+from xconv.converters.codegen import TemplateCall, int_tuple, nested_literal, scalar_literal
+from xconv.converters.ops.rnn import COMMON_ATTRS
 from xconv.converters.registry import REQUIRED
 from xconv.errors import (
     ConversionError,
     MissingOp,
-    UnsupportedAttributeError,
     UnsupportedOpError,
 )
 
@@ -38,47 +38,14 @@ INT64_MAX = np.iinfo(np.int64).max
 
 
 @dataclass
-class OpCall:
+class OpCall(TemplateCall):
     """What a template sees for one node."""
 
-    node: ir.Node
-    args: list[str | None]
-    consts: list[np.ndarray | None]
-    shapes: list[tuple[int | None, ...] | None]
-    attrs: dict[str, Any]
     xp: str = "jnp"
     perm: tuple[int, ...] | None = None
     helpers: set[str] = field(default_factory=set)
 
-    def const(self, i: int, what: str) -> np.ndarray:
-        """A constant input's value; an error when it is computed at run time."""
-        c = self.consts[i] if i < len(self.consts) else None
-        if c is None:
-            raise ConversionError(
-                f"{what} must be a constant for the Flax emitter (it is computed at run time)",
-                op=self.node.op_type,
-                node=self.node.name,
-            )
-        return c
-
-    def has(self, i: int) -> bool:
-        return i < len(self.args) and self.args[i] is not None
-
-    def rank(self, i: int = 0) -> int | None:
-        s = self.shapes[i] if i < len(self.shapes) else None
-        return None if s is None else len(s)
-
-    def need_rank(self, i: int = 0) -> int:
-        """The rank of input ``i``; an error naming the op when shape inference gave none."""
-        r = self.rank(i)
-        if r is None:
-            raise ConversionError(
-                "the input's rank is unknown (ONNX shape inference could not infer it); "
-                "give the model's inputs static ranks",
-                op=self.node.op_type,
-                node=self.node.name,
-            )
-        return r
+    emitter: ClassVar[str] = "Flax emitter"
 
     def axis(self, a: int, i: int = 0) -> int:
         """Map a source-layout axis of input ``i`` to the physical axis of its array."""
@@ -95,9 +62,6 @@ class OpCall:
 
     def dtype(self, index: int = 0) -> str:
         return dtype_expr(self.node.outputs[index].dtype, self.xp)
-
-    def fail(self, message: str) -> UnsupportedAttributeError:
-        return UnsupportedAttributeError(message, op=self.node.op_type, node=self.node.name)
 
 
 @dataclass(frozen=True)
@@ -229,24 +193,16 @@ def dtype_expr(dtype: ir.DataType | None, xp: str = "jnp") -> str:
     return f"{xp}.{_DTYPES[dtype]}"
 
 
-def _nested(a: np.ndarray) -> str:
-    if a.ndim == 0:
-        return scalar_literal(a[()])
-    return "[" + ", ".join(_nested(x) for x in a) + "]"
-
-
 def array_literal(a: np.ndarray, *, bare_scalar: bool = False) -> str:
     """A numpy literal for a small constant; a bare Python scalar when allowed."""
     a = np.asarray(a)
     if bare_scalar and a.ndim == 0:
         return scalar_literal(a[()])
     dt = ir.DataType.from_numpy(a.dtype)
-    return f"np.asarray({_nested(a)}, dtype={dtype_expr(dt, 'np')})"
+    return f"np.asarray({nested_literal(a)}, dtype={dtype_expr(dt, 'np')})"
 
 
-def tuple_literal(values: Any) -> str:
-    items = [int(v) for v in np.asarray(values).reshape(-1)]
-    return "(" + ", ".join(map(str, items)) + ("," if len(items) == 1 else "") + ")"
+tuple_literal = int_tuple
 
 
 # ---------------------------------------------------------------- elementwise
@@ -983,15 +939,7 @@ def _topk(c: OpCall) -> str:
 
 # ---------------------------------------------------------------- recurrent layers
 
-_RNN_ATTRS = {
-    "activation_alpha": None,
-    "activation_beta": None,
-    "activations": None,
-    "clip": None,
-    "direction": "forward",
-    "hidden_size": None,
-    "layout": 0,
-}
+_RNN_ATTRS = COMMON_ATTRS
 
 #: op -> (default activations, number of outputs of the helper)
 _RNN_DEFAULTS = {

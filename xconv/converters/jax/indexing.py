@@ -15,7 +15,7 @@ import numpy as np
 
 from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import builtin
-from xconv.converters.jax.shape import check_choice, static_ints
+from xconv.converters.jax.shape import check_choice
 from xconv.converters.ops import indexing
 from xconv.converters.ops.arrays import namespace, normalize_axis
 
@@ -65,31 +65,14 @@ def _check_reduction(ctx, reduction: str) -> None:
 # -- slicing and gathering ------------------------------------------------------------------
 
 
-@builtin("Slice", since=1, attrs={"starts": None, "ends": None, "axes": None})
-def slice_(
-    ctx, x, starts_in=None, ends_in=None, axes_in=None, steps_in=None, *, starts, ends, axes
-):
-    """Slice(data, starts, ends, axes?, steps?) -> output: strided slices along axes."""
-    src_starts = starts_in if starts_in is not None else starts
-    src_ends = ends_in if ends_in is not None else ends
-    src_axes = axes_in if axes_in is not None else axes
-    begin = static_ints(ctx, src_starts, "starts")
-    end = static_ints(ctx, src_ends, "ends")
-    rank = np.ndim(x)
-    ax = static_ints(ctx, src_axes, "axes") if src_axes is not None else list(range(len(begin)))
-    steps = static_ints(ctx, steps_in, "steps") if steps_in is not None else [1] * len(begin)
-    if not len(begin) == len(end) == len(ax) == len(steps):
-        raise ctx.error("starts, ends, axes and steps must have the same length")
-    index = [slice(None)] * rank
-    in_shape = np.shape(x)
-    for b, e, a, s in zip(begin, end, ax, steps, strict=True):
-        if s == 0:
-            raise ctx.error("slice step cannot be 0")
-        a = normalize_axis(ctx, a, rank)
-        # slice.indices clamps like ONNX: [0, dim] forward, [-1, dim-1] backward.
-        start, stop, step = slice(b, e, s).indices(in_shape[a])
+def _apply_slices(x, plan):
+    index = [slice(None)] * np.ndim(x)
+    for a, start, stop, step in plan:
         index[a] = slice(start, stop if stop >= 0 else None, step)
     return x[tuple(index)]
+
+
+indexing.register_slice(builtin, _apply_slices)
 
 
 @builtin("Gather", since=1, attrs={"axis": 0})
@@ -133,27 +116,16 @@ def _scatter_elements(ctx, x, indices, updates, axis, reduction):
     return _scatter(xp, x, index, updates, reduction)
 
 
-@builtin("ScatterElements", since=11, attrs={"axis": 0, "reduction": "none"})
-def scatter_elements(ctx, x, indices, updates, *, axis, reduction):
-    """ScatterElements(data, indices, updates) -> output: element-wise scatter (+ reduction)."""
-    return _scatter_elements(ctx, x, indices, updates, axis, reduction)
-
-
-@builtin("Scatter", since=9, attrs={"axis": 0})
-def scatter(ctx, x, indices, updates, *, axis):
-    """Scatter(data, indices, updates) -> output: deprecated alias of ScatterElements."""
-    return _scatter_elements(ctx, x, indices, updates, axis, "none")
-
-
-@builtin("ScatterND", since=11, attrs={"reduction": "none"})
-def scatter_nd(ctx, x, indices, updates, *, reduction):
-    """ScatterND(data, indices, updates) -> output: writes slices addressed by index tuples."""
+def _scatter_nd(ctx, x, indices, updates, reduction):
     _check_reduction(ctx, reduction)
     xp = namespace(jnp, x, indices, updates)
     k = np.shape(indices)[-1]
     d_shape = np.shape(x)
     index = tuple(_wrap(xp, indices[..., j], d_shape[j]) for j in range(k))
     return _scatter(xp, x, index, updates, reduction)
+
+
+indexing.register_scatter_ops(builtin, _scatter_elements, _scatter_nd)
 
 
 # -- construction from indices --------------------------------------------------------------

@@ -10,6 +10,7 @@ from jax import lax
 
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops.arrays import normalize_axis
+from xconv.converters.ops.linalg import register_softmax_ops
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
 _LOW_PRECISION = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
@@ -199,35 +200,15 @@ def _hardmax(x, axis: int):
     return jax.nn.one_hot(idx, x.shape[axis], axis=axis, dtype=x.dtype)
 
 
-def _softmax_like(ctx, x, axis, fn):
-    """Opset >= 13: ``fn`` along one axis (default -1). Before 13: coerce the input to 2-D
-    at ``axis`` (default 1), apply ``fn`` along the flattened trailing dimensions."""
-    x = jnp.asarray(x)
-    if ctx.opset >= 13:
-        ax = normalize_axis(ctx, -1 if axis is None else axis, x.ndim)
-        return fn(x, ax)
-    ax = normalize_axis(ctx, 1 if axis is None else axis, x.ndim) if x.ndim else 0
-    rows = int(np.prod(x.shape[:ax], dtype=np.int64))
-    cols = int(np.prod(x.shape[ax:], dtype=np.int64))
-    return fn(x.reshape(rows, cols), 1).reshape(x.shape)
-
-
-@builtin("Softmax", since=1, attrs={"axis": None})
-def softmax(ctx, x, *, axis):
-    """Softmax(input) -> output: exp(x - max) / sum along ``axis``."""
-    return _softmax_like(ctx, x, axis, _softmax)
-
-
-@builtin("LogSoftmax", since=1, attrs={"axis": None})
-def log_softmax(ctx, x, *, axis):
-    """LogSoftmax(input) -> output: x - max - log(sum(exp(x - max))) along ``axis``."""
-    return _softmax_like(ctx, x, axis, lambda v, ax: jax.nn.log_softmax(v, axis=ax))
-
-
-@builtin("Hardmax", since=1, attrs={"axis": None})
-def hardmax(ctx, x, *, axis):
-    """Hardmax(input) -> output: 1 at the first maximum along ``axis``, 0 elsewhere."""
-    return _softmax_like(ctx, x, axis, _hardmax)
+register_softmax_ops(
+    builtin,
+    {
+        "Softmax": _softmax,
+        "LogSoftmax": lambda v, ax: jax.nn.log_softmax(v, axis=ax),
+        "Hardmax": _hardmax,
+    },
+    jnp.asarray,
+)
 
 
 # --------------------------------------------------------------------------------------

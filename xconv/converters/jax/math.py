@@ -1,15 +1,14 @@
-"""JAX handlers: unary math, arithmetic, comparison, logic and bitwise ops.
+"""JAX handlers: BitShift and the quantization ops, and the JAX kernel of the unary math,
+arithmetic, comparison and logic ops (written once in :mod:`xconv.converters.ops.math`).
 
-Every handler picks its array module with :func:`_xp`: when all inputs are numpy (constants,
-folded shape arithmetic) it computes with numpy, so int64 shape data keeps its exact dtype
-and value even with JAX's 64-bit types off, and string tensors (``Equal`` on strings) work;
-otherwise it computes with ``jax.numpy`` and stays traceable under ``jit``/``grad``/``vmap``.
+Those pick numpy when every input is static (constants, folded shape arithmetic), so int64
+shape data keeps its exact dtype and value even with JAX's 64-bit types off, and string
+tensors (``Equal`` on strings) work; otherwise ``jax.numpy``, traceable under
+``jit``/``grad``/``vmap``.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -17,194 +16,34 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import REQUIRED, builtin
-from xconv.converters.ops.arrays import is_static, namespace
+from xconv.converters.ops import shapes
+from xconv.converters.ops.arrays import namespace
 from xconv.converters.ops.attrs import CONV_ATTRS
-
-#: Attributes of the opset 1-6 binary ops (``broadcast``/``axis`` legacy broadcasting).
-_LEGACY_BINARY = {"broadcast": 0, "axis": None, "consumed_inputs": None}
+from xconv.converters.ops.math import quant_param, register_math_ops
 
 
-def _erf(x: Any) -> Any:
-    return jax.scipy.special.erf(x) if not is_static(x) else np.asarray(jax.scipy.special.erf(x))
+class _MathKernel:
+    """The JAX side of :mod:`xconv.converters.ops.math`."""
 
+    run = staticmethod(KERNEL.run)
 
-def _same(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    """Wrap a unary function so its result keeps the input dtype."""
+    @staticmethod
+    def erf(xp, x):
+        y = jax.scipy.special.erf(x)
+        return (np.asarray(y) if xp is np else y).astype(x.dtype)
 
-    def wrapped(xp, x):
-        return xp.asarray(fn(xp, x)).astype(x.dtype)
-
-    return wrapped
-
-
-#: Unary ops: ``fn(xp, x)`` with ``xp`` numpy or jax.numpy.
-UNARY: dict[str, tuple[int, Callable[[Any, Any], Any]]] = {
-    "Abs": (1, lambda xp, x: xp.abs(x)),
-    "Neg": (1, lambda xp, x: xp.negative(x)),
-    "Reciprocal": (1, _same(lambda xp, x: xp.reciprocal(x))),
-    "Sqrt": (1, lambda xp, x: xp.sqrt(x)),
-    "Exp": (1, lambda xp, x: xp.exp(x)),
-    "Log": (1, lambda xp, x: xp.log(x)),
-    "Ceil": (1, lambda xp, x: xp.ceil(x)),
-    "Floor": (1, lambda xp, x: xp.floor(x)),
-    # Round half to even, like numpy's and jax.numpy's rint.
-    "Round": (11, lambda xp, x: xp.rint(x)),
-    "Sign": (9, lambda xp, x: xp.sign(x)),
-    "Erf": (9, lambda xp, x: _erf(x).astype(x.dtype)),
-    "Sin": (7, lambda xp, x: xp.sin(x)),
-    "Cos": (7, lambda xp, x: xp.cos(x)),
-    "Tan": (7, lambda xp, x: xp.tan(x)),
-    "Asin": (7, lambda xp, x: xp.arcsin(x)),
-    "Acos": (7, lambda xp, x: xp.arccos(x)),
-    "Atan": (7, lambda xp, x: xp.arctan(x)),
-    "Sinh": (9, lambda xp, x: xp.sinh(x)),
-    "Cosh": (9, lambda xp, x: xp.cosh(x)),
-    "Asinh": (9, lambda xp, x: xp.arcsinh(x)),
-    "Acosh": (9, lambda xp, x: xp.arccosh(x)),
-    "Atanh": (9, lambda xp, x: xp.arctanh(x)),
-    "IsNaN": (9, lambda xp, x: xp.isnan(x)),
-    "Not": (1, lambda xp, x: xp.logical_not(x)),
-    "BitwiseNot": (18, lambda xp, x: xp.invert(x)),
-}
-
-
-def _register_unary(op_type: str, since: int, fn: Callable[[Any, Any], Any]) -> None:
-    def handler(ctx, x):
-        return fn(namespace(jnp, x), x)
-
-    def legacy(ctx, x, *, consumed_inputs):
-        return fn(namespace(jnp, x), x)
-
-    handler.__name__ = legacy.__name__ = op_type.lower()
-    handler.__doc__ = f"{op_type}(X) -> Y, elementwise."
-    legacy.__doc__ = handler.__doc__
-    if since == 1:
-        builtin(op_type, since=1, until=5, attrs={"consumed_inputs": None})(legacy)
-        since = 6
-    builtin(op_type, since=since)(handler)
-
-
-for _op, (_since, _fn) in UNARY.items():
-    _register_unary(_op, _since, _fn)
-
-
-@builtin("IsInf", since=10, attrs={"detect_negative": 1, "detect_positive": 1})
-def is_inf(ctx, x, *, detect_negative, detect_positive):
-    """IsInf(X) -> Y: bool, which elements are infinite (of the signs asked for)."""
-    xp = namespace(jnp, x)
-    if detect_negative and detect_positive:
-        return xp.isinf(x)
-    if detect_negative:
-        return xp.isneginf(x)
-    if detect_positive:
-        return xp.isposinf(x)
-    return xp.zeros(x.shape, dtype=bool)
-
-
-# --------------------------------------------------------------------------- binary ops
-
-
-def _legacy_broadcast(ctx, a, b, broadcast, axis):
-    """Opset < 7 broadcasting: B (a suffix of A's shape, or aligned at ``axis``) onto A."""
-    if not broadcast or axis is None:
-        return b
-    xp = namespace(jnp, b)
-    axis = axis % a.ndim
-    return xp.reshape(b, tuple(b.shape) + (1,) * (a.ndim - axis - b.ndim))
-
-
-def _int_div(xp, a, b):
-    """Integer division truncating toward zero (C semantics), as ONNX Div specifies."""
-    if xp is jnp:
+    @staticmethod
+    def int_div(a, b):
         return jax.lax.div(*jnp.broadcast_arrays(a, b)) if a.dtype == b.dtype else a // b
-    q = np.floor_divide(a, b)
-    if np.issubdtype(q.dtype, np.unsignedinteger):
-        return q
-    adjust = (np.remainder(a, b) != 0) & ((a < 0) ^ (b < 0))
-    return q + adjust.astype(q.dtype)
 
-
-def _div(xp, a, b):
-    if np.issubdtype(np.dtype(a.dtype), np.integer):
-        with np.errstate(divide="ignore"):
-            return _int_div(xp, a, b)
-    return xp.divide(a, b).astype(a.dtype)
-
-
-def _pow(xp, a, b):
-    # Mixed types are allowed: the result has the base's dtype.
-    if xp is np:
-        with np.errstate(all="ignore"):
-            if np.issubdtype(b.dtype, np.integer) and np.any(b < 0):
-                return np.power(a.astype(np.float64), b).astype(a.dtype)
-            return np.power(a, b).astype(a.dtype)
-    if jnp.issubdtype(a.dtype, jnp.integer) and jnp.issubdtype(b.dtype, jnp.integer):
+    @staticmethod
+    def int_pow(a, b):
         return jnp.power(a, b.astype(a.dtype)).astype(a.dtype)
-    return jnp.power(a, b).astype(a.dtype)
 
 
-#: Binary ops with numpy broadcasting: ``(since, fn(xp, a, b))``.
-BINARY: dict[str, tuple[int, Callable[[Any, Any, Any], Any]]] = {
-    "Add": (1, lambda xp, a, b: xp.add(a, b)),
-    "Sub": (1, lambda xp, a, b: xp.subtract(a, b)),
-    "Mul": (1, lambda xp, a, b: xp.multiply(a, b)),
-    "Div": (1, _div),
-    "Pow": (1, _pow),
-    "And": (1, lambda xp, a, b: xp.logical_and(a, b)),
-    "Or": (1, lambda xp, a, b: xp.logical_or(a, b)),
-    "Xor": (1, lambda xp, a, b: xp.logical_xor(a, b)),
-    "Equal": (1, lambda xp, a, b: xp.equal(a, b)),
-    "Greater": (1, lambda xp, a, b: xp.greater(a, b)),
-    "Less": (1, lambda xp, a, b: xp.less(a, b)),
-    "GreaterOrEqual": (12, lambda xp, a, b: xp.greater_equal(a, b)),
-    "LessOrEqual": (12, lambda xp, a, b: xp.less_equal(a, b)),
-    "BitwiseAnd": (18, lambda xp, a, b: xp.bitwise_and(a, b)),
-    "BitwiseOr": (18, lambda xp, a, b: xp.bitwise_or(a, b)),
-    "BitwiseXor": (18, lambda xp, a, b: xp.bitwise_xor(a, b)),
-}
-
-#: Ops whose opset 1 version carried ``consumed_inputs`` besides ``broadcast``/``axis``.
-_CONSUMED = {"Add", "Sub", "Mul", "Div"}
-
-
-def _register_binary(op_type: str, since: int, fn: Callable[[Any, Any, Any], Any]) -> None:
-    def handler(ctx, a, b):
-        return fn(namespace(jnp, a, b), a, b)
-
-    def legacy(ctx, a, b, *, broadcast, axis, consumed_inputs=None):
-        return fn(namespace(jnp, a, b), a, _legacy_broadcast(ctx, a, b, broadcast, axis))
-
-    handler.__name__ = legacy.__name__ = op_type.lower()
-    handler.__doc__ = f"{op_type}(A, B) -> C, elementwise with numpy broadcasting."
-    legacy.__doc__ = handler.__doc__
-    if since == 1:
-        attrs = dict(_LEGACY_BINARY)
-        if op_type not in _CONSUMED:
-            del attrs["consumed_inputs"]
-        builtin(op_type, since=1, until=6, attrs=attrs)(legacy)
-        since = 7
-    builtin(op_type, since=since)(handler)
-
-
-for _op, (_since, _fn) in BINARY.items():
-    _register_binary(_op, _since, _fn)
-
-
-@builtin("Mod", since=10, attrs={"fmod": 0})
-def mod(ctx, a, b, *, fmod):
-    """Mod(A, B) -> C: remainder; sign of the divisor (fmod=0) or of the dividend (fmod=1)."""
-    xp = namespace(jnp, a, b)
-    with np.errstate(all="ignore"):
-        if fmod:
-            return xp.fmod(a, b)
-        if xp is jnp and jnp.issubdtype(a.dtype, jnp.floating):
-            # jnp.mod(x, inf) is nan; numpy (and ONNX's reference) keep x or return inf.
-            r = jnp.mod(a, b)
-            inf_b = jnp.isinf(b) & jnp.isfinite(a)
-            keep = (a == 0) | ((a > 0) == (b > 0))
-            return jnp.where(inf_b, jnp.where(keep, a, b), r)
-        return xp.mod(a, b)
+register_math_ops(builtin, _MathKernel())
 
 
 @builtin("BitShift", since=11, attrs={"direction": REQUIRED})
@@ -226,60 +65,6 @@ def bit_shift(ctx, x, y, *, direction):
     with np.errstate(all="ignore"):
         out = xp.left_shift(x, shift)
     return xp.where(valid, out, xp.zeros((), dtype)).astype(dtype)
-
-
-# ------------------------------------------------------------------------ variadic ops
-
-
-def _variadic(ctx, inputs, fn):
-    inputs = [x for x in inputs if x is not None]
-    if not inputs:
-        raise ctx.error("needs at least one input")
-    xp = namespace(jnp, *inputs)
-    return functools.reduce(lambda a, b: fn(xp, a, b), inputs[1:], xp.asarray(inputs[0]))
-
-
-def _register_variadic(op_type: str, fn: Callable[..., Any], doc: str) -> None:
-    def handler(ctx, *inputs):
-        return fn(ctx, inputs)
-
-    def legacy(ctx, *inputs, consumed_inputs):
-        return fn(ctx, inputs)
-
-    handler.__name__ = legacy.__name__ = op_type.lower()
-    handler.__doc__ = legacy.__doc__ = doc
-    builtin(op_type, since=1, until=5, attrs={"consumed_inputs": None})(legacy)
-    builtin(op_type, since=6)(handler)
-
-
-def _max(ctx, inputs):
-    return _variadic(ctx, inputs, lambda xp, a, b: xp.maximum(a, b))
-
-
-def _min(ctx, inputs):
-    return _variadic(ctx, inputs, lambda xp, a, b: xp.minimum(a, b))
-
-
-def _sum(ctx, inputs):
-    return _variadic(ctx, inputs, lambda xp, a, b: xp.add(a, b))
-
-
-def _mean(ctx, inputs):
-    total = _sum(ctx, inputs)
-    n = sum(x is not None for x in inputs)
-    return (total / n).astype(total.dtype)
-
-
-_register_variadic("Max", _max, "Max(data_0, ...) -> max: elementwise max with broadcasting.")
-_register_variadic("Min", _min, "Min(data_0, ...) -> min: elementwise min with broadcasting.")
-_register_variadic("Sum", _sum, "Sum(data_0, ...) -> sum: elementwise sum with broadcasting.")
-_register_variadic("Mean", _mean, "Mean(data_0, ...) -> mean: elementwise mean, broadcasting.")
-
-
-@builtin("Where", since=9)
-def where(ctx, condition, x, y):
-    """Where(condition, X, Y) -> Z: X where condition holds, else Y (with broadcasting)."""
-    return namespace(jnp, condition, x, y).where(condition, x, y)
 
 
 # ------------------------------------------------------------------------ quantization
@@ -308,36 +93,14 @@ def _onnx_type(ctx, dtype) -> Any:
         raise ctx.error(f"unsupported quantized type {dtype}") from None
 
 
+def _blocks(value, block_size, axis, length):
+    value = jnp.repeat(value, block_size, axis=axis)
+    return jax.lax.slice_in_dim(value, 0, length, axis=axis)
+
+
 def _quant_param(ctx, value, shape, axis: int, block_size: int, what: str):
     """Scale or zero point, broadcastable to ``shape``: per tensor, per axis or blocked."""
-    value = jnp.asarray(value)
-    if value.ndim == 0:
-        return value
-    if value.size == 1:
-        return value.reshape(())
-    rank = len(shape)
-    if not -rank <= axis < rank:
-        raise ctx.error(f"axis {axis} is out of range for an input of rank {rank}")
-    axis %= rank
-    if not block_size:
-        if value.ndim != 1 or value.shape[0] != shape[axis]:
-            raise ctx.error(
-                f"per-axis {what} must be 1-D with {shape[axis]} elements (axis {axis}), "
-                f"got shape {tuple(value.shape)}"
-            )
-        dims = [1] * rank
-        dims[axis] = value.shape[0]
-        return value.reshape(dims)
-    if block_size < 0:
-        raise ctx.error(f"block_size must be positive, got {block_size}")
-    value = jnp.repeat(value, block_size, axis=axis)
-    value = jax.lax.slice_in_dim(value, 0, shape[axis], axis=axis)
-    if tuple(value.shape) != tuple(shape):
-        raise ctx.error(
-            f"blocked {what} of shape {tuple(value.shape)} does not match the input "
-            f"{tuple(shape)} outside the blocked axis"
-        )
-    return value
+    return quant_param(ctx, jnp.asarray(value), shape, axis, block_size, what, _blocks)
 
 
 def _exact_div(x, scale):
@@ -507,22 +270,9 @@ def _conv_int32(ctx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, st
     if nd < 1:
         raise ctx.error(f"input must have rank >= 3 (N, C, spatial...), got {x.ndim}")
     kernel = tuple(kernel_shape) if kernel_shape else tuple(w.shape[2:])
-    strides = tuple(strides) if strides else (1,) * nd
-    dilations = tuple(dilations) if dilations else (1,) * nd
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        padding = []
-        for size, k, s, d in zip(x.shape[2:], kernel, strides, dilations, strict=True):
-            out = -(-size // s)
-            total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
-            small, big = total // 2, total - total // 2
-            padding.append((small, big) if auto_pad == "SAME_UPPER" else (big, small))
-    elif auto_pad == "VALID":
-        padding = [(0, 0)] * nd
-    elif auto_pad == "NOTSET":
-        pads = tuple(pads) if pads else (0,) * (2 * nd)
-        padding = [(pads[i], pads[i + nd]) for i in range(nd)]
-    else:
-        raise ctx.error(f"auto_pad={auto_pad!r}; supported: NOTSET, SAME_UPPER, SAME_LOWER, VALID")
+    strides, dilations = shapes.ints(strides, nd, 1), shapes.ints(dilations, nd, 1)
+    spatial = tuple(x.shape[2:])
+    padding = shapes.conv_padding(ctx.node, auto_pad, spatial, kernel, strides, dilations, pads)
     return jax.lax.conv_general_dilated(
         x,
         w,

@@ -19,7 +19,7 @@ from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops import shapes
 from xconv.converters.ops.attrs import CONV_ATTRS
-from xconv.converters.ops.normalization import register_normalization_ops
+from xconv.converters.ops.normalization import register_batch_norm, register_normalization_ops
 
 # --------------------------------------------------------------------------- geometry
 
@@ -64,7 +64,6 @@ def conv_transpose(
     strides,
 ):
     """ConvTranspose(X, W, B?) -> Y: the gradient of Conv; W is (C_in, C_out/group, k...)."""
-    shapes.check_auto_pad(ctx.node, auto_pad)
     x, w = jnp.asarray(x), jnp.asarray(w).astype(x.dtype)
     n = x.ndim - 2
     g = int(group)
@@ -72,38 +71,14 @@ def conv_transpose(
     kernel = tuple(w.shape[2:])
     s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
     op = shapes.ints(output_padding, n, 0)
-    full = [
-        si * (i - 1) + op_i + (k - 1) * di + 1
-        for i, k, si, di, op_i in zip(spatial, kernel, s, d, op, strict=True)
-    ]
-    if output_shape:
-        target = [int(v) for v in output_shape][-n:]
-        if pads and auto_pad in ("NOTSET", ""):
-            lo_hi = [
-                (int(pads[i]), f - int(pads[i]) - t)
-                for i, (f, t) in enumerate(zip(full, target, strict=True))
-            ]
-        else:
-            mode = "SAME_UPPER" if auto_pad == "SAME_UPPER" else "SAME_LOWER"
-            lo_hi = [shapes.same_split(f - t, mode) for f, t in zip(full, target, strict=True)]
-    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        lo_hi = [
-            shapes.same_split(f - i * si, auto_pad)
-            for f, i, si in zip(full, spatial, s, strict=True)
-        ]
-    elif auto_pad == "VALID" or not pads:
-        lo_hi = [(0, 0)] * n
-    else:
-        lo_hi = [(int(pads[i]), int(pads[i + n])) for i in range(n)]
+    padding = shapes.conv_transpose_padding(
+        ctx.node, auto_pad, spatial, kernel, s, d, op, output_shape, pads
+    )
     # (C_in, C_out/g, k...) -> (C_out, C_in/g, k...), spatially flipped.
     c_in, c_out_g = w.shape[0], w.shape[1]
     wt = w.reshape((g, c_in // g, c_out_g) + kernel)
     wt = jnp.swapaxes(wt, 1, 2).reshape((g * c_out_g, c_in // g) + kernel)
     wt = jnp.flip(wt, axis=tuple(range(2, n + 2)))
-    padding = [
-        ((k - 1) * di - lo, (k - 1) * di - hi + op_i)
-        for k, di, (lo, hi), op_i in zip(kernel, d, lo_hi, op, strict=True)
-    ]
     y = lax.conv_general_dilated(
         x, wt, (1,) * n, padding, lhs_dilation=s, rhs_dilation=d, feature_group_count=g
     )
@@ -590,64 +565,7 @@ def _roi_align_impl(
 # --------------------------------------------------------------------------- normalisation
 
 
-@builtin(
-    "BatchNormalization",
-    attrs={
-        "epsilon": 1e-5,
-        "momentum": 0.9,
-        "training_mode": 0,
-        "spatial": 1,
-        "is_test": 0,
-        "consumed_inputs": None,
-    },
-)
-def batch_normalization(
-    ctx,
-    x,
-    scale,
-    b,
-    mean,
-    var,
-    *,
-    epsilon,
-    momentum,
-    training_mode,
-    spatial,
-    is_test,
-    consumed_inputs,
-):
-    """BatchNormalization(X, scale, B, input_mean, input_var) -> (Y, running_mean?, running_var?).
-
-    Opsets 9-14 train when the node asks for more than one output, and then also return the
-    saved (batch) mean and variance.
-    """
-    x = jnp.asarray(x)
-    outputs = [v for v in ctx.output_values if v.name]
-    training = bool(training_mode) if ctx.opset >= 15 else (len(outputs) > 1 and not is_test)
-    if not spatial and ctx.opset < 9:
-        raise ctx.error("spatial=0 is not supported; use spatial=1 (per-channel statistics)")
-
-    def bc(v):
-        return _bias_shape(jnp.asarray(v), x.ndim).astype(x.dtype)
-
-    if not training:
-        inv = jax.lax.rsqrt(bc(var) + jnp.asarray(epsilon, x.dtype))
-        return (x - bc(mean)) * inv * bc(scale) + bc(b)
-    axes = (0,) + tuple(range(2, x.ndim))
-    batch_mean = jnp.mean(x, axis=axes)
-    batch_var = jnp.var(x, axis=axes)
-    inv = jax.lax.rsqrt(bc(batch_var) + jnp.asarray(epsilon, x.dtype))
-    y = (x - bc(batch_mean)) * inv * bc(scale) + bc(b)
-    run_mean = jnp.asarray(mean) * momentum + batch_mean.astype(mean.dtype) * (1 - momentum)
-    run_var = jnp.asarray(var) * momentum + batch_var.astype(var.dtype) * (1 - momentum)
-    run_mean, run_var = (
-        run_mean.astype(jnp.asarray(mean).dtype),
-        run_var.astype(jnp.asarray(var).dtype),
-    )
-    if ctx.opset >= 15:
-        return y, run_mean, run_var
-    return y, run_mean, run_var, batch_mean, batch_var
-
+register_batch_norm(builtin, KERNEL)
 
 # Instance/Layer/Group/RMS/Lp/MeanVariance normalisation: written once in
 # converters/ops/normalization.py.

@@ -14,6 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.jax.registry import REQUIRED, builtin
+from xconv.converters.ops.random import register_random_ops
 
 
 def _dtype(ctx, dtype: int | None, like=None) -> np.dtype:
@@ -27,68 +28,29 @@ def _dtype(ctx, dtype: int | None, like=None) -> np.dtype:
         raise ctx.error(f"unsupported dtype {dtype}") from e
 
 
-def _check_float(ctx, dtype: np.dtype) -> np.dtype:
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise ctx.error(f"random values must be floating point (float16/32/64), got {dtype}")
-    return dtype
+class _RandomKernel:
+    """The JAX side of :mod:`xconv.converters.ops.random`: keys from ``ctx.key(seed)``."""
+
+    dtype = staticmethod(_dtype)
+
+    @staticmethod
+    def normal(ctx, shape, seed):
+        return jax.random.normal(ctx.key(seed), shape, dtype=jnp.float32)
+
+    @staticmethod
+    def uniform(ctx, shape, low, high, seed):
+        return jax.random.uniform(ctx.key(seed), shape, jnp.float32, minval=low, maxval=high)
+
+    @staticmethod
+    def cast(x, dtype):
+        return x.astype(dtype)
+
+    @staticmethod
+    def is_float(dtype):
+        return jnp.issubdtype(dtype, jnp.floating)
 
 
-def _shape(ctx, shape) -> tuple[int, ...]:
-    if any(int(d) < 0 for d in shape):
-        raise ctx.error(f"shape {tuple(shape)} has negative dimensions")
-    return tuple(int(d) for d in shape)
-
-
-def _normal(ctx, shape, dtype, mean, scale, seed):
-    dtype = _check_float(ctx, dtype)
-    sample = jax.random.normal(ctx.key(seed), shape, dtype=jnp.float32)
-    return (sample * scale + mean).astype(dtype)
-
-
-def _uniform(ctx, shape, dtype, low, high, seed):
-    dtype = _check_float(ctx, dtype)
-    sample = jax.random.uniform(ctx.key(seed), shape, jnp.float32, minval=low, maxval=high)
-    return sample.astype(dtype)
-
-
-@builtin(
-    "RandomNormal",
-    since=1,
-    attrs={"dtype": 1, "mean": 0.0, "scale": 1.0, "seed": None, "shape": REQUIRED},
-)
-def random_normal(ctx, *, dtype, mean, scale, seed, shape):
-    """RandomNormal() -> samples of N(mean, scale^2) with the given shape and dtype."""
-    return _normal(ctx, _shape(ctx, shape), _dtype(ctx, dtype), mean, scale, seed)
-
-
-@builtin(
-    "RandomUniform",
-    since=1,
-    attrs={"dtype": 1, "high": 1.0, "low": 0.0, "seed": None, "shape": REQUIRED},
-)
-def random_uniform(ctx, *, dtype, high, low, seed, shape):
-    """RandomUniform() -> samples of U[low, high) with the given shape and dtype."""
-    return _uniform(ctx, _shape(ctx, shape), _dtype(ctx, dtype), low, high, seed)
-
-
-@builtin(
-    "RandomNormalLike",
-    since=1,
-    attrs={"dtype": None, "mean": 0.0, "scale": 1.0, "seed": None},
-)
-def random_normal_like(ctx, x, *, dtype, mean, scale, seed):
-    """RandomNormalLike(input) -> N(mean, scale^2) samples shaped like input."""
-    return _normal(ctx, np.shape(x), _dtype(ctx, dtype, x), mean, scale, seed)
-
-
-@builtin(
-    "RandomUniformLike",
-    since=1,
-    attrs={"dtype": None, "high": 1.0, "low": 0.0, "seed": None},
-)
-def random_uniform_like(ctx, x, *, dtype, high, low, seed):
-    """RandomUniformLike(input) -> U[low, high) samples shaped like input."""
-    return _uniform(ctx, np.shape(x), _dtype(ctx, dtype, x), low, high, seed)
+register_random_ops(builtin, _RandomKernel(), REQUIRED)
 
 
 @builtin("Bernoulli", since=15, attrs={"dtype": None, "seed": None})

@@ -60,3 +60,10 @@ def is_float(xp: Any, dtype: Any) -> bool:
     """Whether ``dtype`` (numpy's, JAX's or torch's) is a floating-point type."""
     flag = getattr(dtype, "is_floating_point", None)
     return bool(flag) if flag is not None else bool(xp.issubdtype(dtype, xp.floating))
+
+
+def is_integer(dtype: Any) -> bool:
+    """Whether ``dtype`` (numpy's, JAX's or torch's) is an integer type (bool is not)."""
+    if getattr(dtype, "is_floating_point", None) is not None:  # a torch dtype
+        return not (dtype.is_floating_point or dtype.is_complex or str(dtype) == "torch.bool")
+    return bool(np.issubdtype(np.dtype(dtype), np.integer))

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from xconv.converters.ops.arrays import astype, normalize_axis
+from xconv.converters.ops.attrs import static_ints
 
 
 class IndexingKernel(Protocol):
@@ -87,6 +88,58 @@ def _reverse_sequence(k, xp, x, lens, batch_axis: int, time_axis: int):
     view[time_axis] = n_time
     src = xp.broadcast_to(xp.reshape(src, tuple(view)), tuple(x.shape))
     return xp.take_along_axis(x, src, axis=time_axis)
+
+
+def register_slice(builtin: Callable[..., Any], apply: Callable[..., Any]) -> None:
+    """Slice (opsets 1 and 10+): the static starts/ends/axes/steps checked and clamped once;
+    the backend's ``apply(x, plan)`` takes ``[(axis, start, stop, step), ...]`` as
+    ``slice.indices`` gives them (clamped like ONNX: [0, dim] forward, [-1, dim-1] backward)."""
+
+    @builtin("Slice", since=1, attrs={"starts": None, "ends": None, "axes": None})
+    def slice_(
+        ctx, x, starts_in=None, ends_in=None, axes_in=None, steps_in=None, *, starts, ends, axes
+    ):
+        """Slice(data, starts, ends, axes?, steps?) -> output: strided slices along axes."""
+        src_axes = axes_in if axes_in is not None else axes
+        begin = static_ints(ctx, starts_in if starts_in is not None else starts, "starts")
+        end = static_ints(ctx, ends_in if ends_in is not None else ends, "ends")
+        ax = static_ints(ctx, src_axes, "axes") if src_axes is not None else list(range(len(begin)))
+        steps = static_ints(ctx, steps_in, "steps") if steps_in is not None else [1] * len(begin)
+        if not len(begin) == len(end) == len(ax) == len(steps):
+            raise ctx.error("starts, ends, axes and steps must have the same length")
+        shape = tuple(np.shape(x))
+        plan = []
+        for b, e, a, s in zip(begin, end, ax, steps, strict=True):
+            if s == 0:
+                raise ctx.error("slice step cannot be 0")
+            a = normalize_axis(ctx, a, len(shape))
+            plan.append((a, *slice(b, e, s).indices(shape[a])))
+        return apply(x, plan)
+
+
+def register_scatter_ops(
+    builtin: Callable[..., Any], elements: Callable[..., Any], nd: Callable[..., Any]
+) -> None:
+    """ScatterElements, its deprecated alias Scatter, and ScatterND, over a backend's
+    ``elements(ctx, x, indices, updates, axis, reduction)`` and ``nd(ctx, x, indices, updates,
+    reduction)``."""
+
+    @builtin("ScatterElements", since=11, attrs={"axis": 0, "reduction": "none"})
+    def scatter_elements(ctx, x, indices, updates, *, axis, reduction):
+        """ScatterElements(data, indices, updates) -> output: element-wise scatter (+
+        reduction)."""
+        return elements(ctx, x, indices, updates, axis, reduction)
+
+    @builtin("Scatter", since=9, attrs={"axis": 0})
+    def scatter(ctx, x, indices, updates, *, axis):
+        """Scatter(data, indices, updates) -> output: deprecated alias of ScatterElements."""
+        return elements(ctx, x, indices, updates, axis, "none")
+
+    @builtin("ScatterND", since=11, attrs={"reduction": "none"})
+    def scatter_nd(ctx, x, indices, updates, *, reduction):
+        """ScatterND(data, indices, updates) -> output: writes slices addressed by index
+        tuples."""
+        return nd(ctx, x, indices, updates, reduction)
 
 
 def register_indexing_ops(builtin: Callable[..., Any], k: IndexingKernel) -> None:

@@ -2,8 +2,8 @@
 GroupNormalization, RMSNormalization, LpNormalization, MeanVarianceNormalization.
 
 Statistics are computed in float32 for ``stash_type`` 1 (never below the input's type).
-BatchNormalization (training updates running buffers in place on torch), LRN (a window sum)
-and Dropout (random) stay per backend.
+BatchNormalization too (a torch layer in training mode updates its running buffers in place:
+a backend hook). LRN (a window sum) and Dropout (random) stay per backend.
 """
 
 from __future__ import annotations
@@ -98,6 +98,83 @@ def _mean_variance_norm(xp, x, axes):
     mean = xp.mean(x, axis=axes, keepdims=True)
     var = xp.mean(x * x, axis=axes, keepdims=True) - mean * mean
     return (x - mean) / (xp.sqrt(var) + 1e-9)
+
+
+BATCH_NORM_ATTRS = {
+    "epsilon": 1e-5,
+    "momentum": 0.9,
+    "training_mode": 0,
+    "spatial": 1,
+    "is_test": 0,
+    "consumed_inputs": None,
+}
+
+
+def _batch_norm(ctx, k, xp, x, scale, b, mean, var, epsilon, momentum, training, n_out):
+    def bc(v):
+        return _channel(xp, v, x.ndim, x.dtype)
+
+    if not training:
+        y = (x - bc(mean)) * k.rsqrt(xp, bc(var) + epsilon) * bc(scale) + bc(b)
+        return (y, *([None] * (n_out - 1))) if n_out > 1 else y
+    axes = (0,) + tuple(range(2, x.ndim))
+    batch_mean = xp.mean(x, axis=axes)
+    batch_var = xp.var(x, axis=axes)
+    y = (x - bc(batch_mean)) * k.rsqrt(xp, bc(batch_var) + epsilon) * bc(scale) + bc(b)
+    run_mean = mean * momentum + astype(xp, batch_mean, mean.dtype) * (1 - momentum)
+    run_var = var * momentum + astype(xp, batch_var, var.dtype) * (1 - momentum)
+    run_mean, run_var = astype(xp, run_mean, mean.dtype), astype(xp, run_var, var.dtype)
+    if ctx.opset >= 15:
+        return y, run_mean, run_var
+    return y, run_mean, run_var, batch_mean, batch_var
+
+
+def register_batch_norm(
+    builtin: Callable[..., Any], k: NormKernel, module_training: Callable[..., Any] | None = None
+) -> None:
+    """Register BatchNormalization; ``module_training(ctx, x, scale, b, mean, var, epsilon,
+    momentum)`` may take a node over first (torch: a layer of a module in training mode,
+    whose running buffers update in place), returning Y, or None to decline."""
+
+    @builtin("BatchNormalization", attrs=BATCH_NORM_ATTRS)
+    def batch_normalization(
+        ctx,
+        x,
+        scale,
+        b,
+        mean,
+        var,
+        *,
+        epsilon,
+        momentum,
+        training_mode,
+        spatial,
+        is_test,
+        consumed_inputs,
+    ):
+        """BatchNormalization(X, scale, B, input_mean, input_var) -> (Y, running_mean?,
+        running_var?).
+
+        Opsets 9-14 train when the node asks for more than one output, and then also return
+        the saved (batch) mean and variance.
+        """
+        outputs = [v for v in ctx.node.outputs if v.name]
+        training = bool(training_mode) if ctx.opset >= 15 else (len(outputs) > 1 and not is_test)
+        if not spatial and ctx.opset < 9:
+            raise ctx.error("spatial=0 is not supported; use spatial=1 (per-channel statistics)")
+        n_out = len(ctx.node.outputs)
+        if module_training is not None:
+            y = module_training(ctx, x, scale, b, mean, var, epsilon, momentum)
+            if y is not None:
+                return (y, *([None] * (n_out - 1)))
+        return k.run(
+            lambda xp, *a: _batch_norm(ctx, k, xp, *a, epsilon, momentum, training, n_out),
+            x,
+            scale,
+            b,
+            mean,
+            var,
+        )
 
 
 def register_normalization_ops(builtin: Callable[..., Any], k: NormKernel, required: Any) -> None:

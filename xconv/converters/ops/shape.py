@@ -1,5 +1,5 @@
 """Shape ops written once against ``xp``: Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze,
-Transpose, Concat, Split, Expand, Tile.
+Transpose, Concat, Split, Expand, Tile; Identity, Constant, ConstantOfShape; Pad's widths.
 
 Shapes, axes, split sizes and repeats are static (``ctx.static``); the data goes through the
 backend kernel's namespace (numpy for static data, so shape arithmetic folds at trace time).
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from xconv.converters.ops.arrays import normalize_axis
-from xconv.converters.ops.attrs import static_ints
+from xconv.converters.ops.attrs import static_ints, unsupported
 
 
 class ShapeKernel(Protocol):
@@ -98,6 +98,87 @@ def _tile_reps(ctx, rank: int, repeats, axis) -> list[int]:
     if len(reps) != rank:
         raise ctx.error(f"repeats {reps} must have one entry per axis of rank {rank}")
     return reps
+
+
+def pad_widths(ctx, shape: tuple[int, ...], src, axes) -> tuple[tuple[slice, ...] | None, list]:
+    """Pad's plan: the crop negative pads make (None when none), then the non-negative
+    ``(before, after)`` widths per axis."""
+    raw = static_ints(ctx, src, "pads")
+    rank = len(shape)
+    if axes is not None:
+        ax = [normalize_axis(ctx, a, rank) for a in static_ints(ctx, axes, "axes")]
+    else:
+        ax = list(range(rank))
+    if len(raw) != 2 * len(ax):
+        raise ctx.error(f"pads {raw} must hold two entries per padded axis ({len(ax)})")
+    width = [[0, 0] for _ in range(rank)]
+    for i, a in enumerate(ax):
+        width[a] = [raw[i], raw[len(ax) + i]]
+    crop = None
+    if any(b < 0 or e < 0 for b, e in width):
+        crop = tuple(
+            slice(-b if b < 0 else 0, (shape[i] + e) if e < 0 else None)
+            for i, (b, e) in enumerate(width)
+        )
+    return crop, [(max(b, 0), max(e, 0)) for b, e in width]
+
+
+_CONSTANT_ATTRS = (
+    "value",
+    "value_float",
+    "value_floats",
+    "value_int",
+    "value_ints",
+    "value_string",
+    "value_strings",
+    "sparse_value",
+)
+
+
+def _constant(ctx, attrs: dict[str, Any]) -> np.ndarray:
+    """The tensor held by exactly one value_* attribute, as numpy."""
+    if attrs["sparse_value"] is not None:
+        raise unsupported(
+            ctx, "sparse_value is not supported; store the constant as a dense 'value' tensor"
+        )
+    if attrs["value"] is not None:
+        return np.asarray(attrs["value"])
+    for name, dtype in (
+        ("value_float", np.float32),
+        ("value_floats", np.float32),
+        ("value_int", np.int64),
+        ("value_ints", np.int64),
+        ("value_string", object),
+        ("value_strings", object),
+    ):
+        if attrs[name] is not None:
+            return np.array(attrs[name], dtype=dtype)
+    raise ctx.error(
+        "Constant needs one of the value, value_float(s), value_int(s) or "
+        "value_string(s) attributes"
+    )
+
+
+def register_constant_ops(builtin: Callable[..., Any], k: ShapeKernel) -> None:
+    """Identity, Constant and ConstantOfShape (constants as the kernel returns them)."""
+
+    @builtin("Identity", since=1)
+    def identity(ctx, x):
+        """Identity(input) -> output: the input (tensor, sequence or optional)."""
+        return x
+
+    @builtin("Constant", since=1, attrs=dict.fromkeys(_CONSTANT_ATTRS))
+    def constant(ctx, **attrs):
+        """Constant() -> output: the tensor held by exactly one value_* attribute."""
+        return k.constant(_constant(ctx, attrs))
+
+    @builtin("ConstantOfShape", since=9, attrs={"value": None})
+    def constant_of_shape(ctx, shape, *, value):
+        """ConstantOfShape(input) -> output: a tensor of the given shape filled with
+        `value`."""
+        dims = static_ints(ctx, shape, "shape")
+        fill = np.zeros((1,), np.float32) if value is None else np.asarray(value).reshape(-1)
+        return k.constant(np.full(dims, fill[0], dtype=fill.dtype))
 
 
 def register_shape_ops(builtin: Callable[..., Any], k: ShapeKernel, required: Any) -> None:

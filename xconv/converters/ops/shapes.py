@@ -46,6 +46,49 @@ def conv_padding(node: ir.Node, auto_pad, spatial, kernel, strides, dilations, p
     return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
 
 
+def conv_transpose_padding(
+    node: ir.Node,
+    auto_pad,
+    spatial,
+    kernel,
+    strides,
+    dilations,
+    output_padding,
+    output_shape,
+    pads,
+):
+    """ConvTranspose as a stride-1 convolution of the stride-dilated input: per-dimension
+    ``(low, high)`` padding of that convolution (negative crops)."""
+    check_auto_pad(node, auto_pad)
+    n = len(spatial)
+    full = [
+        s * (i - 1) + op + (k - 1) * d + 1
+        for i, k, s, d, op in zip(spatial, kernel, strides, dilations, output_padding, strict=True)
+    ]
+    if output_shape:
+        target = [int(v) for v in output_shape][-n:]
+        if pads and auto_pad in ("NOTSET", ""):
+            lo_hi = [
+                (int(pads[i]), f - int(pads[i]) - t)
+                for i, (f, t) in enumerate(zip(full, target, strict=True))
+            ]
+        else:
+            mode = "SAME_UPPER" if auto_pad == "SAME_UPPER" else "SAME_LOWER"
+            lo_hi = [same_split(f - t, mode) for f, t in zip(full, target, strict=True)]
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        lo_hi = [
+            same_split(f - i * s, auto_pad) for f, i, s in zip(full, spatial, strides, strict=True)
+        ]
+    elif auto_pad == "VALID" or not pads:
+        lo_hi = [(0, 0)] * n
+    else:
+        lo_hi = [(int(pads[i]), int(pads[i + n])) for i in range(n)]
+    return [
+        ((k - 1) * d - lo, (k - 1) * d - hi + op)
+        for k, d, (lo, hi), op in zip(kernel, dilations, lo_hi, output_padding, strict=True)
+    ]
+
+
 def pool_geometry(node: ir.Node, auto_pad, spatial, kernel, strides, dilations, pads, ceil_mode):
     """Output sizes, explicit ``(low, high)`` pads and the extra high padding of ceil mode."""
     check_auto_pad(node, auto_pad)

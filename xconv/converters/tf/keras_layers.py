@@ -8,7 +8,7 @@ weights are initializers named by their Keras variable paths. Keras objects are 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import onnx_ir as ir
@@ -226,141 +226,182 @@ def annotate_layers(
     return counts
 
 
-def _mark(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+def _mark_dense(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
     body = bodies.get(scope, [])
-    if cls == "Dense":
-        kernel = graph.initializers[leaf["kernel"]]
-        anchor = _find(body, "MatMul", leaf["kernel"]) or _find(body, "Gemm", leaf["kernel"])
+    kernel = graph.initializers[leaf["kernel"]]
+    anchor = _find(body, "MatMul", leaf["kernel"]) or _find(body, "Gemm", leaf["kernel"])
+    if anchor is None:
+        return None
+    mark_layer(
+        anchor,
+        "dense",
+        in_features=int(kernel.shape[0]),
+        out_features=int(cfg["units"]),
+        use_bias=bool(cfg["use_bias"]),
+    )
+    return "dense"
+
+
+def _mark_conv(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+    body = bodies.get(scope, [])
+    kernel = graph.initializers[leaf["kernel"]]
+    anchor = _find(body, "Conv", leaf["kernel"])
+    if anchor is None:
+        return None
+    groups = int(cfg.get("groups", 1))
+    shape = list(kernel.shape)
+    params = _conv_params(
+        anchor, layer, shape[-2] * groups, int(cfg["filters"]), groups, cfg["use_bias"]
+    )
+    mark_layer(anchor, "conv", **params)
+    return "conv"
+
+
+def _mark_depthwise(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+    body = bodies.get(scope, [])
+    kernel = graph.initializers[leaf["kernel"]]
+    anchor = _find(body, "Conv", leaf["kernel"])
+    if anchor is None:
+        return None
+    c, mult = int(kernel.shape[-2]), int(kernel.shape[-1])
+    params = _conv_params(anchor, layer, c, c * mult, c, cfg["use_bias"])
+    mark_layer(anchor, "conv", **params)
+    return "conv"
+
+
+def _mark_separable(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+    dw = graph.initializers[leaf["depthwise_kernel"]]
+    pw = graph.initializers[leaf["pointwise_kernel"]]
+    marked = None
+    for sub, w, bias in (("depthwise", dw, False), ("pointwise", pw, cfg["use_bias"])):
+        sub_body = bodies.get(f"{scope}/{sub}", [])
+        anchor = _find(sub_body, "Conv", w.name)
         if anchor is None:
-            return None
-        mark_layer(
-            anchor,
-            "dense",
-            in_features=int(kernel.shape[0]),
-            out_features=int(cfg["units"]),
-            use_bias=bool(cfg["use_bias"]),
+            continue
+        c = int(w.shape[-2])
+        out = c * int(w.shape[-1]) if sub == "depthwise" else int(w.shape[-1])
+        groups = c if sub == "depthwise" else 1
+        mark_layer(anchor, "conv", **_conv_params(anchor, layer, c, out, groups, bias))
+        marked = "conv"
+    return marked
+
+
+def _mark_batch_norm(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+    body = bodies.get(scope, [])
+    anchor = _find(body, "BatchNormalization", None)
+    if anchor is None:
+        return None
+    mark_layer(
+        anchor,
+        "batch_norm",
+        num_features=int(_num_features(graph, leaf, ("moving_mean", "gamma"))),
+        epsilon=float(cfg["epsilon"]),
+        # Keras's momentum weighs the old statistic; the schema's the new one (torch).
+        momentum=round(1.0 - float(cfg["momentum"]), 12),
+        affine=bool(cfg["scale"] and cfg["center"]),
+        track_running_stats=True,
+    )
+    return "batch_norm"
+
+
+def _mark_layer_norm(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+    body = bodies.get(scope, [])
+    anchor = _find(body, "LayerNormalization", None)
+    if anchor is None:
+        return None
+    n = _num_features(graph, leaf, ("gamma", "beta"))
+    mark_layer(
+        anchor,
+        "layer_norm",
+        normalized_shape=[int(n)],
+        epsilon=float(cfg["epsilon"]),
+        elementwise_affine=bool(cfg["scale"]),
+        use_bias=bool(cfg["center"]),
+    )
+    return "layer_norm"
+
+
+def _mark_embedding(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+    body = bodies.get(scope, [])
+    table = graph.initializers[leaf["embeddings"]]
+    anchor = _find(body, "Gather", leaf["embeddings"])
+    if anchor is None:
+        return None
+    mark_layer(
+        anchor,
+        "embedding",
+        num_embeddings=int(table.shape[0]),
+        features=int(table.shape[1]),
+    )
+    return "embedding"
+
+
+def _mark_attention(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+    body = bodies.get(scope, [])
+    q = leaf.get("query/kernel")
+    if q is None:
+        return None
+    anchor = _find(body, "Einsum", q) or _find(body, "MatMul", q)
+    if anchor is None:
+        return None
+    shape = list(graph.initializers[q].shape)
+    mark_layer(
+        anchor,
+        "attention",
+        embed_dim=int(shape[0]),
+        num_heads=int(cfg["num_heads"]),
+        use_bias=bool(cfg["use_bias"]),
+        batch_first=True,
+        dropout=float(cfg.get("dropout", 0.0)),
+    )
+    return "attention"
+
+
+def _mark_pool(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+    body = bodies.get(scope, [])
+    kind, ndim = _POOL[cls]
+    op = "MaxPool" if kind == "max_pool" else "AveragePool"
+    anchor = _find(body, op, None)
+    if anchor is None:
+        return None
+    padding = _pads(anchor, ndim)
+    if padding == "same":
+        return None
+    params = {
+        "ndim": ndim,
+        "kernel_size": _ints(anchor, "kernel_shape"),
+        "strides": _ints(anchor, "strides", [1] * ndim),
+        "padding": padding,
+        "ceil_mode": bool(anchor.attributes.get("ceil_mode", ir.AttrInt64("c", 0)).value),
+    }
+    if kind == "max_pool":
+        params["dilations"] = _ints(anchor, "dilations", [1] * ndim)
+    else:
+        params["count_include_pad"] = bool(
+            anchor.attributes.get("count_include_pad", ir.AttrInt64("c", 0)).value
         )
-        return "dense"
-    if cls in _CONV:
-        kernel = graph.initializers[leaf["kernel"]]
-        anchor = _find(body, "Conv", leaf["kernel"])
-        if anchor is None:
-            return None
-        groups = int(cfg.get("groups", 1))
-        shape = list(kernel.shape)
-        params = _conv_params(
-            anchor, layer, shape[-2] * groups, int(cfg["filters"]), groups, cfg["use_bias"]
-        )
-        mark_layer(anchor, "conv", **params)
-        return "conv"
-    if cls == "DepthwiseConv2D":
-        kernel = graph.initializers[leaf["kernel"]]
-        anchor = _find(body, "Conv", leaf["kernel"])
-        if anchor is None:
-            return None
-        c, mult = int(kernel.shape[-2]), int(kernel.shape[-1])
-        params = _conv_params(anchor, layer, c, c * mult, c, cfg["use_bias"])
-        mark_layer(anchor, "conv", **params)
-        return "conv"
-    if cls == "SeparableConv2D":
-        dw = graph.initializers[leaf["depthwise_kernel"]]
-        pw = graph.initializers[leaf["pointwise_kernel"]]
-        marked = None
-        for sub, w, bias in (("depthwise", dw, False), ("pointwise", pw, cfg["use_bias"])):
-            sub_body = bodies.get(f"{scope}/{sub}", [])
-            anchor = _find(sub_body, "Conv", w.name)
-            if anchor is None:
-                continue
-            c = int(w.shape[-2])
-            out = c * int(w.shape[-1]) if sub == "depthwise" else int(w.shape[-1])
-            groups = c if sub == "depthwise" else 1
-            mark_layer(anchor, "conv", **_conv_params(anchor, layer, c, out, groups, bias))
-            marked = "conv"
-        return marked
-    if cls == "BatchNormalization":
-        anchor = _find(body, "BatchNormalization", None)
-        if anchor is None:
-            return None
-        mark_layer(
-            anchor,
-            "batch_norm",
-            num_features=int(_num_features(graph, leaf, ("moving_mean", "gamma"))),
-            epsilon=float(cfg["epsilon"]),
-            # Keras's momentum weighs the old statistic; the schema's the new one (torch).
-            momentum=round(1.0 - float(cfg["momentum"]), 12),
-            affine=bool(cfg["scale"] and cfg["center"]),
-            track_running_stats=True,
-        )
-        return "batch_norm"
-    if cls == "LayerNormalization":
-        anchor = _find(body, "LayerNormalization", None)
-        if anchor is None:
-            return None
-        n = _num_features(graph, leaf, ("gamma", "beta"))
-        mark_layer(
-            anchor,
-            "layer_norm",
-            normalized_shape=[int(n)],
-            epsilon=float(cfg["epsilon"]),
-            elementwise_affine=bool(cfg["scale"]),
-            use_bias=bool(cfg["center"]),
-        )
-        return "layer_norm"
-    if cls == "Embedding":
-        table = graph.initializers[leaf["embeddings"]]
-        anchor = _find(body, "Gather", leaf["embeddings"])
-        if anchor is None:
-            return None
-        mark_layer(
-            anchor,
-            "embedding",
-            num_embeddings=int(table.shape[0]),
-            features=int(table.shape[1]),
-        )
-        return "embedding"
-    if cls == "MultiHeadAttention":
-        q = leaf.get("query/kernel")
-        if q is None:
-            return None
-        anchor = _find(body, "Einsum", q) or _find(body, "MatMul", q)
-        if anchor is None:
-            return None
-        shape = list(graph.initializers[q].shape)
-        mark_layer(
-            anchor,
-            "attention",
-            embed_dim=int(shape[0]),
-            num_heads=int(cfg["num_heads"]),
-            use_bias=bool(cfg["use_bias"]),
-            batch_first=True,
-            dropout=float(cfg.get("dropout", 0.0)),
-        )
-        return "attention"
-    if cls in _POOL:
-        kind, ndim = _POOL[cls]
-        op = "MaxPool" if kind == "max_pool" else "AveragePool"
-        anchor = _find(body, op, None)
-        if anchor is None:
-            return None
-        padding = _pads(anchor, ndim)
-        if padding == "same":
-            return None
-        params = {
-            "ndim": ndim,
-            "kernel_size": _ints(anchor, "kernel_shape"),
-            "strides": _ints(anchor, "strides", [1] * ndim),
-            "padding": padding,
-            "ceil_mode": bool(anchor.attributes.get("ceil_mode", ir.AttrInt64("c", 0)).value),
-        }
-        if kind == "max_pool":
-            params["dilations"] = _ints(anchor, "dilations", [1] * ndim)
-        else:
-            params["count_include_pad"] = bool(
-                anchor.attributes.get("count_include_pad", ir.AttrInt64("c", 0)).value
-            )
-        mark_layer(anchor, kind, **params)
-        return kind
-    return None
+    mark_layer(anchor, kind, **params)
+    return kind
+
+
+#: Keras layer class -> marker of its anchor node (returns the layer kind of
+#: ``xconv/ir/layers.py`` it marked, or None).
+_MARKERS: dict[str, Callable[..., str | None]] = {
+    "Dense": _mark_dense,
+    **dict.fromkeys(_CONV, _mark_conv),
+    "DepthwiseConv2D": _mark_depthwise,
+    "SeparableConv2D": _mark_separable,
+    "BatchNormalization": _mark_batch_norm,
+    "LayerNormalization": _mark_layer_norm,
+    "Embedding": _mark_embedding,
+    "MultiHeadAttention": _mark_attention,
+    **dict.fromkeys(_POOL, _mark_pool),
+}
+
+
+def _mark(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
+    marker = _MARKERS.get(cls)
+    return None if marker is None else marker(graph, bodies, scope, layer, cls, cfg, leaf)
 
 
 def _num_features(graph: ir.Graph, leaf: Mapping[str, str], keys: tuple[str, ...]) -> int:

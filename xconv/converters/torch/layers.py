@@ -36,8 +36,8 @@ anything else          the parameter's own name                   none
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx_ir as ir
@@ -208,117 +208,160 @@ def _node_float(node: ir.Node | None, name: str) -> float | None:
     return float(attr.value) if attr is not None else None
 
 
+def _dense_params(kind, module, anchor):
+    if _class_name(module) == HF_CONV1D:
+        return {"in_features": module.nx, "out_features": module.nf, "use_bias": True}
+    return {
+        "in_features": module.in_features,
+        "out_features": module.out_features,
+        "use_bias": module.bias is not None,
+    }
+
+
+def _conv_params(kind, module, anchor):
+    ndim = _conv_ndim(module)
+    params = {
+        "ndim": ndim,
+        "in_channels": module.in_channels,
+        "out_channels": module.out_channels,
+        "kernel_size": _tuple(module.kernel_size, ndim),
+        "strides": _tuple(module.stride, ndim),
+        "padding": _conv_padding(module, anchor, ndim),
+        "dilations": _tuple(module.dilation, ndim),
+        "groups": module.groups,
+        "use_bias": module.bias is not None,
+    }
+    if kind == "conv_transpose":
+        params["output_padding"] = _tuple(module.output_padding, ndim)
+    elif module.padding_mode != "zeros":
+        params["padding_mode"] = module.padding_mode
+    return params
+
+
+def _batch_norm_params(kind, module, anchor):
+    return {
+        "num_features": module.num_features,
+        "epsilon": float(module.eps),
+        "momentum": None if module.momentum is None else float(module.momentum),
+        "affine": module.affine,
+        "track_running_stats": module.track_running_stats,
+    }
+
+
+def _layer_norm_params(kind, module, anchor):
+    return {
+        "normalized_shape": list(module.normalized_shape),
+        "epsilon": float(module.eps),
+        "elementwise_affine": module.elementwise_affine,
+        "use_bias": module.bias is not None,
+    }
+
+
+def _group_norm_params(kind, module, anchor):
+    return {
+        "num_groups": module.num_groups,
+        "num_channels": module.num_channels,
+        "epsilon": float(module.eps),
+        "affine": module.affine,
+    }
+
+
+def _rms_norm_params(kind, module, anchor):
+    eps = module.eps
+    if eps is None:  # torch uses the input dtype's machine epsilon; the node has it
+        eps = _node_float(anchor, "epsilon")
+        if eps is None:
+            eps = float(torch.finfo(torch.float32).eps)
+    return {
+        "normalized_shape": list(module.normalized_shape),
+        "epsilon": float(eps),
+        "elementwise_affine": module.elementwise_affine,
+    }
+
+
+def _embedding_params(kind, module, anchor):
+    params = {"num_embeddings": module.num_embeddings, "features": module.embedding_dim}
+    if module.padding_idx is not None:
+        params["padding_idx"] = module.padding_idx
+    return params
+
+
+def _attention_params(kind, module, anchor):
+    return {
+        "embed_dim": module.embed_dim,
+        "num_heads": module.num_heads,
+        "use_bias": module.in_proj_bias is not None,
+        "batch_first": module.batch_first,
+        "kdim": module.kdim,
+        "vdim": module.vdim,
+        "dropout": float(module.dropout),
+    }
+
+
+def _recurrent_params(kind, module, anchor):
+    return {
+        "input_size": module.input_size,
+        "hidden_size": module.hidden_size,
+        "num_layers": module.num_layers,
+        "bidirectional": module.bidirectional,
+        "batch_first": module.batch_first,
+        "use_bias": module.bias,
+    }
+
+
+_POOL_NDIM = {
+    nn.MaxPool1d: 1,
+    nn.MaxPool2d: 2,
+    nn.MaxPool3d: 3,
+    nn.AvgPool1d: 1,
+    nn.AvgPool2d: 2,
+    nn.AvgPool3d: 3,
+}
+
+
+def _pool_params(kind, module, anchor):
+    ndim = _POOL_NDIM[type(module)]
+    kernel = _tuple(module.kernel_size, ndim)
+    stride = module.stride if module.stride not in (None, (), []) else kernel
+    params = {
+        "ndim": ndim,
+        "kernel_size": kernel,
+        "strides": _tuple(stride, ndim),
+        "padding": [[p, p] for p in _tuple(module.padding, ndim)],
+        "ceil_mode": bool(module.ceil_mode),
+    }
+    if kind == "max_pool":
+        params["dilations"] = _tuple(module.dilation, ndim)
+    else:
+        params["count_include_pad"] = bool(module.count_include_pad)
+    return params
+
+
+#: Layer kind (``xconv/ir/layers.py``) -> reader of a module's hyper-parameters.
+_PARAM_READERS: dict[str, Callable[[str, nn.Module, ir.Node | None], dict[str, Any]]] = {
+    "dense": _dense_params,
+    "conv": _conv_params,
+    "conv_transpose": _conv_params,
+    "batch_norm": _batch_norm_params,
+    "layer_norm": _layer_norm_params,
+    "group_norm": _group_norm_params,
+    "rms_norm": _rms_norm_params,
+    "embedding": _embedding_params,
+    "dropout": lambda kind, module, anchor: {"rate": float(module.p)},
+    "attention": _attention_params,
+    "lstm": _recurrent_params,
+    "gru": _recurrent_params,
+    "max_pool": _pool_params,
+    "avg_pool": _pool_params,
+}
+
+
 def layer_params(kind: str, module: nn.Module, anchor: ir.Node | None) -> dict[str, Any]:
     """Hyper-parameters of ``module`` for ``xconv.layer`` (schema: ``xconv.ir.layers``)."""
-    if kind == "dense" and _class_name(module) == HF_CONV1D:
-        return {"in_features": module.nx, "out_features": module.nf, "use_bias": True}
-    if kind == "dense":
-        return {
-            "in_features": module.in_features,
-            "out_features": module.out_features,
-            "use_bias": module.bias is not None,
-        }
-    if kind in ("conv", "conv_transpose"):
-        ndim = _conv_ndim(module)
-        params = {
-            "ndim": ndim,
-            "in_channels": module.in_channels,
-            "out_channels": module.out_channels,
-            "kernel_size": _tuple(module.kernel_size, ndim),
-            "strides": _tuple(module.stride, ndim),
-            "padding": _conv_padding(module, anchor, ndim),
-            "dilations": _tuple(module.dilation, ndim),
-            "groups": module.groups,
-            "use_bias": module.bias is not None,
-        }
-        if kind == "conv_transpose":
-            params["output_padding"] = _tuple(module.output_padding, ndim)
-        elif module.padding_mode != "zeros":
-            params["padding_mode"] = module.padding_mode
-        return params
-    if kind == "batch_norm":
-        return {
-            "num_features": module.num_features,
-            "epsilon": float(module.eps),
-            "momentum": None if module.momentum is None else float(module.momentum),
-            "affine": module.affine,
-            "track_running_stats": module.track_running_stats,
-        }
-    if kind == "layer_norm":
-        return {
-            "normalized_shape": list(module.normalized_shape),
-            "epsilon": float(module.eps),
-            "elementwise_affine": module.elementwise_affine,
-            "use_bias": module.bias is not None,
-        }
-    if kind == "group_norm":
-        return {
-            "num_groups": module.num_groups,
-            "num_channels": module.num_channels,
-            "epsilon": float(module.eps),
-            "affine": module.affine,
-        }
-    if kind == "rms_norm":
-        eps = module.eps
-        if eps is None:  # torch uses the input dtype's machine epsilon; the node has it
-            eps = _node_float(anchor, "epsilon")
-            if eps is None:
-                eps = float(torch.finfo(torch.float32).eps)
-        return {
-            "normalized_shape": list(module.normalized_shape),
-            "epsilon": float(eps),
-            "elementwise_affine": module.elementwise_affine,
-        }
-    if kind == "embedding":
-        params = {"num_embeddings": module.num_embeddings, "features": module.embedding_dim}
-        if module.padding_idx is not None:
-            params["padding_idx"] = module.padding_idx
-        return params
-    if kind == "dropout":
-        return {"rate": float(module.p)}
-    if kind == "attention":
-        return {
-            "embed_dim": module.embed_dim,
-            "num_heads": module.num_heads,
-            "use_bias": module.in_proj_bias is not None,
-            "batch_first": module.batch_first,
-            "kdim": module.kdim,
-            "vdim": module.vdim,
-            "dropout": float(module.dropout),
-        }
-    if kind in ("lstm", "gru"):
-        return {
-            "input_size": module.input_size,
-            "hidden_size": module.hidden_size,
-            "num_layers": module.num_layers,
-            "bidirectional": module.bidirectional,
-            "batch_first": module.batch_first,
-            "use_bias": module.bias,
-        }
-    if kind in ("max_pool", "avg_pool"):
-        ndim = {
-            nn.MaxPool1d: 1,
-            nn.MaxPool2d: 2,
-            nn.MaxPool3d: 3,
-            nn.AvgPool1d: 1,
-            nn.AvgPool2d: 2,
-            nn.AvgPool3d: 3,
-        }[type(module)]
-        kernel = _tuple(module.kernel_size, ndim)
-        stride = module.stride if module.stride not in (None, (), []) else kernel
-        params = {
-            "ndim": ndim,
-            "kernel_size": kernel,
-            "strides": _tuple(stride, ndim),
-            "padding": [[p, p] for p in _tuple(module.padding, ndim)],
-            "ceil_mode": bool(module.ceil_mode),
-        }
-        if kind == "max_pool":
-            params["dilations"] = _tuple(module.dilation, ndim)
-        else:
-            params["count_include_pad"] = bool(module.count_include_pad)
-        return params
-    raise ValueError(f"no hyper-parameter reader for layer kind {kind!r}")
+    reader = _PARAM_READERS.get(kind)
+    if reader is None:
+        raise ValueError(f"no hyper-parameter reader for layer kind {kind!r}")
+    return reader(kind, module, anchor)
 
 
 def weight_spec(kind: str | None, leaf: str, rank: int | None) -> tuple[str, str | None]:
@@ -531,6 +574,145 @@ def _pad_of_body(body: list[ir.Node], ndim: int) -> tuple[list[list[int]], str] 
     return None
 
 
+class _GraphLayer(NamedTuple):
+    """What the graph readers see of one layer: its anchor and body, its weights."""
+
+    kind: str
+    path: str
+    anchor: ir.Node
+    body: list[ir.Node]
+    inits: Mapping[str, ir.Value]
+    weight: ir.Value | None
+    bias: ir.Value | None
+    w_shape: list[int] | None
+
+
+def _dense_from_graph(g: _GraphLayer, weight_is_in_out: bool) -> dict[str, Any] | None:
+    w_shape = g.w_shape
+    if not (w_shape and len(w_shape) == 2):
+        return None
+    if weight_is_in_out:
+        w_shape = w_shape[::-1]  # stored (in, out)
+    return {"in_features": w_shape[1], "out_features": w_shape[0], "use_bias": g.bias is not None}
+
+
+def _conv_from_graph(g: _GraphLayer, weight_is_in_out: bool) -> dict[str, Any] | None:
+    w_shape, anchor = g.w_shape, g.anchor
+    if not (w_shape and len(w_shape) >= 3):
+        return None
+    ndim = len(w_shape) - 2
+    groups = int(_attr(anchor, "group", 1))
+    if g.kind == "conv":
+        in_ch, out_ch = w_shape[1] * groups, w_shape[0]
+    else:
+        in_ch, out_ch = w_shape[0], w_shape[1] * groups
+    params = {
+        "ndim": ndim,
+        "in_channels": in_ch,
+        "out_channels": out_ch,
+        "kernel_size": w_shape[2:],
+        "strides": _attr(anchor, "strides", [1] * ndim),
+        "padding": _pairs(_attr(anchor, "pads"), ndim),
+        "dilations": _attr(anchor, "dilations", [1] * ndim),
+        "groups": groups,
+        "use_bias": g.bias is not None,
+    }
+    if g.kind == "conv_transpose":
+        params["output_padding"] = _attr(anchor, "output_padding", [0] * ndim)
+    else:
+        explicit = _pad_of_body(g.body, ndim)
+        if explicit is not None:
+            params["padding"], params["padding_mode"] = explicit
+    return params
+
+
+def _batch_norm_from_graph(g: _GraphLayer, weight_is_in_out: bool) -> dict[str, Any] | None:
+    mean = g.inits.get(f"{g.path}.running_mean")
+    features = _shape(mean) or g.w_shape or _shape(g.anchor.inputs[1])
+    if not features:
+        return None
+    return {
+        "num_features": features[0],
+        # ONNX's momentum weighs the running statistic; torch's weighs the new one.
+        "momentum": round(1.0 - float(_attr(g.anchor, "momentum", 0.9)), 6),
+        "epsilon": _f32(_attr(g.anchor, "epsilon", 1e-5)),
+        "affine": g.weight is not None,
+        "track_running_stats": mean is not None,
+    }
+
+
+def _norm_from_graph(g: _GraphLayer, weight_is_in_out: bool) -> dict[str, Any] | None:
+    shape = g.w_shape
+    if shape is None:
+        x = _shape(g.anchor.inputs[0])
+        axis = int(_attr(g.anchor, "axis", -1))
+        shape = x[axis:] if x else None
+    if shape is None:
+        return None
+    params = {
+        "normalized_shape": shape,
+        "epsilon": _f32(_attr(g.anchor, "epsilon", 1e-5)),
+        "elementwise_affine": g.weight is not None,
+    }
+    if g.kind == "layer_norm":
+        params["use_bias"] = g.bias is not None
+    return params
+
+
+def _group_norm_from_graph(g: _GraphLayer, weight_is_in_out: bool) -> dict[str, Any] | None:
+    x = _shape(g.anchor.inputs[0])
+    channels = g.w_shape[0] if g.w_shape else (x[1] if x else None)
+    if channels is None or "num_groups" not in g.anchor.attributes:
+        return None
+    return {
+        "num_groups": int(_attr(g.anchor, "num_groups")),
+        "num_channels": channels,
+        "epsilon": _f32(_attr(g.anchor, "epsilon", 1e-5)),
+        "affine": g.weight is not None,
+    }
+
+
+def _embedding_from_graph(g: _GraphLayer, weight_is_in_out: bool) -> dict[str, Any] | None:
+    if not (g.w_shape and len(g.w_shape) == 2):
+        return None
+    return {"num_embeddings": g.w_shape[0], "features": g.w_shape[1]}
+
+
+def _pool_from_graph(g: _GraphLayer, weight_is_in_out: bool) -> dict[str, Any] | None:
+    anchor = g.anchor
+    kernel = _attr(anchor, "kernel_shape")
+    if not kernel:
+        return None
+    ndim = len(kernel)
+    params = {
+        "ndim": ndim,
+        "kernel_size": kernel,
+        "strides": _attr(anchor, "strides", [1] * ndim),
+        "padding": _pairs(_attr(anchor, "pads"), ndim),
+        "ceil_mode": bool(_attr(anchor, "ceil_mode", 0)),
+    }
+    if g.kind == "max_pool":
+        params["dilations"] = _attr(anchor, "dilations", [1] * ndim)
+    else:
+        params["count_include_pad"] = bool(_attr(anchor, "count_include_pad", 0))
+    return params
+
+
+#: Layer kind (``xconv/ir/layers.py``) -> reader of its hyper-parameters from the graph.
+_GRAPH_READERS = {
+    "dense": _dense_from_graph,
+    "conv": _conv_from_graph,
+    "conv_transpose": _conv_from_graph,
+    "batch_norm": _batch_norm_from_graph,
+    "layer_norm": _norm_from_graph,
+    "rms_norm": _norm_from_graph,
+    "group_norm": _group_norm_from_graph,
+    "embedding": _embedding_from_graph,
+    "max_pool": _pool_from_graph,
+    "avg_pool": _pool_from_graph,
+}
+
+
 def graph_params(
     kind: str,
     path: str,
@@ -540,99 +722,14 @@ def graph_params(
     weight_is_in_out: bool = False,
 ) -> dict[str, Any] | None:
     """Hyper-parameters read from the exported graph, or None when it does not determine them."""
+    reader = _GRAPH_READERS.get(kind)
+    if reader is None:
+        return None
     inits = graph.initializers
     weight = inits.get(f"{path}.weight")
     bias = inits.get(f"{path}.bias")
-    w_shape = _shape(weight)
-    if kind == "dense" and w_shape and len(w_shape) == 2:
-        if weight_is_in_out:
-            w_shape = w_shape[::-1]  # stored (in, out)
-        return {"in_features": w_shape[1], "out_features": w_shape[0], "use_bias": bias is not None}
-    if kind in ("conv", "conv_transpose") and w_shape and len(w_shape) >= 3:
-        ndim = len(w_shape) - 2
-        groups = int(_attr(anchor, "group", 1))
-        if kind == "conv":
-            in_ch, out_ch = w_shape[1] * groups, w_shape[0]
-        else:
-            in_ch, out_ch = w_shape[0], w_shape[1] * groups
-        params = {
-            "ndim": ndim,
-            "in_channels": in_ch,
-            "out_channels": out_ch,
-            "kernel_size": w_shape[2:],
-            "strides": _attr(anchor, "strides", [1] * ndim),
-            "padding": _pairs(_attr(anchor, "pads"), ndim),
-            "dilations": _attr(anchor, "dilations", [1] * ndim),
-            "groups": groups,
-            "use_bias": bias is not None,
-        }
-        if kind == "conv_transpose":
-            params["output_padding"] = _attr(anchor, "output_padding", [0] * ndim)
-        else:
-            explicit = _pad_of_body(body, ndim)
-            if explicit is not None:
-                params["padding"], params["padding_mode"] = explicit
-        return params
-    if kind == "batch_norm":
-        mean = inits.get(f"{path}.running_mean")
-        features = _shape(mean) or w_shape or _shape(anchor.inputs[1])
-        if not features:
-            return None
-        return {
-            "num_features": features[0],
-            # ONNX's momentum weighs the running statistic; torch's weighs the new one.
-            "momentum": round(1.0 - float(_attr(anchor, "momentum", 0.9)), 6),
-            "epsilon": _f32(_attr(anchor, "epsilon", 1e-5)),
-            "affine": weight is not None,
-            "track_running_stats": mean is not None,
-        }
-    if kind in ("layer_norm", "rms_norm"):
-        shape = w_shape
-        if shape is None:
-            x = _shape(anchor.inputs[0])
-            axis = int(_attr(anchor, "axis", -1))
-            shape = x[axis:] if x else None
-        if shape is None:
-            return None
-        params = {
-            "normalized_shape": shape,
-            "epsilon": _f32(_attr(anchor, "epsilon", 1e-5)),
-            "elementwise_affine": weight is not None,
-        }
-        if kind == "layer_norm":
-            params["use_bias"] = bias is not None
-        return params
-    if kind == "group_norm":
-        x = _shape(anchor.inputs[0])
-        channels = w_shape[0] if w_shape else (x[1] if x else None)
-        if channels is None or "num_groups" not in anchor.attributes:
-            return None
-        return {
-            "num_groups": int(_attr(anchor, "num_groups")),
-            "num_channels": channels,
-            "epsilon": _f32(_attr(anchor, "epsilon", 1e-5)),
-            "affine": weight is not None,
-        }
-    if kind == "embedding" and w_shape and len(w_shape) == 2:
-        return {"num_embeddings": w_shape[0], "features": w_shape[1]}
-    if kind in ("max_pool", "avg_pool"):
-        kernel = _attr(anchor, "kernel_shape")
-        if not kernel:
-            return None
-        ndim = len(kernel)
-        params = {
-            "ndim": ndim,
-            "kernel_size": kernel,
-            "strides": _attr(anchor, "strides", [1] * ndim),
-            "padding": _pairs(_attr(anchor, "pads"), ndim),
-            "ceil_mode": bool(_attr(anchor, "ceil_mode", 0)),
-        }
-        if kind == "max_pool":
-            params["dilations"] = _attr(anchor, "dilations", [1] * ndim)
-        else:
-            params["count_include_pad"] = bool(_attr(anchor, "count_include_pad", 0))
-        return params
-    return None
+    layer = _GraphLayer(kind, path, anchor, body, inits, weight, bias, _shape(weight))
+    return reader(layer, weight_is_in_out)
 
 
 def annotate_layers_from_graph(graph: ir.Graph, classes: Mapping[str, str]) -> dict[str, int]:

@@ -386,118 +386,21 @@ class _Emitter:
         return inputs, outputs
 
     def emit_layer(self, p: LayerBody) -> None:
-        h, kind = p.hyper, p.kind
         c = constant_of(p.inputs[0], self.annotated)
         x = self.env[p.inputs[0]] if c is None else self.constant(p.inputs[0], c, False)
-        owner, attr, parts = self.place(p.scope or p.anchor.name or kind)
+        owner, attr, parts = self.place(p.scope or p.anchor.name or p.kind)
         w = {r: v.const_value.numpy() for r, v in p.weights.items()}
         dt = ""
         main = p.weights.get("kernel") or p.weights.get("scale") or p.weights.get("embedding")
         if main is not None and main.dtype not in (ir.DataType.FLOAT, None):
             dt = f", dtype={dtype_expr(main.dtype)}"
-        call = f"{self._access(parts)}({x})"
-        if kind == "dense":
-            lay = p.weights["kernel"].metadata_props.get(LAYOUT) or _dense_layout(p)
-            w["kernel"] = _kernel_to_torch(w["kernel"], lay, "OI")
-            bias = "" if h["use_bias"] else ", bias=False"
-            layer = f"nn.Linear({h['in_features']}, {h['out_features']}{bias}{dt})"
-        elif kind in ("conv", "conv_transpose"):
-            n = h["ndim"]
-            target = ("OI" if kind == "conv" else "IO") + "DHW"[-n:]
-            lay = p.weights["kernel"].metadata_props.get(LAYOUT)
-            w["kernel"] = _kernel_to_torch(w["kernel"], lay, target)
-            cls = f"nn.Conv{n}d" if kind == "conv" else f"nn.ConvTranspose{n}d"
-            pad = tuple(min(int(lo), int(hi)) for lo, hi in h["padding"])
-            extra = [
-                (int(lo) - m, int(hi) - m) for (lo, hi), m in zip(h["padding"], pad, strict=True)
-            ]
-            if any(lo or hi for lo, hi in extra):
-                self.uses_f = True  # F.pad lists the last dimension first
-                flat = ", ".join(f"{lo}, {hi}" for lo, hi in reversed(extra))
-                call = f"{self._access(parts)}(F.pad({x}, ({flat})))"
-            args = [str(h["in_channels"]), str(h["out_channels"]), _tup(h["kernel_size"])]
-            args += _non_default(
-                ("stride", _tup(h["strides"]), "1"),
-                ("padding", _tup(pad), "0"),
-                ("output_padding", _tup(h.get("output_padding") or 0), "0"),
-                ("dilation", _tup(h["dilations"]), "1"),
-                ("groups", str(h["groups"]), "1"),
-                ("bias", str(bool(h["use_bias"])), "True"),
-            )
-            mode = h.get("padding_mode") or "zeros"
-            if mode != "zeros":
-                args.append(f'padding_mode="{mode}"')
-            layer = f"{cls}({', '.join(args)}{dt})"
-        elif kind == "batch_norm":
-            rank = len(p.inputs[0].shape)
-            nd = {2: 1, 3: 1, 4: 2, 5: 3}[rank]
-            mom = h["momentum"]
-            cls = f"nn.BatchNorm{nd}d"
-            if h["track_running_stats"] and not p.anchor.metadata_props.get(MODULE, "").startswith(
-                "torch."
-            ):
-                # Flax, Keras and ONNX update running_var with the biased batch variance.
-                cls = f"BiasedVarBatchNorm{nd}d"
-                self.helpers.add(cls)
-            args = [str(h["num_features"])]
-            args += _non_default(
-                ("eps", scalar_literal(h["epsilon"]), _EPS),
-                ("momentum", "None" if mom is None else scalar_literal(mom), "0.1"),
-                ("affine", str(bool(h["affine"])), "True"),
-                ("track_running_stats", str(bool(h["track_running_stats"])), "True"),
-            )
-            layer = f"{cls}({', '.join(args)}{dt})"
-            if h["track_running_stats"] and "num_batches" not in w:
-                w["num_batches"] = np.asarray(0, dtype=np.int64)
-        elif kind == "layer_norm":
-            aff = bool(h["elementwise_affine"])
-            bias = "" if not aff or h["use_bias"] else ", bias=False"
-            args = [_tup(h["normalized_shape"])]
-            args += _non_default(
-                ("eps", scalar_literal(h["epsilon"]), _EPS),
-                ("elementwise_affine", str(aff), "True"),
-            )
-            layer = f"nn.LayerNorm({', '.join(args)}{bias}{dt})"
-        elif kind == "group_norm":
-            args = [str(h["num_groups"]), str(h["num_channels"])]
-            args += _non_default(
-                ("eps", scalar_literal(h["epsilon"]), _EPS),
-                ("affine", str(bool(h["affine"])), "True"),
-            )
-            layer = f"nn.GroupNorm({', '.join(args)}{dt})"
-        elif kind == "rms_norm":
-            eps = "None" if h["epsilon"] is None else scalar_literal(h["epsilon"])
-            args = [_tup(h["normalized_shape"])]
-            args += _non_default(
-                ("eps", eps, "None"),
-                ("elementwise_affine", str(bool(h["elementwise_affine"])), "True"),
-            )
-            layer = f"nn.RMSNorm({', '.join(args)}{dt})"
-        elif kind == "embedding":
-            pad = h.get("padding_idx")
-            pad_s = "" if pad is None else f", padding_idx={pad}"
-            layer = f"nn.Embedding({h['num_embeddings']}, {h['features']}{pad_s}{dt})"
-        elif kind == "attention":
-            if "q_kernel" in w:
-                w = _pack_qkv(w)
-            extra = ""
-            for key in ("kdim", "vdim"):
-                if h.get(key) not in (None, h["embed_dim"]):
-                    extra += f", {key}={h[key]}"
-            args = [str(h["embed_dim"]), str(h["num_heads"])]
-            args += _non_default(
-                ("dropout", scalar_literal(h.get("dropout") or 0.0), "0.0"),
-                ("bias", str(bool(h["use_bias"])), "True"),
-            )
-            args += _non_default(("batch_first", str(bool(h["batch_first"])), "False"))
-            layer = f"nn.MultiheadAttention({', '.join(args)}{extra}{dt})"
-            call = f"{self._access(parts)}({x}, {x}, {x}, need_weights=False)[0]"
-        else:  # dropout
-            layer = f"nn.Dropout({scalar_literal(h['rate'])})"
+        access = self._access(parts)
+        layer, w, call = _LAYER_WRITERS[p.kind](self, p, p.hyper, w, dt, x, access)
+        call = call or f"{access}({x})"
         self._init(self._assign(parts, layer), parts)
         prefix = ".".join(parts)
         for role, arr in w.items():
-            self.state[f"{prefix}.{TORCH_NAMES[kind][role]}"] = arr
+            self.state[f"{prefix}.{TORCH_NAMES[p.kind][role]}"] = arr
         out = self.ns.new(p.outputs[0].name)
         self._stmt(f"{out} = {call}", parts[:-1], [out], [x] if c is None else [])
         self.env[p.outputs[0]] = out
@@ -735,3 +638,138 @@ def to_torch_source(model: ir.Model) -> tuple[str, dict[str, Any]]:
     source, arrays = generate(model)
     state = {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}
     return source, state
+
+
+# ------------------------------------------------------------------ layers by kind
+# Each writer: (emitter, layer body, hyper-parameters, weights by role, dtype argument, input
+# expression, attribute access) -> (the nn.Module expression, the weights in torch's layout, the
+# call when it is not ``access(x)``). Keyed by the layer kinds of ``xconv/ir/layers.py``.
+
+
+def _dense(em, p, h, w, dt, x, access):
+    lay = p.weights["kernel"].metadata_props.get(LAYOUT) or _dense_layout(p)
+    w["kernel"] = _kernel_to_torch(w["kernel"], lay, "OI")
+    bias = "" if h["use_bias"] else ", bias=False"
+    return f"nn.Linear({h['in_features']}, {h['out_features']}{bias}{dt})", w, None
+
+
+def _conv(em, p, h, w, dt, x, access):
+    kind, n = p.kind, h["ndim"]
+    target = ("OI" if kind == "conv" else "IO") + "DHW"[-n:]
+    w["kernel"] = _kernel_to_torch(
+        w["kernel"], p.weights["kernel"].metadata_props.get(LAYOUT), target
+    )
+    cls = f"nn.Conv{n}d" if kind == "conv" else f"nn.ConvTranspose{n}d"
+    pad = tuple(min(int(lo), int(hi)) for lo, hi in h["padding"])
+    extra = [(int(lo) - m, int(hi) - m) for (lo, hi), m in zip(h["padding"], pad, strict=True)]
+    call = None
+    if any(lo or hi for lo, hi in extra):
+        em.uses_f = True  # F.pad lists the last dimension first
+        flat = ", ".join(f"{lo}, {hi}" for lo, hi in reversed(extra))
+        call = f"{access}(F.pad({x}, ({flat})))"
+    args = [str(h["in_channels"]), str(h["out_channels"]), _tup(h["kernel_size"])]
+    args += _non_default(
+        ("stride", _tup(h["strides"]), "1"),
+        ("padding", _tup(pad), "0"),
+        ("output_padding", _tup(h.get("output_padding") or 0), "0"),
+        ("dilation", _tup(h["dilations"]), "1"),
+        ("groups", str(h["groups"]), "1"),
+        ("bias", str(bool(h["use_bias"])), "True"),
+    )
+    mode = h.get("padding_mode") or "zeros"
+    if mode != "zeros":
+        args.append(f'padding_mode="{mode}"')
+    return f"{cls}({', '.join(args)}{dt})", w, call
+
+
+def _batch_norm(em, p, h, w, dt, x, access):
+    nd = {2: 1, 3: 1, 4: 2, 5: 3}[len(p.inputs[0].shape)]
+    mom = h["momentum"]
+    cls = f"nn.BatchNorm{nd}d"
+    if h["track_running_stats"] and not p.anchor.metadata_props.get(MODULE, "").startswith(
+        "torch."
+    ):
+        # Flax, Keras and ONNX update running_var with the biased batch variance.
+        cls = f"BiasedVarBatchNorm{nd}d"
+        em.helpers.add(cls)
+    args = [str(h["num_features"])]
+    args += _non_default(
+        ("eps", scalar_literal(h["epsilon"]), _EPS),
+        ("momentum", "None" if mom is None else scalar_literal(mom), "0.1"),
+        ("affine", str(bool(h["affine"])), "True"),
+        ("track_running_stats", str(bool(h["track_running_stats"])), "True"),
+    )
+    if h["track_running_stats"] and "num_batches" not in w:
+        w["num_batches"] = np.asarray(0, dtype=np.int64)
+    return f"{cls}({', '.join(args)}{dt})", w, None
+
+
+def _layer_norm(em, p, h, w, dt, x, access):
+    aff = bool(h["elementwise_affine"])
+    bias = "" if not aff or h["use_bias"] else ", bias=False"
+    args = [_tup(h["normalized_shape"])]
+    args += _non_default(
+        ("eps", scalar_literal(h["epsilon"]), _EPS),
+        ("elementwise_affine", str(aff), "True"),
+    )
+    return f"nn.LayerNorm({', '.join(args)}{bias}{dt})", w, None
+
+
+def _group_norm(em, p, h, w, dt, x, access):
+    args = [str(h["num_groups"]), str(h["num_channels"])]
+    args += _non_default(
+        ("eps", scalar_literal(h["epsilon"]), _EPS),
+        ("affine", str(bool(h["affine"])), "True"),
+    )
+    return f"nn.GroupNorm({', '.join(args)}{dt})", w, None
+
+
+def _rms_norm(em, p, h, w, dt, x, access):
+    eps = "None" if h["epsilon"] is None else scalar_literal(h["epsilon"])
+    args = [_tup(h["normalized_shape"])]
+    args += _non_default(
+        ("eps", eps, "None"),
+        ("elementwise_affine", str(bool(h["elementwise_affine"])), "True"),
+    )
+    return f"nn.RMSNorm({', '.join(args)}{dt})", w, None
+
+
+def _embedding(em, p, h, w, dt, x, access):
+    pad = h.get("padding_idx")
+    pad_s = "" if pad is None else f", padding_idx={pad}"
+    return f"nn.Embedding({h['num_embeddings']}, {h['features']}{pad_s}{dt})", w, None
+
+
+def _attention(em, p, h, w, dt, x, access):
+    if "q_kernel" in w:
+        w = _pack_qkv(w)
+    extra = ""
+    for key in ("kdim", "vdim"):
+        if h.get(key) not in (None, h["embed_dim"]):
+            extra += f", {key}={h[key]}"
+    args = [str(h["embed_dim"]), str(h["num_heads"])]
+    args += _non_default(
+        ("dropout", scalar_literal(h.get("dropout") or 0.0), "0.0"),
+        ("bias", str(bool(h["use_bias"])), "True"),
+    )
+    args += _non_default(("batch_first", str(bool(h["batch_first"])), "False"))
+    layer = f"nn.MultiheadAttention({', '.join(args)}{extra}{dt})"
+    return layer, w, f"{access}({x}, {x}, {x}, need_weights=False)[0]"
+
+
+def _dropout(em, p, h, w, dt, x, access):
+    return f"nn.Dropout({scalar_literal(h['rate'])})", w, None
+
+
+_LAYER_WRITERS = {
+    "dense": _dense,
+    "conv": _conv,
+    "conv_transpose": _conv,
+    "batch_norm": _batch_norm,
+    "layer_norm": _layer_norm,
+    "group_norm": _group_norm,
+    "rms_norm": _rms_norm,
+    "embedding": _embedding,
+    "attention": _attention,
+    "dropout": _dropout,
+}

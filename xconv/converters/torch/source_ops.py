@@ -11,41 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.codegen import scalar_literal
+from xconv.converters.codegen import TemplateCall, int_tuple, nested_literal, scalar_literal
 from xconv.converters.registry import REQUIRED
-from xconv.errors import ConversionError, UnsupportedAttributeError
+from xconv.errors import ConversionError
 
 INT64_MAX = np.iinfo(np.int64).max
 
 
 @dataclass
-class OpCall:
+class OpCall(TemplateCall):
     """What a template sees for one node."""
 
-    node: ir.Node
-    args: list[str | None]
-    consts: list[np.ndarray | None]
-    shapes: list[tuple[int | None, ...] | None]
-    attrs: dict[str, Any]
-
-    def const(self, i: int, what: str) -> np.ndarray:
-        c = self.consts[i] if i < len(self.consts) else None
-        if c is None:
-            raise ConversionError(
-                f"{what} must be a constant for the PyTorch source emitter (it is computed at "
-                "run time)",
-                op=self.node.op_type,
-                node=self.node.name,
-            )
-        return c
-
-    def has(self, i: int) -> bool:
-        return i < len(self.args) and self.args[i] is not None
+    emitter: ClassVar[str] = "PyTorch source emitter"
 
     def ints(self, i: int) -> str:
         """Input ``i`` as a Python int list: a literal when constant, else ``.tolist()``."""
@@ -54,25 +36,8 @@ class OpCall:
             return "[" + ", ".join(str(int(v)) for v in np.asarray(c).reshape(-1)) + "]"
         return f"{self.args[i]}.tolist()"
 
-    def rank(self, i: int = 0) -> int | None:
-        s = self.shapes[i] if i < len(self.shapes) else None
-        return None if s is None else len(s)
-
-    def need_rank(self, i: int = 0) -> int:
-        r = self.rank(i)
-        if r is None:
-            raise ConversionError(
-                "the input's rank is unknown; give the model's inputs static ranks",
-                op=self.node.op_type,
-                node=self.node.name,
-            )
-        return r
-
     def dtype(self, index: int = 0) -> str:
         return dtype_expr(self.node.outputs[index].dtype)
-
-    def fail(self, message: str) -> UnsupportedAttributeError:
-        return UnsupportedAttributeError(message, op=self.node.op_type, node=self.node.name)
 
 
 @dataclass(frozen=True)
@@ -123,24 +88,13 @@ def dtype_expr(dtype: ir.DataType | None) -> str:
     return f"torch.{_DTYPES[dtype]}"
 
 
-def _nested(a: np.ndarray) -> str:
-    if a.ndim == 0:
-        return scalar_literal(a[()])
-    return "[" + ", ".join(_nested(x) for x in a) + "]"
-
-
 def tensor_literal(a: np.ndarray, *, bare_scalar: bool = False) -> str:
     """A torch literal for a small constant; a bare Python scalar when allowed."""
     a = np.asarray(a)
     if bare_scalar and a.ndim == 0:
         return scalar_literal(a[()])
     dt = ir.DataType.from_numpy(a.dtype)
-    return f"torch.tensor({_nested(a)}, dtype={dtype_expr(dt)})"
-
-
-def int_tuple(values: Any) -> str:
-    items = [int(v) for v in np.asarray(values).reshape(-1)]
-    return "(" + ", ".join(map(str, items)) + ("," if len(items) == 1 else "") + ")"
+    return f"torch.tensor({nested_literal(a)}, dtype={dtype_expr(dt)})"
 
 
 # ---------------------------------------------------------------- elementwise

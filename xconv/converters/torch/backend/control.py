@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from xconv.converters.ops.control import register_scan_ops, scan_steps
 from xconv.converters.torch.backend.dtypes import is_numpy, torch_dtype
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import back
@@ -82,24 +83,11 @@ def loop(ctx, m, cond, *v_initial, body):
 
 def _scan_core(ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_dirs):
     """Scan-9 semantics on unbatched values; returns (final states..., scan outputs...)."""
-    n_state = len(states)
     xs = []
     for x, axis, direction in zip(scan_inputs, in_axes, in_dirs, strict=True):
         x = _moveaxis(x, axis, 0)
         xs.append(_flip0(x) if direction else x)
-    length = xs[0].shape[0]
-    n_out = len(body.outputs) - n_state
-    final = list(states)
-    collected: list[list[Any]] = [[] for _ in range(n_out)]
-    for t in range(length):
-        outs = ctx.run_subgraph(body, [*final, *(x[t] for x in xs)])
-        final = list(outs[:n_state])
-        for k in range(n_out):
-            collected[k].append(outs[n_state + k])
-    ys = [
-        _stack(c) if c else _empty_like_output(body.outputs[n_state + k])
-        for k, c in enumerate(collected)
-    ]
+    final, ys = scan_steps(ctx, body, states, xs, _stack, _empty_like_output)
     outputs = []
     for y, axis, direction in zip(ys, out_axes, out_dirs, strict=True):
         y = _flip0(y) if direction else y
@@ -107,89 +95,15 @@ def _scan_core(ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_d
     return (*final, *outputs)
 
 
-def _fill(values: Sequence[int] | None, n: int, what: str, ctx) -> list[int]:
-    if values is None:
-        return [0] * n
-    if len(values) != n:
-        raise ctx.error(f"{what} has {len(values)} entries, expected {n}")
-    return list(values)
+class _ScanKernel:
+    """The torch side of :mod:`xconv.converters.ops.control`."""
+
+    scan_core = staticmethod(_scan_core)
+    stack = staticmethod(_stack)
+
+    @staticmethod
+    def pad_time(y, extra):
+        return torch.cat([y, torch.zeros((extra, *y.shape[1:]), dtype=y.dtype, device=y.device)])
 
 
-@builtin(
-    "Scan",
-    since=9,
-    attrs={
-        "body": REQUIRED,
-        "num_scan_inputs": REQUIRED,
-        "scan_input_axes": None,
-        "scan_input_directions": None,
-        "scan_output_axes": None,
-        "scan_output_directions": None,
-    },
-)
-def scan(
-    ctx,
-    *inputs,
-    body,
-    num_scan_inputs,
-    scan_input_axes,
-    scan_input_directions,
-    scan_output_axes,
-    scan_output_directions,
-):
-    """Scan(initial_state_and_scan_inputs...) -> (final_state..., scan_outputs...)."""
-    n_state = len(inputs) - num_scan_inputs
-    states, xs = inputs[:n_state], inputs[n_state:]
-    n_out = len(body.outputs) - n_state
-    in_axes = [
-        a % x.ndim
-        for a, x in zip(
-            _fill(scan_input_axes, num_scan_inputs, "scan_input_axes", ctx), xs, strict=True
-        )
-    ]
-    in_dirs = _fill(scan_input_directions, num_scan_inputs, "scan_input_directions", ctx)
-    out_axes = _fill(scan_output_axes, n_out, "scan_output_axes", ctx)
-    out_dirs = _fill(scan_output_directions, n_out, "scan_output_directions", ctx)
-    return _scan_core(ctx, body, states, xs, in_axes, in_dirs, out_axes, out_dirs)
-
-
-@builtin(
-    "Scan",
-    since=8,
-    until=8,
-    attrs={"body": REQUIRED, "num_scan_inputs": REQUIRED, "directions": None},
-)
-def scan_8(ctx, sequence_lens, *inputs, body, num_scan_inputs, directions):
-    """Scan-8(sequence_lens?, initial_state_and_scan_inputs...): batch axis 0, scan axis 1."""
-    n_state = len(inputs) - num_scan_inputs
-    states, xs = inputs[:n_state], inputs[n_state:]
-    n_out = len(body.outputs) - n_state
-    dirs = _fill(directions, num_scan_inputs, "directions", ctx)
-    batch = int(xs[0].shape[0])
-    max_len = int(xs[0].shape[1])
-    lens = (
-        [max_len] * batch
-        if sequence_lens is None
-        else [int(v) for v in ctx.static(sequence_lens, "sequence_lens").reshape(-1)]
-    )
-    results = []
-    for b in range(batch):
-        n = lens[b]
-        per = _scan_core(
-            ctx,
-            body,
-            [s[b] for s in states],
-            [x[b, :n] for x in xs],
-            [0] * num_scan_inputs,
-            dirs,
-            [0] * n_out,
-            [0] * n_out,
-        )
-        if n < max_len:
-            padded = []
-            for y in per[n_state:]:
-                extra = torch.zeros((max_len - n, *y.shape[1:]), dtype=y.dtype)
-                padded.append(torch.cat([y, extra]))
-            per = (*per[:n_state], *padded)
-        results.append(per)
-    return tuple(_stack([r[i] for r in results]) for i in range(n_state + n_out))
+register_scan_ops(builtin, _ScanKernel(), REQUIRED)

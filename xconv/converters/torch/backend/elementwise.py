@@ -23,8 +23,8 @@ from xconv.converters.ops.elementwise import (
 )
 from xconv.converters.torch.backend import xp as torch_xp
 from xconv.converters.torch.backend.dtypes import _BY_NAME, WIDE_UNSIGNED
-from xconv.converters.torch.backend.math import as_numpy, from_numpy
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
+from xconv.converters.torch.backend.xp import as_numpy, from_numpy
 
 
 def _relu(x):

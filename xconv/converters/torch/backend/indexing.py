@@ -19,7 +19,7 @@ from xconv.converters.ops import indexing
 from xconv.converters.ops.arrays import normalize_axis
 from xconv.converters.torch.backend.dtypes import needs_numpy
 from xconv.converters.torch.backend.registry import builtin
-from xconv.converters.torch.backend.shape import back, check_choice, static_ints, take, to_np
+from xconv.converters.torch.backend.shape import back, check_choice, take, to_np
 from xconv.converters.torch.backend.xp import KERNEL
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
@@ -79,34 +79,19 @@ def _linear(comps: list[torch.Tensor], dims) -> torch.Tensor:
 # -- slicing and gathering ------------------------------------------------------------------
 
 
-@builtin("Slice", since=1, attrs={"starts": None, "ends": None, "axes": None})
-def slice_(
-    ctx, x, starts_in=None, ends_in=None, axes_in=None, steps_in=None, *, starts, ends, axes
-):
-    """Slice(data, starts, ends, axes?, steps?) -> output: strided slices along axes."""
-    src_starts = starts_in if starts_in is not None else starts
-    src_ends = ends_in if ends_in is not None else ends
-    src_axes = axes_in if axes_in is not None else axes
-    begin = static_ints(ctx, src_starts, "starts")
-    end = static_ints(ctx, src_ends, "ends")
-    rank = len(x.shape)
-    ax = static_ints(ctx, src_axes, "axes") if src_axes is not None else list(range(len(begin)))
-    steps = static_ints(ctx, steps_in, "steps") if steps_in is not None else [1] * len(begin)
-    if not len(begin) == len(end) == len(ax) == len(steps):
-        raise ctx.error("starts, ends, axes and steps must have the same length")
+def _apply_slices(x, plan):
     y = x
-    for b, e, a, s in zip(begin, end, ax, steps, strict=True):
-        if s == 0:
-            raise ctx.error("slice step cannot be 0")
-        a = normalize_axis(ctx, a, rank)
-        start, stop, step = slice(b, e, s).indices(x.shape[a])
+    for a, start, stop, step in plan:
         if step > 0:
-            index = [slice(None)] * rank
+            index = [slice(None)] * len(x.shape)
             index[a] = slice(start, stop, step)
             y = y[tuple(index)]
         else:
             y = take(y, np.arange(start, stop, step, dtype=np.int64), a)
     return y
+
+
+indexing.register_slice(builtin, _apply_slices)
 
 
 @builtin("Gather", since=1, attrs={"axis": 0})
@@ -155,27 +140,16 @@ def _scatter_elements(ctx, x, indices, updates, axis, reduction):
     return _scatter_rows(x, rows, updates, tuple(x.shape), reduction)
 
 
-@builtin("ScatterElements", since=11, attrs={"axis": 0, "reduction": "none"})
-def scatter_elements(ctx, x, indices, updates, *, axis, reduction):
-    """ScatterElements(data, indices, updates) -> output: element-wise scatter (+ reduction)."""
-    return _scatter_elements(ctx, x, indices, updates, axis, reduction)
-
-
-@builtin("Scatter", since=9, attrs={"axis": 0})
-def scatter(ctx, x, indices, updates, *, axis):
-    """Scatter(data, indices, updates) -> output: deprecated alias of ScatterElements."""
-    return _scatter_elements(ctx, x, indices, updates, axis, "none")
-
-
-@builtin("ScatterND", since=11, attrs={"reduction": "none"})
-def scatter_nd(ctx, x, indices, updates, *, reduction):
-    """ScatterND(data, indices, updates) -> output: writes slices addressed by index tuples."""
+def _scatter_nd(ctx, x, indices, updates, reduction):
     check_choice(ctx, "reduction", reduction, _REDUCTIONS)
     k = indices.shape[-1]
     d_shape = tuple(x.shape)
     comps = [_wrap(indices[..., j], d_shape[j]) for j in range(k)]
     rows = _linear(comps, d_shape[:k])
     return _scatter_rows(x, rows, updates, d_shape[:k], reduction)
+
+
+indexing.register_scatter_ops(builtin, _scatter_elements, _scatter_nd)
 
 
 # -- construction from indices --------------------------------------------------------------

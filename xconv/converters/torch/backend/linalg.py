@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from xconv.converters.ops.arrays import normalize_axis
-from xconv.converters.torch.backend.math import as_numpy, from_numpy
+from xconv.converters.ops.linalg import register_softmax_ops
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
+from xconv.converters.torch.backend.xp import as_numpy, from_numpy
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -208,34 +209,15 @@ def _hardmax(x, axis: int):
     return torch.zeros_like(x).scatter_(axis, idx, 1)
 
 
-def _softmax_like(ctx, x, axis, fn):
-    """Opset >= 13: ``fn`` along one axis (default -1). Before 13: coerce the input to 2-D
-    at ``axis`` (default 1), apply ``fn`` along the flattened trailing dimensions."""
-    if ctx.opset >= 13:
-        ax = normalize_axis(ctx, -1 if axis is None else axis, x.ndim)
-        return fn(x, ax)
-    ax = normalize_axis(ctx, 1 if axis is None else axis, x.ndim) if x.ndim else 0
-    rows = int(np.prod(x.shape[:ax], dtype=np.int64))
-    cols = int(np.prod(x.shape[ax:], dtype=np.int64))
-    return fn(x.reshape(rows, cols), 1).reshape(x.shape)
-
-
-@builtin("Softmax", since=1, attrs={"axis": None})
-def softmax(ctx, x, *, axis):
-    """Softmax(input) -> output: exp(x - max) / sum along ``axis``."""
-    return _softmax_like(ctx, x, axis, _softmax)
-
-
-@builtin("LogSoftmax", since=1, attrs={"axis": None})
-def log_softmax(ctx, x, *, axis):
-    """LogSoftmax(input) -> output: x - max - log(sum(exp(x - max))) along ``axis``."""
-    return _softmax_like(ctx, x, axis, lambda v, ax: torch.log_softmax(v, ax))
-
-
-@builtin("Hardmax", since=1, attrs={"axis": None})
-def hardmax(ctx, x, *, axis):
-    """Hardmax(input) -> output: 1 at the first maximum along ``axis``, 0 elsewhere."""
-    return _softmax_like(ctx, x, axis, _hardmax)
+register_softmax_ops(
+    builtin,
+    {
+        "Softmax": _softmax,
+        "LogSoftmax": lambda v, ax: torch.log_softmax(v, ax),
+        "Hardmax": _hardmax,
+    },
+    lambda x: x,
+)
 
 
 # --------------------------------------------------------------------------------------

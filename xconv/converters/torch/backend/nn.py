@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from xconv.converters.ops import shapes
 from xconv.converters.ops.attrs import CONV_ATTRS
-from xconv.converters.ops.normalization import register_normalization_ops
+from xconv.converters.ops.normalization import register_batch_norm, register_normalization_ops
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import check_choice
 from xconv.converters.torch.backend.xp import KERNEL
@@ -76,7 +76,6 @@ def conv_transpose(
     strides,
 ):
     """ConvTranspose(X, W, B?) -> Y: the gradient of Conv; W is (C_in, C_out/group, k...)."""
-    shapes.check_auto_pad(ctx.node, auto_pad)
     w = w.to(x.dtype)
     n = x.ndim - 2
     g = int(group)
@@ -84,29 +83,9 @@ def conv_transpose(
     kernel = tuple(w.shape[2:])
     s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
     op = shapes.ints(output_padding, n, 0)
-    full = [
-        si * (i - 1) + op_i + (k - 1) * di + 1
-        for i, k, si, di, op_i in zip(spatial, kernel, s, d, op, strict=True)
-    ]
-    if output_shape:
-        target = [int(v) for v in output_shape][-n:]
-        if pads and auto_pad in ("NOTSET", ""):
-            lo_hi = [
-                (int(pads[i]), f - int(pads[i]) - t)
-                for i, (f, t) in enumerate(zip(full, target, strict=True))
-            ]
-        else:
-            mode = "SAME_UPPER" if auto_pad == "SAME_UPPER" else "SAME_LOWER"
-            lo_hi = [shapes.same_split(f - t, mode) for f, t in zip(full, target, strict=True)]
-    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        lo_hi = [
-            shapes.same_split(f - i * si, auto_pad)
-            for f, i, si in zip(full, spatial, s, strict=True)
-        ]
-    elif auto_pad == "VALID" or not pads:
-        lo_hi = [(0, 0)] * n
-    else:
-        lo_hi = [(int(pads[i]), int(pads[i + n])) for i in range(n)]
+    padding = shapes.conv_transpose_padding(
+        ctx.node, auto_pad, spatial, kernel, s, d, op, output_shape, pads
+    )
     c_in, c_out_g = w.shape[0], w.shape[1]
     wt = w.reshape((g, c_in // g, c_out_g) + kernel).transpose(1, 2)
     wt = wt.reshape((g * c_out_g, c_in // g) + kernel).flip(tuple(range(2, n + 2)))
@@ -119,10 +98,6 @@ def conv_transpose(
         xd[(slice(None), slice(None), *(slice(None, None, si) for si in s))] = x
     else:
         xd = x
-    padding = [
-        ((k - 1) * di - lo, (k - 1) * di - hi + op_i)
-        for k, di, (lo, hi), op_i in zip(kernel, d, lo_hi, op, strict=True)
-    ]
     y = _conv_nd(_pad_spatial(xd, padding), wt, (1,) * n, d, g)
     if b is not None:
         y = y + _bias(b, y.ndim, y.dtype)
@@ -315,80 +290,34 @@ def max_unpool(ctx, x, indices, output_shape=None, *, kernel_shape, pads, stride
 # --------------------------------------------------------------------------- normalisation
 
 
-@builtin(
-    "BatchNormalization",
-    attrs={
-        "epsilon": 1e-5,
-        "momentum": 0.9,
-        "training_mode": 0,
-        "spatial": 1,
-        "is_test": 0,
-        "consumed_inputs": None,
-    },
-)
-def batch_normalization(
-    ctx,
-    x,
-    scale,
-    b,
-    mean,
-    var,
-    *,
-    epsilon,
-    momentum,
-    training_mode,
-    spatial,
-    is_test,
-    consumed_inputs,
-):
-    """BatchNormalization(X, scale, B, input_mean, input_var) -> (Y, running_mean?, running_var?).
-
-    Opsets 9-14 train when the node asks for more than one output, and then also return the
-    saved (batch) mean and variance. A recognised ``batch_norm`` layer in a module in
-    training mode normalises with batch statistics and updates its running buffers in place.
-    """
-    outputs = [v for v in ctx.node.outputs if v.name]
-    training = bool(training_mode) if ctx.opset >= 15 else (len(outputs) > 1 and not is_test)
-    if not spatial and ctx.opset < 9:
-        raise ctx.error("spatial=0 is not supported; use spatial=1 (per-channel statistics)")
+def _module_batch_norm(ctx, x, scale, b, mean, var, epsilon, momentum):
+    """A recognised ``batch_norm`` layer of a module in training mode: normalise with batch
+    statistics and update the running buffers in place (torch's rule for torch layers)."""
     layer = ctx.layer or {}
-    module_training = ctx.training and layer.get("kind") == "batch_norm"
-
-    def bc(v):
-        return _bias(v, x.ndim, x.dtype)
-
+    if not (ctx.training and layer.get("kind") == "batch_norm"):
+        return None
     axes = (0,) + tuple(range(2, x.ndim))
-    if module_training:
-        batch_mean = x.mean(dim=axes)
-        batch_var = x.var(dim=axes, unbiased=False)
-        torch_momentum = layer.get("momentum", 1.0 - momentum)
-        count = x.numel() // x.shape[1]
-        with torch.no_grad():
-            if torch_momentum is None:  # cumulative moving average
-                torch_momentum = 0.0
-            # torch updates running_var with the unbiased batch variance; Flax, Keras and
-            # ONNX with the biased one.
-            update = batch_var
-            if ctx.node.metadata_props.get(MODULE, "").startswith("torch."):
-                update = batch_var * (count / max(count - 1, 1))
-            mean.mul_(1 - torch_momentum).add_(batch_mean.detach().to(mean.dtype) * torch_momentum)
-            var.mul_(1 - torch_momentum).add_(update.detach().to(var.dtype) * torch_momentum)
-        inv = torch.rsqrt(bc(batch_var) + epsilon)
-        y = (x - bc(batch_mean)) * inv * bc(scale) + bc(b)
-        return (y, *([None] * (len(ctx.node.outputs) - 1)))
-    if not training:
-        inv = torch.rsqrt(bc(var) + epsilon)
-        y = (x - bc(mean)) * inv * bc(scale) + bc(b)
-        return (y, *([None] * (len(ctx.node.outputs) - 1))) if len(ctx.node.outputs) > 1 else y
     batch_mean = x.mean(dim=axes)
     batch_var = x.var(dim=axes, unbiased=False)
-    inv = torch.rsqrt(bc(batch_var) + epsilon)
-    y = (x - bc(batch_mean)) * inv * bc(scale) + bc(b)
-    run_mean = (mean * momentum + batch_mean.to(mean.dtype) * (1 - momentum)).to(mean.dtype)
-    run_var = (var * momentum + batch_var.to(var.dtype) * (1 - momentum)).to(var.dtype)
-    if ctx.opset >= 15:
-        return y, run_mean, run_var
-    return y, run_mean, run_var, batch_mean, batch_var
+    torch_momentum = layer.get("momentum", 1.0 - momentum)
+    count = x.numel() // x.shape[1]
+    with torch.no_grad():
+        if torch_momentum is None:  # cumulative moving average
+            torch_momentum = 0.0
+        # torch updates running_var with the unbiased batch variance; Flax, Keras and
+        # ONNX with the biased one.
+        update = batch_var
+        if ctx.node.metadata_props.get(MODULE, "").startswith("torch."):
+            update = batch_var * (count / max(count - 1, 1))
+        mean.mul_(1 - torch_momentum).add_(batch_mean.detach().to(mean.dtype) * torch_momentum)
+        var.mul_(1 - torch_momentum).add_(update.detach().to(var.dtype) * torch_momentum)
+    inv = torch.rsqrt(_bias(batch_var, x.ndim, x.dtype) + epsilon)
+    return (x - _bias(batch_mean, x.ndim, x.dtype)) * inv * _bias(scale, x.ndim, x.dtype) + _bias(
+        b, x.ndim, x.dtype
+    )
+
+
+register_batch_norm(builtin, KERNEL, _module_batch_norm)
 
 
 # Instance/Layer/Group/RMS/Lp/MeanVariance normalisation: written once in

@@ -11,6 +11,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import torch
 
+from xconv.converters.ops.random import register_random_ops
 from xconv.converters.torch.backend.dtypes import torch_dtype
 from xconv.converters.torch.backend.nn import seeded_generator
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
@@ -27,62 +28,30 @@ def _dtype(ctx, dtype: int | None, like=None) -> torch.dtype:
         raise ctx.error(f"unsupported dtype {dtype}: {e}") from e
 
 
-def _check_float(ctx, dtype: torch.dtype) -> torch.dtype:
-    if not dtype.is_floating_point:
-        raise ctx.error(f"random values must be floating point (float16/32/64), got {dtype}")
-    return dtype
+class _RandomKernel:
+    """The torch side of :mod:`xconv.converters.ops.random`: generators from the seed."""
+
+    dtype = staticmethod(_dtype)
+
+    @staticmethod
+    def normal(ctx, shape, seed):
+        return torch.randn(shape, generator=seeded_generator(ctx, seed), dtype=torch.float32)
+
+    @staticmethod
+    def uniform(ctx, shape, low, high, seed):
+        sample = torch.rand(shape, generator=seeded_generator(ctx, seed), dtype=torch.float32)
+        return sample * (high - low) + low
+
+    @staticmethod
+    def cast(x, dtype):
+        return x.to(dtype)
+
+    @staticmethod
+    def is_float(dtype):
+        return dtype.is_floating_point
 
 
-def _shape(ctx, shape) -> tuple[int, ...]:
-    if any(int(d) < 0 for d in shape):
-        raise ctx.error(f"shape {tuple(shape)} has negative dimensions")
-    return tuple(int(d) for d in shape)
-
-
-def _normal(ctx, shape, dtype, mean, scale, seed):
-    dtype = _check_float(ctx, dtype)
-    sample = torch.randn(shape, generator=seeded_generator(ctx, seed), dtype=torch.float32)
-    return (sample * scale + mean).to(dtype)
-
-
-def _uniform(ctx, shape, dtype, low, high, seed):
-    dtype = _check_float(ctx, dtype)
-    sample = torch.rand(shape, generator=seeded_generator(ctx, seed), dtype=torch.float32)
-    return (sample * (high - low) + low).to(dtype)
-
-
-@builtin(
-    "RandomNormal",
-    since=1,
-    attrs={"dtype": 1, "mean": 0.0, "scale": 1.0, "seed": None, "shape": REQUIRED},
-)
-def random_normal(ctx, *, dtype, mean, scale, seed, shape):
-    """RandomNormal() -> samples of N(mean, scale^2) with the given shape and dtype."""
-    return _normal(ctx, _shape(ctx, shape), _dtype(ctx, dtype), mean, scale, seed)
-
-
-@builtin(
-    "RandomUniform",
-    since=1,
-    attrs={"dtype": 1, "high": 1.0, "low": 0.0, "seed": None, "shape": REQUIRED},
-)
-def random_uniform(ctx, *, dtype, high, low, seed, shape):
-    """RandomUniform() -> samples of U[low, high) with the given shape and dtype."""
-    return _uniform(ctx, _shape(ctx, shape), _dtype(ctx, dtype), low, high, seed)
-
-
-@builtin(
-    "RandomNormalLike", since=1, attrs={"dtype": None, "mean": 0.0, "scale": 1.0, "seed": None}
-)
-def random_normal_like(ctx, x, *, dtype, mean, scale, seed):
-    """RandomNormalLike(input) -> N(mean, scale^2) samples shaped like input."""
-    return _normal(ctx, tuple(x.shape), _dtype(ctx, dtype, x), mean, scale, seed)
-
-
-@builtin("RandomUniformLike", since=1, attrs={"dtype": None, "high": 1.0, "low": 0.0, "seed": None})
-def random_uniform_like(ctx, x, *, dtype, high, low, seed):
-    """RandomUniformLike(input) -> U[low, high) samples shaped like input."""
-    return _uniform(ctx, tuple(x.shape), _dtype(ctx, dtype, x), low, high, seed)
+register_random_ops(builtin, _RandomKernel(), REQUIRED)
 
 
 @builtin("Bernoulli", since=15, attrs={"dtype": None, "seed": None})

@@ -11,9 +11,9 @@ import torch
 
 from xconv.converters.ops import sequence as sequences
 from xconv.converters.torch.backend.dtypes import is_numpy
-from xconv.converters.torch.backend.math import from_numpy
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.shape import concatenate
+from xconv.converters.torch.backend.xp import from_numpy
 
 
 class _Kernel:

@@ -17,7 +17,7 @@ import torch
 from xconv.converters.ops import resize as resizing
 from xconv.converters.ops.arrays import normalize_axis
 from xconv.converters.ops.attrs import check_choice, static_ints, unsupported
-from xconv.converters.ops.shape import register_shape_ops
+from xconv.converters.ops.shape import pad_widths, register_constant_ops, register_shape_ops
 from xconv.converters.torch.backend.dtypes import (
     WIDE_UNSIGNED,
     is_numpy,
@@ -66,74 +66,6 @@ def take(x: Any, idx: np.ndarray, axis: int) -> Any:
     )
 
 
-# -- identity and constants -------------------------------------------------------------
-
-
-@builtin("Identity", since=1)
-def identity(ctx, x):
-    """Identity(input) -> output: the input (tensor, sequence or optional)."""
-    return x
-
-
-@builtin(
-    "Constant",
-    since=1,
-    attrs={
-        "value": None,
-        "value_float": None,
-        "value_floats": None,
-        "value_int": None,
-        "value_ints": None,
-        "value_string": None,
-        "value_strings": None,
-        "sparse_value": None,
-    },
-)
-def constant(
-    ctx,
-    *,
-    value,
-    value_float,
-    value_floats,
-    value_int,
-    value_ints,
-    value_string,
-    value_strings,
-    sparse_value,
-):
-    """Constant() -> output: the tensor held by exactly one value_* attribute."""
-    if sparse_value is not None:
-        raise unsupported(
-            ctx, "sparse_value is not supported; store the constant as a dense 'value' tensor"
-        )
-    if value is not None:
-        return to_tensor(np.array(value))
-    if value_float is not None:
-        return to_tensor(np.array(value_float, dtype=np.float32))
-    if value_floats is not None:
-        return to_tensor(np.array(value_floats, dtype=np.float32))
-    if value_int is not None:
-        return to_tensor(np.array(value_int, dtype=np.int64))
-    if value_ints is not None:
-        return to_tensor(np.array(value_ints, dtype=np.int64))
-    if value_string is not None:
-        return np.array(value_string, dtype=object)
-    if value_strings is not None:
-        return np.array(value_strings, dtype=object)
-    raise ctx.error(
-        "Constant needs one of the value, value_float(s), value_int(s) or "
-        "value_string(s) attributes"
-    )
-
-
-@builtin("ConstantOfShape", since=9, attrs={"value": None})
-def constant_of_shape(ctx, shape, *, value):
-    """ConstantOfShape(input) -> output: a tensor of the given shape filled with `value`."""
-    dims = static_ints(ctx, shape, "shape")
-    fill = np.zeros((1,), np.float32) if value is None else np.asarray(value).reshape(-1)
-    return to_tensor(np.full(dims, fill[0], dtype=fill.dtype))
-
-
 def concatenate(arrays: Sequence[Any], axis: int) -> Any:
     if needs_numpy(*arrays):
         like = next((a for a in arrays if isinstance(a, torch.Tensor)), None)
@@ -144,6 +76,8 @@ def concatenate(arrays: Sequence[Any], axis: int) -> Any:
 # Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Split, Expand, Tile:
 # written once in converters/ops/shape.py.
 register_shape_ops(builtin, KERNEL, REQUIRED)
+# Identity, Constant, ConstantOfShape: converters/ops/shape.py too.
+register_constant_ops(builtin, KERNEL)
 
 
 _PAD_MODES = ("constant", "reflect", "edge", "wrap")
@@ -188,23 +122,8 @@ def pad(ctx, x, pads_in=None, constant_value=None, axes=None, *, mode, pads, pad
     """Pad(data, pads, constant_value?, axes?) -> output: pads (or crops, when negative)."""
     check_choice(ctx, "mode", mode, _PAD_MODES)
     src = pads_in if pads_in is not None else (pads if pads is not None else paddings)
-    raw = static_ints(ctx, src, "pads")
-    rank = len(shape_of(x))
-    if axes is not None:
-        ax = [normalize_axis(ctx, a, rank) for a in static_ints(ctx, axes, "axes")]
-    else:
-        ax = list(range(rank))
-    if len(raw) != 2 * len(ax):
-        raise ctx.error(f"pads {raw} must hold two entries per padded axis ({len(ax)})")
-    width = [[0, 0] for _ in range(rank)]
-    for i, a in enumerate(ax):
-        width[a] = [raw[i], raw[len(ax) + i]]
-    crop = tuple(
-        slice(-b if b < 0 else 0, (shape_of(x)[i] + e) if e < 0 else None)
-        for i, (b, e) in enumerate(width)
-    )
-    y = x[crop] if any(b < 0 or e < 0 for b, e in width) else x
-    pos = [(max(b, 0), max(e, 0)) for b, e in width]
+    crop, pos = pad_widths(ctx, tuple(np.shape(x)), src, axes)
+    y = x if crop is None else x[crop]
     if not any(b or e for b, e in pos):
         return y
     fill: Any = value

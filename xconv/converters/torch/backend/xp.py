@@ -17,8 +17,23 @@ import numpy as np
 import torch
 
 from xconv.converters.ops.arrays import namespace
-from xconv.converters.torch.backend.dtypes import numpy_only
-from xconv.converters.torch.backend.math import as_numpy, from_numpy
+from xconv.converters.torch.backend.dtypes import numpy_only, to_tensor
+
+
+def as_numpy(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def from_numpy(y: Any, like: Any = None) -> Any:
+    """A numpy result back to a tensor (on ``like``'s device); strings stay numpy."""
+    y = np.asarray(y)
+    out = to_tensor(y)
+    if isinstance(out, torch.Tensor) and isinstance(like, torch.Tensor):
+        out = out.to(like.device)
+    return out
+
 
 bool_ = torch.bool
 float32 = torch.float32
@@ -37,6 +52,48 @@ zeros_like = torch.zeros_like
 full_like = torch.full_like
 clip = torch.clamp
 reshape = torch.reshape
+negative = torch.negative
+reciprocal = torch.reciprocal
+ceil = torch.ceil
+floor = torch.floor
+sign = torch.sign
+sin = torch.sin
+cos = torch.cos
+tan = torch.tan
+arcsin = torch.arcsin
+arccos = torch.arccos
+arctan = torch.arctan
+sinh = torch.sinh
+cosh = torch.cosh
+arcsinh = torch.arcsinh
+arccosh = torch.arccosh
+arctanh = torch.arctanh
+isnan = torch.isnan
+isinf = torch.isinf
+isneginf = torch.isneginf
+isposinf = torch.isposinf
+logical_not = torch.logical_not
+logical_and = torch.logical_and
+logical_or = torch.logical_or
+logical_xor = torch.logical_xor
+bitwise_not = torch.bitwise_not
+bitwise_and = torch.bitwise_and
+bitwise_or = torch.bitwise_or
+bitwise_xor = torch.bitwise_xor
+add = torch.add
+subtract = torch.subtract
+multiply = torch.multiply
+divide = torch.divide
+greater = torch.greater
+less = torch.less
+greater_equal = torch.greater_equal
+less_equal = torch.less_equal
+remainder = torch.remainder
+fmod = torch.fmod
+asarray = torch.asarray
+equal = torch.eq  # elementwise; torch.equal compares whole tensors
+rint = torch.round  # both round half to even
+power = torch.pow
 
 
 def _tensor(b: Any, like: Any) -> Any:
