@@ -790,6 +790,8 @@ class _Emitter:
                 call = f"_torch_batch_norm(self.{attr}, {x}, train)"
         elif kind == "dropout":
             call = f"self.{attr}({x}, deterministic=not train)"
+        if self.low_dtype and kind == "batch_norm" and self.api == "nnx":
+            call = f"{call}.astype(jnp.bfloat16)"  # see flax_layers.layer_ctor
         linen, nnx_ = layer_ctor(kind, h, pdt, "jnp.bfloat16" if self.low_dtype else "")
         self.src.setup.append((f"self.{attr} = {linen}", f"self.{attr} = {nnx_}"))
         for role, arr in sorted(w.items()):

@@ -76,9 +76,10 @@ def layer_ctor(kind: str, h: dict[str, Any], pdt: str, dt: str = "") -> tuple[st
             "epsilon": (_num(h["epsilon"]), _num(1e-5)),
             "use_scale": (aff, True),
             "use_bias": (aff, True),
-            **norm,
         }
-        return f"nn.BatchNorm({_args(**kw)})", (
+        # nnx's BatchNorm casts its running statistics to ``dtype`` before rsqrt: it is left
+        # float32 (the emitter rounds its result); linen's computes in float32 either way.
+        return f"nn.BatchNorm({_args(**kw, **norm)})", (
             f"nnx.BatchNorm({_args(h['num_features'], **kw)}, rngs=rngs)"
         )
     if kind == "layer_norm":

@@ -185,6 +185,8 @@ def _lower(node: ir.Node, args: list[Any], attrs: dict[str, Any]) -> tuple[list,
     for i in floats:
         if _is_f32(args[i]):
             args[i] = _as_low(args[i])
+    if op in precision.FLOAT32_SOFTMAX and attrs.get("softmax_precision") is None:
+        attrs = {**attrs, "softmax_precision": int(ir.DataType.FLOAT)}
     return args, attrs, False
 
 

@@ -15,6 +15,7 @@ same rules, node by node, so the two agree:
   (``jnp.sum`` / ``jnp.mean`` of bfloat16 already do).
 * A ``Cast`` to float32 of a bfloat16 activation is the compute dtype in this model: in a
   float32 export such a cast is a no-op, so it carries no request for float32.
+* Attention runs its matmuls in bfloat16 and its softmax in float32.
 * Ops whose float operands configure them (``Resize`` scales) keep those operands.
 * Nodes folded at trace time (shape arithmetic, constant subgraphs) stay float32.
 """
@@ -48,6 +49,10 @@ FLOAT32_OPS = frozenset(
         "LogSoftmax",
     }
 )
+
+#: Ops computing a softmax inside (ONNX ``Attention``): given ``softmax_precision=FLOAT``
+#: when it is unset, so the matmuls run in bfloat16 and the softmax in float32.
+FLOAT32_SOFTMAX = frozenset({"Attention"})
 
 #: Ops whose operands after the first configure them: only the first is cast.
 _CONFIG_OPERANDS = frozenset({"Resize", "Upsample"})
