@@ -185,3 +185,43 @@ def test_cli_dtype_bfloat16_writes_the_policy_bound(tmp_path):
     assert r.exit_code == 2 and "--input-dtype int64" in r.output, r.output
     r = CliRunner().invoke(main, ["onnx-to-torch", str(path), "--dtype", BF16])
     assert r.exit_code == 2 and "only flax and jax" in r.output, r.output
+
+
+def test_cast_to_float32_stays_bf16_and_softmax_runs_in_float32(tmp_path):
+    """MatMul -> Add(constant) -> Softmax -> Cast(to=FLOAT) -> Mul(2): the no-op Cast of a
+    float32 export keeps the bfloat16 activation; runtime and generated Flax agree."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from xconv.ir import OPSET
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 5)).astype(np.float32), "w")
+    c = numpy_helper.from_array(rng.standard_normal((5,)).astype(np.float32), "c")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "c"], ["h2"]),
+        helper.make_node("Softmax", ["h2"], ["p"], axis=-1),
+        helper.make_node("Cast", ["p"], ["q"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["q", "two"], ["y"]),
+    ]
+    two = numpy_helper.from_array(np.asarray(2.0, np.float32), "two")
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3, 5]) for n in ("y", "q")],
+        [w, c, two],
+    )
+    irm = xconv.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]))
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    fn, params = xconv.to_jax(irm, dtype=BF16)
+    y, q = fn(params, x)
+    assert y.dtype == BF16 and q.dtype == BF16
+    ops = _dtypes(lambda p, a: fn(p, a), params, x)
+    assert ops["dot_general"] == {(BF16, BF16)} and ops["exp"] == {("float32",)}
+    logits = x @ numpy_helper.to_array(w) + numpy_helper.to_array(c)
+    want = 2 * np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    assert np.abs(np.asarray(y, np.float64) - want).max() < 0.02
+    out = xconv.to_flax(irm, tmp_path / "m", dtype=BF16, example_inputs=(x,))
+    mod, variables = _load_generated(out / "model.py").load(out)
+    assert [a.dtype for a in mod.apply(variables, x)] == [BF16, BF16]

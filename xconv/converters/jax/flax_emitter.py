@@ -805,8 +805,8 @@ class _Emitter:
         self.src.body.append(f"{out} = {call}{self._comment(p.anchor, p.scope)}")
         out_perm = perm if kind != "embedding" else None
         self.bind(p.output, out, out_perm)
-        if self.low_dtype and kind != "dropout" or p.input in self.low:
-            self.low.add(p.output)
+        if (self.low_dtype and kind != "dropout") or p.input in self.low:
+            self.low.add(p.output)  # layers compute in bfloat16; dropout keeps its input's
 
     def emit_submodule(self, p: LayerPlan) -> None:
         """A layer with no native Flax counterpart: its body as a generated submodule class."""
