@@ -739,7 +739,7 @@ def to_flax(
             got = generated.load(out)(*inputs)
         from xconv.converters.jax.interpreter import to_jax
 
-        fn, params = to_jax(model, dtype=low)
+        fn, params = to_jax(model) if low is None else to_jax(model, dtype=low)
         bound = None if low is None else bf16_differential_bound(model)
         what = f"generated Flax ({api}{', bfloat16' if low else ''})"
         _differential(model, what, "to_jax", got, fn(params, *inputs), bound)
