@@ -290,8 +290,13 @@ def _conversion_options(fn):
         click.option("--input-shape", "input_shapes", multiple=True,
                      help="Example input shape, e.g. 2,3,224,224 (repeat for each input; "
                           "append :int64 for a dtype)."),
-        click.option("--dtype", "input_dtypes", multiple=True, default=("float32",),
+        click.option("--input-dtype", "input_dtypes", multiple=True, default=("float32",),
                      show_default=True, help="Dtype of the example inputs (one, or one each)."),
+        click.option("--dtype", "dtype", default="float32", show_default=True,
+                     callback=_compute_dtype,
+                     help="Flax / JAX targets: compute dtype, float32 or bfloat16 (float32 "
+                          "params; norms and softmax in float32; parity judged by a bfloat16 "
+                          "bound written to parity.json)."),
         click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False), default=None,
                      help="Example inputs from an .npz file (arrays in input order)."),
         click.option("--dynamic-batch", is_flag=True, help="Symbolic batch dimension."),
@@ -305,6 +310,21 @@ def _conversion_options(fn):
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def _compute_dtype(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
+    from xconv.converters.jax.precision import DTYPES, resolve_dtype
+    from xconv.errors import ConversionError
+
+    try:
+        return resolve_dtype(value)
+    except ConversionError:
+        hint = ""
+        if value in ("float16", "float64", "int32", "int64", "bool", "uint8"):
+            hint = f"; for the example inputs' dtype use --input-dtype {value}"
+        raise click.BadParameter(
+            f"{value!r} is not a compute dtype; choose one of {', '.join(DTYPES)}{hint}"
+        ) from None
 
 
 def _cwd_on_path() -> bool:
@@ -329,6 +349,7 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
         parity=kw.get("parity_mode", "auto"),
         partitioning=kw.get("partitioning"),
         weights_format=kw.get("weights_format"),
+        dtype=kw.get("dtype"),
     )
     if out is None:
         out = Path(f"{Path(str(source)).stem}_{target}")
@@ -505,6 +526,10 @@ def _run_train_state_back(folder: Path, out: Path | None, template: str | None) 
 
 def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
     def command(model: Path | None, out: Path | None, **kw) -> None:
+        if kw.get("dtype") and target not in ("flax", "jax"):
+            raise click.UsageError(f"--dtype {kw['dtype']}: only flax and jax targets have it")
+        if kw.get("dtype") and (kw.get("weights") or kw.get("train_state")):
+            raise click.UsageError("--dtype: not with --weights or --train-state")
         if kw.get("weights"):
             if model is not None:
                 raise click.UsageError("give either MODEL or --weights, not both")

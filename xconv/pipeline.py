@@ -70,6 +70,10 @@ class ConvertOptions:
             written into ``model.py`` with each variable's logical axes (:mod:`xconv.sharding`).
         weights_format: Target ``flax``: ``"msgpack"`` (default) or ``"orbax"`` (implied by
             ``partitioning``), which the generated ``load(out_dir, mesh=)`` restores sharded.
+        dtype: Targets ``flax`` / ``jax``: compute dtype, ``"float32"`` (default) or
+            ``"bfloat16"`` (float32 params, bfloat16 matmuls / convolutions / attention, norms
+            and softmax in float32; :mod:`xconv.converters.jax.precision`). A bfloat16 model
+            is checked with :func:`xconv.parity.policies.bf16_policy`, its bound in the report.
     """
 
     api: str = "linen"
@@ -86,8 +90,12 @@ class ConvertOptions:
     parity: str = "auto"
     partitioning: Any = None
     weights_format: str | None = None
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
+        from xconv.converters.jax.precision import resolve_dtype
+
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
         if self.parity not in PARITY_MODES:
             raise ConversionError(
                 f"unknown parity mode {self.parity!r}; choose one of {list(PARITY_MODES)}"
@@ -164,6 +172,11 @@ def convert(
         raise ConversionError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
     if target != "flax" and (options.partitioning is not None or options.weights_format):
         raise ConversionError("partitioning / weights format: only the flax target has them")
+    if options.dtype is not None and target not in ("flax", "jax"):
+        raise ConversionError(
+            f"dtype {options.dtype!r}: only the flax and jax targets have a compute dtype; "
+            f"target {target!r} keeps the source's dtypes"
+        )
     out = Path(out_dir)
     timings: dict[str, float] = {}
     clock = [time.perf_counter()]
@@ -435,17 +448,18 @@ Loader = Callable[[Path], Any]
 
 
 def _emit_flax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
-    from xconv.converters.jax.flax_emitter import to_flax
+    from xconv.converters.jax.flax_emitter import FlaxOptions, to_flax
 
+    flax_options = FlaxOptions(dtype=options.dtype) if options.dtype else None
     if options.partitioning is not None or options.weights_format == "orbax":
         from xconv.sharding.flax import to_flax as to_flax_sharded
 
         to_flax_sharded(
             model, stage, api=options.api, partitioning=options.partitioning,
-            format=options.weights_format,
+            format=options.weights_format, options=flax_options,
         )  # fmt: skip
         return lambda where: _load_generated(where / "model.py").load(where)
-    to_flax(model, stage, api=options.api)
+    to_flax(model, stage, api=options.api, options=flax_options)
 
     def load(where: Path) -> Any:
         generated = _load_generated(where / "model.py")
@@ -487,10 +501,18 @@ def _emit_jax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
 
     from xconv.converters.jax.interpreter import to_jax
 
-    _fn, params = to_jax(model)
+    _fn, params = to_jax(model)  # float32 params whatever the compute dtype
     stage.mkdir(parents=True, exist_ok=True)
     (stage / "params.msgpack").write_bytes(serialization.msgpack_serialize(params))
-    (stage / "model.py").write_text(_JAX_LOADER)
+    loader = _JAX_LOADER
+    if options.dtype:
+        loader = loader.replace(
+            '"model.onnx"))', f'"model.onnx"), dtype="{options.dtype}")'
+        ).replace(
+            "the weights by source scope path.",
+            f"the weights by source scope path.\nComputes in {options.dtype} (params float32).",
+        )
+    (stage / "model.py").write_text(loader)
     return lambda where: _load_generated(where / "model.py").load(where)
 
 
@@ -539,6 +561,12 @@ def _check(
     the source's and the candidate's weights are never in memory together."""
     from xconv.parity.checker import check_parity
 
+    policy: Any = options.policy
+    if options.dtype:
+        from xconv.converters.jax.precision import rounding_depth
+        from xconv.parity.policies import bf16_policy
+
+        policy = bf16_policy(rounding_depth(imported.model), options.policy)
     layerwise: Any = False
     failed = None
     if _layerwise(imported, options):
@@ -556,7 +584,7 @@ def _check(
                     imported.program,
                     imported.model,
                     xs,
-                    policy=options.policy,
+                    policy=policy,
                     progress=lambda msg, name=name: say(
                         f"parity (float64 oracle, inputs {name}), {msg}"
                     ),
@@ -579,7 +607,7 @@ def _check(
         imported.reference,
         load_candidate(),
         imported.inputs,
-        policy=options.policy,
+        policy=policy,
         devices=options.devices,
         n_random=options.parity_random_inputs,
         layerwise=layerwise,
@@ -673,18 +701,31 @@ def to_flax(
     example_inputs: Any = None,
     partitioning: Any = None,
     format: str | None = None,
+    dtype: Any = None,
 ) -> Path:
     """Write Flax source for ``model`` (see ``flax_emitter.to_flax``; ``partitioning`` and
     ``format`` as in ``xconv.sharding.flax.to_flax``); with ``example_inputs`` (an array or a
     tuple of arrays), run the written ``model.py`` and check it against ``xconv.to_jax`` of
     the same IR before returning.
 
+    ``dtype="bfloat16"`` writes a model computing in bfloat16 with float32 parameters (layers
+    get ``dtype=jnp.bfloat16``; norms and softmax run in float32); it is checked against
+    ``xconv.to_jax(model, dtype="bfloat16")`` within :func:`bf16_differential_bound`.
+
     Raises:
         ParityError: the generated module disagrees with the runtime; names the first differing
             output. ``out_dir`` is removed: nothing wrong is left behind.
     """
+    from xconv.converters.jax.precision import resolve_dtype
     from xconv.sharding.flax import to_flax as emit
 
+    low = resolve_dtype(dtype)
+    if low is not None:
+        from dataclasses import replace
+
+        from xconv.converters.jax.flax_emitter import FlaxOptions
+
+        options = replace(options or FlaxOptions(), dtype=low)
     out = emit(model, out_dir, api=api, options=options, partitioning=partitioning, format=format)
     if example_inputs is None:
         return out
@@ -698,8 +739,10 @@ def to_flax(
             got = generated.load(out)(*inputs)
         from xconv.converters.jax.interpreter import to_jax
 
-        fn, params = to_jax(model)
-        _differential(model, f"generated Flax ({api})", "to_jax", got, fn(params, *inputs))
+        fn, params = to_jax(model) if low is None else to_jax(model, dtype=low)
+        bound = None if low is None else bf16_differential_bound(model)
+        what = f"generated Flax ({api}{', bfloat16' if low else ''})"
+        _differential(model, what, "to_jax", got, fn(params, *inputs), bound)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -739,8 +782,21 @@ def _as_input_tuple(example_inputs: Any) -> tuple[Any, ...]:
     return tuple(x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x) for x in items)
 
 
-def _differential(model: ir.Model, what: str, runtime: str, got: Any, want: Any) -> None:
-    """Raise ParityError at the first output where ``got`` and ``want`` disagree."""
+def bf16_differential_bound(model: ir.Model) -> float:
+    """Generated bfloat16 Flax vs bfloat16 ``to_jax``: the same ops, rounded to bfloat16 in
+    different places (inside a Flax layer vs after an ONNX op): per element, within
+    ``4 * 2**-8 * sqrt(L) * (|want| + max|want|)``, L the matmul/conv depth
+    (:func:`xconv.converters.jax.precision.rounding_depth`)."""
+    from xconv.converters.jax.precision import rounding_depth
+
+    return 4 * 2.0**-8 * float(np.sqrt(rounding_depth(model)))
+
+
+def _differential(
+    model: ir.Model, what: str, runtime: str, got: Any, want: Any, bf16: float | None = None
+) -> None:
+    """Raise ParityError at the first output where ``got`` and ``want`` disagree (within
+    ``bf16`` relative to the element and the output's largest magnitude, when given)."""
     from xconv.errors import ParityError
 
     got = list(got) if isinstance(got, tuple | list) else [got]
@@ -756,13 +812,15 @@ def _differential(model: ir.Model, what: str, runtime: str, got: Any, want: Any)
                 f"{what} disagrees with {runtime} first at output {i} ({name!r}): shape "
                 f"{g.shape} vs {w.shape}"
             )
-        if w.dtype.kind not in "fc":
+        if w.dtype.kind not in "fc" and w.dtype.name != "bfloat16":
             bad = g != w
         else:
             g64, w64 = g.astype(np.float64), w.astype(np.float64)
             finite = np.isfinite(w64)
             scale = float(np.abs(w64[finite]).max()) if finite.any() else 0.0
             bound = DIFFERENTIAL_ATOL * max(1.0, scale) + DIFFERENTIAL_RTOL * np.abs(w64)
+            if bf16 is not None:
+                bound = bf16 * (scale + np.abs(w64))
             with np.errstate(invalid="ignore"):
                 close = np.abs(g64 - w64) <= bound
                 same = np.isclose(g64, w64, equal_nan=True)  # inf / nan by position

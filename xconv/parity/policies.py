@@ -26,6 +26,17 @@ output fails. Bounds are always finite.
 dtype: the candidate's dtype must equal the reference's, unless ``allow_dtype`` names the
 promotion (``{"float32": "bfloat16"}``: a deliberate bfloat16 conversion of a float32 model,
 judged at bfloat16 precision). A float candidate of an integer reference always fails.
+
+bfloat16 compute (:func:`bf16_policy`, what ``dtype="bfloat16"`` conversions are checked
+with): the oracle policy with the floor derived from bfloat16's unit roundoff ``u = 2**-8``
+and the model's depth ``L`` (matmul / convolution stages on its longest path), each stage
+rounding its operands and result to bfloat16, errors adding like a random walk::
+
+    |cand_i - oracle_i| <= (k * c + 4 * u * sqrt(L)) * (|oracle_i| + s)
+
+The factor 4 leaves room over the measured error (0.3-2.5 ``u * sqrt(L)`` at the worst
+element of the ``fixtures/torch_models.py`` models, every input set) while a weight off by
+25 % still fails (``tests/parity/test_bf16.py``).
 """
 
 from __future__ import annotations
@@ -76,6 +87,8 @@ class Policy:
     floor_ulps: float = 8.0
     allow_dtype: Any = None
     allow_constant: bool = False
+    #: What the floor was derived from (:func:`bf16_policy`), stated in :meth:`describe`.
+    bound: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -121,6 +134,8 @@ class Policy:
             extra += ", allow_dtype " + ", ".join(f"{r}->{c}" for r, c in self.allow_dtype)
         if self.allow_constant:
             extra += ", allow_constant"
+        if self.bound:
+            extra += f"; {self.bound}"
         if self.kind == "oracle":
             return f"oracle (float64 reference; k={self.k:g}, floor={self.floor_ulps:g} ulp{extra})"
         if self.kind == "noise":
@@ -141,6 +156,36 @@ class Policy:
         """The fallback when only the candidate has a float64 twin (a reference that pins
         float32 inside, e.g. Flax layers built with ``dtype="float32"``)."""
         return replace(self, kind="noise")
+
+
+#: bfloat16's unit roundoff (half its machine epsilon 2**-7).
+BF16_UNIT_ROUNDOFF = 2.0**-8
+#: Allowed error of a bfloat16-computed model per ``sqrt(depth)``, in unit roundoffs.
+BF16_FACTOR = 4.0
+
+
+def bf16_policy(depth: int, policy: str | Policy | None = "oracle") -> Policy:
+    """The policy a bfloat16-compute conversion of a float32 model is checked with.
+
+    Args:
+        depth: Matmul / convolution stages on the model's longest path
+            (:func:`xconv.converters.jax.precision.rounding_depth`).
+        policy: The base policy: ``"oracle"`` (default) gets the floor
+            ``BF16_FACTOR * 2**-8 * sqrt(depth)`` relative to ``|oracle_i| + rms``;
+            ``"dtype"`` keeps torch's bfloat16 rtol / atol. Either allows float32 -> bfloat16.
+    """
+    depth = max(int(depth), 1)
+    base = resolve_policy(policy)
+    allow = {"float32": "bfloat16"}
+    if not base.uses_oracle:
+        bound = "bfloat16 compute, judged at torch's bfloat16 rtol/atol"
+        return replace(base, allow_dtype=allow, bound=bound)
+    rel = BF16_FACTOR * BF16_UNIT_ROUNDOFF * float(np.sqrt(depth))
+    bound = (
+        f"bfloat16 compute: |cand - oracle| <= (k*c_ref + {BF16_FACTOR:g} * 2^-8 * sqrt(L)) * "
+        f"(|oracle| + rms), L = {depth} matmul/conv stages: floor {rel:.3g} relative"
+    )
+    return replace(base, floor_ulps=rel / (2 * BF16_UNIT_ROUNDOFF), allow_dtype=allow, bound=bound)
 
 
 def resolve_policy(policy: str | Policy | None, **overrides: Any) -> Policy:

@@ -26,6 +26,7 @@ from xconv.converters.jax import (
     flax_classes,
     flax_ops_resize,  # noqa: F401  (registers templates)
     layout,
+    precision,
 )
 from xconv.converters.jax.flax_layers import layer_ctor
 from xconv.converters.jax.flax_ops import (
@@ -171,6 +172,11 @@ class FlaxOptions:
 
     native_conv_transpose: bool = False
     share_blocks: bool = True
+    #: Compute dtype: ``None`` / ``"float32"`` (default) or ``"bfloat16"``: layers get
+    #: ``dtype=jnp.bfloat16`` (params stay float32), other statements cast float32 params
+    #: and constants where they meet bfloat16 activations, norms and softmax run in float32
+    #: (:mod:`xconv.converters.jax.precision`).
+    dtype: str | None = None
 
 
 @dataclass
@@ -254,6 +260,9 @@ class _Emitter:
         self.prefix: str | None = None  # inside a generated block class: the block's scope
         self.done: set[ir.Node] = set()  # nodes already written (their reads are over)
         self.modules: dict[str, str] | None = None  # xconv.modules, parsed once
+        #: bfloat16 compute (``options.dtype``): the values held in bfloat16.
+        self.low_dtype = precision.resolve_dtype(self.options.dtype)
+        self.low: set[ir.Value] = set()
 
     # ------------------------------------------------------------ planning
 
@@ -446,6 +455,7 @@ class _Emitter:
     def emit_block(self, b: Block) -> None:
         """One instance of a source block class, as a (shared) generated class."""
         sub = _Emitter(self.model, self.api)
+        sub.low_dtype, sub.low = self.low_dtype, {v for v in b.inputs if v in self.low}
         sub.plans = self.plans
         sub.prefix = sub.own_scope = b.scope
         sub.canonical = True
@@ -480,6 +490,7 @@ class _Emitter:
         )
         for v, name in zip(b.outputs, outs, strict=True):
             self.bind(v, name, sub.native[v], v in sub.static)
+        self.low |= {v for v in b.outputs if v in sub.low}
 
     def _block_class(self, text: str, module: str) -> str:
         """The placeholder constructing this block: its class is shared by every instance
@@ -693,6 +704,9 @@ class _Emitter:
             name = self.ns.new(v.name)
             self.inputs.append(name)
             self.bind(v, name, None)
+            if self.low_dtype and v.dtype == ir.DataType.FLOAT:
+                self.src.body.append(f"{name} = {name}.astype(jnp.bfloat16)")
+                self.low.add(v)
         self.emit_nodes(list(self.graph))
         self.outputs = []
         for v in self.graph.outputs:
@@ -776,7 +790,9 @@ class _Emitter:
                 call = f"_torch_batch_norm(self.{attr}, {x}, train)"
         elif kind == "dropout":
             call = f"self.{attr}({x}, deterministic=not train)"
-        linen, nnx_ = layer_ctor(kind, h, pdt)
+        if self.low_dtype and kind == "batch_norm" and self.api == "nnx":
+            call = f"{call}.astype(jnp.bfloat16)"  # see flax_layers.layer_ctor
+        linen, nnx_ = layer_ctor(kind, h, pdt, "jnp.bfloat16" if self.low_dtype else "")
         self.src.setup.append((f"self.{attr} = {linen}", f"self.{attr} = {nnx_}"))
         for role, arr in sorted(w.items()):
             collection, var = FLAX_VARIABLES[kind][role]
@@ -789,10 +805,13 @@ class _Emitter:
         self.src.body.append(f"{out} = {call}{self._comment(p.anchor, p.scope)}")
         out_perm = perm if kind != "embedding" else None
         self.bind(p.output, out, out_perm)
+        if (self.low_dtype and kind != "dropout") or p.input in self.low:
+            self.low.add(p.output)  # layers compute in bfloat16; dropout keeps its input's
 
     def emit_submodule(self, p: LayerPlan) -> None:
         """A layer with no native Flax counterpart: its body as a generated submodule class."""
         sub = _Emitter(self.model, self.api)
+        sub.low_dtype, sub.low = self.low_dtype, {v for v in p.inputs if v in self.low}
         sub.weight_names = {v: raw_param_name(r) for r, v in p.weights.items()}
         sub.own_scope = p.scope
         sub.canonical = True
@@ -824,6 +843,7 @@ class _Emitter:
         self.src.body.append(f"{outs} = self.{attr}({args}){comment}")
         for v, name in zip(p.outputs, outs.split(", "), strict=True):
             self.bind(v, name, None, v in sub.static)
+        self.low |= {v for v in p.outputs if v in sub.low}
 
     def _tied_dense(self, p: LayerPlan, x: str) -> bool:
         """A Linear whose ``(out, in)`` weight is already a raw parameter of this module (an LM
@@ -837,9 +857,14 @@ class _Emitter:
         if set(p.weights) - DROPPED_ROLES - {"kernel", "bias"}:
             return False
         w = self.weight(kernel)
+        bias = self.weight(p.weights["bias"]) if p.hyper["use_bias"] and "bias" in p.weights else ""
+        if self.low_dtype:  # Flax's Dense(dtype=jnp.bfloat16) casts all three
+            x = x if p.input in self.low else f"{x}.astype(jnp.bfloat16)"
+            w, bias = f"{w}.astype(jnp.bfloat16)", bias and f"{bias}.astype(jnp.bfloat16)"
+            self.low.add(p.output)
         expr = f"jax.lax.dot_general({x}, {w}, ((({x}.ndim - 1,), (1,)), ((), ())))"
-        if p.hyper["use_bias"] and "bias" in p.weights:
-            expr += f" + {self.weight(p.weights['bias'])}"
+        if bias:
+            expr += f" + {bias}"
         out = self.local(p.output, [p.input], p.scope)
         self.src.body.append(f"{out} = {expr}{self._comment(p.anchor, p.scope)}")
         self.bind(p.output, out, None)
@@ -888,6 +913,10 @@ class _Emitter:
             else tuple(d if isinstance(d, int) else None for d in v.shape)
             for v in ins
         ]
+        lowered = None
+        if self.low_dtype and not static:
+            lowered = self._lower(node, args, consts, attrs, bare)
+        rounds = lowered == "round"
         call = OpCall(node, args, consts, shapes, attrs, xp=xp, perm=perm)
         expr = tpl.fn(call)
         self._drop_unused_constants(stored, expr)
@@ -900,7 +929,12 @@ class _Emitter:
             else:
                 outs.append("_")
         target = outs[0] if len(outs) == 1 else ", ".join(outs)
+        floats = [n for o, n in zip(node.outputs, outs, strict=True) if n != "_" and _f32(o)]
+        if rounds and len(outs) == 1 and floats:
+            expr = f"({expr}).astype(jnp.bfloat16)"  # a float32 op's result, in bfloat16
         self.src.body.append(f"{target} = {expr}{self._comment(node)}")
+        if rounds and len(outs) > 1:
+            self.src.body.extend(f"{n} = {n}.astype(jnp.bfloat16)" for n in floats)
         out_perm = perm
         if tpl.layout == "reduce":
             out_perm = self._reduce_perm(node, attrs, consts, perm)
@@ -909,6 +943,44 @@ class _Emitter:
         for o, name in zip(node.outputs, outs, strict=True):
             if name != "_":
                 self.bind(o, name, out_perm if o is node.outputs[0] else None, static)
+        if lowered is not None:
+            self.low |= {o for o in node.outputs if _f32(o)}
+
+    def _lower(
+        self, node: ir.Node, args: list, consts: list, attrs: dict, bare: bool
+    ) -> str | None:
+        """The bfloat16 rules of :mod:`~xconv.converters.jax.precision` for one statement,
+        as ``interpreter._lower`` applies them: edits ``args`` / ``attrs`` in place. Returns
+        ``"round"`` (a float32 op: its result is rounded to bfloat16), ``"low"`` (it computes
+        in bfloat16) or None (its float results, if any, stay float32)."""
+        op, ins = node.op_type, list(node.inputs)
+        floats = [
+            i
+            for i in precision.data_operands(op, len(ins))
+            if ins[i] is not None and ins[i].name and (ins[i] in self.low or _f32(ins[i]))
+        ]
+        if all(consts[i] is not None or ins[i] in self.static for i in floats):
+            return None  # no run-time float operand
+        how = precision.mode(op)
+        if how == "float32":
+            for i in floats:
+                if ins[i] in self.low:
+                    args[i] = f"{args[i]}.astype(jnp.float32)"
+            return "round"
+        if how == "cast":
+            target = attrs.get("to") if op == "Cast" else ins[1].dtype
+            if ins[0] in self.low and target is not None and ir.DataType(target) == _FLOAT:
+                if op == "Cast":
+                    attrs["to"] = int(ir.DataType.BFLOAT16)
+                else:
+                    args[1] = args[0]  # CastLike(x, x): x as it is
+                return "low"
+            return None
+        for i in floats:
+            scalar = bare and consts[i] is not None and consts[i].ndim == 0  # weakly typed
+            if ins[i] not in self.low and not scalar:
+                args[i] = f"{args[i]}.astype(jnp.bfloat16)"
+        return "low"
 
     def _drop_unused_constants(self, before: set, expr: str) -> None:
         """Forget stored constants made for this node that its template did not use (zero
@@ -993,6 +1065,13 @@ def _feeds_softmax(value: ir.Value, depth: int = 3) -> bool:
         if depth and elementwise and any(_feeds_softmax(o, depth - 1) for o in use.node.outputs):
             return True
     return False
+
+
+_FLOAT = ir.DataType.FLOAT
+
+
+def _f32(value: ir.Value) -> bool:
+    return value.dtype == _FLOAT
 
 
 def _dims(value: ir.Value) -> list[int | None] | None:

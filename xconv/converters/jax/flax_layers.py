@@ -35,15 +35,17 @@ def _num(value: float) -> str:
     return scalar_literal(value)
 
 
-def layer_ctor(kind: str, h: dict[str, Any], pdt: str) -> tuple[str, str]:
+def layer_ctor(kind: str, h: dict[str, Any], pdt: str, dt: str = "") -> tuple[str, str]:
     """``(linen, nnx)`` constructor expressions of a native layer of ``kind``.
 
     Args:
         kind: The layer kind (``conv``, ``dense``, ``batch_norm``, ...).
         h: Its hyper-parameters (``xconv.layer`` metadata).
         pdt: The ``param_dtype`` expression (``jnp.bfloat16``), or ``""`` for float32.
+        dt: The compute ``dtype`` expression (``jnp.bfloat16``), or ``""`` (the inputs').
     """
-    extra = {"param_dtype": (pdt, "")}
+    extra = {"dtype": (dt, ""), "param_dtype": (pdt, "")}
+    norm = {"dtype": (dt, "")}
     if kind == "dense":
         bias = {"use_bias": (bool(h["use_bias"]), True), **extra}
         return (
@@ -75,7 +77,9 @@ def layer_ctor(kind: str, h: dict[str, Any], pdt: str) -> tuple[str, str]:
             "use_scale": (aff, True),
             "use_bias": (aff, True),
         }
-        return f"nn.BatchNorm({_args(**kw)})", (
+        # nnx's BatchNorm casts its running statistics to ``dtype`` before rsqrt: it is left
+        # float32 (the emitter rounds its result); linen's computes in float32 either way.
+        return f"nn.BatchNorm({_args(**kw, **norm)})", (
             f"nnx.BatchNorm({_args(h['num_features'], **kw)}, rngs=rngs)"
         )
     if kind == "layer_norm":
@@ -84,6 +88,7 @@ def layer_ctor(kind: str, h: dict[str, Any], pdt: str) -> tuple[str, str]:
             "epsilon": (_num(h["epsilon"]), _num(1e-6)),
             "use_scale": (aff, True),
             "use_bias": (aff and bool(h["use_bias"]), True),
+            **norm,
         }
         return f"nn.LayerNorm({_args(**kw)})", (
             f"nnx.LayerNorm({_args(h['normalized_shape'][0], **kw)}, rngs=rngs)"
@@ -95,6 +100,7 @@ def layer_ctor(kind: str, h: dict[str, Any], pdt: str) -> tuple[str, str]:
             "epsilon": (_num(h["epsilon"]), _num(1e-6)),
             "use_scale": (aff, True),
             "use_bias": (aff, True),
+            **norm,
         }
         return f"nn.GroupNorm({_args(**kw)})", (
             f"nnx.GroupNorm({_args(h['num_channels'], **kw)}, rngs=rngs)"
@@ -103,15 +109,14 @@ def layer_ctor(kind: str, h: dict[str, Any], pdt: str) -> tuple[str, str]:
         kw = {
             "epsilon": (_num(h["epsilon"]), _num(1e-6)),
             "use_scale": (bool(h["elementwise_affine"]), True),
+            **norm,
         }
         return f"nn.RMSNorm({_args(**kw)})", (
             f"nnx.RMSNorm({_args(h['normalized_shape'][-1], **kw)}, rngs=rngs)"
         )
     if kind == "embedding":
-        return (
-            f"nn.Embed({h['num_embeddings']}, {h['features']})",
-            f"nnx.Embed({h['num_embeddings']}, {h['features']}, rngs=rngs)",
-        )
+        emb = _args(h["num_embeddings"], h["features"], **norm)
+        return f"nn.Embed({emb})", f"nnx.Embed({emb}, rngs=rngs)"
     rate = _num(h["rate"])
     return f"nn.Dropout({rate})", f"nnx.Dropout({rate}, rngs=rngs)"
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.jax import precision
 from xconv.converters.jax.context import JaxContext
 from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.context import find_handler, graph_env, handler_errors
@@ -70,6 +71,8 @@ class Interpreter:
     registry: Registry
     constants: dict[ir.Value, Any] = field(default_factory=dict)
     capture: Callable[[ir.Node, tuple[Any, ...]], None] | None = None
+    #: Compute dtype: None (float32, as the graph says) or ``"bfloat16"`` (see ``precision``).
+    dtype: str | None = None
 
     @property
     def opset(self) -> int:
@@ -126,16 +129,65 @@ class Interpreter:
         static = (
             node.op_type not in _STATEFUL and not has_subgraph and all(is_static(a) for a in args)
         )
+        lowered = None
+        if self.dtype is not None and not static:
+            args, attrs, lowered = _lower(node, args, attrs)
         with handler_errors(node):
-            if static:
+            if lowered is not None and not isinstance(lowered, bool):
+                outputs = lowered  # a Cast to float32 of a bfloat16 activation: no-op
+            elif static:
                 with jax.ensure_compile_time_eval():
                     outputs = as_tuple(handler.fn(ctx, *args, **attrs))
                 outputs = tuple(_to_static(o) for o in outputs)
             else:
                 outputs = as_tuple(handler.fn(ctx, *args, **attrs))
+        if lowered is True:  # a float32 op (norm, softmax): its result in bfloat16
+            outputs = tuple(_as_low(o) if _is_f32(o) else o for o in outputs)
         if self.capture is not None:
             self.capture(node, outputs)
         return outputs
+
+
+def _is_f32(a: Any) -> bool:
+    return isinstance(a, np.ndarray | np.generic | jax.Array) and a.dtype == np.float32
+
+
+def _is_low(a: Any) -> bool:
+    return isinstance(a, np.ndarray | np.generic | jax.Array) and a.dtype == jnp.bfloat16
+
+
+def _as_low(a: Any) -> Any:
+    return jnp.asarray(a, jnp.bfloat16)
+
+
+def _lower(node: ir.Node, args: list[Any], attrs: dict[str, Any]) -> tuple[list, dict, Any]:
+    """Apply the bfloat16 rules of :mod:`~xconv.converters.jax.precision` to one node that
+    runs at run time: returns its operands, its attributes and True (round its float32
+    results to bfloat16), a tuple (its outputs, already known) or False."""
+    op = node.op_type
+    floats = [
+        i for i in precision.data_operands(op, len(args)) if _is_f32(args[i]) or _is_low(args[i])
+    ]
+    if all(is_static(args[i]) for i in floats):
+        return args, attrs, False  # no run-time float operand: nothing is computed in float
+    args = list(args)
+    how = precision.mode(op)
+    if how == "float32":
+        for i in floats:
+            if _is_low(args[i]):
+                args[i] = jnp.asarray(args[i], jnp.float32)
+        return args, attrs, True
+    if how == "cast":
+        target = attrs.get("to") if op == "Cast" else node.inputs[1].dtype
+        if _is_low(args[0]) and target is not None and ir.DataType(target) == ir.DataType.FLOAT:
+            return args, attrs, (args[0],)
+        return args, attrs, False
+    for i in floats:
+        if _is_f32(args[i]):
+            args[i] = _as_low(args[i])
+    if op in precision.FLOAT32_SOFTMAX and attrs.get("softmax_precision") is None:
+        attrs = {**attrs, "softmax_precision": int(ir.DataType.FLOAT)}
+    return args, attrs, False
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,6 +203,8 @@ class JaxFunction:
     weight_names: tuple[str, ...]
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
+    #: Compute dtype: None (float32) or ``"bfloat16"`` (float32 params, bfloat16 compute).
+    dtype: str | None = None
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> tuple:
         return tuple(_to_jax(o) for o in self._run(params, inputs, rng, None))
@@ -181,16 +235,21 @@ class JaxFunction:
         by_name = graph.initializers
         for name, x in flat.items():
             env[by_name[name]] = x
-        interp = Interpreter(self.model, self.registry, capture=capture)
+        interp = Interpreter(self.model, self.registry, capture=capture, dtype=self.dtype)
         real_inputs = [v for v in graph.inputs if not v.is_initializer()]
         for value, x in zip(real_inputs, inputs, strict=True):
-            env[value] = x
+            env[value] = _as_low(x) if self.dtype is not None and _is_f32(x) else x
         # Initializers that are not weights become numpy constants in run_graph.
         return interp.run_graph(graph, env, [], rng)
 
 
 def to_jax(
-    model: ir.Model, *, registry: Registry | None = None, mesh: Any = None, rules: Any = None
+    model: ir.Model,
+    *,
+    registry: Registry | None = None,
+    mesh: Any = None,
+    rules: Any = None,
+    dtype: Any = None,
 ) -> tuple[JaxFunction, dict]:
     """Convert an IR model to a pure JAX function and its parameters.
 
@@ -201,6 +260,10 @@ def to_jax(
             place the params on it (see :mod:`xconv.sharding`); ``fn`` is then a jitted
             ``ShardedFunction`` splitting inputs' batch over ``data``.
         rules: ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` (default with a mesh) or a rule table.
+        dtype: Compute dtype: ``"float32"`` (default) or ``"bfloat16"``: params stay
+            float32, matmuls / convolutions / attention run on bfloat16 operands, norms and
+            softmax in float32, outputs come back bfloat16 (see
+            :mod:`xconv.converters.jax.precision`).
 
     Returns:
         ``(fn, params)``: call ``fn(params, *inputs)`` to get a tuple of outputs. ``params``
@@ -211,6 +274,7 @@ def to_jax(
     """
     from xconv.converters.jax.registry import registry as default_registry
 
+    low = precision.resolve_dtype(dtype)
     reg = registry or default_registry
     reg.check_supported(model)
     graph = model.graph
@@ -227,6 +291,7 @@ def to_jax(
         weight_names=tuple(sorted(weights)),
         input_names=input_names,
         output_names=tuple(v.name for v in graph.outputs),
+        dtype=low,
     )
     if mesh is not None:  # rules without a mesh are inert
         from xconv.sharding.place import to_jax_sharded
