@@ -124,8 +124,8 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
     """Scaled dot-product attention in the inputs' own layout, one select for every mask.
 
     4-D inputs stay head-major ``(B, H, S, D)``; 3-D inputs are viewed sequence-major
-    ``(B, S, H, D)`` (a reshape, no transpose) and contracted as such. ``Q`` is scaled once
-    (``scale * Q``, not ``sqrt(scale)`` on both ``Q`` and ``K``); the causal frontier and a
+    ``(B, S, H, D)`` (a reshape, no transpose) and contracted as such. The scores are scaled
+    once (not ``sqrt(scale)`` on both ``Q`` and ``K``); the causal frontier and a
     boolean mask are one ``where`` with the dtype's lowest finite value, a float mask is
     added (its ``-inf`` clamped to that value) and a query row nothing may attend gives
     zeros, as in the reference. Returns None when the shapes are not ones it handles.
@@ -191,10 +191,11 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
     if q_heads != kv_heads:
         k = jnp.repeat(k, q_heads // kv_heads, axis=head_ax)
         v = jnp.repeat(v, q_heads // kv_heads, axis=head_ax)
-    if rank == 3:
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(scale, dtype), k)
-    else:
-        scores = jnp.einsum("bhqd,bhkd->bhqk", q * jnp.asarray(scale, dtype), k)
+    # The scale multiplies the scores, not Q: with Q pre-scaled the transformer row of
+    # benchmarks/bench_attention_layout.py ran 2x slower at batch 1 on CPU (an elementwise
+    # producer fused into the dot's operand is the likely cause).
+    spec = "bqhd,bkhd->bhqk" if rank == 3 else "bhqd,bhkd->bhqk"
+    scores = jnp.einsum(spec, q, k) * jnp.asarray(scale, dtype)
     lowest = jnp.asarray(np.finfo(dtype).min, dtype)
     empty = None  # query rows nothing may attend (their output is zero)
     if bias is not None:

@@ -1135,7 +1135,7 @@ def _attention(q, k, v, mask, is_causal, scale, q_num_heads, kv_num_heads):
         k = jnp.repeat(k, groups, axis=head)
         v = jnp.repeat(v, groups, axis=head)
     lhs = "bqhd,bkhd->bhqk" if three_d else "bhqd,bhkd->bhqk"
-    scores = jnp.einsum(lhs, q * jnp.asarray(scale, q.dtype), k)
+    scores = jnp.einsum(lhs, q, k) * jnp.asarray(scale, q.dtype)
     lowest = jnp.finfo(scores.dtype).min
     allowed = empty = None
     if is_causal:

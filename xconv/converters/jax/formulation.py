@@ -9,11 +9,7 @@ on a GPU for float16/bfloat16 inputs; anything the fast form does not cover (KV 
 softcap, windows, scores as an output, float16/bfloat16 on CPU) keeps the ONNX reference's
 step-by-step form. ``"reference"`` always uses the step-by-step form.
 
-``layout``: ``"auto"`` (default) runs chains of convolution, pooling, batch-norm and
-elementwise ops channels-last on CPU in ``to_jax``; ``"source"`` keeps ONNX's channels-first
-layout for every op.
-
-The environment variables ``XCONV_JAX_ATTENTION`` and ``XCONV_JAX_LAYOUT`` set the defaults;
+The environment variable ``XCONV_JAX_ATTENTION`` sets the default;
 :func:`use` overrides them for a block (benchmarks compare both). The choice is read when a
 function is traced (or when Flax source is written): a jitted function keeps the
 formulation it was traced with.
@@ -25,7 +21,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-_CHOICES = {"attention": ("auto", "reference"), "layout": ("auto", "source")}
+_CHOICES = {"attention": ("auto", "reference")}
 _current: dict[str, str] = {}
 
 
@@ -37,13 +33,13 @@ def _default(name: str) -> str:
 
 
 def get(name: str) -> str:
-    """The formulation in force for ``name`` (``"attention"`` or ``"layout"``)."""
+    """The formulation in force for ``name`` (``"attention"``)."""
     return _current.get(name) or _default(name)
 
 
 @contextlib.contextmanager
 def use(**choices: str) -> Iterator[None]:
-    """``with use(attention="reference", layout="source"): ...`` for the block."""
+    """``with use(attention="reference"): ...`` for the block."""
     for name, value in choices.items():
         if name not in _CHOICES or value not in _CHOICES[name]:
             raise ValueError(f"{name}={value!r}: expected one of {_CHOICES.get(name)}")
