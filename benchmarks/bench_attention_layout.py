@@ -271,8 +271,8 @@ def main() -> None:
         f"{load_after[0]:.1f} / {load_after[1]:.1f} / {load_after[2]:.1f} at the end (1/5/15 "
         f"min), {time.perf_counter() - start:.0f} s. Each time is the median over "
         f"{args.rounds} interleaved rounds of a round's median call; ratio to the hand-written "
-        "Flax model (< 1 = faster). \"before\": `formulation.use(attention=\"reference\")`, "
-        "\"after\": the default. max |err| is against torch eager.",
+        'Flax model (< 1 = faster). "before": `formulation.use(attention="reference")`, '
+        '"after": the default. max |err| is against torch eager.',
         "",
     ]
     for row, batch, times, errs in tables:
@@ -287,7 +287,9 @@ def main() -> None:
             change = ""
             if name.endswith(", after"):
                 change = f"x{t / times[name.replace(', after', ', before')]:.2f}"
-            key = {"PyPI torch2jax (t2j)": "t2j"}.get(name, name.replace("xconv ", "").replace(",", ""))
+            key = {"PyPI torch2jax (t2j)": "t2j"}.get(
+                name, name.replace("xconv ", "").replace(",", "")
+            )
             err = errs.get(key)
             lines.append(
                 f"| {name} | {t * 1e3:.3f} | x{t / base:.2f} | {change} | "

@@ -178,8 +178,12 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
         to_btnh = (lambda x: x) if rank == 3 else (lambda x: jnp.swapaxes(x, 1, 2))
         try:
             y = jax.nn.dot_product_attention(
-                to_btnh(q), to_btnh(k), to_btnh(v), scale=float(scale),
-                is_causal=bool(is_causal), implementation="cudnn",
+                to_btnh(q),
+                to_btnh(k),
+                to_btnh(v),
+                scale=float(scale),
+                is_causal=bool(is_causal),
+                implementation="cudnn",
             )
         except Exception:  # noqa: BLE001 - shapes/dtypes cuDNN rejects: the XLA form below
             y = None
@@ -273,11 +277,18 @@ def attention(
     if rank == 3 and (not q_num_heads or not kv_num_heads):
         raise ctx.error("3-D inputs need the q_num_heads and kv_num_heads attributes")
     if _fast_applies(
-        ctx, q, past_key, nonpad_kv_seqlen, softcap, softmax_precision, left_window_size,
+        ctx,
+        q,
+        past_key,
+        nonpad_kv_seqlen,
+        softcap,
+        softmax_precision,
+        left_window_size,
         right_window_size,
     ):
-        y = _fast_attention(ctx, q, k, v, attn_mask, bool(is_causal), scale, q_num_heads,
-                            kv_num_heads)
+        y = _fast_attention(
+            ctx, q, k, v, attn_mask, bool(is_causal), scale, q_num_heads, kv_num_heads
+        )
         if y is not None:
             return y, k, v, None
     if rank == 3:
