@@ -230,3 +230,75 @@ def test_grad_attention_with_mask_and_fully_masked_row():
     ref = jax.grad(lambda q: jnp.sum(_sdpa(q, k, v, mask[1:]) ** 2))(jnp.asarray(Q4[:, :, 1:]))
     np.testing.assert_allclose(g[:, :, 1:], ref, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(g[:, :, 0]), 0.0)
+
+
+_NEG_ROW_MASK = np.where(np.arange(SKV)[None, :] < 2, 0.0, -np.inf).astype(np.float32)
+_NEG_ROW_MASK = np.broadcast_to(_NEG_ROW_MASK, (SQ, SKV)).copy()
+_NEG_ROW_MASK[0] = -np.inf  # a row nothing may attend: zeros, as in the reference
+_EMPTY_ROW_BOOL = BOOL_MASK.copy()
+_EMPTY_ROW_BOOL[1] = False
+
+FAST = [
+    OpCase("fast_4d", "Attention", [Q4, K4, V4]),
+    OpCase("fast_4d_scale_causal", "Attention", [Q4, K4, V4], {"scale": 0.2, "is_causal": 1}),
+    OpCase("fast_4d_gqa_bool_mask", "Attention", [Q4, KG, VG, _EMPTY_ROW_BOOL]),
+    OpCase("fast_4d_float_mask_short", "Attention", [Q4, K4, V4, FLOAT_MASK]),
+    OpCase("fast_4d_float_mask_empty_row", "Attention", [Q4, K4, V4, _NEG_ROW_MASK]),
+    OpCase(
+        "fast_4d_bool_mask_causal", "Attention", [Q4, K4, V4, _EMPTY_ROW_BOOL], {"is_causal": 1}
+    ),
+    OpCase(
+        "fast_3d_gqa_causal",
+        "Attention",
+        [Q3, K3, V3],
+        {"q_num_heads": HQ, "kv_num_heads": HKV, "is_causal": 1},
+    ),
+    OpCase(
+        "fast_3d_float_mask",
+        "Attention",
+        [Q3, K3, V3, FLOAT_MASK],
+        {"q_num_heads": HQ, "kv_num_heads": HKV},
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FAST, ids=str)
+def test_fast_formulation_matches_reference(case: OpCase, monkeypatch):
+    """The fused formulation (head- or sequence-major, one select per mask) is the one taken
+    for these nodes, and it gives the reference's numbers, fully-masked rows included; the
+    step-by-step formulation ("reference") agrees with it."""
+    from xconv.converters.jax import attention, formulation
+
+    taken = []
+    real = attention._fast_attention
+    monkeypatch.setattr(
+        attention, "_fast_attention", lambda *a, **k: taken.append(1) or real(*a, **k)
+    )
+    fn, params, actual, expected = run_both(case)
+    assert taken, "the fused formulation was not taken"
+    assert_close(actual, expected, case.rtol, case.atol)
+    jitted = jax.jit(fn)(params, *(jnp.asarray(x) for x in feeds(case)))
+    assert_close(jitted, expected, case.rtol, case.atol)
+    with formulation.use(attention="reference"):
+        taken.clear()
+        slow = fn(params, *(jnp.asarray(x) for x in feeds(case)))
+        assert not taken
+    assert_close(slow, actual[:1], 1e-5, 1e-6)
+
+
+def test_fast_formulation_grad_with_fully_masked_row():
+    """Gradients through the fused form stay finite and match the step-by-step form's."""
+    from xconv.converters.jax import formulation
+
+    case = OpCase("attn", "Attention", [Q4, K4, V4, _NEG_ROW_MASK])
+    fn, params = xconv.to_jax(xconv.load(build_model(case)))
+    k, v, m = jnp.asarray(K4), jnp.asarray(V4), jnp.asarray(_NEG_ROW_MASK)
+
+    def loss(q):
+        return jnp.sum(fn(params, q, k, v, m)[0] ** 2)
+
+    g = jax.grad(loss)(jnp.asarray(Q4))
+    with formulation.use(attention="reference"):
+        g_ref = jax.grad(loss)(jnp.asarray(Q4))
+    assert np.all(np.isfinite(g))
+    np.testing.assert_allclose(g, g_ref, rtol=1e-4, atol=1e-6)

@@ -16,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 from jax import lax
 
+from xconv.converters.jax import formulation
 from xconv.converters.jax.linalg import reference_sum
 from xconv.converters.jax.registry import builtin
 from xconv.converters.ops import attention as attention_attrs
@@ -96,6 +97,133 @@ def _attention_bias(ctx, q_len, kv_len, dtype, attn_mask, is_causal, offset, win
     return bias
 
 
+# ------------------------------------------------------------------ the fast formulation
+
+
+def _fast_applies(ctx, q, past_key, nonpad, softcap, softmax_precision, left, right) -> bool:
+    """Whether the fused formulation computes this node: no KV cache, padding lengths,
+    softcap or windows, nothing reads the present key/value or the scores, and the dtype is
+    one whose softmax the fused form rounds as the reference does (float32/float64; float16
+    and bfloat16 only on a GPU, through cuDNN)."""
+    if formulation.get("attention") != "auto":
+        return False
+    if past_key is not None or nonpad is not None or softcap > 0 or left >= 0 or right >= 0:
+        return False
+    if any(o.uses() or o.is_graph_output() for o in ctx.output_values[1:] if o is not None):
+        return False
+    if softmax_precision is not None and ir.DataType(softmax_precision).numpy() != q.dtype:
+        return False
+    return q.dtype in (jnp.float32, jnp.float64) or _cudnn_backend()
+
+
+def _cudnn_backend() -> bool:
+    return jax.default_backend() in ("gpu", "cuda")
+
+
+def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_num_heads):
+    """Scaled dot-product attention in the inputs' own layout, one select for every mask.
+
+    4-D inputs stay head-major ``(B, H, S, D)``; 3-D inputs are viewed sequence-major
+    ``(B, S, H, D)`` (a reshape, no transpose) and contracted as such. The scores are scaled
+    once (not ``sqrt(scale)`` on both ``Q`` and ``K``); the causal frontier and a
+    boolean mask are one ``where`` with the dtype's lowest finite value, a float mask is
+    added (its ``-inf`` clamped to that value) and a query row nothing may attend gives
+    zeros, as in the reference. Returns None when the shapes are not ones it handles.
+    """
+    rank = q.ndim
+    dtype = q.dtype
+    if rank == 3:
+        b = q.shape[0]
+        q = q.reshape(b, q.shape[1], q_num_heads, -1)
+        k = k.reshape(b, k.shape[1], kv_num_heads, -1)
+        v = v.reshape(b, v.shape[1], kv_num_heads, -1)
+        head_ax, seq_ax = 2, 1
+    else:
+        head_ax, seq_ax = 1, 2
+    q_heads, kv_heads = q.shape[head_ax], k.shape[head_ax]
+    if q_heads != kv_heads and q_heads % kv_heads:
+        raise ctx.error(f"q heads ({q_heads}) must be a multiple of kv heads ({kv_heads})")
+    q_len, kv_len = q.shape[seq_ax], k.shape[seq_ax]
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+
+    mask = bias = None
+    if attn_mask is not None:
+        attn_mask = attn_mask if isinstance(attn_mask, np.ndarray) else jnp.asarray(attn_mask)
+        if attn_mask.ndim > 4 or attn_mask.shape[-1] > kv_len:
+            return None
+        pad = kv_len - attn_mask.shape[-1]
+        if attn_mask.dtype == np.bool_:
+            if pad:
+                widths = [(0, 0)] * (attn_mask.ndim - 1) + [(0, pad)]
+                attn_mask = jnp.pad(attn_mask, widths, constant_values=False)
+            mask = attn_mask
+        else:
+            if pad:
+                widths = [(0, 0)] * (attn_mask.ndim - 1) + [(0, pad)]
+                attn_mask = jnp.pad(attn_mask, widths, constant_values=_NEG_INF)
+            bias = attn_mask.astype(dtype)
+    causal = None
+    if is_causal:
+        causal = _frontier(q_len, kv_len, 0) >= 0
+
+    if (
+        _cudnn_backend()
+        and dtype in (jnp.float16, jnp.bfloat16)
+        and mask is None
+        and bias is None
+        and q.shape[-1] % 8 == 0
+        and q.shape[-1] <= 128
+    ):
+        to_btnh = (lambda x: x) if rank == 3 else (lambda x: jnp.swapaxes(x, 1, 2))
+        try:
+            y = jax.nn.dot_product_attention(
+                to_btnh(q),
+                to_btnh(k),
+                to_btnh(v),
+                scale=float(scale),
+                is_causal=bool(is_causal),
+                implementation="cudnn",
+            )
+        except Exception:  # noqa: BLE001 - shapes/dtypes cuDNN rejects: the XLA form below
+            y = None
+        if y is not None:
+            return y.reshape(y.shape[0], y.shape[1], -1) if rank == 3 else jnp.swapaxes(y, 1, 2)
+    if dtype not in (jnp.float32, jnp.float64):
+        return None
+
+    if q_heads != kv_heads:
+        k = jnp.repeat(k, q_heads // kv_heads, axis=head_ax)
+        v = jnp.repeat(v, q_heads // kv_heads, axis=head_ax)
+    # The scale multiplies the scores, not Q: with Q pre-scaled the transformer row of
+    # benchmarks/bench_attention_layout.py ran 2x slower at batch 1 on CPU (an elementwise
+    # producer fused into the dot's operand is the likely cause).
+    spec = "bqhd,bkhd->bhqk" if rank == 3 else "bhqd,bhkd->bhqk"
+    scores = jnp.einsum(spec, q, k) * jnp.asarray(scale, dtype)
+    lowest = jnp.asarray(np.finfo(dtype).min, dtype)
+    empty = None  # query rows nothing may attend (their output is zero)
+    if bias is not None:
+        scores = scores + jnp.maximum(bias, lowest)
+        dead = jnp.isneginf(bias)
+        if causal is not None:
+            dead = dead | ~causal
+        empty = jnp.all(dead, axis=-1, keepdims=True)
+    allowed = causal
+    if mask is not None:
+        allowed = mask if allowed is None else mask & allowed
+        none_left = ~jnp.any(allowed, axis=-1, keepdims=True)
+        empty = none_left if empty is None else empty | none_left
+    if allowed is not None:
+        scores = jnp.where(allowed, scores, lowest)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if empty is not None:
+        probs = jnp.where(empty, jnp.zeros((), dtype), probs)
+    if rank == 3:
+        y = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        return y.reshape(y.shape[0], y.shape[1], -1)
+    return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+
+
 @builtin(
     "Attention",
     since=23,
@@ -146,9 +274,24 @@ def attention(
         raise ctx.error("nonpad_kv_seqlen cannot be combined with past_key / past_value")
     if qk_matmul_output_mode not in (0, 1, 2, 3):
         raise ctx.error(f"qk_matmul_output_mode must be 0..3, got {qk_matmul_output_mode}")
+    if rank == 3 and (not q_num_heads or not kv_num_heads):
+        raise ctx.error("3-D inputs need the q_num_heads and kv_num_heads attributes")
+    if _fast_applies(
+        ctx,
+        q,
+        past_key,
+        nonpad_kv_seqlen,
+        softcap,
+        softmax_precision,
+        left_window_size,
+        right_window_size,
+    ):
+        y = _fast_attention(
+            ctx, q, k, v, attn_mask, bool(is_causal), scale, q_num_heads, kv_num_heads
+        )
+        if y is not None:
+            return y, k, v, None
     if rank == 3:
-        if not q_num_heads or not kv_num_heads:
-            raise ctx.error("3-D inputs need the q_num_heads and kv_num_heads attributes")
         q = _split_heads(q, q_num_heads)
         k = _split_heads(k, kv_num_heads)
         v = _split_heads(v, kv_num_heads)

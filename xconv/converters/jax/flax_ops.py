@@ -26,6 +26,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.codegen import TemplateCall, int_tuple, nested_literal, scalar_literal
+from xconv.converters.jax import formulation
 from xconv.converters.ops.rnn import COMMON_ATTRS
 from xconv.converters.registry import REQUIRED
 from xconv.errors import (
@@ -638,11 +639,13 @@ def _attention(c: OpCall) -> str:
         raise c.fail("Attention present key/value or qk outputs")
     if c.attrs["qk_matmul_output_mode"] or c.attrs["softcap"]:
         raise c.fail("Attention qk_matmul_output_mode / softcap")
-    c.helpers.add("attention")
+    # "reference" (xconv.converters.jax.formulation) writes the older einsum-softmax helper.
+    name = "attention" if formulation.get("attention") == "auto" else "attention_reference"
+    c.helpers.add(name)
     mask = c.args[3] if c.has(3) else "None"
     scale = "None" if c.attrs["scale"] is None else scalar_literal(c.attrs["scale"])
     return (
-        f"_attention({c.args[0]}, {c.args[1]}, {c.args[2]}, {mask}, "
+        f"_{name}({c.args[0]}, {c.args[1]}, {c.args[2]}, {mask}, "
         f"is_causal={bool(c.attrs['is_causal'])}, scale={scale}, "
         f"q_num_heads={c.attrs['q_num_heads']}, kv_num_heads={c.attrs['kv_num_heads']})"
     )
@@ -1053,6 +1056,56 @@ def _group_norm(x, scale, bias, num_groups, epsilon):
 """,
     "attention": '''
 def _attention(q, k, v, mask, is_causal, scale, q_num_heads, kv_num_heads):
+    """ONNX Attention (opset 23) without past key/value: 4-D (B, H, S, D) or 3-D (B, S, H*D)
+    inputs, computed in their own layout (head- or sequence-major, no transposes); cuDNN's
+    fused kernel on a GPU for float16/bfloat16 without a mask. A query row nothing may attend
+    gives zeros."""
+    three_d = q.ndim == 3
+    if three_d:
+        b = q.shape[0]
+        q = jnp.reshape(q, (b, q.shape[1], q_num_heads, -1))
+        k = jnp.reshape(k, (b, k.shape[1], kv_num_heads, -1))
+        v = jnp.reshape(v, (b, v.shape[1], kv_num_heads, -1))
+    head, seq = (2, 1) if three_d else (1, 2)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if (
+        mask is None
+        and q.dtype in (jnp.float16, jnp.bfloat16)
+        and jax.default_backend() in ("gpu", "cuda")
+    ):
+        swap = (lambda t: t) if three_d else (lambda t: jnp.swapaxes(t, 1, 2))
+        out = swap(jax.nn.dot_product_attention(
+            swap(q), swap(k), swap(v), scale=scale, is_causal=is_causal, implementation="cudnn"
+        ))
+        return jnp.reshape(out, (b, out.shape[1], -1)) if three_d else out
+    groups = q.shape[head] // k.shape[head]
+    if groups > 1:
+        k = jnp.repeat(k, groups, axis=head)
+        v = jnp.repeat(v, groups, axis=head)
+    lhs = "bqhd,bkhd->bhqk" if three_d else "bhqd,bhkd->bhqk"
+    scores = jnp.einsum(lhs, q, k) * jnp.asarray(scale, q.dtype)
+    lowest = jnp.finfo(scores.dtype).min
+    allowed = empty = None
+    if is_causal:
+        allowed = jnp.tril(jnp.ones((q.shape[seq], k.shape[seq]), dtype=bool))
+    if mask is not None and mask.dtype == bool:
+        allowed = mask if allowed is None else mask & allowed
+        empty = ~jnp.any(allowed, axis=-1, keepdims=True)
+    elif mask is not None:
+        scores = scores + jnp.maximum(mask, lowest)
+        dead = jnp.isneginf(mask) if allowed is None else jnp.isneginf(mask) | ~allowed
+        empty = jnp.all(dead, axis=-1, keepdims=True)
+    if allowed is not None:
+        scores = jnp.where(allowed, scores, lowest)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if empty is not None:
+        probs = jnp.where(empty, 0, probs)
+    rhs = "bhqk,bkhd->bqhd" if three_d else "bhqk,bhkd->bhqd"
+    out = jnp.einsum(rhs, probs, v)
+    return jnp.reshape(out, (b, out.shape[1], -1)) if three_d else out
+''',
+    "attention_reference": '''
+def _attention_reference(q, k, v, mask, is_causal, scale, q_num_heads, kv_num_heads):
     """ONNX Attention (opset 23) without past key/value: 4-D (B, H, S, D) or 3-D inputs."""
     three_d = q.ndim == 3
     if three_d:
