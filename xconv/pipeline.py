@@ -756,7 +756,7 @@ def _differential(model: ir.Model, what: str, runtime: str, got: Any, want: Any)
                 f"{what} disagrees with {runtime} first at output {i} ({name!r}): shape "
                 f"{g.shape} vs {w.shape}"
             )
-        if w.dtype.kind not in "fc":
+        if not (_is_float(w.dtype) or _is_float(g.dtype)):
             bad = g != w
         else:
             g64, w64 = g.astype(np.float64), w.astype(np.float64)
@@ -780,5 +780,10 @@ def _differential(model: ir.Model, what: str, runtime: str, got: Any, want: Any)
 def _numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor; bfloat16 has no numpy dtype
         x = x.detach().cpu()
-        return (x.float() if x.dtype.is_floating_point and x.element_size() == 2 else x).numpy()
+        return (x.float() if x.dtype.is_floating_point and x.element_size() < 4 else x).numpy()
     return np.asarray(x)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    """numpy's floats and ml_dtypes' (bfloat16, float8 ...: numpy kind 'V')."""
+    return dtype.kind in "fc" or dtype.name.startswith(("bfloat", "float"))
