@@ -683,6 +683,8 @@ def _reshape(c: OpCall) -> str:
             else:
                 out.append(f"{c.args[0]}.shape[{i}]")
         return f"{c.args[0]}.reshape({', '.join(out)})"
+    if not dims:  # to a scalar: reshape() takes no empty argument list
+        return f"{c.args[0]}.reshape(())"
     return f"{c.args[0]}.reshape({', '.join(map(str, dims))})"
 
 
