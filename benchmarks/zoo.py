@@ -356,6 +356,16 @@ def write(text: str, stamp: str) -> None:
     DOC.write_text(doc)
 
 
+def _commit() -> str:
+    import subprocess
+
+    run = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                         capture_output=True, text=True)  # fmt: skip
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return head + (" plus uncommitted changes" if run.stdout.strip() else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated row names")
@@ -366,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"folder holding transformers 4.46.3 for the Flax rows (default ${TRANSFORMERS4_ENV})",
     )
     opts = parser.parse_args(argv)
+    commit = _commit()  # at the start: the code that ran, whatever is committed meanwhile
     wanted = {n for n in opts.only.split(",") if n}
     results = []
     flax_names = [n for n, k, _ in rows() if k == FLAX_KIND and (not wanted or n in wanted)]
@@ -384,10 +395,6 @@ def main(argv: list[str] | None = None) -> int:
             print(name, [c.text() for c in cells], [c.cause for c in cells if c.cause], flush=True)
     text = render(results)
     if not opts.no_write:
-        import subprocess
-
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.strip()  # fmt: skip
         scope = f" (rows: {', '.join(sorted(wanted))})" if wanted else ""
         stamp = (
             f"{STAMP} at commit `{commit}`{scope} ({time.strftime('%Y-%m-%d', time.gmtime())}, "

@@ -762,7 +762,11 @@ def _differential(model: ir.Model, what: str, runtime: str, got: Any, want: Any)
             g64, w64 = g.astype(np.float64), w.astype(np.float64)
             finite = np.isfinite(w64)
             scale = float(np.abs(w64[finite]).max()) if finite.any() else 0.0
-            bound = DIFFERENTIAL_ATOL * max(1.0, scale) + DIFFERENTIAL_RTOL * np.abs(w64)
+            # Half-precision outputs: a few ulps of their own dtype (reassociation in fp16
+            # moves the last bit at any magnitude).
+            tiny = 4 * _eps(w.dtype)
+            rtol, atol = max(DIFFERENTIAL_RTOL, tiny), max(DIFFERENTIAL_ATOL, tiny)
+            bound = atol * max(1.0, scale) + rtol * np.abs(w64)
             with np.errstate(invalid="ignore"):
                 close = np.abs(g64 - w64) <= bound
                 same = np.isclose(g64, w64, equal_nan=True)  # inf / nan by position
@@ -782,6 +786,15 @@ def _numpy(x: Any) -> np.ndarray:
         x = x.detach().cpu()
         return (x.float() if x.dtype.is_floating_point and x.element_size() < 4 else x).numpy()
     return np.asarray(x)
+
+
+def _eps(dtype: np.dtype) -> float:
+    try:
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(dtype).eps)
+    except (ImportError, ValueError, TypeError):
+        return float(np.finfo(np.float32).eps)
 
 
 def _is_float(dtype: np.dtype) -> bool:

@@ -226,6 +226,8 @@ def dtype_expr(dtype: ir.DataType | None, xp: str = "jnp") -> str:
             f"the Flax emitter does not write dtype {dtype}; "
             f"supported: {sorted(str(d) for d in _DTYPES)}"
         )
+    if dtype == ir.DataType.BFLOAT16:  # numpy has no bfloat16; jnp's is ml_dtypes' (numpy takes it)
+        return "jnp.bfloat16"
     return f"{xp}.{_DTYPES[dtype]}"
 
 
