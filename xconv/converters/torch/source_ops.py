@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -248,14 +249,32 @@ def _clip(c: OpCall) -> str:
     return f"torch.clamp({c.args[0]}, {lo}, {hi})"
 
 
+def _saturated(c: OpCall, to: ir.DataType | None) -> str:
+    """The input, clipped into a float8 type's finite range first when the cast saturates
+    (ONNX's default; a plain cast overflows to inf / nan as the runtime does not)."""
+    x = c.args[0]
+    src = c.node.inputs[0].dtype
+    if not c.attrs["saturate"] or to not in _FLOAT8 or src is None or not src.is_floating_point():
+        return x
+    hi = scalar_literal(float(ml_dtypes.finfo(to.numpy()).max))
+    return f"torch.clamp({x}.float(), -{hi}, {hi})"
+
+
+_FLOAT8 = {
+    ir.DataType.FLOAT8E4M3FN, ir.DataType.FLOAT8E4M3FNUZ, ir.DataType.FLOAT8E5M2,
+    ir.DataType.FLOAT8E5M2FNUZ,
+}  # fmt: skip
+
+
 @template("Cast", to=REQUIRED, saturate=1, round_mode="up")
 def _cast(c: OpCall) -> str:
-    return f"{c.args[0]}.to({dtype_expr(ir.DataType(c.attrs['to']))})"
+    to = ir.DataType(c.attrs["to"])
+    return f"{_saturated(c, to)}.to({dtype_expr(to)})"
 
 
 @template("CastLike", saturate=1, round_mode="up")
 def _cast_like(c: OpCall) -> str:
-    return f"{c.args[0]}.to({c.args[1]}.dtype)"
+    return f"{_saturated(c, c.node.inputs[1].dtype)}.to({c.args[1]}.dtype)"
 
 
 _BINARY = {
