@@ -4,6 +4,7 @@ each through every direction xconv offers, written to docs/models.md (the zoo bl
     python benchmarks/zoo.py                       # every row; rewrites the zoo block
     python benchmarks/zoo.py --only t5_encoder,swin --no-write   # these rows; prints them
     python benchmarks/zoo.py --transformers4 /work/tf446         # with the Flax rows
+    python benchmarks/zoo.py --transformers4 /work/tf446 --flax-rows   # only those
 
 Rows: the transformers builders of ``tests/models/test_hf_models.py`` (random weights from
 ``torch.manual_seed(0)``, ``HF_HUB_OFFLINE=1``, default attention implementation) and
@@ -346,13 +347,21 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
     return "\n".join(lines)
 
 
-def write(text: str, stamp: str) -> None:
+FLAX_BEGIN, FLAX_END = "<!-- zoo-flax:begin -->", "<!-- zoo-flax:end -->"
+
+
+def write(text: str, stamp: str, flax: bool = False) -> None:
+    """Replace the zoo block (torch and Keras rows) or, with ``flax``, the Flax rows' block:
+    each is written by the run that ran its rows, so a run of the Flax rows alone (a second
+    process, another install) leaves the main table as it was."""
+    begin, end = (FLAX_BEGIN, FLAX_END) if flax else (BEGIN, END)
     doc = DOC.read_text()
-    block = f"{BEGIN}\n{stamp}\n\n{text.rstrip()}\n{END}"
-    if BEGIN in doc:
-        doc = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
+    block = f"{begin}\n{stamp}\n\n{text.rstrip()}\n{end}"
+    if begin in doc:
+        doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
     else:
-        doc = doc.rstrip("\n") + "\n\n## Zoo\n\n" + block + "\n"
+        title = "## Zoo: Flax models of transformers 4.46.3" if flax else "## Zoo"
+        doc = doc.rstrip("\n") + f"\n\n{title}\n\n" + block + "\n"
     DOC.write_text(doc)
 
 
@@ -370,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated row names")
     parser.add_argument("--no-write", action="store_true", help="print, do not touch the doc")
+    parser.add_argument("--flax-rows", action="store_true", help="the Flax rows (their block)")
     parser.add_argument(
         "--transformers4",
         default=os.environ.get(TRANSFORMERS4_ENV),
@@ -378,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     commit = _commit()  # at the start: the code that ran, whatever is committed meanwhile
     wanted = {n for n in opts.only.split(",") if n}
+    if opts.flax_rows:
+        wanted |= {n for n, k, _ in rows() if k == FLAX_KIND}
     results = []
     flax_names = [n for n, k, _ in rows() if k == FLAX_KIND and (not wanted or n in wanted)]
     if flax_names:  # first: transformers 5 is not yet imported in this process either way
@@ -393,16 +405,23 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results.append((name, kind, cells, import_s))
             print(name, [c.text() for c in cells], [c.cause for c in cells if c.cause], flush=True)
-    text = render(results)
-    if not opts.no_write:
-        scope = f" (rows: {', '.join(sorted(wanted))})" if wanted else ""
+    for flax in (False, True):
+        mine = [r for r in results if (r[1] == FLAX_KIND) == flax]
+        if not mine:
+            continue
+        text = render(mine)
+        print(text)
+        if opts.no_write:
+            continue
+        names = {r[0] for r in mine}
+        every = {r[0] for r in rows() if (r[1] == FLAX_KIND) == flax}
+        scope = f" (rows: {', '.join(sorted(names))})" if names != every else ""
         stamp = (
             f"{STAMP} at commit `{commit}`{scope} ({time.strftime('%Y-%m-%d', time.gmtime())}, "
             f"{platform.machine()}, load average {os.getloadavg()[0]:.1f} at the end). Errors "
             f"are relative to the reference's largest magnitude; pass means <= {RTOL:g}."
         )
-        write(text, stamp)
-    print(text)
+        write(text, stamp, flax=flax)
     return 0
 
 
