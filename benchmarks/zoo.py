@@ -53,6 +53,8 @@ DOC = ROOT / "docs" / "models.md"
 BEGIN, END = "<!-- zoo:begin -->", "<!-- zoo:end -->"
 STAMP = "Written by `python benchmarks/zoo.py`"
 RTOL = 1e-4
+#: Whether cells show seconds (off with --no-times: a run outside the benchmark lock).
+TIMES = [True]
 MIN_SCALE = 1e-3
 
 TORCH_DIRECTIONS = ("torch-to-jax", "torch-to-flax", "torch-to-torch-source")
@@ -90,7 +92,7 @@ class Cell:
         parts = [self.verdict]
         if self.rel_err is not None:
             parts.append(f"{self.rel_err:.1e}")
-        if self.seconds is not None:
+        if self.seconds is not None and TIMES[0]:
             parts.append(f"{self.seconds:.0f} s")
         return ", ".join(parts)
 
@@ -342,7 +344,8 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
         ]
         for name, _, cells, import_s in mine:
             text = " | ".join(c.text() for c in cells)
-            lines.append(f"| {name} | {text} | {import_s:.1f} |")
+            secs = f"{import_s:.1f}" if TIMES[0] else "-"
+            lines.append(f"| {name} | {text} | {secs} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -381,11 +384,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print, do not touch the doc")
     parser.add_argument("--flax-rows", action="store_true", help="the Flax rows (their block)")
     parser.add_argument(
+        "--no-times", action="store_true", help="verdicts only, no seconds (not a benchmark)"
+    )
+    parser.add_argument(
         "--transformers4",
         default=os.environ.get(TRANSFORMERS4_ENV),
         help=f"folder holding transformers 4.46.3 for the Flax rows (default ${TRANSFORMERS4_ENV})",
     )
     opts = parser.parse_args(argv)
+    TIMES[0] = not opts.no_times
     commit = _commit()  # at the start: the code that ran, whatever is committed meanwhile
     wanted = {n for n in opts.only.split(",") if n}
     if opts.flax_rows:
@@ -420,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{STAMP} at commit `{commit}`{scope} ({time.strftime('%Y-%m-%d', time.gmtime())}, "
             f"{platform.machine()}, load average {os.getloadavg()[0]:.1f} at the end). Errors "
             f"are relative to the reference's largest magnitude; pass means <= {RTOL:g}."
+            + ("" if TIMES[0] else " Times not recorded (run with --no-times).")
         )
         write(text, stamp, flax=flax)
     return 0
