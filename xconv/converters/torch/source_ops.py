@@ -241,6 +241,8 @@ def _clip(c: OpCall) -> str:
         if c.has(i) and c.consts[i] is not None:
             v = scalar_literal(np.asarray(c.consts[i]).reshape(())[()])
             lo, hi = (v, hi) if i == 1 else (lo, v)
+    if lo == "None" and hi == "None":  # torch.clamp needs one bound
+        return c.args[0]
     if lo == "0" or lo == "0.0":
         if hi in ("6", "6.0"):
             return f"F.relu6({c.args[0]})"
@@ -254,10 +256,15 @@ def _saturated(c: OpCall, to: ir.DataType | None) -> str:
     (ONNX's default; a plain cast overflows to inf / nan as the runtime does not)."""
     x = c.args[0]
     src = c.node.inputs[0].dtype
-    if not c.attrs["saturate"] or to not in _FLOAT8 or src is None or not src.is_floating_point():
+    if to not in _FLOAT8 or src is None or not src.is_floating_point():
         return x
     hi = scalar_literal(float(ml_dtypes.finfo(to.numpy()).max))
-    return f"torch.clamp({x}.float(), -{hi}, {hi})"
+    if c.attrs["saturate"]:
+        return f"torch.clamp({x}.float(), -{hi}, {hi})"
+    if to == ir.DataType.FLOAT8E5M2:  # has infinities: torch's cast overflows to them
+        return x
+    # No infinities: ONNX makes overflow NaN, where torch's cast would saturate.
+    return f'torch.where({x}.float().abs() > {hi}, float("nan"), {x}.float())'
 
 
 _FLOAT8 = {
@@ -833,7 +840,11 @@ def _gather(c: OpCall) -> str:
 
 @template("GatherElements", axis=0)
 def _gather_elements(c: OpCall) -> str:
-    return f"torch.gather({c.args[0]}, {c.attrs['axis']}, {c.args[1]})"
+    a, idx = c.attrs["axis"], c.args[1]
+    const = c.consts[1]
+    if const is None or (np.asarray(const) < 0).any():  # ONNX counts negative indices from the end
+        idx = f"({idx} % {c.args[0]}.shape[{a}])"
+    return f"torch.gather({c.args[0]}, {a}, {idx}.long())"
 
 
 def _split_sizes(c: OpCall, n: int) -> str:
