@@ -260,6 +260,18 @@ def write_docs(text: str, stamp: str) -> None:
     COVERAGE.write_text(doc)
 
 
+def _commit() -> str:
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
+
+    dirty = git("status", "--porcelain", "--untracked-files=no").strip()
+    return git("rev-parse", "--short", "HEAD").strip() + (
+        " plus uncommitted changes" if dirty else ""
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--every", type=int, default=1, help="every n-th case (a sample)")
@@ -268,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     p.add_argument("--write-docs", action="store_true", help="write docs/coverage.md's section")
     args = p.parse_args(argv)
+    commit = _commit()  # at the start: the code that ran
     cases = harness.load_cases(pattern=args.pattern)[:: args.every]
     emitters = tuple(args.emitter or EMITTERS)
     start = time.perf_counter()
@@ -284,10 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.write_docs:
         import os
-        import subprocess
 
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.strip()  # fmt: skip
         scope = f", every {args.every}th case" if args.every > 1 else ""
         stamp = (
             f"Written by `python -m tests.conformance.differential --write-docs` at commit "
