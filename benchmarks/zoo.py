@@ -3,6 +3,8 @@ each through every direction xconv offers, written to docs/models.md (the zoo bl
 
     python benchmarks/zoo.py                       # every row; rewrites the zoo block
     python benchmarks/zoo.py --only t5_encoder,swin --no-write   # these rows; prints them
+    python benchmarks/zoo.py --transformers4 /work/tf446         # with the Flax rows
+    python benchmarks/zoo.py --transformers4 /work/tf446 --flax-rows   # only those
 
 Rows: the transformers builders of ``tests/models/test_hf_models.py`` (random weights from
 ``torch.manual_seed(0)``, ``HF_HUB_OFFLINE=1``, default attention implementation) and
@@ -14,7 +16,11 @@ Directions, through the Python API on the in-memory model:
 * torch: ``from_torch`` then ``to_jax``, ``to_flax`` (linen, with ``example_inputs``: the
   generated code is checked against ``to_jax`` first) and ``to_torch_source`` (checked against
   ``to_torch``), each compared with the torch module;
-* keras: ``from_tf`` then ``to_jax``, ``to_flax`` and ``to_torch``, compared with Keras.
+* keras: ``from_tf`` then ``to_jax``, ``to_flax`` and ``to_torch``, compared with Keras;
+* Flax (the Flax model classes of transformers 4.46.3, run by ``benchmarks/zoo_flax.py`` in
+  a process of their own with ``--transformers4 DIR`` / ``$XCONV_ZOO_TRANSFORMERS4`` first on
+  its path; without it those rows read "not installed"): ``from_flax`` then ``to_jax``,
+  ``to_torch`` and ``to_torch_source`` (checked against ``to_torch``), compared with Flax.
 
 A cell is ``pass`` when every output is within ``RTOL`` of the reference's largest magnitude,
 ``FAIL`` (parity) or ``error`` with the first line of the error; a reference whose largest
@@ -47,10 +53,16 @@ DOC = ROOT / "docs" / "models.md"
 BEGIN, END = "<!-- zoo:begin -->", "<!-- zoo:end -->"
 STAMP = "Written by `python benchmarks/zoo.py`"
 RTOL = 1e-4
+#: Whether cells show seconds (off with --no-times: a run outside the benchmark lock).
+TIMES = [True]
 MIN_SCALE = 1e-3
 
 TORCH_DIRECTIONS = ("torch-to-jax", "torch-to-flax", "torch-to-torch-source")
 KERAS_DIRECTIONS = ("keras-to-jax", "keras-to-flax", "keras-to-torch")
+FLAX_DIRECTIONS = ("flax-to-jax", "flax-to-torch", "flax-to-torch-source")
+FLAX_KIND = "transformers 4.46.3 Flax"
+#: Where transformers 4.46.3 is installed (``pip install --target DIR``); --transformers4.
+TRANSFORMERS4_ENV = "XCONV_ZOO_TRANSFORMERS4"
 KERAS_APPS = ("MobileNetV2", "ResNet50", "DenseNet121", "EfficientNetB0", "ConvNeXtTiny")
 #: More text architectures, built by ``AutoModel.from_config`` from the model type's default
 #: config shrunk by :data:`SHRINK` (only the fields a config has are set).
@@ -80,7 +92,7 @@ class Cell:
         parts = [self.verdict]
         if self.rel_err is not None:
             parts.append(f"{self.rel_err:.1e}")
-        if self.seconds is not None:
+        if self.seconds is not None and TIMES[0]:
             parts.append(f"{self.seconds:.0f} s")
         return ", ".join(parts)
 
@@ -248,7 +260,49 @@ def rows() -> list[tuple[str, str, Callable]]:
 
     out = [(name, "transformers", torch_row) for name, _, _ in MODELS]
     out += [(name, "transformers", torch_row) for name in AUTO_TEXT]
-    return out + [(name, "keras.applications", keras_row) for name in KERAS_APPS]
+    out += [(name, "keras.applications", keras_row) for name in KERAS_APPS]
+    from benchmarks.zoo_flax import MODELS as FLAX_MODELS
+
+    return out + [(f"flax_{name}", FLAX_KIND, None) for name in FLAX_MODELS]
+
+
+def flax_rows(names: list[str], transformers4: str | None) -> list[tuple[str, list[Cell], float]]:
+    """The Flax rows, run by ``benchmarks/zoo_flax.py`` in a process of their own with
+    ``transformers4`` first on its path; without it every row reads not installed."""
+    import json
+    import subprocess
+
+    missing = (
+        f"transformers 4.46.3 not installed (give --transformers4 DIR or ${TRANSFORMERS4_ENV})"
+    )
+    if not transformers4 or not (Path(transformers4) / "transformers").is_dir():
+        cell = Cell("not run", None, None, missing)
+        return [(n, [cell] * len(FLAX_DIRECTIONS), 0.0) for n in names]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "zoo_flax.py"), "--transformers4",
+           transformers4, "--only", ",".join(n.removeprefix("flax_") for n in names)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    out = []
+    for line in proc.stdout:
+        got = json.loads(line)
+        if "error" in got:
+            cell = Cell("not run", None, None, got["error"])
+            out = [(n, [cell] * len(FLAX_DIRECTIONS), 0.0) for n in names]
+            break
+        cells = [Cell(v, e, t, c) for v, e, t, c in got["cells"]]
+        out.append((f"flax_{got['name']}", cells, got["import_s"]))
+        print(out[-1][0], [c.text() for c in cells], [c.cause for c in cells if c.cause],
+              flush=True)  # fmt: skip
+    proc.wait()
+    done = {n for n, _, _ in out}
+    crash = Cell("error", None, None, f"zoo_flax.py exited {proc.returncode} before this row")
+    return out + [(n, [crash] * len(FLAX_DIRECTIONS), 0.0) for n in names if n not in done]
+
+
+def _directions(results) -> list[str]:
+    """The direction of every cell of ``results``, in order."""
+    by_kind = {"transformers": TORCH_DIRECTIONS, "keras.applications": KERAS_DIRECTIONS,
+               FLAX_KIND: FLAX_DIRECTIONS}  # fmt: skip
+    return [d for _, kind, _, _ in results for d in by_kind[kind]]
 
 
 def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
@@ -261,6 +315,15 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
     passed = sum(all(c.verdict == "pass" for c in cells) for _, _, cells, _ in results)
     lines.append(f"{passed} of {len(results)} models pass in every direction.")
     lines.append("")
+    cells = [c for _, _, row, _ in results for c in row]
+    disagree = sum(bool(c.cause and "disagrees with to_" in c.cause) for c in cells)
+    checked = sum(d.endswith(("-flax", "-torch-source")) for d in _directions(results))
+    lines.append(
+        f"Generated source against the IR runtime (`to_flax` / `to_torch_source` with example "
+        f"inputs, checked against `to_jax` / `to_torch`): {disagree} disagreements in "
+        f"{checked} generated-source cells."
+    )
+    lines.append("")
     if causes:
         lines.append("Failures by cause (models blocked):")
         lines.append("")
@@ -270,6 +333,7 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
     for kind, directions in (
         ("transformers", TORCH_DIRECTIONS),
         ("keras.applications", KERAS_DIRECTIONS),
+        (FLAX_KIND, FLAX_DIRECTIONS),
     ):
         mine = [r for r in results if r[1] == kind]
         if not mine:
@@ -280,31 +344,66 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
         ]
         for name, _, cells, import_s in mine:
             text = " | ".join(c.text() for c in cells)
-            lines.append(f"| {name} | {text} | {import_s:.1f} |")
+            secs = f"{import_s:.1f}" if TIMES[0] else "-"
+            lines.append(f"| {name} | {text} | {secs} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def write(text: str, stamp: str) -> None:
+FLAX_BEGIN, FLAX_END = "<!-- zoo-flax:begin -->", "<!-- zoo-flax:end -->"
+
+
+def write(text: str, stamp: str, flax: bool = False) -> None:
+    """Replace the zoo block (torch and Keras rows) or, with ``flax``, the Flax rows' block:
+    each is written by the run that ran its rows, so a run of the Flax rows alone (a second
+    process, another install) leaves the main table as it was."""
+    begin, end = (FLAX_BEGIN, FLAX_END) if flax else (BEGIN, END)
     doc = DOC.read_text()
-    block = f"{BEGIN}\n{stamp}\n\n{text.rstrip()}\n{END}"
-    if BEGIN in doc:
-        doc = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, doc, flags=re.S)
+    block = f"{begin}\n{stamp}\n\n{text.rstrip()}\n{end}"
+    if begin in doc:
+        doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
     else:
-        doc = doc.rstrip("\n") + "\n\n## Zoo\n\n" + block + "\n"
+        title = "## Zoo: Flax models of transformers 4.46.3" if flax else "## Zoo"
+        doc = doc.rstrip("\n") + f"\n\n{title}\n\n" + block + "\n"
     DOC.write_text(doc)
+
+
+def _commit() -> str:
+    import subprocess
+
+    run = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                         capture_output=True, text=True)  # fmt: skip
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return head + (" plus uncommitted changes" if run.stdout.strip() else "")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated row names")
     parser.add_argument("--no-write", action="store_true", help="print, do not touch the doc")
+    parser.add_argument("--flax-rows", action="store_true", help="the Flax rows (their block)")
+    parser.add_argument(
+        "--no-times", action="store_true", help="verdicts only, no seconds (not a benchmark)"
+    )
+    parser.add_argument(
+        "--transformers4",
+        default=os.environ.get(TRANSFORMERS4_ENV),
+        help=f"folder holding transformers 4.46.3 for the Flax rows (default ${TRANSFORMERS4_ENV})",
+    )
     opts = parser.parse_args(argv)
+    TIMES[0] = not opts.no_times
+    commit = _commit()  # at the start: the code that ran, whatever is committed meanwhile
     wanted = {n for n in opts.only.split(",") if n}
+    if opts.flax_rows:
+        wanted |= {n for n, k, _ in rows() if k == FLAX_KIND}
     results = []
+    flax_names = [n for n, k, _ in rows() if k == FLAX_KIND and (not wanted or n in wanted)]
+    if flax_names:  # first: transformers 5 is not yet imported in this process either way
+        results += [(n, FLAX_KIND, c, s) for n, c, s in flax_rows(flax_names, opts.transformers4)]
     with tempfile.TemporaryDirectory() as tmp:
         for name, kind, runner in rows():
-            if wanted and name not in wanted:
+            if wanted and name not in wanted or runner is None:
                 continue
             try:
                 cells, import_s = runner(name, Path(tmp))
@@ -313,20 +412,24 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results.append((name, kind, cells, import_s))
             print(name, [c.text() for c in cells], [c.cause for c in cells if c.cause], flush=True)
-    text = render(results)
-    if not opts.no_write:
-        import subprocess
-
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.strip()  # fmt: skip
-        scope = f" (rows: {', '.join(sorted(wanted))})" if wanted else ""
+    for flax in (False, True):
+        mine = [r for r in results if (r[1] == FLAX_KIND) == flax]
+        if not mine:
+            continue
+        text = render(mine)
+        print(text)
+        if opts.no_write:
+            continue
+        names = {r[0] for r in mine}
+        every = {r[0] for r in rows() if (r[1] == FLAX_KIND) == flax}
+        scope = f" (rows: {', '.join(sorted(names))})" if names != every else ""
         stamp = (
             f"{STAMP} at commit `{commit}`{scope} ({time.strftime('%Y-%m-%d', time.gmtime())}, "
             f"{platform.machine()}, load average {os.getloadavg()[0]:.1f} at the end). Errors "
             f"are relative to the reference's largest magnitude; pass means <= {RTOL:g}."
+            + ("" if TIMES[0] else " Times not recorded (run with --no-times).")
         )
-        write(text, stamp)
-    print(text)
+        write(text, stamp, flax=flax)
     return 0
 
 

@@ -67,3 +67,51 @@ def test_torch_source_disagreement_names_the_output(model_and_input, monkeypatch
         xconv.to_torch_source(model, example_inputs=x)
     source, _ = xconv.to_torch_source(model)  # without inputs: no check, no error
     assert np.asarray(x).shape == (2, 6) and source
+
+
+@pytest.mark.parametrize(
+    ("target", "patch", "message"),
+    [
+        ("flax", "jax", r"generated Flax \(linen\) disagrees with to_jax first at output 0"),
+        ("torch", "torch", r"generated torch source disagrees with to_torch first at output 0"),
+    ],
+)
+def test_convert_checks_the_generated_source_against_the_runtime(
+    tmp_path, monkeypatch, target, patch, message
+):
+    """The CLI's conversion (``pipeline.convert``) runs the same check on its example inputs:
+    it passes on an agreeing emitter and stops, writing nothing, on a disagreeing one."""
+    from xconv.converters.jax import interpreter
+    from xconv.converters.torch import emitter
+    from xconv.pipeline import convert
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 3))
+    x = torch.randn(2, 6)
+    result = convert(
+        net.eval(), source_kind="torch", target=target, out_dir=tmp_path / "ok",
+        example_inputs=(x,),
+    )  # fmt: skip
+    assert result.passed and "differential" in result.timings
+    if patch == "jax":
+        real = interpreter.to_jax
+
+        def shifted(m):
+            fn, params = real(m)
+            return (lambda p, *xs: tuple(o + 1e-2 for o in fn(p, *xs))), params
+
+        monkeypatch.setattr(interpreter, "to_jax", shifted)
+    else:
+        real = emitter.to_torch
+
+        def shifted(m):
+            module, state = real(m)
+            return (lambda *xs: module(*xs) * 2.0), state
+
+        monkeypatch.setattr(emitter, "to_torch", shifted)
+    with pytest.raises(ParityError, match=message):
+        convert(
+            net.eval(), source_kind="torch", target=target, out_dir=tmp_path / "bad",
+            example_inputs=(x,),
+        )  # fmt: skip
+    assert not (tmp_path / "bad").exists()

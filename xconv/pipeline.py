@@ -209,10 +209,18 @@ def convert(
         save(imported.model, stage / "model.onnx", external=True if by_product else None)
         done("model.onnx")
         report = None
+        differential = None
+        if options.check and target in ("flax", "torch"):
+            differential = _differential_check(
+                imported, target, lambda: candidate_loader(stage), options, say, by_product
+            )
+            done("differential")
         if options.check:
             say("checking parity against the source model")
             ir_file = stage / "model.onnx" if by_product else None
             report = _check(imported, lambda: candidate_loader(stage), options, say, ir_file)
+            if differential:
+                report.notes.append(differential)
             report.to_json(stage / "parity.json")
             report.to_html(stage / "parity.html")
             done("parity")
@@ -617,6 +625,69 @@ def _check(
     return report
 
 
+def _differential_check(
+    imported: _Imported,
+    target: str,
+    load_candidate: Callable[[], Any],
+    options: ConvertOptions,
+    say: Progress,
+    big: bool,
+) -> str | None:
+    """The generated source against the IR's runtime (``to_jax`` for Flax, ``to_torch`` for
+    torch) on the example inputs, as ``xconv.to_flax`` / ``xconv.to_torch_source`` check it.
+
+    Raises ParityError on a disagreement (an emitter bug, named before the parity check
+    blames the conversion); returns a note for the parity report when it could not run.
+    """
+    if imported.inputs is None:
+        return "generated source not checked against the IR runtime: no example inputs"
+    if big or _layerwise(imported, options):
+        return (
+            "generated source not checked against the IR runtime: the model's weights would "
+            "be held a third time (the parity check still compares it with the source)"
+        )
+    say(f"checking the generated {target} source against the IR runtime")
+    from xconv.errors import ParityError
+
+    try:
+        _run_differential(imported, target, load_candidate, options)
+    except ParityError:
+        raise
+    except Exception as e:  # noqa: BLE001 (inputs the runtime cannot take: the parity check runs)
+        return f"generated source not checked against the IR runtime ({type(e).__name__}: {e})"
+    return None
+
+
+def _run_differential(
+    imported: _Imported, target: str, load_candidate: Callable[[], Any], options: ConvertOptions
+) -> None:
+    inputs = _as_input_tuple(imported.inputs)
+    candidate = load_candidate()
+    if target == "flax":
+        from xconv.converters.jax.interpreter import to_jax
+
+        if options.api == "linen":
+            module, variables = candidate
+            got = module.apply(variables, *inputs)
+        else:
+            got = candidate(*inputs)
+        fn, params = to_jax(imported.model)
+        want = fn(params, *inputs)
+        what, runtime = f"generated Flax ({options.api})", "to_jax"
+    else:
+        import torch
+
+        from xconv.converters.torch.emitter import to_torch
+
+        runtime_module, _ = to_torch(imported.model)
+        targs = tuple(torch.as_tensor(np.asarray(x)) for x in inputs)
+        with torch.no_grad():
+            got, want = candidate(*targs), runtime_module(*targs)
+        what, runtime = "generated torch source", "to_torch"
+    del candidate
+    _differential(imported.model, what, runtime, got, want)
+
+
 def _weights_from_file(model: ir.Model, path: Path) -> None:
     """Point the IR's initializers at the external data just written beside ``path``
     (memory-mapped when read), dropping the in-memory tensors they were (torch storage)."""
@@ -812,13 +883,17 @@ def _differential(
                 f"{what} disagrees with {runtime} first at output {i} ({name!r}): shape "
                 f"{g.shape} vs {w.shape}"
             )
-        if w.dtype.kind not in "fc" and w.dtype.name != "bfloat16":
+        if not (_is_float(w.dtype) or _is_float(g.dtype)):
             bad = g != w
         else:
             g64, w64 = g.astype(np.float64), w.astype(np.float64)
             finite = np.isfinite(w64)
             scale = float(np.abs(w64[finite]).max()) if finite.any() else 0.0
-            bound = DIFFERENTIAL_ATOL * max(1.0, scale) + DIFFERENTIAL_RTOL * np.abs(w64)
+            # Half-precision outputs: a few ulps of their own dtype (reassociation in fp16
+            # moves the last bit at any magnitude).
+            tiny = 4 * _eps(w.dtype)
+            rtol, atol = max(DIFFERENTIAL_RTOL, tiny), max(DIFFERENTIAL_ATOL, tiny)
+            bound = atol * max(1.0, scale) + rtol * np.abs(w64)
             if bf16 is not None:
                 bound = bf16 * (scale + np.abs(w64))
             with np.errstate(invalid="ignore"):
@@ -838,5 +913,19 @@ def _differential(
 def _numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor; bfloat16 has no numpy dtype
         x = x.detach().cpu()
-        return (x.float() if x.dtype.is_floating_point and x.element_size() == 2 else x).numpy()
+        return (x.float() if x.dtype.is_floating_point and x.element_size() < 4 else x).numpy()
     return np.asarray(x)
+
+
+def _eps(dtype: np.dtype) -> float:
+    try:
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(dtype).eps)
+    except (ImportError, ValueError, TypeError):
+        return float(np.finfo(np.float32).eps)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    """numpy's floats and ml_dtypes' (bfloat16, float8 ...: numpy kind 'V')."""
+    return dtype.kind in "fc" or dtype.name.startswith(("bfloat", "float"))

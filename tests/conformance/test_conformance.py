@@ -106,3 +106,34 @@ def test_full_sweep_meets_floor(cases, backend):
         f"{report.summary()}; docs/coverage.md says {MEASURED[backend]}: regenerate it with "
         "`python -m tests.conformance.run --write-docs` and raise MEASURED"
     )
+
+
+#: Every n-th case of the corpus for the default run of the differential check.
+DIFFERENTIAL_EVERY = 250
+
+
+def test_generated_source_agrees_with_the_runtime_on_a_sample(cases, tmp_path):
+    """The generated Flax (linen, nnx) and torch source against to_jax / to_torch on a
+    sample of the corpus (``python -m tests.conformance.differential`` runs every case and
+    writes the counts into docs/coverage.md): no disagreement, no crash."""
+    pytest.importorskip("torch")
+    pytest.importorskip("flax")
+    from tests.conformance import differential
+
+    sample = cases[::DIFFERENTIAL_EVERY]
+    outcomes = [o for case in sample for o in differential.run_case(case, tmp_path)]
+    wrong = [f"{o.emitter} {o.case}: {o.status}: {o.message}" for o in outcomes
+             if o.status in ("disagree", "crash")]  # fmt: skip
+    assert not wrong, wrong
+    agreed = {o.emitter for o in outcomes if o.status == "agree"}
+    assert agreed == set(differential.EMITTERS), differential.counts(outcomes)
+
+
+@pytest.mark.slow
+def test_generated_source_agrees_with_the_runtime_on_every_case(cases):
+    from tests.conformance import differential
+
+    outcomes = differential.sweep(cases)
+    print(differential.render(outcomes, len(cases)))
+    wrong = [o for o in outcomes if o.status == "disagree"]
+    assert not wrong, [f"{o.emitter} {o.case}: {o.message}" for o in wrong]

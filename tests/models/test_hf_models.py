@@ -311,11 +311,12 @@ def test_models_doc_has_no_hand_typed_table():
 
     text = DOC.read_text()
     outside = text.split(BEGIN, 1)[0] + text.split(END, 1)[1]
-    zoo_begin, zoo_end = "<!-- zoo:begin -->", "<!-- zoo:end -->"
-    if zoo_begin in outside:
-        before, rest = outside.split(zoo_begin, 1)
-        block, after = rest.split(zoo_end, 1)
-        assert block.lstrip().startswith("Written by `python benchmarks/zoo.py`")
-        outside = before + after
+    for name in ("zoo", "zoo-flax"):  # the zoo's main block, its Flax rows' block
+        zoo_begin, zoo_end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+        if zoo_begin in outside:
+            before, rest = outside.split(zoo_begin, 1)
+            block, after = rest.split(zoo_end, 1)
+            assert block.lstrip().startswith("Written by `python benchmarks/zoo.py`")
+            outside = before + after
     rows = [line for line in outside.splitlines() if line.lstrip().startswith("|")]
     assert not rows, f"hand-typed table rows in docs/models.md: {rows[:3]}"

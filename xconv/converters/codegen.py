@@ -230,6 +230,9 @@ def write_dir_atomic(out_dir: str | os.PathLike, files: Mapping[str, Any]) -> Pa
     return out
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def scalar_literal(v: Any) -> str:
     """A Python literal for a scalar; a float32 value in its shortest float32 spelling."""
     if isinstance(v, np.bool_ | bool):
@@ -238,8 +241,12 @@ def scalar_literal(v: Any) -> str:
         return repr(int(v))
     f = float(v)
     if np.isfinite(f) and float(np.float32(f)) == f:
-        # A float32 value: its shortest float32 spelling reads better and rounds back exactly.
-        f = float(str(np.float32(f)))
+        # A float32 value: its shortest float32 spelling reads better and rounds back exactly,
+        # unless it lies past float32's range as a double (finfo.min spells -3.4028235e+38,
+        # which torch refuses to fill a float32 tensor with: "cannot be converted to type
+        # float without overflow"); that one keeps its exact spelling.
+        short = float(str(np.float32(f)))
+        f = short if abs(short) <= _F32_MAX else f
     if math.isnan(f):
         return 'float("nan")'
     if math.isinf(f):

@@ -28,6 +28,16 @@ def i64(*values):
 
 # (id, op, data inputs {name: array}, constants {name: array}, attrs, input order, n outputs)
 CASES = [
+    (  # a finfo.min fill (a decoder's mask): torch.full refuses -3.4028235e+38 (overflow)
+        "constant_of_shape_finfo_min",
+        "ConstantOfShape",
+        {},
+        {"s": i64(4, 32)},
+        {"value": h.make_tensor("v", onnx.TensorProto.FLOAT, [1], [np.finfo(np.float32).min])},
+        ["s"],
+    ),
+    ("reshape_to_scalar", "Reshape", {"x": f32(1)}, {"s": np.zeros((0,), np.int64)}, {},
+     ["x", "s"]),  # fmt: skip
     ("add_scalar", "Add", {"x": f32(2, 3)}, {"c": np.array(2.5, np.float32)}, {}, ["x", "c"]),
     ("sub_bcast", "Sub", {"x": f32(2, 3), "y": f32(3)}, {}, {}, ["x", "y"]),
     ("div_int", "Div", {"x": i64(7, -7, 9), "y": i64(2, 2, 4)}, {}, {}, ["x", "y"]),

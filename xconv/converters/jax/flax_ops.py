@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -191,6 +192,8 @@ def dtype_expr(dtype: ir.DataType | None, xp: str = "jnp") -> str:
             f"the Flax emitter does not write dtype {dtype}; "
             f"supported: {sorted(str(d) for d in _DTYPES)}"
         )
+    if dtype == ir.DataType.BFLOAT16:  # numpy has no bfloat16; jnp's is ml_dtypes' (numpy takes it)
+        return "jnp.bfloat16"
     return f"{xp}.{_DTYPES[dtype]}"
 
 
@@ -296,14 +299,32 @@ def _clip(c: OpCall) -> str:
     return f"{c.xp}.clip({c.args[0]}, {lo}, {hi})"
 
 
+def _saturated(c: OpCall, to: ir.DataType | None) -> str:
+    """The input, clipped into a float8 type's finite range first when the cast saturates
+    (ONNX's default; a plain cast overflows to inf / nan as the runtime does not)."""
+    x = c.args[0]
+    src = c.node.inputs[0].dtype
+    if not c.attrs["saturate"] or to not in _FLOAT8 or src is None or not src.is_floating_point():
+        return x
+    hi = scalar_literal(float(ml_dtypes.finfo(to.numpy()).max))
+    return f"{c.xp}.clip({x}, -{hi}, {hi})"
+
+
+_FLOAT8 = {
+    ir.DataType.FLOAT8E4M3FN, ir.DataType.FLOAT8E4M3FNUZ, ir.DataType.FLOAT8E5M2,
+    ir.DataType.FLOAT8E5M2FNUZ,
+}  # fmt: skip
+
+
 @template("Cast", layout="unary", static_ok=True, to=REQUIRED, saturate=1, round_mode="up")
 def _cast(c: OpCall) -> str:
-    return f"{c.args[0]}.astype({dtype_expr(ir.DataType(c.attrs['to']), c.xp)})"
+    to = ir.DataType(c.attrs["to"])
+    return f"{_saturated(c, to)}.astype({dtype_expr(to, c.xp)})"
 
 
 @template("CastLike", layout="unary", static_ok=True, saturate=1, round_mode="up")
 def _cast_like(c: OpCall) -> str:
-    return f"{c.args[0]}.astype({c.args[1]}.dtype)"
+    return f"{_saturated(c, c.node.inputs[1].dtype)}.astype({c.args[1]}.dtype)"
 
 
 _BINARY = {
@@ -584,7 +605,7 @@ def _batch_norm(c: OpCall) -> str:
 
 @template("LayerNormalization", axis=-1, epsilon=1e-5, stash_type=1)
 def _layer_norm(c: OpCall) -> str:
-    if len(c.node.outputs) > 1 and any(o.uses() for o in c.node.outputs[1:]):
+    if len(c.node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in c.node.outputs[1:]):
         raise c.fail("LayerNormalization mean / inv_std_dev outputs")
     c.helpers.add("layer_norm")
     bias = c.args[2] if c.has(2) else "None"

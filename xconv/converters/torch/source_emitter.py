@@ -588,7 +588,9 @@ def render(em: _Emitter, inputs: list[str], outputs: list[str], name: str) -> st
         f"    def forward(self, {', '.join(inputs)}):",
         *_indent([*em.body, f"return {ret}"], 8),
     ]
-    em.uses_scope = any("Scope()" in line for line in [*em.init, *tree.classes])
+    em.uses_scope = any(
+        "Scope()" in line or "(Scope):" in line for line in [*em.init, *tree.classes]
+    )
     helpers = [_BIASED_BATCH_NORM.replace("{n}", name[-2]) for name in sorted(em.helpers)]
     parts = (
         ([_SCOPE_CLASS] if em.uses_scope else []) + helpers + tree.classes + ["\n".join(cls), _LOAD]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -194,6 +195,8 @@ def _clip(c: OpCall) -> str:
         if c.has(i) and c.consts[i] is not None:
             v = scalar_literal(np.asarray(c.consts[i]).reshape(())[()])
             lo, hi = (v, hi) if i == 1 else (lo, v)
+    if lo == "None" and hi == "None":  # torch.clamp needs one bound
+        return c.args[0]
     if lo == "0" or lo == "0.0":
         if hi in ("6", "6.0"):
             return f"F.relu6({c.args[0]})"
@@ -202,14 +205,37 @@ def _clip(c: OpCall) -> str:
     return f"torch.clamp({c.args[0]}, {lo}, {hi})"
 
 
+def _saturated(c: OpCall, to: ir.DataType | None) -> str:
+    """The input, clipped into a float8 type's finite range first when the cast saturates
+    (ONNX's default; a plain cast overflows to inf / nan as the runtime does not)."""
+    x = c.args[0]
+    src = c.node.inputs[0].dtype
+    if to not in _FLOAT8 or src is None or not src.is_floating_point():
+        return x
+    hi = scalar_literal(float(ml_dtypes.finfo(to.numpy()).max))
+    if c.attrs["saturate"]:
+        return f"torch.clamp({x}.float(), -{hi}, {hi})"
+    if to == ir.DataType.FLOAT8E5M2:  # has infinities: torch's cast overflows to them
+        return x
+    # No infinities: ONNX makes overflow NaN, where torch's cast would saturate.
+    return f'torch.where({x}.float().abs() > {hi}, float("nan"), {x}.float())'
+
+
+_FLOAT8 = {
+    ir.DataType.FLOAT8E4M3FN, ir.DataType.FLOAT8E4M3FNUZ, ir.DataType.FLOAT8E5M2,
+    ir.DataType.FLOAT8E5M2FNUZ,
+}  # fmt: skip
+
+
 @template("Cast", to=REQUIRED, saturate=1, round_mode="up")
 def _cast(c: OpCall) -> str:
-    return f"{c.args[0]}.to({dtype_expr(ir.DataType(c.attrs['to']))})"
+    to = ir.DataType(c.attrs["to"])
+    return f"{_saturated(c, to)}.to({dtype_expr(to)})"
 
 
 @template("CastLike", saturate=1, round_mode="up")
 def _cast_like(c: OpCall) -> str:
-    return f"{c.args[0]}.to({c.args[1]}.dtype)"
+    return f"{_saturated(c, c.node.inputs[1].dtype)}.to({c.args[1]}.dtype)"
 
 
 _BINARY = {
@@ -637,6 +663,8 @@ def _reshape(c: OpCall) -> str:
             else:
                 out.append(f"{c.args[0]}.shape[{i}]")
         return f"{c.args[0]}.reshape({', '.join(out)})"
+    if not dims:  # to a scalar: reshape() takes no empty argument list
+        return f"{c.args[0]}.reshape(())"
     return f"{c.args[0]}.reshape({', '.join(map(str, dims))})"
 
 
@@ -766,7 +794,11 @@ def _gather(c: OpCall) -> str:
 
 @template("GatherElements", axis=0)
 def _gather_elements(c: OpCall) -> str:
-    return f"torch.gather({c.args[0]}, {c.attrs['axis']}, {c.args[1]})"
+    a, idx = c.attrs["axis"], c.args[1]
+    const = c.consts[1]
+    if const is None or (np.asarray(const) < 0).any():  # ONNX counts negative indices from the end
+        idx = f"({idx} % {c.args[0]}.shape[{a}])"
+    return f"torch.gather({c.args[0]}, {a}, {idx}.long())"
 
 
 def _split_sizes(c: OpCall, n: int) -> str:

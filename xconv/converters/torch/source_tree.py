@@ -236,7 +236,9 @@ def _render(g: _Group) -> str:
         args = ", ".join(f"{n}: int" for n in names)
         text = text.replace("    def __init__(self):", f"    def __init__(self, {args}):", 1)
     doc = f'    """``{g.base}`` of the source model."""'
-    return "\n".join([f"class {g.name}(nn.Module):", doc, "", text])
+    # A class whose children are numbered (a Flax layer collection) reads them as self[0].
+    base = "Scope" if re.search(r"\bself\[", text) else "nn.Module"
+    return "\n".join([f"class {g.name}({base}):", doc, "", text])
 
 
 def _resolve(text: str, groups: list[_Group]) -> str:
