@@ -70,6 +70,10 @@ class ConvertOptions:
             written into ``model.py`` with each variable's logical axes (:mod:`xconv.sharding`).
         weights_format: Target ``flax``: ``"msgpack"`` (default) or ``"orbax"`` (implied by
             ``partitioning``), which the generated ``load(out_dir, mesh=)`` restores sharded.
+        mesh: Targets ``flax`` and ``jax``: the parity check runs the candidate sharded over
+            this ``"DATAxMODEL"`` mesh of the visible devices (the flax output restored onto
+            it by its ``load(out_dir, mesh=)``; parameters placed by ``partitioning``, default
+            ``"fsdp+tp"``); the report states the mesh and each parameter's sharding.
     """
 
     api: str = "linen"
@@ -86,6 +90,7 @@ class ConvertOptions:
     parity: str = "auto"
     partitioning: Any = None
     weights_format: str | None = None
+    mesh: Any = None
 
     def __post_init__(self) -> None:
         if self.parity not in PARITY_MODES:
@@ -162,8 +167,24 @@ def convert(
         raise ConversionError(f"unknown source {source_kind!r}; choose one of {list(SOURCES)}")
     if target not in TARGETS:
         raise ConversionError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
-    if target != "flax" and (options.partitioning is not None or options.weights_format):
+    # (Target jax takes a partitioning as the rules of its --mesh parity check.)
+    jax_mesh = target == "jax" and options.mesh is not None
+    if target != "flax" and (
+        (options.partitioning is not None and not jax_mesh) or options.weights_format
+    ):
         raise ConversionError("partitioning / weights format: only the flax target has them")
+    if options.mesh is not None:
+        from xconv.sharding.rules import make_mesh, read_rules
+
+        if target not in ("flax", "jax"):
+            raise ConversionError(
+                f"mesh: the parity check runs a {target} candidate unsharded; --mesh applies to "
+                "the flax and jax targets"
+            )
+        if not options.check:
+            raise ConversionError("mesh: --mesh shards the parity check; drop --no-check")
+        make_mesh(options.mesh)  # a mesh the visible devices do not match fails before any work
+        read_rules(options.partitioning)
     out = Path(out_dir)
     timings: dict[str, float] = {}
     clock = [time.perf_counter()]
@@ -444,6 +465,9 @@ def _emit_flax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
             model, stage, api=options.api, partitioning=options.partitioning,
             format=options.weights_format,
         )  # fmt: skip
+        if options.mesh is not None:
+            # Restored from Orbax straight onto the mesh, as a user's load(mesh=) would.
+            return lambda where: _load_generated(where / "model.py").load(where, mesh=options.mesh)
         return lambda where: _load_generated(where / "model.py").load(where)
     to_flax(model, stage, api=options.api)
 
@@ -583,6 +607,7 @@ def _check(
         devices=options.devices,
         n_random=options.parity_random_inputs,
         layerwise=layerwise,
+        **({"mesh": options.mesh, "rules": options.partitioning} if options.mesh else {}),
     )
     if failed:
         report.notes.append(failed)

@@ -281,7 +281,39 @@ def cli_check(model, x, root: Path, out: dict) -> None:
     args = ["check", str(onnx_path), str(folder), "--trust-code", "--mesh", "2x4",
             "--inputs", str(root / "inputs.npz"), "--random-inputs", "0"]  # fmt: skip
     r = CliRunner().invoke(cli, args)
-    out["cli_check"] = {"exit_code": r.exit_code, "output": r.output[-3000:]}
+    out["cli_check"] = {"exit_code": r.exit_code, "output": r.output}
+
+
+#: A user's rule table (TP without vocab splitting), given to the CLI as a JSON file.
+CUSTOM_RULES = [["batch", "data"], ["embed", None], ["mlp", "model"], ["heads", "model"],
+                ["vocab", None], ["norm", None]]  # fmt: skip
+
+
+def cli_convert(root: Path, out: dict, full: bool = False) -> None:
+    """``xconv onnx-to-flax REF --partitioning rules.json --mesh 2x4`` (and onnx-to-jax with
+    ``--mesh``): the conversion's own parity check runs the candidate on the mesh."""
+    from click.testing import CliRunner
+
+    from xconv.cli import main as cli
+
+    (root / "rules.json").write_text(json.dumps(CUSTOM_RULES))
+    out["cli_convert"] = {}
+    cases = [("flax", ["--partitioning", str(root / "rules.json")])] + [("jax", [])] * full
+    for target, extra in cases:
+        dest = root / f"cli_{target}"
+        args = [f"onnx-to-{target}", str(root / "ref.onnx"), "-o", str(dest), "--mesh", "2x4",
+                "--inputs", str(root / "inputs.npz"), *extra]  # fmt: skip
+        t = time.perf_counter()
+        r = CliRunner().invoke(cli, args)
+        parity = json.loads((dest / "parity.json").read_text()) if dest.exists() else {}
+        out["cli_convert"][target] = {
+            "exit_code": r.exit_code,
+            "output": r.output[-3000:],
+            "passed": parity.get("passed"),
+            "mesh": parity.get("mesh"),
+            "notes": parity.get("notes"),
+            "seconds": round(time.perf_counter() - t, 2),
+        }
 
 
 def weights_stream(module, x, root: Path, out: dict) -> None:
@@ -349,6 +381,7 @@ def main(dest: str, mode: str = "default", only: str | None = None) -> None:
                 constraint_check(name, x, root, out)
                 to_jax_checks(model, x, out)
                 cli_check(model, x, root, out)
+                cli_convert(root, out, mode == "full")
                 if mode == "full":
                     weights_stream(module, x, root, out)
                 again = xconv.to_flax(model, root / "again", partitioning="fsdp+tp")
