@@ -433,6 +433,8 @@ def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
         parity="none" if kw["no_check"] else "layerwise",
         dynamic_batch=kw["dynamic_batch"],
         input_shapes=tuple(kw["input_shapes"]),
+        partitioning=kw.get("partitioning"),
+        mesh=kw.get("mesh"),
     )
     out = out or Path(f"{kw['module_factory'].rpartition(':')[2]}_{target}")
     console = _console()
@@ -450,6 +452,17 @@ def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
         f"[green]wrote[/] {result.out_dir}/: {len(result.files)} files, "
         f"{result.stream.bytes_written / 2**30:.2f} GiB of weights streamed"
     )
+    sharding = result.stream.sharding
+    if sharding is not None:
+        split = sum(1 for spec in sharding["specs"].values() if any(e for e in spec))
+        console.print(
+            f"Orbax checkpoint in {len(sharding['parts'])} parts, placed by the rules while "
+            f"written (largest part {sharding['largest_part_bytes'] / 2**20:.1f} MiB): "
+            f"{split} of {len(sharding['specs'])} variables split; "
+            "load(out_dir, mesh=) restores it onto a mesh",
+            markup=False,
+            soft_wrap=True,
+        )
     if result.parity is not None:
         console.print(str(result.parity), markup=False, soft_wrap=True)
         if not result.parity.passed:

@@ -269,3 +269,27 @@ def test_weights_streamed_for_nnx_load_like_to_flax_output(tmp_path):
     np.testing.assert_array_equal(np.asarray(got(x.numpy())), np.asarray(want(x.numpy())))
     np.testing.assert_allclose(np.asarray(got(x.numpy())), module(x).detach().numpy(), atol=1e-5)
     assert got.conv.kernel[...].sharding.spec == want.conv.kernel[...].sharding.spec
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "message"),
+    [
+        ("flax", ["--partitioning", "bad.json"], "names the unknown logical axis 'hidden'"),
+        ("flax", ["--partitioning", "fsdp", "--mesh", "3x4096"], "needs 12288 devices"),
+        ("onnx", ["--partitioning", "fsdp"], "only the flax target has them"),
+    ],
+)
+def test_meta_route_bad_partitioning_fails_before_reading_anything(
+    tmp_path, monkeypatch, target, extra, message
+):
+    """``--weights ... --partitioning``: bad rules, a mesh the devices do not match, or a
+    target without sharding fail before the checkpoint is read (none exists here)."""
+    (tmp_path / "bad.json").write_text(json.dumps([["hidden", "model"]]))
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    args = [f"torch-to-{target}", "--module", "transformers:LlamaForCausalLM", "--config",
+            "config.json", "--weights", "nothing-*.safetensors", "-o", "out", *extra]  # fmt: skip
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 10, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "out").exists()
