@@ -217,6 +217,8 @@ def weights_torch_to_flax(
     """Convert a torch state_dict CHECKPOINT into Flax variables for the generated model.py."""
     from xconv.weights.convert import convert_weights
 
+    if partitioning is not None and mesh is None:
+        raise click.UsageError("--partitioning places the weights on a --mesh (e.g. --mesh 1x1)")
     if mesh is not None:
         fmt = fmt or "orbax"
     if out is None:

@@ -293,3 +293,11 @@ def test_meta_route_bad_partitioning_fails_before_reading_anything(
     assert r.exit_code == 10, r.output
     assert message in r.output and "Traceback" not in r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_weights_partitioning_without_a_mesh_is_a_usage_error(tmp_path):
+    ckpt = tmp_path / "state.safetensors"
+    ckpt.write_bytes(b"")
+    r = CliRunner().invoke(main, ["weights", "torch-to-flax", str(ckpt), "--template", "m:f",
+                                  "--partitioning", "fsdp"])  # fmt: skip
+    assert r.exit_code == 2 and "--partitioning places the weights on a --mesh" in r.output
