@@ -10,9 +10,10 @@ starts Orbax's thread pools), then resets the peak-RSS mark
 baseline, against the checkpoint's size and its largest input shard. Then
 ``load(out_dir, mesh="2x4")`` restores the parts (peak above its own baseline).
 
-On 8 forced CPU devices the devices *are* host memory, so placed arrays count towards RSS;
-the route drops each part after writing it, so the peak follows the largest part, not the
-checkpoint.
+On 8 forced CPU devices the devices *are* host memory, so placed arrays count towards RSS.
+The route drops each part after writing it; whether the peak then follows the largest part
+or the checkpoint is what this measures (first run, 186 MiB in 9 shards: about 1x the
+checkpoint, so something (Orbax/tensorstore or the allocator) keeps the parts; open).
 
     python benchmarks/bench_shard_stream.py [--params 5e7] [--write benchmarks/shard_stream.md]
 """
