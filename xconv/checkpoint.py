@@ -225,8 +225,12 @@ def _majority_float_dtype(index: CheckpointIndex):
 # --- planning: the emitter's source against stand-in weights ------------------------------
 
 
-def plan_flax(traced: Traced, api: str = "linen") -> tuple[str, list[Target]]:
-    """Generated ``model.py`` (reading streamed shards) and the variables to stream."""
+def plan_flax(
+    traced: Traced, api: str = "linen", partitioning: Any = None
+) -> tuple[str, list[Target]]:
+    """Generated ``model.py`` and the variables to stream. Without ``partitioning`` its
+    ``load`` reads the streamed safetensors shards; with it, ``model.py`` carries the
+    sharding section (``LOGICAL_AXES``, ``RULES``, ``load(out_dir, mesh=)`` from Orbax)."""
     from xconv.converters.jax import flax_emitter as fe
     from xconv.ir.passes import canonicalize
 
@@ -237,7 +241,9 @@ def plan_flax(traced: Traced, api: str = "linen") -> tuple[str, list[Target]]:
     em.plan_layers()
     em.check_supported()
     em.emit()
-    source = _streamed_loader(fe.render(em, model.graph.name or "model"), api)
+    source = fe.render(em, model.graph.name or "model")
+    if partitioning is None:
+        source = _streamed_loader(source, api)
     targets = []
     for var in em.src.variables:
         path = (var.collection, *var.path) if api == "linen" else var.path
@@ -248,7 +254,14 @@ def plan_flax(traced: Traced, api: str = "linen") -> tuple[str, list[Target]]:
         else:
             arr = np.asarray(value)
             targets.append(Target(name, tuple(arr.shape), arr.dtype.name, value=arr))
-    return source, sorted(targets, key=lambda t: t.name)
+    targets = sorted(targets, key=lambda t: t.name)
+    if partitioning is not None:
+        from xconv.sharding.flax import partitioned_source
+        from xconv.sharding.stream import _nest
+
+        tree = _nest({tuple(t.name.split("/")): t for t in targets})  # leaves with .shape
+        source = partitioned_source(source, tree, model, partitioning, api)
+    return source, targets
 
 
 _LINEN_LOAD = '''def load(out_dir=None):
@@ -337,6 +350,12 @@ class CheckpointOptions:
         input_shapes: ``--input-shape`` strings (default: token ids ``(1, 8)``).
         early: Flax: stream the weights while tracing, on a guessed layout checked afterwards
             (``False``: trace, plan, then stream).
+        partitioning: Flax: ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` or a rule table: ``model.py``
+            gets the sharding section and the weights are streamed into an Orbax checkpoint
+            in parts, each placed by the rules (:func:`xconv.sharding.stream.stream_orbax_parts`),
+            which ``load(out_dir, mesh=)`` restores onto a mesh.
+        mesh: With ``partitioning``: the ``"DATAxMODEL"`` mesh the parts are placed on while
+            written (default: the visible devices as ``1xN``; any mesh can restore them).
     """
 
     api: str = "linen"
@@ -344,6 +363,8 @@ class CheckpointOptions:
     dynamic_batch: bool = False
     input_shapes: tuple[str, ...] = ()
     early: bool = True
+    partitioning: Any = None
+    mesh: Any = None
 
     def __post_init__(self) -> None:
         if self.parity not in ("layerwise", "none"):
@@ -374,11 +395,21 @@ def convert_checkpoint(
     say = progress or (lambda msg: logger.info(msg))
     if target not in TARGETS:
         raise ConversionError(f"unknown target {target!r} for a checkpoint; choose {TARGETS}")
+    if options.partitioning is not None or options.mesh is not None:
+        from xconv.sharding.rules import make_mesh, read_rules
+
+        if target != "flax":
+            raise ConversionError("partitioning / mesh: only the flax target has them")
+        read_rules(options.partitioning)  # bad rules and meshes fail before any work
+        if options.mesh is not None:
+            make_mesh(options.mesh)
     out, parent, stage = _staging(out_dir)
     early: list[EarlyStream] = []
 
     def start_early(index: CheckpointIndex, meta: Any) -> None:
-        if target == "flax" and options.early:
+        # (Orbax parts are written after planning: the early stream writes safetensors.)
+        sharded = options.partitioning is not None or options.mesh is not None
+        if target == "flax" and options.early and not sharded:
             say("streaming the weights while tracing")
             early.append(EarlyStream(index, guess_layouts(meta.module, index), stage).start())
 
@@ -476,6 +507,8 @@ def _write_flax(
 
     from xconv.weights.stream import stream_targets
 
+    if options.partitioning is not None or options.mesh is not None:
+        return _write_flax_sharded(traced, stage, options, say)
     source, targets = plan_flax(traced, options.api)
     (stage / "model.py").write_text(source)
     (stage / "xconv.json").write_text(
@@ -488,6 +521,53 @@ def _write_flax(
             return report, targets
         logger.warning("streaming the weights again: %s", early.reason)
     return stream_targets(targets, traced.index, stage, progress=say), targets
+
+
+def _write_flax_sharded(
+    traced: Traced, stage: Path, options: CheckpointOptions, say
+) -> tuple[StreamReport, list[Target]]:
+    """``model.py`` with the sharding section; the weights as Orbax parts placed by the rules."""
+    import json
+
+    from xconv.sharding.flax import ORBAX_DIR
+    from xconv.sharding.rules import read_rules
+    from xconv.sharding.stream import stream_orbax_parts
+
+    rules = read_rules(options.partitioning) or "fsdp+tp"
+    source, targets = plan_flax(traced, options.api, partitioning=rules)
+    (stage / "model.py").write_text(source)
+    strategy = rules if isinstance(rules, str) else "custom"
+    meta = {"api": options.api, "format": 1, "weights": "orbax", "partitioning": strategy}
+    (stage / "xconv.json").write_text(json.dumps(meta, sort_keys=True))
+    axes = _generated_axes(source)
+    before = dict(traced.index.log.bytes_read)
+    written = stream_orbax_parts(
+        targets, traced.index, stage / ORBAX_DIR, axes, options.mesh, rules, progress=say
+    )
+    report = StreamReport(
+        files=written["parts"],
+        bytes_written=written["bytes_written"],
+        tensors=written["tensors"],
+        sharding=written,
+    )
+    report.bytes_read = {
+        k: n - before.get(k, 0)
+        for k, n in traced.index.log.bytes_read.items()
+        if n != before.get(k, 0)
+    }
+    for note in written["notes"]:
+        logger.info("sharding: %s", note)
+    return report, targets
+
+
+def _generated_axes(source: str) -> dict[str, tuple]:
+    """``LOGICAL_AXES`` of a generated ``model.py`` (the table its ``load(mesh=)`` uses)."""
+    import ast
+
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "LOGICAL_AXES":
+            return {k: tuple(v) for k, v in ast.literal_eval(node.value).items()}
+    raise ConversionError("the partitioned model.py has no LOGICAL_AXES")
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

@@ -71,6 +71,18 @@ class _Group(click.Group):
             sys.exit(e.exit_code)
 
 
+def _rules_option(ctx: click.Context, param: click.Parameter, value: str | None):
+    """``--partitioning``: a strategy name, a rules .json file or ``pkg.mod:RULES``, read and
+    validated (a ``ShardingError`` exits with its code, like any ConversionError)."""
+    if value is None:
+        return None
+    if ":" in value and not value.lower().endswith(".json") and not _cwd_on_path():
+        sys.path.insert(0, ".")  # pkg.mod:RULES names the user's own code
+    from xconv.sharding.rules import read_rules
+
+    return read_rules(value)
+
+
 class _NoTraceback(logging.Filter):
     """Drops the traceback a framework attaches to a log record; the message stays."""
 
@@ -186,8 +198,9 @@ def _template_inputs(input_shape: tuple[str, ...], input_dtype: str):
 @click.option("--trust-pickle", is_flag=True, help="Allow a torch file that needs unpickling.")
 @click.option("--mesh", default=None, help="Write an Orbax checkpoint placed on a DATAxMODEL "
               "mesh (e.g. 2x4) shard by shard, by --partitioning.")  # fmt: skip
-@click.option("--partitioning", type=click.Choice(["fsdp", "tp", "fsdp+tp"]), default=None,
-              help="Rules for --mesh (default fsdp+tp).")  # fmt: skip
+@click.option("--partitioning", default=None, callback=_rules_option,
+              help="Rules for --mesh: fsdp, tp, fsdp+tp (default), a rules .json file or "
+              "pkg.mod:RULES.")  # fmt: skip
 def weights_torch_to_flax(
     checkpoint: Path,
     template: str,
@@ -204,6 +217,8 @@ def weights_torch_to_flax(
     """Convert a torch state_dict CHECKPOINT into Flax variables for the generated model.py."""
     from xconv.weights.convert import convert_weights
 
+    if partitioning is not None and mesh is None:
+        raise click.UsageError("--partitioning places the weights on a --mesh (e.g. --mesh 1x1)")
     if mesh is not None:
         fmt = fmt or "orbax"
     if out is None:
@@ -300,9 +315,13 @@ def _conversion_options(fn):
         click.option("--inputs", "inputs_npz", type=click.Path(dir_okay=False), default=None,
                      help="Example inputs from an .npz file (arrays in input order)."),
         click.option("--dynamic-batch", is_flag=True, help="Symbolic batch dimension."),
-        click.option("--partitioning", type=click.Choice(["fsdp", "tp", "fsdp+tp"]),
-                     default=None, help="Flax target: logical axes + this strategy's rule "
-                     "table in model.py; weights as Orbax; load(out_dir, mesh=) shards them."),
+        click.option("--partitioning", default=None, callback=_rules_option,
+                     help="Flax target: logical axes + a rule table in model.py (fsdp, tp, "
+                     "fsdp+tp, a rules .json file or pkg.mod:RULES); weights as Orbax; "
+                     "load(out_dir, mesh=) shards them."),
+        click.option("--mesh", default=None,
+                     help="Run the parity check's candidate (flax, jax) sharded over a "
+                     "DATAxMODEL mesh of the visible devices, e.g. 2x4."),
         click.option("--format", "weights_format", type=click.Choice(["msgpack", "orbax"]),
                      default=None, help="Flax target: weights file format (default msgpack; "
                      "orbax with --partitioning)."),
@@ -350,6 +369,7 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
         partitioning=kw.get("partitioning"),
         weights_format=kw.get("weights_format"),
         dtype=kw.get("dtype"),
+        mesh=kw.get("mesh"),
     )
     if out is None:
         out = Path(f"{Path(str(source)).stem}_{target}")
@@ -436,6 +456,8 @@ def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
         parity="none" if kw["no_check"] else "layerwise",
         dynamic_batch=kw["dynamic_batch"],
         input_shapes=tuple(kw["input_shapes"]),
+        partitioning=kw.get("partitioning"),
+        mesh=kw.get("mesh"),
     )
     out = out or Path(f"{kw['module_factory'].rpartition(':')[2]}_{target}")
     console = _console()
@@ -453,6 +475,17 @@ def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
         f"[green]wrote[/] {result.out_dir}/: {len(result.files)} files, "
         f"{result.stream.bytes_written / 2**30:.2f} GiB of weights streamed"
     )
+    sharding = result.stream.sharding
+    if sharding is not None:
+        split = sum(1 for spec in sharding["specs"].values() if any(e for e in spec))
+        console.print(
+            f"Orbax checkpoint in {len(sharding['parts'])} parts, placed by the rules while "
+            f"written (largest part {sharding['largest_part_bytes'] / 2**20:.1f} MiB): "
+            f"{split} of {len(sharding['specs'])} variables split; "
+            "load(out_dir, mesh=) restores it onto a mesh",
+            markup=False,
+            soft_wrap=True,
+        )
     if result.parity is not None:
         console.print(str(result.parity), markup=False, soft_wrap=True)
         if not result.parity.passed:
@@ -614,9 +647,10 @@ for _source, _target, _what in _COMMANDS:
               help="Random input sets drawn within the example inputs' range.")  # fmt: skip
 @click.option("--mesh", default=None,
               help="Run the candidate sharded over a DATAxMODEL mesh, e.g. 2x4.")  # fmt: skip
-@click.option("--partitioning", "rules", type=click.Choice(["fsdp", "tp", "fsdp+tp"]),
-              default=None, help="Parameter sharding for --mesh (default fsdp+tp, or as "
-              "the candidate's load placed them).")  # fmt: skip
+@click.option("--partitioning", "rules", default=None,
+              callback=_rules_option,
+              help="Parameter sharding for --mesh: fsdp, tp, fsdp+tp, a rules .json file or "
+              "pkg.mod:RULES (default fsdp+tp, or as the candidate's load placed them).")  # fmt: skip
 def check(reference: Path, candidate: Path, policy: str, html: Path | None,
           trust_code: bool, devices: str, inputs_npz: str | None,
           random_inputs: int, mesh: str | None, rules: str | None) -> None:  # fmt: skip

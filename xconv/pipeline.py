@@ -74,6 +74,10 @@ class ConvertOptions:
             ``"bfloat16"`` (float32 params, bfloat16 matmuls / convolutions / attention, norms
             and softmax in float32; :mod:`xconv.converters.jax.precision`). A bfloat16 model
             is checked with :func:`xconv.parity.policies.bf16_policy`, its bound in the report.
+        mesh: Targets ``flax`` and ``jax``: the parity check runs the candidate sharded over
+            this ``"DATAxMODEL"`` mesh of the visible devices (the flax output restored onto
+            it by its ``load(out_dir, mesh=)``; parameters placed by ``partitioning``, default
+            ``"fsdp+tp"``); the report states the mesh and each parameter's sharding.
     """
 
     api: str = "linen"
@@ -91,6 +95,7 @@ class ConvertOptions:
     partitioning: Any = None
     weights_format: str | None = None
     dtype: str | None = None
+    mesh: Any = None
 
     def __post_init__(self) -> None:
         from xconv.converters.jax.precision import resolve_dtype
@@ -170,13 +175,29 @@ def convert(
         raise ConversionError(f"unknown source {source_kind!r}; choose one of {list(SOURCES)}")
     if target not in TARGETS:
         raise ConversionError(f"unknown target {target!r}; choose one of {list(TARGETS)}")
-    if target != "flax" and (options.partitioning is not None or options.weights_format):
+    # (Target jax takes a partitioning as the rules of its --mesh parity check.)
+    jax_mesh = target == "jax" and options.mesh is not None
+    if target != "flax" and (
+        (options.partitioning is not None and not jax_mesh) or options.weights_format
+    ):
         raise ConversionError("partitioning / weights format: only the flax target has them")
     if options.dtype is not None and target not in ("flax", "jax"):
         raise ConversionError(
             f"dtype {options.dtype!r}: only the flax and jax targets have a compute dtype; "
             f"target {target!r} keeps the source's dtypes"
         )
+    if options.mesh is not None:
+        from xconv.sharding.rules import make_mesh, read_rules
+
+        if target not in ("flax", "jax"):
+            raise ConversionError(
+                f"mesh: the parity check runs a {target} candidate unsharded; --mesh applies to "
+                "the flax and jax targets"
+            )
+        if not options.check:
+            raise ConversionError("mesh: --mesh shards the parity check; drop --no-check")
+        make_mesh(options.mesh)  # a mesh the visible devices do not match fails before any work
+        read_rules(options.partitioning)
     out = Path(out_dir)
     timings: dict[str, float] = {}
     clock = [time.perf_counter()]
@@ -466,6 +487,9 @@ def _emit_flax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
             model, stage, api=options.api, partitioning=options.partitioning,
             format=options.weights_format, options=flax_options,
         )  # fmt: skip
+        if options.mesh is not None:
+            # Restored from Orbax straight onto the mesh, as a user's load(mesh=) would.
+            return lambda where: _load_generated(where / "model.py").load(where, mesh=options.mesh)
         return lambda where: _load_generated(where / "model.py").load(where)
     to_flax(model, stage, api=options.api, options=flax_options)
 
@@ -619,6 +643,7 @@ def _check(
         devices=options.devices,
         n_random=options.parity_random_inputs,
         layerwise=layerwise,
+        **({"mesh": options.mesh, "rules": options.partitioning} if options.mesh else {}),
     )
     if failed:
         report.notes.append(failed)

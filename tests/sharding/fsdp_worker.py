@@ -62,6 +62,11 @@ def rank_main(rank: int, folder: str) -> None:
         result = {}
         model = _load(folder)
         result["units"] = [type(u).__name__ for u in fsdp_units(model)]
+        # The block classes the generated file defines (besides the root Model).
+        result["blocks"] = sorted(
+            {type(m).__name__ for m in model.modules()
+             if type(m).__module__ == type(model).__module__ and m is not model}
+        )  # fmt: skip
         fully_shard_generated(model)
         out, loss = _step(model, mine)
         params = {n: _full(p) for n, p in model.named_parameters()}
@@ -148,6 +153,7 @@ def run(root: Path, *flags: str) -> dict:
         ),
         "ranks_agree": all(np.array_equal(ranks[0][f"p:{n}"], ranks[1][f"p:{n}"]) for n in names),
         "units": meta[0]["units"],
+        "blocks": meta[0]["blocks"],
         "dtensor": meta[0]["dtensor"],
         "local_numel": [m["local_numel"] for m in meta],
         "total_numel": int(sum(single[f"p:{n}"].size for n in names)),

@@ -281,7 +281,103 @@ def cli_check(model, x, root: Path, out: dict) -> None:
     args = ["check", str(onnx_path), str(folder), "--trust-code", "--mesh", "2x4",
             "--inputs", str(root / "inputs.npz"), "--random-inputs", "0"]  # fmt: skip
     r = CliRunner().invoke(cli, args)
-    out["cli_check"] = {"exit_code": r.exit_code, "output": r.output[-3000:]}
+    out["cli_check"] = {"exit_code": r.exit_code, "output": r.output}
+
+
+#: A user's rule table (TP without vocab splitting), given to the CLI as a JSON file.
+CUSTOM_RULES = [["batch", "data"], ["embed", None], ["mlp", "model"], ["heads", "model"],
+                ["vocab", None], ["norm", None]]  # fmt: skip
+
+
+def cli_convert(root: Path, out: dict, full: bool = False) -> None:
+    """``xconv onnx-to-flax REF --partitioning rules.json --mesh 2x4`` (and onnx-to-jax with
+    ``--mesh``): the conversion's own parity check runs the candidate on the mesh."""
+    from click.testing import CliRunner
+
+    from xconv.cli import main as cli
+
+    (root / "rules.json").write_text(json.dumps(CUSTOM_RULES))
+    out["cli_convert"] = {}
+    cases = [("flax", ["--partitioning", str(root / "rules.json")])] + [("jax", [])] * full
+    for target, extra in cases:
+        dest = root / f"cli_{target}"
+        args = [f"onnx-to-{target}", str(root / "ref.onnx"), "-o", str(dest), "--mesh", "2x4",
+                "--inputs", str(root / "inputs.npz"), *extra]  # fmt: skip
+        t = time.perf_counter()
+        r = CliRunner().invoke(cli, args)
+        parity = json.loads((dest / "parity.json").read_text()) if dest.exists() else {}
+        out["cli_convert"][target] = {
+            "exit_code": r.exit_code,
+            "output": r.output[-3000:],
+            "passed": parity.get("passed"),
+            "mesh": parity.get("mesh"),
+            "notes": parity.get("notes"),
+            "seconds": round(time.perf_counter() - t, 2),
+        }
+
+
+def meta_route(root: Path, out: dict, check: bool = False) -> None:
+    """``xconv torch-to-flax --module transformers:LlamaForCausalLM --config --weights
+    'model-*.safetensors' --partitioning fsdp --mesh 2x4``: a 10-shard Llama checkpoint
+    streamed into Orbax parts placed on the mesh, layerwise parity (the written parts read
+    back bit for bit; ``full`` mode only, the trace dominates the default run), then
+    ``load(OUT, mesh=)`` onto 2x4 and onto 1x8, against torch."""
+    import jax
+    from click.testing import CliRunner
+    from safetensors.torch import load_file
+
+    from benchmarks.make_checkpoint import make_checkpoint
+    from xconv.cli import main as cli
+    from xconv.sharding.axes import leaves
+
+    ckpt, dest = root / "llama", root / "llama_flax"
+    make_checkpoint(ckpt, 3e5, dtype="float32", shard_size=150_000)  # hidden 64, 6 layers
+    args = ["torch-to-flax", "--module", "transformers:LlamaForCausalLM", "--config",
+            str(ckpt / "config.json"), "--weights", str(ckpt / "model-*.safetensors"),
+            "--partitioning", "fsdp", "--mesh", "2x4", "-o", str(dest)]  # fmt: skip
+    if not check:
+        args.append("--no-check")
+    t = time.perf_counter()
+    r = CliRunner().invoke(cli, args, env={"COLUMNS": "200"})
+    res = {"exit_code": r.exit_code, "output": r.output[-3000:],
+           "seconds": round(time.perf_counter() - t, 2)}  # fmt: skip
+    out["meta_route"] = res
+    if r.exit_code != 0:
+        return
+    res["input_shards"] = len(list(ckpt.glob("model-*.safetensors")))
+    res["parts"] = sorted(p.name for p in (dest / "variables.orbax").iterdir())
+    if check:
+        res["parity"] = json.loads((dest / "parity.json").read_text())["passed"]
+    gen = _import(dest / "model.py", "gen_llama_meta")
+    res["partitioning"] = gen.PARTITIONING
+    import transformers
+
+    cfg = transformers.LlamaConfig.from_dict(json.loads((ckpt / "config.json").read_text()))
+    cfg.use_cache = False
+    ref = transformers.LlamaForCausalLM(cfg).eval()
+    state = {}
+    for shard in sorted(ckpt.glob("model-*.safetensors")):
+        state.update(load_file(shard))
+    ref.load_state_dict(state, strict=True)
+    ids = torch.arange(3, 11).reshape(1, 8)  # the traced example shape (1, 8)
+    with torch.no_grad():
+        want = ref(ids).logits.numpy()
+    model, host = gen.load(dest)
+    base = np.asarray(model.apply(host, ids.numpy())[0])
+    res["host_vs_torch"] = float(np.max(np.abs(base - want)))
+    for mesh in ("2x4", "1x8"):
+        _, placed = gen.load(dest, mesh=mesh)
+        flat = leaves(placed)
+        embed = next(v for p, v in flat.items() if p[-1] == "embedding")
+        got = np.asarray(jax.jit(model.apply)(placed, ids.numpy())[0])
+        res[mesh] = {
+            "vs_host": float(np.max(np.abs(got - base))),
+            "split": sum(1 for v in flat.values() if any(e is not None for e in v.sharding.spec)),
+            "n": len(flat),
+            "embed_shards": _shards(embed),
+            "mesh": dict(zip(embed.sharding.mesh.axis_names,
+                             (int(d) for d in embed.sharding.mesh.devices.shape), strict=True)),
+        }  # fmt: skip
 
 
 def weights_stream(module, x, root: Path, out: dict) -> None:
@@ -349,6 +445,10 @@ def main(dest: str, mode: str = "default", only: str | None = None) -> None:
                 constraint_check(name, x, root, out)
                 to_jax_checks(model, x, out)
                 cli_check(model, x, root, out)
+                cli_convert(root, out, mode == "full")
+                t = time.perf_counter()
+                meta_route(root, out, check=mode == "full")
+                out["timings"]["meta_route"] = round(time.perf_counter() - t, 2)
                 if mode == "full":
                     weights_stream(module, x, root, out)
                 again = xconv.to_flax(model, root / "again", partitioning="fsdp+tp")

@@ -143,6 +143,68 @@ def test_partitioning_is_refused_for_other_targets(tmp_path):
     assert "Traceback" not in r.output
 
 
+CUSTOM = [["batch", "data"], ["conv_out", "model"], ["conv_in", None], ["norm", None]]
+
+
+def test_cli_partitioning_takes_a_rules_file_or_a_python_table(tmp_path, monkeypatch):
+    """``--partitioning`` reads a JSON rules file or ``file.py:RULES`` / ``pkg.mod:RULES``
+    like the Python API's ``rules=``; the table lands in model.py as written."""
+    from xconv.demo import build_demo_model
+
+    path = xconv.save(build_demo_model(), tmp_path / "demo.onnx")
+    (tmp_path / "rules.json").write_text(json.dumps(CUSTOM))
+    (tmp_path / "my_rules.py").write_text(f"RULES = {[tuple(r) for r in CUSTOM]!r}\n")
+    want = tuple(tuple(r) for r in CUSTOM)
+    monkeypatch.chdir(tmp_path)
+    for i, spec in enumerate(["rules.json", "my_rules.py:RULES", "my_rules:RULES"]):
+        out = tmp_path / f"out{i}"
+        args = ["onnx-to-flax", str(path), "-o", str(out), "--partitioning", spec]
+        r = CliRunner().invoke(main, args + (["--no-check"] if i else []))
+        assert r.exit_code == 0, (spec, r.output)
+        gen = _import(out / "model.py", f"gen_custom_{i}")
+        assert gen.PARTITIONING == "custom" and tuple(gen.RULES) == tuple(want), spec
+        assert json.loads((out / "xconv.json").read_text())["partitioning"] == "custom"
+    assert json.loads((tmp_path / "out0" / "parity.json").read_text())["passed"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--partitioning", "bad.json"], "names the unknown logical axis 'hidden'"),
+        (["--partitioning", "broken.json"], "is not valid JSON"),
+        (["--partitioning", "missing.json"], "does not exist"),
+        (["--partitioning", "my_rules.py:NOPE"], "has no 'NOPE'"),
+        (["--partitioning", "zero3"], "unknown partitioning 'zero3'"),
+        (["--mesh", "2x4096"], "needs 8192 devices; JAX sees"),
+        (["--mesh", "2x"], "expected DATAxMODEL"),
+    ],
+)
+def test_cli_bad_rules_and_meshes_are_clear_errors(tmp_path, monkeypatch, args, message):
+    from xconv.demo import build_demo_model
+
+    path = xconv.save(build_demo_model(), tmp_path / "demo.onnx")
+    (tmp_path / "bad.json").write_text(json.dumps([["hidden", "model"]]))
+    (tmp_path / "broken.json").write_text("[[")
+    (tmp_path / "my_rules.py").write_text("RULES = ()\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["onnx-to-flax", str(path), "-o", str(out), *args])
+    assert r.exit_code == 10, r.output  # ConversionError (ShardingError)'s exit code
+    assert message in r.output and "Traceback" not in r.output
+    assert not out.exists()
+
+
+def test_cli_mesh_is_refused_where_the_candidate_is_not_jax(tmp_path):
+    from xconv.demo import build_demo_model
+
+    path = xconv.save(build_demo_model(), tmp_path / "demo.onnx")
+    r = CliRunner().invoke(
+        main, ["onnx-to-torch", str(path), "-o", str(tmp_path / "t"), "--mesh", "1x1"]
+    )
+    assert r.exit_code == 10 and "applies to the flax and jax targets" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "t").exists()
+
+
 def test_nnx_output_carries_the_table_and_loads_with_and_without_a_mesh(tmp_path):
     """nnx: the same LOGICAL_AXES/RULES (paths without a collection level) and a ``load``
     that builds the module abstractly and restores its state onto the mesh."""
@@ -207,3 +269,35 @@ def test_weights_streamed_for_nnx_load_like_to_flax_output(tmp_path):
     np.testing.assert_array_equal(np.asarray(got(x.numpy())), np.asarray(want(x.numpy())))
     np.testing.assert_allclose(np.asarray(got(x.numpy())), module(x).detach().numpy(), atol=1e-5)
     assert got.conv.kernel[...].sharding.spec == want.conv.kernel[...].sharding.spec
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "message"),
+    [
+        ("flax", ["--partitioning", "bad.json"], "names the unknown logical axis 'hidden'"),
+        ("flax", ["--partitioning", "fsdp", "--mesh", "3x4096"], "needs 12288 devices"),
+        ("onnx", ["--partitioning", "fsdp"], "only the flax target has them"),
+    ],
+)
+def test_meta_route_bad_partitioning_fails_before_reading_anything(
+    tmp_path, monkeypatch, target, extra, message
+):
+    """``--weights ... --partitioning``: bad rules, a mesh the devices do not match, or a
+    target without sharding fail before the checkpoint is read (none exists here)."""
+    (tmp_path / "bad.json").write_text(json.dumps([["hidden", "model"]]))
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    args = [f"torch-to-{target}", "--module", "transformers:LlamaForCausalLM", "--config",
+            "config.json", "--weights", "nothing-*.safetensors", "-o", "out", *extra]  # fmt: skip
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 10, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_weights_partitioning_without_a_mesh_is_a_usage_error(tmp_path):
+    ckpt = tmp_path / "state.safetensors"
+    ckpt.write_bytes(b"")
+    r = CliRunner().invoke(main, ["weights", "torch-to-flax", str(ckpt), "--template", "m:f",
+                                  "--partitioning", "fsdp"])  # fmt: skip
+    assert r.exit_code == 2 and "--partitioning places the weights on a --mesh" in r.output

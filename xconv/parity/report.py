@@ -157,8 +157,27 @@ class ParityReport:
                 lines.append("scopes out of tolerance (completion order):")
                 for s in shown:
                     lines.append(f"  {s.status:>10} {format_metrics(s.output)}")
+        lines.extend(self.mesh_lines())
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+    def mesh_lines(self, max_params: int = 40) -> list[str]:
+        """With ``mesh=``: the mesh, then each parameter's sharding (split ones first; the
+        whole table is in ``to_dict()["mesh"]``)."""
+        if not self.mesh:
+            return []
+        shape = " x ".join(f"{a}={n}" for a, n in self.mesh.get("shape", {}).items())
+        params = self.mesh.get("params", {})
+        split = {p: s for p, s in params.items() if s.strip("(),").replace("None", "").strip(", ")}
+        lines = [
+            f"mesh: {shape}; {len(split)} of {len(params)} parameters split "
+            "(PartitionSpec per parameter):"
+        ]
+        shown = [*split.items(), *((p, s) for p, s in params.items() if p not in split)]
+        lines.extend(f"  {p}: {s}" for p, s in shown[:max_params])
+        if len(shown) > max_params:
+            lines.append(f"  ... {len(shown) - max_params} more (replicated ones last; see JSON)")
+        return lines
 
     def __str__(self) -> str:
         return self.summary()
@@ -193,6 +212,7 @@ class ParityReport:
         bad = [s for s in self.scopes if s.status != "ok"]
         if bad:
             parts.append(_metrics_table("scopes out of tolerance", [s.output for s in bad[:20]]))
+        parts.extend(Text(line) for line in self.mesh_lines())
         parts.extend(Text(f"note: {n}", style="yellow") for n in self.notes)
         return Group(*parts)
 

@@ -118,9 +118,14 @@ def check_streamed(
         if t.planned is not None:
             by_source.setdefault(t.planned.source, []).append(t)
     index_file = out_dir / INDEX_NAME
-    written = CheckpointIndex(
-        index_file if index_file.is_file() else str(out_dir / "*.safetensors")
-    )
+    if (out_dir / "variables.orbax").is_dir():  # streamed into Orbax parts (partitioning)
+        from xconv.sharding.stream import OrbaxParts
+
+        written: Any = OrbaxParts(out_dir / "variables.orbax")
+    else:
+        written = CheckpointIndex(
+            index_file if index_file.is_file() else str(out_dir / "*.safetensors")
+        )
     index: CheckpointIndex = traced.index
     report = StreamedParity([], policy)
     done: set[str] = set()

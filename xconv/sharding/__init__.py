@@ -24,6 +24,7 @@ _LAZY = {
     "ShardingError": ("xconv.sharding.rules", "ShardingError"),
     "make_mesh": ("xconv.sharding.rules", "make_mesh"),
     "resolve_rules": ("xconv.sharding.rules", "resolve_rules"),
+    "read_rules": ("xconv.sharding.rules", "read_rules"),
     "logical_axes": ("xconv.sharding.axes", "logical_axes"),
     "plan": ("xconv.sharding.place", "plan"),
     "place": ("xconv.sharding.place", "place"),

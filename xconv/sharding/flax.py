@@ -68,6 +68,8 @@ def shardings(mesh, shapes, rules=RULES):
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
     out = {{}}
     for path, axes in LOGICAL_AXES.items():
+        if path not in shapes:
+            continue
         spec = logical_to_mesh_sharding(PartitionSpec(*axes), mesh, rules).spec
         fitted = []
         for dim, entry in zip(shapes[path], tuple(spec) + (None,) * len(axes), strict=False):
@@ -88,6 +90,46 @@ def _nest(flat):
         for key in parents:
             node = node.setdefault(key, {{}})
         node[leaf] = value
+    return tree
+
+
+def _merge(into, tree):
+    for key, value in tree.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+def _restore(out_dir, mesh, rules):
+    """The saved variables as a nested dict: on the host, or (with ``mesh``) restored from
+    Orbax straight into each device's shard by ``shardings(mesh)``. A checkpoint streamed
+    in parts (``{orbax}/part-NNNNN``, one per input shard) is restored part by part."""
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    ckpt = ocp.PyTreeCheckpointer()
+    root = out_dir / "{orbax}"
+    tree = {{}}
+    for part in sorted(root.glob("part-*")) or [root]:
+        meta = ckpt.metadata(part)
+        meta = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
+        flat = {{
+            "/".join(str(getattr(k, "key", k)) for k in keys): m
+            for keys, m in jax.tree_util.tree_flatten_with_path(meta)[0]
+        }}
+        if mesh is None:  # host arrays, whatever devices wrote the checkpoint
+            args = _nest({{p: ocp.RestoreArgs(restore_type=np.ndarray) for p in flat}})
+            restored = ckpt.restore(part, args=ocp.args.PyTreeRestore(restore_args=args))
+            _merge(tree, jax.tree_util.tree_map(jnp.asarray, restored))
+            continue
+        placed = shardings(mesh, {{p: tuple(m.shape) for p, m in flat.items()}}, rules)
+        target = _nest(
+            {{p: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=placed[p]) for p, m in flat.items()}}
+        )
+        args = ocp.checkpoint_utils.construct_restore_args(target)
+        _merge(tree, ckpt.restore(part, args=ocp.args.PyTreeRestore(restore_args=args)))
     return tree
 
 '''
@@ -130,50 +172,11 @@ def load(out_dir=None, mesh=None, rules=RULES):
         if mesh is not None:
             raise FileNotFoundError(f"{{out_dir / '{orbax}'}}: sharded loading needs Orbax")
         return _load_msgpack(out_dir)
-    import orbax.checkpoint as ocp
-
-    ckpt = ocp.PyTreeCheckpointer()
-    if mesh is None:
-        variables = ckpt.restore(out_dir / "{orbax}")
-        return Model(), jax.tree_util.tree_map(jnp.asarray, variables)
     mesh = make_mesh(mesh) if isinstance(mesh, (str, tuple, list)) else mesh
-    meta = ckpt.metadata(out_dir / "{orbax}")
-    tree = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
-    flat = {{
-        "/".join(str(getattr(k, "key", k)) for k in keys): m
-        for keys, m in jax.tree_util.tree_flatten_with_path(tree)[0]
-    }}
-    placed = shardings(mesh, {{p: tuple(m.shape) for p, m in flat.items()}}, rules)
-    target = _nest(
-        {{p: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=placed[p]) for p, m in flat.items()}}
-    )
-    args = ocp.args.PyTreeRestore(restore_args=ocp.checkpoint_utils.construct_restore_args(target))
-    return Model(), ckpt.restore(out_dir / "{orbax}", args=args)
+    return Model(), _restore(out_dir, mesh, rules)
 '''
 
 _LOAD_NNX = '''
-
-def _restore(out_dir, mesh, rules):
-    """The saved variables as a nested dict: on the host, or (with ``mesh``) restored from
-    Orbax straight into each device's shard by ``shardings(mesh)``."""
-    import orbax.checkpoint as ocp
-
-    ckpt = ocp.PyTreeCheckpointer()
-    if mesh is None:
-        return jax.tree_util.tree_map(jnp.asarray, ckpt.restore(out_dir / "{orbax}"))
-    meta = ckpt.metadata(out_dir / "{orbax}")
-    tree = getattr(getattr(meta, "item_metadata", meta), "tree", meta)
-    flat = {{
-        "/".join(str(getattr(k, "key", k)) for k in keys): m
-        for keys, m in jax.tree_util.tree_flatten_with_path(tree)[0]
-    }}
-    placed = shardings(mesh, {{p: tuple(m.shape) for p, m in flat.items()}}, rules)
-    target = _nest(
-        {{p: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=placed[p]) for p, m in flat.items()}}
-    )
-    args = ocp.args.PyTreeRestore(restore_args=ocp.checkpoint_utils.construct_restore_args(target))
-    return ckpt.restore(out_dir / "{orbax}", args=args)
-
 
 def load(out_dir=None, mesh=None, rules=RULES):
     """Return the model with its variables loaded; call ``model(*inputs)``.

@@ -110,6 +110,88 @@ def resolve_rules(rules: str | Sequence[Sequence[Any]] | None) -> Rules:
     return tuple(out)
 
 
+def read_rules(spec: Any) -> str | Rules | None:
+    """What ``--partitioning`` names -> a strategy name or a validated rule table.
+
+    ``spec`` is a strategy name (``"fsdp"``, ``"tp"``, ``"fsdp+tp"``), a JSON file (a list of
+    ``[logical_axis, mesh_axis | [mesh_axes] | null]`` pairs, or an object ``{logical_axis:
+    mesh_axis}``), or ``pkg.mod:RULES`` / ``path/to/file.py:RULES`` naming a rule table (or a
+    function returning one) in Python, the table the Python API's ``rules=`` takes. Anything
+    else (a missing file, bad JSON, an unknown logical or mesh axis) is a
+    :class:`ShardingError`. Tables and ``None`` pass through (validated).
+    """
+    if spec is None:
+        return None
+    if not isinstance(spec, str):
+        return resolve_rules(spec)
+    if spec in STRATEGIES:
+        return spec
+    where = spec
+    if spec.lower().endswith(".json"):
+        import json
+        from pathlib import Path
+
+        path = Path(spec)
+        if not path.is_file():
+            raise ShardingError(f"partitioning rules file {spec!r} does not exist")
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ShardingError(f"partitioning rules file {spec!r} is not valid JSON: {e}") from e
+        if isinstance(table, dict):
+            table = list(table.items())
+    elif ":" in spec:
+        from xconv.factories import _import_file
+
+        module_name, _, attr = spec.rpartition(":")
+        try:
+            if module_name.endswith(".py"):
+                from pathlib import Path
+
+                mod = _import_file(Path(module_name))
+            else:
+                import importlib
+
+                mod = importlib.import_module(module_name)
+        except ConversionError as e:
+            raise ShardingError(f"partitioning rules {spec!r}: {e}") from e
+        except Exception as e:  # the user's module failed to import
+            raise ShardingError(
+                f"partitioning rules {spec!r}: cannot import {module_name!r}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        table = mod
+        for part in attr.split("."):
+            table = getattr(table, part, None)
+            if table is None:
+                raise ShardingError(f"partitioning rules {spec!r}: {module_name!r} has no {attr!r}")
+        if callable(table):
+            table = table()
+    else:
+        raise ShardingError(
+            f"unknown partitioning {spec!r}: give a strategy ({', '.join(sorted(STRATEGIES))}), "
+            "a rules file (.json) or pkg.mod:RULES naming a rule table"
+        )
+    if isinstance(table, str):
+        return read_rules(table) if table in STRATEGIES else resolve_rules(table)
+    try:
+        pairs = [
+            (r[0], tuple(r[1]) if isinstance(r[1], list) else r[1])
+            if isinstance(r, (list, tuple)) and len(r) == 2
+            else r
+            for r in table
+        ]
+    except TypeError:
+        raise ShardingError(
+            f"partitioning rules {where!r}: expected pairs (logical_axis, mesh_axis | None), "
+            f"not {type(table).__name__}"
+        ) from None
+    try:
+        return resolve_rules(pairs)
+    except ShardingError as e:
+        raise ShardingError(f"partitioning rules {where!r}: {e}") from None
+
+
 def parse_mesh_shape(spec: str | Sequence[int]) -> tuple[int, int]:
     """``"2x4"`` or ``(2, 4)`` -> ``(data, model)``."""
     try:

@@ -286,6 +286,8 @@ class StreamReport:
     bytes_read: dict[str, int] = field(default_factory=dict)
     tensors: int = 0
     early: bool = False  # written by an EarlyStream, side by side with the trace
+    #: Streamed into Orbax parts placed on a mesh (``xconv.sharding.stream``): its summary.
+    sharding: dict[str, Any] | None = None
 
 
 def stream_targets(
