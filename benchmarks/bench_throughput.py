@@ -67,17 +67,20 @@ MODELS = {
     "bert": "BERT-base (BertConfig defaults, no pooler), seq 128",
 }
 DEFAULT_BATCHES = {
+    "resnet50": (1, 8),
+    "bert": (1, 4),
     "cnn": (1, 32, 128),
-    "transformer": (1, 32),
-    "resnet50": (1, 16),
-    "bert": (1, 8),
+    "transformer": (1, 16),
 }
+#: BERT-base's training step runs at these batches only (a b=4 step is ~30 s on one shared
+#: core); --batches-train-all lifts it.
+TRAIN_BATCHES = {"bert": (1,)}
 #: The big models' bf16 rows run at these batches only (XLA:CPU's bf16 convolutions and
 #: matmuls are slow enough that larger batches do not fit the run); --bf16-all-batches lifts it.
 BF16_BATCHES = {"resnet50": (1,), "bert": (1,)}
 #: torch.compile runs for these models by default (--compile-models): compiling the full
 #: ResNet-50 / BERT-base graphs, forward and backward, takes minutes on 2 shared cores.
-COMPILE_MODELS = "cnn,transformer"
+COMPILE_MODELS = "cnn"
 UNIT = {"cnn": "img/s", "transformer": "seq/s", "resnet50": "img/s", "bert": "seq/s"}
 
 # Paths, in table order. Kinds: torch, ort, jax (peer), hand (hand-written Flax), xconv.
@@ -240,8 +243,9 @@ def timed_first(fn) -> float:
     return time.perf_counter() - start
 
 
-def median_time(fn, repeat: int) -> float:
-    fn()  # one warm-up beyond the compile call
+def median_time(fn, repeat: int, first_s: float = 0.0) -> float:
+    if first_s < 1.0:  # one warm-up beyond the first call, unless that call was a long one
+        fn()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -373,12 +377,13 @@ class Bench:
             with _note_errors(row, f"inference b={b}"):
                 call = infer(b)
                 row.infer_compile[b] = timed_first(call)
-                row.infer[b] = median_time(call, self.repeat)
-            if train is not None and not self.args.no_train:
+                row.infer[b] = median_time(call, self.repeat, row.infer_compile[b])
+            train_ok = self.args.train_all_batches or b in TRAIN_BATCHES.get(self.name, (b,))
+            if train is not None and not self.args.no_train and train_ok:
                 with _note_errors(row, f"training b={b}"):
                     call = train(b)
                     row.train_compile[b] = timed_first(call)
-                    row.train[b] = median_time(call, self.repeat)
+                    row.train[b] = median_time(call, self.repeat, row.train_compile[b])
         self.rows.append(row)
         print(
             f"[{self.name}] {row.path} {row.dtype}: infer {row.infer} train {row.train} "
@@ -473,7 +478,10 @@ class Bench:
         x1 = make_input(self.name, 1)
 
         def session_row(path_name: str, path: Path, seconds: float, note: str = "") -> None:
-            sess = ort.InferenceSession(str(path), providers=ort.get_available_providers())
+            options = ort.SessionOptions()
+            if self.args.threads:
+                options.intra_op_num_threads, options.inter_op_num_threads = self.args.threads, 1
+            sess = ort.InferenceSession(str(path), options, providers=ort.get_available_providers())
             name = sess.get_inputs()[0].name
             row = Row(path_name, "fp32", conversion_s=seconds, note=note)
             got = np.asarray(sess.run(None, {name: x1})[0])
@@ -898,8 +906,11 @@ def render(results: list[dict], header: dict) -> str:
         f"{header['load_after']} (shared machine: treat ratios as ±15 %)",
         f"- versions: {header['versions']}",
         f"- backend: {header['backend']}; repeats: median of {header['repeat']} calls after the compile "
-        "call and one warm-up; total wall time {:.0f} s".format(header["wall_s"]),
+        "call and one warm-up (no extra warm-up after a first call over 1 s); total wall time {:.0f} s".format(
+            header["wall_s"]
+        ),
         f"- batches run: {header['scope']}",
+        f"- threads: {header['threads']}",
         "- throughput in items/s (higher is better); ×best JAX = time / fastest of t2j, torchax and "
         "the hand-written Flax in the same dtype; ×hand Flax = time / hand-written Flax (< 1: faster)",
         "- training step: forward, 0.5·mean(out²), backward, SGD update; eval-mode model on every "
@@ -944,12 +955,26 @@ def _versions() -> str:
     return ", ".join(parts)
 
 
+def _limit_threads(n: int) -> None:
+    """Every framework on ``n`` intra-op threads (before jax is imported: XLA reads its flags
+    once). On an oversubscribed machine torch's OpenMP barriers wait for descheduled threads,
+    which slows a 2-thread batch-1 call 10-30x; one thread each compares the code, not that."""
+    import torch
+
+    torch.set_num_threads(n)
+    if n == 1:
+        flags = "--xla_cpu_multi_thread_eigen=false"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def worker(args) -> dict:
     name = args.worker
+    if args.threads:
+        _limit_threads(args.threads)
     batches = args.batches or DEFAULT_BATCHES[name]
     bench = Bench(name, batches, args.repeat, args.dtypes, args)
     return bench.run()
@@ -957,7 +982,7 @@ def worker(args) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="cnn,transformer,resnet50,bert")
+    parser.add_argument("--models", default="resnet50,bert,cnn,transformer")
     parser.add_argument(
         "--batches",
         type=lambda s: tuple(int(b) for b in s.split(",")),
@@ -969,6 +994,14 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--compile-models", default=COMPILE_MODELS, help="models to torch.compile")
     parser.add_argument("--bf16-all-batches", action="store_true")
+    parser.add_argument("--train-all-batches", action="store_true")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="intra-op threads for torch, onnxruntime and XLA (1: XLA's eigen pool off); "
+        "0: each framework's default",
+    )
     parser.add_argument("--dtypes", type=lambda s: s.split(","), default=["fp32", "bf16"])
     parser.add_argument(
         "--peers", default=PEERS, help="folder with torch2jax / torchax (pip --target)"
@@ -1035,6 +1068,11 @@ def _write(args, results, pending, load_before, start) -> None:
         "backend": devices[0].platform,
         "devices": ", ".join(str(d) for d in devices),
         "repeat": args.repeat,
+        "threads": (
+            f"{args.threads} intra-op thread(s) for torch, onnxruntime and XLA (`--threads`)"
+            if args.threads
+            else "each framework's default"
+        ),
         "scope": "; ".join(
             f"{r['model']} b="
             + "/".join(map(str, r.get("batches", ())))
@@ -1046,6 +1084,11 @@ def _write(args, results, pending, load_before, start) -> None:
                 else ""
             )
             for r in results
+        )
+        + "".join(
+            f"; {m} training b={'/'.join(map(str, tb))} only"
+            for m, tb in TRAIN_BATCHES.items()
+            if not args.train_all_batches and any(r["model"] == m for r in results)
         )
         + f"; torch.compile for: {'none' if args.no_compile else args.compile_models}",
         "wall_s": time.perf_counter() - start,
