@@ -39,6 +39,7 @@ import inspect
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -710,6 +711,7 @@ class Bench:
                 step()
             except Exception:  # noqa: BLE001 - one broken path must not lose the others
                 traceback.print_exc()
+        shutil.rmtree(self.tmp, ignore_errors=True)  # the .onnx files and generated Flax
         return {
             "model": self.name,
             "batches": list(self.batches),
