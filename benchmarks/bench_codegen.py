@@ -4,7 +4,9 @@ For each torch fixture (and, with ``--hf``, tiny transformers models built from 
 of the generated linen ``model.py``, generated classes vs distinct source module classes,
 locals still carrying an exporter name (``getitem_3``, ``conv2d_1``; target 0), the longest
 line, and parity (max abs difference against torch). The ``before`` columns are the flat
-emitter (``FlaxOptions(share_blocks=False)``), measured in the same run.
+emitter (``FlaxOptions(share_blocks=False)``), measured in the same run. A second table: the
+PyTorch source ``xconv.to_torch_source`` writes for Flax sources (a BERT-shaped fixture, the
+CNN fixture, flaxmodels' ResNet-18), beside the Flax classes' own length.
 
 Run: ``python benchmarks/bench_codegen.py [--hf] [--write]``.
 """
@@ -52,19 +54,43 @@ def _source_classes(module) -> int:
     return len({type(m) for m in module.modules() if list(m.children())})
 
 
-def _reference_lines(module) -> int | None:
-    """Lines of the hand-written source classes (the fixtures' own torch modules)."""
+def _sloc(src: str) -> int:
+    """Non-blank lines that are neither comments nor docstrings."""
+    import ast
+    import textwrap
+
+    src = textwrap.dedent(src)
+    docs: set[int] = set()
+    scopes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, scopes) and node.body:
+            first = node.body[0]
+            value = first.value if isinstance(first, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docs.update(range(first.lineno, first.end_lineno + 1))
+    return sum(
+        1
+        for i, line in enumerate(src.splitlines(), 1)
+        if line.strip() and not line.lstrip().startswith("#") and i not in docs
+    )
+
+
+def _class_lines(classes) -> int | None:
     import inspect
 
-    classes = {type(m) for m in module.modules() if type(m).__module__.startswith("fixtures.")}
-    if not classes:
-        return None
-    return sum(len(inspect.getsource(c).splitlines()) for c in classes)
+    return sum(_sloc(inspect.getsource(c)) for c in classes) or None
+
+
+def _reference_lines(module) -> int | None:
+    """Code lines of the hand-written source classes (the fixtures' own torch modules)."""
+    return _class_lines(
+        {type(m) for m in module.modules() if type(m).__module__.startswith("fixtures.")}
+    )
 
 
 def _code_lines(src: str) -> int:
-    """Lines up to ``load`` (the SOURCE_SCOPES / SOURCE_NAMES tables after it are data)."""
-    return len(src.split("\ndef load(")[0].splitlines())
+    """Code lines up to ``load`` (the SOURCE_SCOPES / SOURCE_NAMES tables after it are data)."""
+    return _sloc(src.split("\ndef load(")[0])
 
 
 def _run(out: Path, inputs):
@@ -107,6 +133,93 @@ def measure(name: str, module, inputs) -> dict:
     }
 
 
+def measure_torch(name: str, module, variables, inputs, method, classes) -> dict:
+    """Generated PyTorch source of a Flax model (``xconv.to_torch_source``)."""
+    import jax
+    import torch
+
+    import xconv
+    from xconv.converters.torch import source_tree
+
+    kwargs = {"method": method} if method else {}
+    want = jax.tree_util.tree_leaves(module.apply(variables, *inputs, **kwargs))
+    model = xconv.from_flax(module, variables, inputs, **kwargs)
+    src, state = xconv.to_torch_source(model)
+    namespace: dict = {}
+    exec(compile(src, name, "exec"), namespace)
+    gen = namespace["Model"]()
+    gen.load_state_dict(state)
+    gen.eval()
+    with torch.no_grad():
+        got = gen(*(torch.from_numpy(np.asarray(x)) for x in inputs))
+    got = got if isinstance(got, tuple | list) else (got,)
+    user = set(source_tree.node_classes(model.graph).values())
+    user |= set(source_tree.user_classes(model.metadata_props.get("xconv.modules")).values())
+    return {
+        "name": name,
+        "lines_before": None,
+        "lines": _code_lines(src),
+        "reference": _class_lines(classes),
+        "classes": _classes(src) - ("\nclass Scope(nn.Module):" in src),
+        "source_classes": len(user) + 1,  # the root
+        "exporter_before": None,
+        "exporter": _exporter_names(src, model),
+        "max_line": max(len(line) for line in src.splitlines()),
+        "parity": max(
+            float(np.max(np.abs(g.numpy() - np.asarray(w)))) for g, w in zip(got, want, strict=True)
+        ),
+    }
+
+
+def _torch_cases():
+    """Flax sources for the PyTorch emitter: ``(name, module, variables, inputs, method,
+    hand-written classes)``."""
+    import jax
+
+    sys.path.insert(0, str(ROOT))
+    from fixtures import flax_models
+
+    m, v, x = flax_models.linen_bert()
+    yield (
+        "bert-shaped (flax fixture)",
+        m,
+        v,
+        x,
+        None,
+        [
+            flax_models.LinenBert,
+            flax_models.BertLayer,
+            flax_models.BertSelfAttention,
+        ],
+    )
+    m, v, x = flax_models.linen_cnn()
+    yield "cnn (flax fixture)", m, v, x, None, [flax_models.LinenCNN]
+    try:
+        import flaxmodels
+        from flaxmodels.resnet import ops, resnet
+    except ImportError:
+        return
+    m = flaxmodels.ResNet18(output="logits", pretrained=None, num_classes=10)
+    x = np.random.default_rng(0).random((2, 32, 32, 3), dtype=np.float32)
+    v = m.init(jax.random.PRNGKey(0), x, train=False)
+    yield (
+        "resnet18 (flaxmodels)",
+        m,
+        v,
+        (x,),
+        _eval_call,
+        [
+            resnet.ResNet,
+            resnet.BasicBlock,
+            ops.BatchNorm,
+        ],
+    )
+
+
+def _eval_call(module, x):
+    return module(x, train=False)
+
+
 def _cases(hf: bool):
     sys.path.insert(0, str(ROOT))
     from fixtures import torch_models
@@ -139,31 +252,49 @@ def _hf_cases():
     yield "vit (tiny)", vit, (pixels,)
 
 
-def render(rows: list[dict]) -> str:
+def _table(rows: list[dict]) -> str:
     head = (
-        "| model | code lines (flat -> tree) | hand-written | classes / source classes "
-        "| exporter names (flat -> tree) | max line | parity |\n|---|---|---|---|---|---|---|\n"
+        "| model | code lines (flat -> tree) | hand-written | ratio | classes / source classes "
+        "| exporter names (flat -> tree) | max line | parity |\n"
+        "|---|---|---|---|---|---|---|---|\n"
     )
-    body = "".join(
-        f"| {r['name']} | failed: {r['error']} | | | | | |\n"
+
+    def arrow(a, b) -> str:
+        return f"{b}" if a is None else f"{a} -> {b}"
+
+    def ratio(r) -> str:
+        return f"{r['lines'] / r['reference']:.2f}x" if r["reference"] else "-"
+
+    return head + "".join(
+        f"| {r['name']} | failed: {r['error']} | | | | | | |\n"
         if "error" in r
-        else f"| {r['name']} | {r['lines_before']} -> {r['lines']} | {r['reference'] or '-'} "
-        f"| {r['classes']} / "
-        f"{r['source_classes']} | {r['exporter_before']} -> {r['exporter']} | {r['max_line']} "
+        else f"| {r['name']} | {arrow(r['lines_before'], r['lines'])} | {r['reference'] or '-'} "
+        f"| {ratio(r)} | {r['classes']} / {r['source_classes']} "
+        f"| {arrow(r['exporter_before'], r['exporter'])} | {r['max_line']} "
         f"| {r['parity']:.1e} |\n"
         for r in rows
     )
+
+
+def render(rows: list[dict], torch_rows: list[dict]) -> str:
     return (
         "# Generated code: how it reads\n\n"
         "Written by `benchmarks/bench_codegen.py` (do not edit). Generated linen `model.py` of\n"
         "each torch source: the flat emitter (`share_blocks=False`) vs the default module tree.\n"
-        "Code lines: up to `load` (the SOURCE_SCOPES / SOURCE_NAMES tables are data), helpers\n"
-        "and imports included. Hand-written: the torch fixture's own class sources. Classes:\n"
+        "Code lines: non-blank lines outside comments and docstrings, up to `load` (the\n"
+        "SOURCE_SCOPES / SOURCE_NAMES tables are data), helpers and imports included.\n"
+        "Hand-written: the same count over the torch fixture's own classes. Classes:\n"
         "generated `nn.Module` classes (`Model` included); source classes: distinct torch\n"
         "module classes with children (containers included). Exporter names: assigned locals\n"
-        "named after an exported value or an op type. Parity: max abs difference vs torch.\n\n"
-        + head
-        + body
+        "named after an exported value or an op type. Parity: max abs difference vs torch.\n"
+        "Ratio: generated code lines / hand-written lines (target <= 1.3x).\n\n"
+        + _table(rows)
+        + "\n## PyTorch source from Flax\n\n"
+        "Generated `model.py` of `xconv.to_torch_source` for Flax sources (module tree always\n"
+        "on, so no flat column). Hand-written: code lines of the Flax source's own classes.\n"
+        "Classes: generated classes other than the `Scope` container. Source classes:\n"
+        "user-defined Flax module classes on the forward path, the root included. Parity:\n"
+        "max abs difference vs Flax.\n\n" + _table(torch_rows)
     )
 
 
@@ -178,7 +309,13 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(measure(name, m, inputs))
         except Exception as e:  # a model the emitter cannot write yet: say so in the table
             rows.append({"name": name, "error": f"{type(e).__name__}: {str(e)[:80]}"})
-    text = render(rows)
+    torch_rows = []
+    for name, m, v, x, method, classes in _torch_cases():
+        try:
+            torch_rows.append(measure_torch(name, m, v, x, method, classes))
+        except Exception as e:  # say so in the table
+            torch_rows.append({"name": name, "error": f"{type(e).__name__}: {str(e)[:80]}"})
+    text = render(rows, torch_rows)
     if args.write:
         DOC.write_text(text)
     print(text)

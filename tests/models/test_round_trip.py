@@ -79,6 +79,14 @@ def test_state_dict_and_outputs_come_back(tmp, name, api):
         source = (Path(tmp) / f"{name}_{api}_torch.py").read_text()
         assert "class BasicBlock(nn.Module):" in source
         assert "for block in (self.layer1[0], self.layer1[1]):" in source
+        flax_src = (Path(tmp) / f"{name}_{api}" / "model.py").read_text()
+        if api == "nnx":  # nnx's list idiom: variables under layer1/0/..., loaded above
+            assert (
+                "self.layer1 = nnx.List([BasicBlock(8, rngs=rngs) for _ in range(2)])" in flax_src
+            )
+        else:
+            assert "self.layer1 = [BasicBlock(8) for _ in range(2)]" in flax_src
+        assert "for block in self.layer1:" in flax_src
 
 
 @pytest.mark.parametrize("api", ["linen", "nnx"])

@@ -6,6 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+#: The project's line length (ruff); generated statements stay within it when they fold.
+LINE_LENGTH = 100
+
 
 def class_attrs(text: str) -> list[str]:
     """Attributes a generated class's ``__init__``/``setup`` assigns (``self.name = ...``)."""
@@ -22,3 +25,97 @@ def variant_name(base: str, skeleton: str, others: list[Any]) -> str:
     extra = [a for a in class_attrs(skeleton) if a not in set(class_attrs(others[0].skeleton))]
     stem = extra[0].split("_")[0] if extra else ""
     return base + stem[:1].upper() + stem[1:] if stem.isidentifier() else base
+
+
+_ASSIGN = re.compile(r"^(?P<v>[A-Za-z_]\w*) = (?P<rhs>[^#]*)$")
+_GENERIC = re.compile(r"(h|x)\d*")
+_CALL = re.compile(r"(?<![\w.])self\.[\w.\[\]]+\(")
+
+
+def _uses(name: str, text: str) -> int:
+    return len(re.findall(rf"(?<![\w.'\"]){re.escape(name)}(?![\w'\"])", text))
+
+
+def _calls_done(text: str) -> bool:
+    """Whether ``text`` holds a module call that completes (runs) within it."""
+    for m in _CALL.finditer(text):
+        depth = 0
+        for ch in text[m.end() - 1 :]:
+            depth += ch in "([{"
+            depth -= ch in ")]}"
+            if depth == 0:
+                return True
+    return False
+
+
+def _primary(expr: str) -> bool:
+    """A call or attribute chain (``f(x)``, ``self.fc(h)``): no operator outside brackets."""
+    if not re.match(r"^[A-Za-z_][\w.]*[(\[]", expr) or not expr.endswith((")", "]")):
+        return False
+    depth = 0
+    for ch in expr:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0 and ch in " +-*/@%<>=!&|~^":
+            return False
+    return True
+
+
+def inline_chains(lines: list[str], width: int, max_depth: int = 3) -> list[str]:
+    """Straight-line ``lines`` (no indentation; the last one ``return ...``) with each
+    ``h = f(x)`` whose value only the next statement reads folded into that statement as a
+    call argument (``h = relu(bn(conv(x)))``), as a person writes a chain of layers. Only
+    generic names (``h``, ``x2``) fold, never into a line that calls a module before the
+    argument (the call order stays), and a line stays under ``width`` characters and
+    ``max_depth`` folded calls."""
+    out = list(lines)
+    depth = [1] * len(out)
+    i = 0
+    while i < len(out) - 1:
+        m = _ASSIGN.match(out[i])
+        nxt = out[i + 1]
+        target = _ASSIGN.match(nxt)
+        rhs_next = target.group("rhs") if target else nxt.removeprefix("return ")
+        if (
+            m is None
+            or not (
+                _GENERIC.fullmatch(m.group("v")) or (target and target.group("v") == m.group("v"))
+            )
+            or "  # " in nxt
+            or not (target or nxt.startswith("return "))
+            or _uses(m.group("v"), rhs_next) != 1
+            or depth[i] + depth[i + 1] > max_depth
+        ):
+            i += 1
+            continue
+        v, expr = m.group("v"), m.group("rhs").strip()
+        # still read after the next statement (before being assigned again)?
+        later = False
+        if not (target and target.group("v") == v):
+            for ln in out[i + 2 :]:
+                a = _ASSIGN.match(ln)
+                body = a.group("rhs") if a else ln
+                if _uses(v, body):
+                    later = True
+                    break
+                if a and a.group("v") == v:
+                    break
+        use = re.search(rf"(?<![\w.'\"]){re.escape(v)}(?![\w'\"])", rhs_next)
+        before, after = rhs_next[: use.start()], rhs_next[use.end() :]
+        whole = not before.strip() and not after.strip()
+        as_arg = whole or (re.search(r"[(,] ?$", before) and re.match(r"^ ?[,)]", after))
+        # ``h.reshape(...)`` of a call's value: ``f(x).reshape(...)``
+        as_arg = as_arg or (
+            re.search(r"(^|[(,] ?)$", before) and after.startswith(".") and _primary(expr)
+        )
+        new_rhs = before + expr + after
+        head = nxt[: len(nxt) - len(rhs_next)]
+        new = head + new_rhs
+        if later or not as_arg or _calls_done(before) or len(new) > width:
+            i += 1
+            continue
+        out[i + 1] = new
+        depth[i + 1] += depth[i]
+        del out[i], depth[i]
+        i = max(i - 1, 0)
+    return out

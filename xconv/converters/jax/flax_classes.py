@@ -129,10 +129,13 @@ _CALL = re.compile(
 )
 
 
-def loop_lists(setup: list[str], body: list[str]) -> tuple[list[str], list[str]]:
-    """linen: children ``p_0 .. p_{n-1}`` (a torch ``Sequential`` of blocks) called one after
-    the other on one value become a list attribute ``self.p`` called in a loop. Flax names a
-    list's elements ``p_0``, ``p_1``, so the variables are the same as the attributes'."""
+def loop_lists(
+    setup: list[str], body: list[str], api: str = "linen"
+) -> tuple[list[str], list[str]]:
+    """Children ``p_0 .. p_{n-1}`` (a torch ``Sequential`` of blocks) called one after the
+    other on one value become a list attribute ``self.p`` called in a loop. linen names a
+    list's elements ``p_0``, ``p_1``, so the variables are the same as the attributes'; nnx
+    keeps an ``nnx.List`` under ``p/0``, ``p/1`` (see :func:`nnx_list_path`)."""
     tried: set[str] = set()
     while True:
         runs: dict[str, list[int]] = {}
@@ -144,12 +147,12 @@ def loop_lists(setup: list[str], body: list[str]) -> tuple[list[str], list[str]]
             return setup, body
         prefix, rows = next(iter(runs.items()))
         tried.add(prefix)
-        done = _loop(prefix, rows, setup, body)
+        done = _loop(prefix, rows, setup, body, api)
         if done is not None:
             setup, body = done
 
 
-def _loop(prefix: str, rows: list[int], setup: list[str], body: list[str]):
+def _loop(prefix: str, rows: list[int], setup: list[str], body: list[str], api: str):
     text = "\n".join([*setup, *body])
     n = len(rows)
     indexes = [int(_SETUP.match(setup[r]).group("i")) for r in rows]
@@ -168,6 +171,8 @@ def _loop(prefix: str, rows: list[int], setup: list[str], body: list[str]):
     ctors = [_SETUP.match(setup[r]).group("ctor") for r in rows]
     same = len(set(ctors)) == 1
     items = f"[{ctors[0]} for _ in range({n})]" if same else f"[{', '.join(ctors)}]"
+    if api == "nnx":
+        items = f"nnx.List({items})"
     # ``block`` is free unless something other than an earlier loop of this kind uses it.
     others = [ln for ln in text.splitlines() if not _LOOP_LINE.match(ln)]
     loop_var = "block" if not any(re.search(r"\bblock\b", ln) for ln in others) else "block_"
@@ -180,3 +185,22 @@ def _loop(prefix: str, rows: list[int], setup: list[str], body: list[str]):
         *body[calls[0] + n :],
     ]
     return setup, body
+
+
+_NNX_LIST = re.compile(r"^self\.(?P<p>\w+) = nnx\.List\(")
+
+
+def nnx_list_path(path: tuple[str, ...], lists: set[str]) -> tuple[str, ...]:
+    """``("layer1_0", "conv1", "kernel")`` -> ``("layer1", "0", "conv1", "kernel")`` when
+    ``layer1`` became an ``nnx.List``."""
+    if path:
+        head, _, index = path[0].rpartition("_")
+        if head in lists and index.isdigit():
+            return (head, index, *path[1:])
+    return path
+
+
+def nnx_lists(setup: list[str], body: list[str]) -> tuple[list[str], list[str], set[str]]:
+    """The root's loops for nnx: ``(setup, body, list attribute names)``."""
+    setup, body = loop_lists(setup, body, "nnx")
+    return setup, body, {m.group("p") for ln in setup if (m := _NNX_LIST.match(ln))}

@@ -1111,7 +1111,27 @@ def _run(model: ir.Model, api: str, options: FlaxOptions | None) -> _Emitter:
     em.plan_layers()
     em.check_supported()
     em.emit()
+    if api == "nnx":
+        _nnx_lists(em)
     return em
+
+
+def _nnx_lists(em: _Emitter) -> None:
+    """The root's repeated blocks as ``nnx.List`` attributes called in a loop; their variables
+    and ``SOURCE_SCOPES`` entries move from ``layer1_0/...`` to ``layer1/0/...``."""
+    from xconv.converters.jax import flax_classes
+
+    setup, body, lists = flax_classes.nnx_lists([b for _, b in em.src.setup], em.src.body)
+    if not lists:
+        return
+    em.src.setup = [(line, line) for line in setup]
+    em.src.body = body
+    for v in em.src.variables:
+        v.path = flax_classes.nnx_list_path(tuple(v.path), lists)
+    em.src.scopes = {
+        "/".join(flax_classes.nnx_list_path(tuple(k.split("/")), lists)): origin
+        for k, origin in em.src.scopes.items()
+    }
 
 
 def _records(em: _Emitter) -> list[EmittedVariable]:

@@ -16,6 +16,7 @@ import numpy as np
 from xconv.converters.flax.source_names import predicted_name
 from xconv.converters.jax import flax_classes
 from xconv.converters.jax.flax_ops import HELPERS
+from xconv.converters.module_tree import LINE_LENGTH, inline_chains
 from xconv.ir.metadata import MODULE
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def render_class(em: _Emitter, name: str, doc: str, *, train: bool = False) -> s
         lines = [f"class {name}(nn.Module):", f'    """{doc}"""', "", "    def setup(self):"]
         setup, body = flax_classes.loop_lists([a for a, _ in em.src.setup], body)
         setup = setup or ["pass"]
+        body = inline_chains(body, LINE_LENGTH - 8)
     else:
         lines = [
             f"class {name}(nnx.Module):",
@@ -63,6 +65,7 @@ def render_class(em: _Emitter, name: str, doc: str, *, train: bool = False) -> s
             "    def __init__(self, *, rngs: nnx.Rngs):",
         ]
         setup = [b for _, b in em.src.setup] or ["pass"]
+        body = inline_chains(body, LINE_LENGTH - 8)
     lines += _indent(setup, 8) + [""]
     lines += [f"    def __call__(self, {args}):"] + _indent(body, 8)
     return "\n".join(lines)

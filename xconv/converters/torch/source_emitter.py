@@ -32,6 +32,7 @@ from xconv.converters.codegen import (
     parse_attrs,
     scalar_literal,
 )
+from xconv.converters.module_tree import LINE_LENGTH, inline_chains
 from xconv.converters.torch import source_tree
 from xconv.converters.torch.source_ops import TEMPLATES, OpCall, dtype_expr, tensor_literal
 from xconv.errors import ConversionError
@@ -409,10 +410,14 @@ class _Emitter:
         tpl = TEMPLATES[node.op_type]
         attrs = parse_attrs(node, tpl.attrs, "PyTorch source")
         args: list[str | None] = []
-        consts: list[np.ndarray | None] = []
-        for v in node.inputs:
-            c = None if v is None or not v.name else constant_of(v, self.annotated)
-            consts.append(c)
+        consts: list[np.ndarray | None] = [
+            None if v is None or not v.name else constant_of(v, self.annotated) for v in node.inputs
+        ]
+        same = _identity_input(node, consts)
+        if same is not None and same in self.env:
+            self.env[node.outputs[0]] = self.env[same]  # ``x / 1.0``, ``x + 0``: no statement
+            return
+        for v, c in zip(node.inputs, consts, strict=True):
             if v is None or not v.name:
                 args.append(None)
             elif c is not None:
@@ -448,6 +453,50 @@ class _Emitter:
         for o, name in zip(node.outputs, outs, strict=True):
             if name != "_":
                 self.env[o] = name
+
+
+#: ``op: (neutral constant, positions it may take)``: the op returns its other operand.
+_NEUTRAL = {
+    "Add": (0.0, (0, 1)),
+    "Sub": (0.0, (1,)),
+    "Mul": (1.0, (0, 1)),
+    "Div": (1.0, (1,)),
+    "Max": (-np.inf, (0, 1)),
+    "Min": (np.inf, (0, 1)),
+}
+
+
+def _identity_input(node: ir.Node, consts: list[np.ndarray | None]) -> ir.Value | None:
+    """The input a node passes through unchanged (a traced ``x / 1.0``, ``x + zeros``, an
+    all-true ``Where``), when it has the node's shape and dtype; else None."""
+    if len(node.outputs) != 1 or node.outputs[0].is_graph_output():
+        return None
+    out = node.outputs[0]
+    if node.op_type == "Where" and len(node.inputs) == 3:
+        cond, keep = consts[0], node.inputs[1]
+        ok = cond is not None and cond.dtype == np.bool_ and bool(np.all(cond))
+        candidates = [(keep, ok and consts[1] is None)]
+    elif node.op_type in _NEUTRAL and len(node.inputs) == 2:
+        value, positions = _NEUTRAL[node.op_type]
+        candidates = []
+        for pos in positions:
+            c, other = consts[pos], node.inputs[1 - pos]
+            ok = c is not None and c.dtype.kind == "f" and bool(np.all(c == value))
+            candidates.append((other, ok and consts[1 - pos] is None))
+    else:
+        return None
+    for v, ok in candidates:
+        if (
+            ok
+            and v is not None
+            and v.shape is not None
+            and out.shape is not None
+            and [str(d) for d in v.shape] == [str(d) for d in out.shape]
+            and all(isinstance(d, int) or d.value is not None for d in v.shape)
+            and v.dtype == out.dtype
+        ):
+            return v
+    return None
 
 
 def _broadcast_base(arr: np.ndarray) -> np.ndarray:
@@ -574,8 +623,9 @@ def render(em: _Emitter, inputs: list[str], outputs: list[str], name: str) -> st
     blocks = {source_tree.access(p) for p in tree.kinds}
     lines, params = source_tree.rename_locals(lines, inputs, params, blocks)
     kinds = {source_tree.access(p)[len("self.") :]: k for p, k in tree.kinds.items()}
-    em.body = source_tree.loop_chains(lines[:-1], kinds)
-    ret = lines[-1][len("return ") :]
+    body = inline_chains([*source_tree.loop_chains(lines[:-1], kinds), lines[-1]], LINE_LENGTH - 8)
+    em.body = body[:-1]
+    ret = body[-1][len("return ") :]
     inputs = params
     cls = [
         "class Model(nn.Module):",

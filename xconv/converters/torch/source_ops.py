@@ -518,8 +518,10 @@ def _batch_norm(c: OpCall) -> str:
     if c.attrs["training_mode"] or len(c.node.outputs) > 1:
         raise c.fail("training-mode BatchNormalization nodes are not supported")
     x, s, b, m, v = c.args[:5]
+    eps = scalar_literal(c.attrs["epsilon"])
+    # eval mode: torch's training=False and momentum (unused then) are the defaults
     return (
-        f"F.batch_norm({x}, {m}, {v}, {s}, {b}, False, 0.0, {scalar_literal(c.attrs['epsilon'])})"
+        f"F.batch_norm({x}, {m}, {v}, {s}, {b}" + ("" if eps == "1e-05" else f", eps={eps}") + ")"
     )
 
 
@@ -597,8 +599,9 @@ def _reduce(fmt: str) -> Callable[[OpCall], str]:
                 raise c.fail("ReduceProd over several axes has no single torch call")
             d = str(ax[0])
         else:
-            d = int_tuple(ax)
-        return fmt.format(x=c.args[0], d=d, k=bool(c.attrs["keepdims"]))
+            d = str(ax[0]) if len(ax) == 1 else int_tuple(ax)
+        out = fmt.format(x=c.args[0], d=d, k=bool(c.attrs["keepdims"]))
+        return out.replace(", keepdim=False", "")  # torch's default
 
     return fn
 

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from xconv.converters.module_tree import variant_name
+from xconv.converters.module_tree import LINE_LENGTH, inline_chains, variant_name
 from xconv.ir.metadata import MODULE, SCOPE
 from xconv.ir.naming import split_path
 
@@ -155,7 +155,7 @@ def _extract(tree: Tree, path: tuple[str, ...]) -> tuple[list[str], list[str]] |
 
 def _forward(lines: list[str], ins: list[str], blocks: set[str], kinds: dict[str, str]):
     lines = rename_locals(lines, ins, None, blocks)[0]
-    return [*loop_chains(lines[:-1], kinds), lines[-1]]
+    return inline_chains([*loop_chains(lines[:-1], kinds), lines[-1]], LINE_LENGTH - 8)
 
 
 #: Leading positional ints of a torch layer constructor: its channel / feature counts.
@@ -164,8 +164,10 @@ _CTOR = re.compile(
     r"|BiasedVarBatchNorm[123]d|nn\.LayerNorm|nn\.GroupNorm|nn\.Embedding)"
     r"\((?P<a>\d+)(?:, (?P<b>\d+))?(?=[,)])"
 )
+#: A raw parameter's or buffer's shape: ``torch.empty((64, 32), ...)``.
+_EMPTY = re.compile(r"(?<=torch\.empty\(\()(?P<dims>\d+(?:, \d+)*,?)(?=\))")
 _SLOT = "\x00"
-_TOKEN = re.compile(r"\{inst:(\d+):([\d,]*)\}")
+_TOKEN = re.compile(r"\{inst:(\d+):([\w\x00,]*)\}")
 
 
 def _slot_roles(ctor: str, two: bool) -> list[str]:
@@ -187,18 +189,40 @@ class _Group:
     instances: list[tuple[int, ...]] = field(default_factory=list)
 
 
-def _abstract(text: str) -> tuple[str, list[str], tuple[int, ...]]:
-    roles: list[str] = []
-    values: list[int] = []
+def _abstract(text: str, groups: list[_Group]) -> tuple[str, list[str], tuple[int, ...]]:
+    """``text`` with its channel / feature counts as slots: layer constructor ints, raw
+    parameter shapes, and the values a nested generated class's instance is made with."""
+    found: list[tuple[int, str, list[str], list[int]]] = []  # (start, replacement, roles, ints)
 
-    def sub(m: re.Match) -> str:
+    def layer(m: re.Match) -> None:
         two = m.group("b") is not None
         nums = [int(m.group("a"))] + ([int(m.group("b"))] if two else [])
-        roles.extend(_slot_roles(m.group("ctor"), two))
-        values.extend(nums)
-        return f"{m.group('ctor')}(" + ", ".join(_SLOT for _ in nums)
+        rep = f"{m.group('ctor')}(" + ", ".join(_SLOT for _ in nums)
+        found.append((m.start(), m.end(), rep, _slot_roles(m.group("ctor"), two), nums))
 
-    return _CTOR.sub(sub, text), roles, tuple(values)
+    def shape(m: re.Match) -> None:
+        nums = [int(d) for d in m.group("dims").replace(",", " ").split()]
+        rep = ", ".join(_SLOT for _ in nums) + ("," if len(nums) == 1 else "")
+        found.append((m.start(), m.end(), rep, ["features"] * len(nums), nums))
+
+    def token(m: re.Match) -> None:
+        g = groups[int(m.group(1))]
+        nums = [int(v) for v in m.group(2).split(",") if v]
+        rep = f"{{inst:{m.group(1)}:" + ",".join(_SLOT for _ in nums) + "}"
+        found.append((m.start(), m.end(), rep, list(g.roles), nums))
+
+    for pat, fn in ((_CTOR, layer), (_EMPTY, shape), (_TOKEN, token)):
+        for m in pat.finditer(text):
+            fn(m)
+    found.sort()
+    out, roles, values, at = [], [], [], 0
+    for start, end, rep, r, nums in found:
+        out += [text[at:start], rep]
+        roles += r
+        values += nums
+        at = end
+    out.append(text[at:])
+    return "".join(out), roles, tuple(values)
 
 
 def _fields(g: _Group) -> tuple[list[str], dict[int, str]]:
@@ -215,7 +239,12 @@ def _fields(g: _Group) -> tuple[list[str], dict[int, str]]:
     column_name: dict[tuple[int, ...], str] = {}
     for column, roles in by_column.items():
         kinds = {r.split("_")[-1] for r in roles}
-        role = roles[0] if len(set(roles)) == 1 else (kinds.pop() if len(kinds) == 1 else roles[0])
+        if len(set(roles)) == 1:
+            role = roles[0]
+        elif kinds <= {"channels", "features"}:
+            role = "channels" if "channels" in kinds else "features"
+        else:
+            role = roles[0]
         name, k = role, 1
         while name in names:
             k += 1
@@ -244,9 +273,9 @@ def _render(g: _Group) -> str:
 def _resolve(text: str, groups: list[_Group]) -> str:
     def sub(m: re.Match) -> str:
         g = groups[int(m.group(1))]
-        values = tuple(int(v) for v in m.group(2).split(",") if v)
+        values = [v for v in m.group(2).split(",") if v]
         names, by_pos = _fields(g)
-        args = [str(values[min(p for p, f in by_pos.items() if f == n)]) for n in names]
+        args = [values[min(p for p, f in by_pos.items() if f == n)] for n in names]
         return f"{g.name}({', '.join(args)})"
 
     return _TOKEN.sub(sub, text)
@@ -256,13 +285,14 @@ def build(tree: Tree, classes: dict[tuple[str, ...], str]) -> None:
     """Extract a generated class per user-class path (deepest first). Instances of one source
     class with one structure share a class, differing channel / feature counts becoming
     constructor fields; other structures are variants (``BasicBlockDownsample``)."""
+    _hoist_layout(tree)
     groups: list[_Group] = []
     taken: set[str] = {"Model", "Scope"}
     for path in sorted(classes, key=lambda p: (-len(p), p)):
         done = _extract(tree, path)
         if done is None:
             continue
-        skeleton, roles, values = _abstract("\n".join(done[0]))
+        skeleton, roles, values = _abstract("\n".join(done[0]), groups)
         base = classes[path]
         gid = next(
             (i for i, g in enumerate(groups) if g.base == base and g.skeleton == skeleton), None
@@ -285,6 +315,31 @@ def build(tree: Tree, classes: dict[tuple[str, ...], str]) -> None:
     tree.init = [(_resolve(ln, groups), p) for ln, p in tree.init]
 
 
+_PERMUTE = re.compile(r"^\w+ = \w+\.permute\([\d, ]+\)(  # .*)?$")
+
+
+def _common(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _hoist_layout(tree: Tree) -> None:
+    """A layout transpose (NHWC <-> NCHW) that opens or closes a module's run belongs to the
+    caller: the block itself reads and writes the layout of its neighbours."""
+    body = tree.body
+    for i, s in enumerate(body):
+        if not s.owner or not _PERMUTE.match(s.text):
+            continue
+        after = body[i + 1].owner if i + 1 < len(body) else ()
+        before = body[i - 1].owner if i else ()
+        if after[: len(s.owner)] != s.owner:
+            s.owner = _common(s.owner, after)
+        elif before[: len(s.owner)] != s.owner:
+            s.owner = _common(s.owner, before)
+
+
 def _instantiate(line: str, tok: str) -> str:
     if line.endswith(" = Scope()"):
         return line[: -len("Scope()")] + tok
@@ -297,15 +352,33 @@ _ASSIGN = re.compile(r"^(?P<lhs>[\w, ]+?) = (?P<rhs>.*)$")
 _IDENT = re.compile(r"(?<![\w.\"'])[A-Za-z_]\w*(?![\w\"'])")
 
 
+_LAYER_NAME = re.compile(
+    r"(Dense|Conv|LayerNorm|BatchNorm|GroupNorm|RMSNorm|Embed|Dropout|Linear|Norm)"
+)
+
+
+def _layer_like(callee: str) -> bool:
+    """A generated class named like a layer (a user's ``BatchNorm``): its value is ``h``."""
+    last = re.split(r"[.\[\]]", callee.rstrip("]"))[-1]
+    return bool(_LAYER_NAME.match(last)) and not last.startswith("Embed")
+
+
+#: Projection layer names (``query``, ``q_proj``, ``wq``) -> the role of their value.
+_QKV = {"q": "q", "query": "q", "k": "k", "key": "k", "v": "v", "value": "v"}
+
+
 def _role(rhs: str, blocks: set[str]) -> str:
     m = re.match(r"self(?:\.\w+|\[\d+\])+\((?P<args>.*)\)(?P<tail>.*)$", rhs)
     if m:
         callee = rhs.split("(", 1)[0]
         if callee in blocks:
-            return "x"
-        if "need_weights" in rhs or "attention" in callee.lower():
-            return "attn"
+            return "h" if _layer_like(callee) else "x"
         last = re.split(r"[.\[\]]", callee.rstrip("]"))[-1]
+        if "need_weights" in rhs or ("attention" in last.lower() and "norm" not in last.lower()):
+            return "attn"
+        proj = last.lower().removesuffix("_proj").removeprefix("w")
+        if proj in _QKV:
+            return _QKV[proj]
         if last.startswith("Embed"):
             return "x"
         return (
@@ -325,7 +398,8 @@ def _role(rhs: str, blocks: set[str]) -> str:
 
 def _calls_block(line: str, blocks: set[str]) -> bool:
     m = _ASSIGN.match(line)
-    return bool(m) and m.group("rhs").split("(", 1)[0] in blocks
+    callee = m.group("rhs").split("(", 1)[0] if m else ""
+    return callee in blocks and not _layer_like(callee)
 
 
 def rename_locals(
@@ -363,6 +437,8 @@ def rename_locals(
         line_new: set[str] = set()
         rhs = _ASSIGN.match(lines[i]).group("rhs") if d else ""
         role = _role(rhs.split("  # ")[0], blocks) if d else ""
+        if role == "h" and d:
+            role = _carried_role(rhs.split("  # ")[0], new) or role
         for old in d:
             first = next((j for j in range(i + 1, len(lines)) if old in uses[j]), None)
             if len(d) == 1 and first is not None and _calls_block(lines[first], blocks):
@@ -391,6 +467,25 @@ def rename_locals(
         + ("  # " + ln.split("  # ", 1)[1] if "  # " in ln else "")
         for ln in lines
     ], [new[p] for p in params]
+
+
+_RESHAPE = re.compile(r"^(?P<v>\w+)\.(?:reshape|view|permute|transpose|contiguous)\(")
+
+
+def _carried_role(rhs: str, new: dict[str, str]) -> str | None:
+    """A role that a value keeps through a reshape (``q = q.reshape(...)``), or ``scores``
+    for the product of a ``q`` and a ``k``."""
+
+    def role_of(name: str) -> str:
+        return re.sub(r"\d+$", "", new.get(name, ""))
+
+    m = _RESHAPE.match(rhs)
+    if m and role_of(m.group("v")) in ("q", "k", "v"):
+        return role_of(m.group("v"))
+    used = {role_of(t) for t in _IDENT.findall(rhs)}
+    if {"q", "k"} <= used and ("einsum" in rhs or "@" in rhs or "matmul" in rhs):
+        return "scores"
+    return None
 
 
 _CHAIN = re.compile(
