@@ -71,7 +71,9 @@ def _flaxmodels_resnet18():
     module = fm.ResNet18(output="logits", pretrained=None, num_classes=10)
     x = _images(32)
     variables = _nudged(module.init(jax.random.PRNGKey(0), x, train=False))
-    return module, variables, (x,), _eval_train, ("nn.Conv2d(", "BatchNorm2d(", "nn.Linear(")
+    # flaxmodels writes its own BatchNorm module (a copy of Flax's, not nn.BatchNorm): it is
+    # emitted as its body, one generated class, not as torch's BatchNorm2d.
+    return module, variables, (x,), _eval_train, ("nn.Conv2d(", "class BatchNorm(", "nn.Linear(")
 
 
 def _flaxmodels_vgg16():
