@@ -36,8 +36,14 @@ CASES = [
         {"value": h.make_tensor("v", onnx.TensorProto.FLOAT, [1], [np.finfo(np.float32).min])},
         ["s"],
     ),
-    ("reshape_to_scalar", "Reshape", {"x": f32(1)}, {"s": np.zeros((0,), np.int64)}, {},
-     ["x", "s"]),  # fmt: skip
+    (
+        "reshape_to_scalar",
+        "Reshape",
+        {"x": f32(1)},
+        {"s": np.zeros((0,), np.int64)},
+        {},
+        ["x", "s"],
+    ),  # fmt: skip
     ("add_scalar", "Add", {"x": f32(2, 3)}, {"c": np.array(2.5, np.float32)}, {}, ["x", "c"]),
     ("sub_bcast", "Sub", {"x": f32(2, 3), "y": f32(3)}, {}, {}, ["x", "y"]),
     ("div_int", "Div", {"x": i64(7, -7, 9), "y": i64(2, 2, 4)}, {}, {}, ["x", "y"]),
