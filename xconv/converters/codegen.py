@@ -201,9 +201,14 @@ def _body(anchor, meta, body, scope, annotated, order) -> LayerBody | None:
     return LayerBody(kind, meta, anchor, body, scope, inputs, constants, outputs, weights, last)
 
 
-def write_dir_atomic(out_dir: str | os.PathLike, files: Mapping[str, Any]) -> Path:
+def write_dir_atomic(
+    out_dir: str | os.PathLike,
+    files: Mapping[str, Any],
+    write: Callable[[Path], None] | None = None,
+) -> Path:
     """Write ``files`` (name -> bytes, or a function writing to a binary file) into
-    ``out_dir``: a temp sibling, then one rename.
+    ``out_dir``: a temp sibling, then one rename. ``write``, when given, is called with the
+    temp folder after the files (for what writes a folder of its own, an Orbax checkpoint).
 
     An existing ``out_dir`` is replaced; on any error nothing is left half-written.
     """
@@ -217,6 +222,8 @@ def write_dir_atomic(out_dir: str | os.PathLike, files: Mapping[str, Any]) -> Pa
                     data(f)
             else:
                 (tmp / name).write_bytes(data)
+        if write is not None:
+            write(tmp)
         if out.exists():
             old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
             os.replace(out, old / out.name)

@@ -19,12 +19,11 @@ import ast
 import json
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from xconv.converters.codegen import write_dir_atomic
 from xconv.sharding.axes import leaves, logical_axes
 from xconv.sharding.rules import ShardingError, resolve_rules
 
@@ -314,23 +313,11 @@ def to_flax(
 
 def _write(out: Path, source: str, variables: Any, meta: dict) -> Path:
     """Write into a temp sibling, then one rename: nothing half-written on failure."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        (tmp / "model.py").write_text(source)
-        (tmp / "xconv.json").write_text(json.dumps(meta, sort_keys=True))
-        write_orbax(variables, tmp / ORBAX_DIR)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    files = {
+        "model.py": source.encode("utf-8"),
+        "xconv.json": json.dumps(meta, sort_keys=True).encode("utf-8"),
+    }
+    return write_dir_atomic(out, files, write=lambda tmp: write_orbax(variables, tmp / ORBAX_DIR))
 
 
 __all__ = ["leaves", "partitioned_source", "section", "to_flax"]
