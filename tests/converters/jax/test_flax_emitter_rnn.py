@@ -310,12 +310,17 @@ def test_resnet_blocks_become_shared_classes(tmp_path, api):
         assert "nn.Conv(self.features, (3, 3), padding=1, use_bias=False)" in src
     else:
         assert "def __init__(self, features: int, *, rngs: nnx.Rngs):" in src
-        assert "self.layer1_0 = BasicBlock(8, rngs=rngs)" in src
-        assert "self.layer2_1 = BasicBlock(16, rngs=rngs)" in src
+        # nnx: the Sequential is an nnx.List built and called in a loop
+        assert "self.layer1 = nnx.List([BasicBlock(8, rngs=rngs) for _ in range(2)])" in src
+        assert (
+            "self.layer2 = nnx.List([BasicBlockDownsample(rngs=rngs), BasicBlock(16, rngs=rngs)])"
+            in src
+        )
+        assert src.count("for block in self.layer") == 2
     # Defaults left out, role-named locals, no exporter names.
     for spelled in ("kernel_dilation", "feature_group_count", "use_scale", "epsilon"):
         assert spelled not in src
-    assert "h = h + x" in src and "x = x + residual" in src
+    assert "jax.nn.relu(h + x)" in src and "jax.nn.relu(x + residual)" in src  # folded chains
     for exporter in ("getitem", "conv2d", "batch_normalization", "relu_"):
         assert exporter not in src
     assert src.count("jnp.transpose(") == 1  # blocks take and return NHWC
@@ -327,8 +332,13 @@ def test_resnet_blocks_become_shared_classes(tmp_path, api):
     assert check_grads(api, handle, *xs) == 32
     _, variables = generate(model, api=api, options=BLOCKS)
     params = variables["params"] if api == "linen" else variables
-    assert sorted(params["layer1_0"]) == ["bn1", "bn2", "conv1", "conv2"]
-    assert "downsample_0" in params["layer2_0"]
+    # linen: one attribute per list element; nnx: the nnx.List nests by index.
+    first, second = (
+        ("layer1_0", "layer2_0") if api == "linen" else (("layer1", "0"), ("layer2", "0"))
+    )
+    block = params[first] if api == "linen" else params[first[0]][first[1]]
+    assert sorted(block) == ["bn1", "bn2", "conv1", "conv2"]
+    assert "downsample_0" in (params[second] if api == "linen" else params[second[0]][second[1]])
     assert generate(model, api=api, options=BLOCKS)[0] == src
     assert generate(model, api=api)[0] == src  # the module tree is the default
     flat = generate(model, api=api, options=FlaxOptions(share_blocks=False))[0]
@@ -356,7 +366,7 @@ def test_transformer_layers_become_block_classes(tmp_path):
     # The two EncoderLayers differ (gelu erf vs tanh): two classes, one MultiheadAttention.
     assert src.count("class EncoderLayer") == 2
     assert src.count("class MultiheadAttention(") == 1
-    assert "self.layers_0 = EncoderLayer(rngs=rngs)" in src
+    assert "self.layers = nnx.List([EncoderLayer(rngs=rngs), EncoderLayer_1(rngs=rngs)])" in src
     got, handle = run_generated(out, "nnx", *xs)
     err = float(np.max(np.abs(np.asarray(got) - expected[0])))
     assert err <= 1e-5, err
