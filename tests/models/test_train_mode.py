@@ -81,8 +81,8 @@ def _bn_inputs():
 
 
 def _flax_path(scope: str) -> tuple[str, ...]:
-    """The generated module tree's path of a torch scope: blocks nest, a container index
-    joins its container's name as Flax names list elements (``layer1.0.bn1`` ->
+    """The generated linen module tree's path of a torch scope: blocks nest, a container
+    index joins its container's name as linen names list elements (``layer1.0.bn1`` ->
     ``("layer1_0", "bn1")``)."""
     out: list[str] = []
     for part in scope.split("."):
@@ -134,7 +134,11 @@ def _nnx_train(tmp_path):
     for name in stats:
         bn = model
         for attr in _flax_path(name):
-            bn = getattr(bn, attr)
+            if hasattr(bn, attr):
+                bn = getattr(bn, attr)
+            else:  # the model's repeated blocks are an nnx.List: layer1[0].bn1
+                base, index = attr.rsplit("_", 1)
+                bn = getattr(bn, base)[int(index)]
         assert isinstance(bn.mean, nnx.BatchStat)
         got[_flax_key(name)] = {"mean": np.asarray(bn.mean[...]), "var": np.asarray(bn.var[...])}
     return out, got, y, stats
