@@ -1,11 +1,15 @@
 """Streaming converted weights into a sharded Orbax checkpoint.
 
 The weights-only path converts a checkpoint one input shard at a time
-(``xconv.weights.convert``). :func:`write_sharded_orbax` takes those parts as they come,
-puts every array straight onto the mesh with the sharding its logical axes and the rules
-give (one ``device_put`` per array; the host copy is dropped before the next part is read),
-and has Orbax write the placed arrays, each device's shards by itself. The host therefore
-holds at most one input part, never the whole tree; the tree lives on the mesh, split.
+(``xconv.weights.convert``); the meta-device route reads it tensor by tensor
+(``xconv.checkpoint``). :func:`write_sharded_orbax` and :func:`stream_orbax_parts` put
+every array straight onto the mesh with the sharding its logical axes and the rules give
+(one ``device_put`` per array; the host copy is dropped as it is placed), have Orbax write
+each input shard's placed arrays as one part (``part-00001``, ...; each device writes its
+own shards), drop the part and hand its memory back to the system before the next shard
+is read. The host therefore holds about one part (and Orbax's copy of it while it is
+written), never the whole tree. The generated ``load(out_dir, mesh=)`` restores the parts
+one by one, each straight onto its target shardings.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ SEP = "/"
 
 
 _COLLECTIONS = frozenset({"params", "batch_stats"})
+PART = "part-{:05d}"
 
 
 def write_sharded_orbax(
@@ -36,46 +41,86 @@ def write_sharded_orbax(
     *,
     model: Any = None,
 ) -> dict[str, Any]:
-    """Write ``parts`` (``{"params/layer/kernel": array}`` each) as one Orbax checkpoint at
-    ``path``, every array placed on ``mesh`` by ``rules`` as it arrives.
+    """Write ``parts`` (``{"params/layer/kernel": array}`` each, e.g. one converted input
+    shard) as an Orbax checkpoint in parts at ``path`` (``path/part-00001`` holds the first
+    part, as :func:`stream_orbax_parts` writes them), every array placed on ``mesh`` by
+    ``rules`` as it arrives.
 
-    Returns ``{"specs": {name: spec}, "largest_part_bytes": int, "notes": [...]}``.
+    A part's host arrays are dropped as they are placed, the placed part is written and
+    dropped before the next part is taken, and its memory is handed back
+    (:func:`release_host_memory`): the peak follows the largest part, not the checkpoint.
+    The folder appears at ``path`` only once every part is written.
+
+    Returns ``{"specs": {name: spec}, "parts": [dirs], "largest_part_bytes": int,
+    "notes": [...]}``.
     """
-    import jax
     import orbax.checkpoint as ocp
-    from jax.sharding import NamedSharding, PartitionSpec
 
     mesh = make_mesh(mesh)
     table = resolve_rules(rules)
-    placed: dict[tuple[str, ...], Any] = {}
+    pin_mmap_threshold()
     specs: dict[str, tuple] = {}
     notes: list[str] = []
     largest = 0
-    for part in parts:
-        largest = max(largest, sum(int(np.asarray(a).nbytes) for a in part.values()))
-        tree = {tuple(k.split(SEP)): a for k, a in part.items()}
-        # linen trees start with a collection ("params/..."); nnx state does not.
-        linen = all(k[0] in _COLLECTIONS for k in tree)
-        axes, why = logical_axes(_nest(tree), model=model, strip_collection=linen)
-        notes.extend(why)
-        for key, array in tree.items():
-            spec, why = mesh_spec(axes[key], np.shape(array), table, mesh)
-            notes.extend(f"{SEP.join(key)}: {w}" for w in why)
-            placed[key] = jax.device_put(array, NamedSharding(mesh, PartitionSpec(*spec)))
-            specs[SEP.join(key)] = spec
-        del part, tree
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     parent = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    ckpt = ocp.PyTreeCheckpointer()
+    names: list[str] = []
     try:
         staged = parent / "ckpt"
-        ocp.PyTreeCheckpointer().save(staged.absolute(), _nest(placed))
+        staged.mkdir()
+        for k, part in enumerate(parts, start=1):
+            # Emptied as placed (a dict is popped in place, so the caller's reference to it
+            # keeps no host copy alive either).
+            part = part if isinstance(part, dict) else dict(part)
+            # Shapes only: a reference here would keep each host array past its placing.
+            tree = {tuple(name.split(SEP)): _Shape(np.shape(a)) for name, a in part.items()}
+            if not tree:
+                continue
+            # linen trees start with a collection ("params/..."); nnx state does not.
+            linen = all(key[0] in _COLLECTIONS for key in tree)
+            axes, why = logical_axes(_nest(tree), model=model, strip_collection=linen)
+            notes.extend(why)
+            placed: dict[tuple[str, ...], Any] = {}
+            nbytes = 0
+            while part:
+                name, array = part.popitem()  # the host copy goes once it is placed
+                key = tuple(name.split(SEP))
+                nbytes += int(np.asarray(array).nbytes)
+                placed[key], specs[name] = _place(array, axes[key], table, mesh, notes, name)
+                del array
+            largest = max(largest, nbytes)
+            name = PART.format(k)
+            ckpt.save((staged / name).absolute(), _nest(placed))
+            del placed
+            release_host_memory()
+            names.append(name)
         if out.exists():
             os.replace(out, parent / "old")
         os.replace(staged, out)
     finally:
         shutil.rmtree(parent, ignore_errors=True)
-    return {"specs": specs, "largest_part_bytes": largest, "notes": notes}
+    return {"specs": specs, "parts": [out / n for n in names], "largest_part_bytes": largest,
+            "notes": notes}  # fmt: skip
+
+
+class _Shape:
+    """A leaf's shape alone (what ``logical_axes`` looks at)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = tuple(shape)
+        self.ndim = len(self.shape)
+
+
+def _place(array: Any, axes: tuple, table: Any, mesh: Any, notes: list[str], name: str):
+    """``(array on mesh, its partition spec)``: sharded by the logical ``axes`` and rules."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    spec, why = mesh_spec(axes, np.shape(array), table, mesh)
+    notes.extend(f"{name}: {w}" for w in why)
+    return jax.device_put(array, NamedSharding(mesh, PartitionSpec(*spec))), spec
 
 
 def _nest(flat: Mapping[tuple[str, ...], Any]) -> dict:
@@ -88,7 +133,52 @@ def _nest(flat: Mapping[tuple[str, ...], Any]) -> dict:
     return out
 
 
-PART = "part-{:05d}"
+def release_host_memory() -> None:
+    """Give the host memory of a written part back to the system.
+
+    The arrays of a written part are freed (``jax.live_arrays()`` and malloc's in-use bytes
+    stay flat from part to part), but glibc keeps freed chunks in the arena of the thread
+    that freed them (XLA's and tensorstore's worker threads each have one) and does not hand
+    them back while a live chunk sits above them; the next part is then allocated in fresh
+    pages, and RSS grows by about a part per part (``benchmarks/shard_stream.md``).
+    ``malloc_trim(0)`` returns the free pages of every arena. A no-op off glibc.
+    """
+    import gc
+
+    gc.collect()
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+#: Buffers at least this large are mmapped by glibc and unmapped when freed (``mallopt``).
+MMAP_THRESHOLD = 128 << 10
+_M_MMAP_THRESHOLD = -3
+
+
+def pin_mmap_threshold() -> None:
+    """Have glibc mmap every buffer of ``MMAP_THRESHOLD`` bytes or more, for the rest of the
+    process. By default glibc raises its mmap threshold to the size of the largest mmapped
+    buffer freed so far (up to 32 MiB), so after the first tensor every tensor-sized buffer
+    comes from the heap arenas, where freed memory stays resident; pinned, a freed tensor
+    buffer goes back to the system at once. Costs one mmap per large buffer. No-op off glibc.
+    """
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+def _glibc() -> Any:
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
 
 
 def stream_orbax_parts(
@@ -108,8 +198,8 @@ def stream_orbax_parts(
     Each input shard is read once, tensor by tensor; every variable is placed on ``mesh``
     (default: all visible devices as ``1xN``) with the sharding its logical ``axes`` and the
     ``rules`` give, the part is written by Orbax (each device its own shards) and dropped
-    before the next shard is read (no reference to a written part is kept; the measured peak
-    is still ~1x the checkpoint on simulated CPU devices, ``benchmarks/shard_stream.md``).
+    before the next shard is read, its memory handed back (:func:`release_host_memory`): the
+    peak follows the largest part, not the checkpoint (``benchmarks/shard_stream.md``).
     The generated ``load(out_dir, mesh=)`` restores the parts one by one, each straight onto
     its target shardings.
 
@@ -118,7 +208,6 @@ def stream_orbax_parts(
     """
     import jax
     import orbax.checkpoint as ocp
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from xconv.weights.shards import numpy_dtype
     from xconv.weights.stream import _prefetched
@@ -126,6 +215,7 @@ def stream_orbax_parts(
     if mesh is None:
         mesh = f"1x{len(jax.devices())}"
     mesh = make_mesh(mesh)
+    pin_mmap_threshold()
     table = resolve_rules(rules)
     by_source: dict[str, list] = {}
     computed: list = []
@@ -157,12 +247,9 @@ def stream_orbax_parts(
                 for t in ts:
                     data = t.planned.replay(array) if t.planned is not None else t.value
                     data = np.asarray(data, dtype=numpy_dtype(t.dtype))
-                    spec, why = mesh_spec(axes[t.name], data.shape, table, mesh)
-                    out["notes"].extend(f"{t.name}: {w}" for w in why)
-                    placed[tuple(t.name.split(SEP))] = jax.device_put(
-                        data, NamedSharding(mesh, PartitionSpec(*spec))
+                    placed[tuple(t.name.split(SEP))], out["specs"][t.name] = _place(
+                        data, axes[t.name], table, mesh, out["notes"], t.name
                     )
-                    out["specs"][t.name] = spec
                     nbytes += data.nbytes
                     out["tensors"] += 1
                     del data
@@ -173,6 +260,7 @@ def stream_orbax_parts(
         part = root / PART.format(k)
         ckpt.save(part.absolute(), _nest(placed))
         del placed
+        release_host_memory()
         out["parts"].append(part)
         out["bytes_written"] += nbytes
         out["largest_part_bytes"] = max(out["largest_part_bytes"], nbytes)

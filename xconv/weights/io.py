@@ -320,13 +320,17 @@ def _read_msgpack(path: Path, trust_pickle: bool) -> Flat:
 
 
 def _read_orbax(path: Path, trust_pickle: bool) -> Flat:
+    """One Orbax checkpoint, or one written in parts (``path/part-00001``, ...: the sharded
+    streams of ``xconv.sharding.stream``), read part by part."""
     ocp = require("orbax.checkpoint", "orbax")
+    flat: Flat = {}
     try:
         with ocp.StandardCheckpointer() as ckptr:
-            tree = ckptr.restore(path.absolute())
+            for part in sorted(path.glob("part-*")) or [path]:
+                flat.update(flatten(ckptr.restore(part.absolute())))
     except Exception as e:
         raise InvalidModelError(f"{path} is not a readable Orbax checkpoint: {e}") from e
-    return flatten(tree)
+    return flat
 
 
 def read_npz_inputs(path: str | os.PathLike) -> tuple[np.ndarray, ...]:
