@@ -355,7 +355,8 @@ class CheckpointOptions:
             in parts, each placed by the rules (:func:`xconv.sharding.stream.stream_orbax_parts`),
             which ``load(out_dir, mesh=)`` restores onto a mesh.
         mesh: With ``partitioning``: the ``"DATAxMODEL"`` mesh the parts are placed on while
-            written (default: the visible devices as ``1xN``; any mesh can restore them).
+            written (default: the visible devices as ``1xN``; any mesh can restore them);
+            given, the layerwise parity check runs the candidate blocks sharded on it.
     """
 
     api: str = "linen"
@@ -493,7 +494,14 @@ def _write_staged(
         from xconv.parity.streamed import check_streamed
 
         say("checking parity block by block")
-        parity = check_streamed(traced, stage, targets, progress=say)
+        mesh = options.mesh if target == "flax" else None
+        if mesh is not None:
+            from xconv.sharding.rules import read_rules
+
+            rules = read_rules(options.partitioning) or "fsdp+tp"
+            parity = check_streamed(traced, stage, targets, progress=say, mesh=mesh, rules=rules)
+        else:
+            parity = check_streamed(traced, stage, targets, progress=say)
         parity.to_json(stage / "parity.json")
     _replace_dir(stage, out)
     files = sorted(p for p in out.rglob("*") if p.is_file())

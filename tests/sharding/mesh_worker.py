@@ -316,11 +316,11 @@ def cli_convert(root: Path, out: dict, full: bool = False) -> None:
         }
 
 
-def meta_route(root: Path, out: dict, check: bool = False) -> None:
+def meta_route(root: Path, out: dict, check: bool = True) -> None:
     """``xconv torch-to-flax --module transformers:LlamaForCausalLM --config --weights
     'model-*.safetensors' --partitioning fsdp --mesh 2x4``: a 10-shard Llama checkpoint
-    streamed into Orbax parts placed on the mesh, layerwise parity (the written parts read
-    back bit for bit; ``full`` mode only, the trace dominates the default run), then
+    streamed into Orbax parts placed on the mesh, layerwise parity with the candidate blocks
+    sharded on the 2x4 mesh (and the written parts read back bit for bit), then
     ``load(OUT, mesh=)`` onto 2x4 and onto 1x8, against torch."""
     import jax
     from click.testing import CliRunner
@@ -347,7 +347,10 @@ def meta_route(root: Path, out: dict, check: bool = False) -> None:
     res["input_shards"] = len(list(ckpt.glob("model-*.safetensors")))
     res["parts"] = sorted(p.name for p in (dest / "variables.orbax").iterdir())
     if check:
-        res["parity"] = json.loads((dest / "parity.json").read_text())["passed"]
+        parity = json.loads((dest / "parity.json").read_text())
+        res["parity"] = parity["passed"]
+        res["parity_mesh"] = parity.get("mesh")
+        res["parity_notes"] = parity.get("notes")
     gen = _import(dest / "model.py", "gen_llama_meta")
     res["partitioning"] = gen.PARTITIONING
     import transformers
@@ -447,7 +450,7 @@ def main(dest: str, mode: str = "default", only: str | None = None) -> None:
                 cli_check(model, x, root, out)
                 cli_convert(root, out, mode == "full")
                 t = time.perf_counter()
-                meta_route(root, out, check=mode == "full")
+                meta_route(root, out)
                 out["timings"]["meta_route"] = round(time.perf_counter() - t, 2)
                 if mode == "full":
                     weights_stream(module, x, root, out)

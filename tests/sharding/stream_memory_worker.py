@@ -148,7 +148,9 @@ def main(dest: str) -> None:
             "names": len(reader._where),
             "kernel_shape": list(reader.read(name).shape),
             # Read back by the weights reader (flax-to-torch's input): torch's weight, transposed.
-            "values_equal": np.array_equal(back["params/layers_0/kernel"], first["layers.0.weight"].T),
+            "values_equal": np.array_equal(
+                back["params/layers_0/kernel"], first["layers.0.weight"].T
+            ),
         }
     Path(dest).write_text(json.dumps(out, indent=1))
 

@@ -371,14 +371,20 @@ def _to_torch(torch, x: np.ndarray, dtype):
 
 
 class IRBlocks:
-    """Runs blocks of the candidate IR with the JAX runtime's interpreter (eager)."""
+    """Runs blocks of the candidate IR with the JAX runtime's interpreter (eager).
 
-    def __init__(self, model: Any, program: Any = None) -> None:
+    ``placement`` (e.g. ``xconv.sharding.parity.LayerwisePlacement``) puts each weight
+    (``placement.weight(name, array)``) and each block input (``placement.input(array)``)
+    on a mesh: every op then runs partitioned over it. Default: the default device.
+    """
+
+    def __init__(self, model: Any, program: Any = None, placement: Any = None) -> None:
         from xconv.converters.jax.interpreter import Interpreter
         from xconv.converters.jax.registry import registry
 
         registry.check_supported(model)
         self.model = model
+        self.placement = placement
         self.interp = Interpreter(model, registry)
         self.nodes = list(model.graph)
         self.position = {id(n): i for i, n in enumerate(self.nodes)}
@@ -431,8 +437,9 @@ class IRBlocks:
         import jax.numpy as jnp
 
         env: dict[Any, Any] = {}
+        put = self.placement
         for name, x in inputs.items():
-            env[self.values[name]] = jnp.asarray(x)
+            env[self.values[name]] = put.input(x) if put is not None else jnp.asarray(x)
         for node in nodes:
             for v in node.inputs:
                 if v is None or v in env or not (v.is_initializer() or v.const_value):
@@ -444,7 +451,12 @@ class IRBlocks:
                 else:
                     raise ValueError(f"initializer {v.name!r} has no data and no given weight")
                 # device_put takes an aligned CPU array (torch storage) without a copy.
-                env[v] = jax.device_put(data) if v.is_initializer() else data
+                if not v.is_initializer():
+                    env[v] = data
+                elif put is not None:
+                    env[v] = put.weight(v.name, data)
+                else:
+                    env[v] = jax.device_put(data)
             outs = self.interp.run_node(node, env, self.position[id(node)], None)
             for v, o in zip(node.outputs, outs, strict=False):
                 env[v] = o
@@ -486,6 +498,7 @@ def run_layerwise(
     policy: str | Policy = "oracle",
     weights: BlockWeights | None = None,
     progress: Progress | None = None,
+    placement: Any = None,
 ) -> LayerwiseResult:
     """Check ``candidate_ir`` against ``program`` one block at a time (see module doc).
 
@@ -497,6 +510,7 @@ def run_layerwise(
         policy: Parity policy name or :class:`Policy`.
         weights: Provides each block's weights lazily; default the program's own.
         progress: Called with ``"block i/n: name"`` as each block starts.
+        placement: Runs the candidate blocks sharded over a mesh (see :class:`IRBlocks`).
 
     Returns:
         A :class:`LayerwiseResult` with the float64 outputs of the whole model and a
@@ -510,7 +524,7 @@ def run_layerwise(
 
     pol = resolve_policy(policy)
     weights = weights or program_weights(program)
-    cand = IRBlocks(candidate_ir, program)
+    cand = IRBlocks(candidate_ir, program, placement)
     blocks = split_program(program)
     notes: list[str] = []
     for _ in range(len(blocks)):

@@ -38,6 +38,8 @@ class StreamedParity:
     mismatched_weights: list[str] = field(default_factory=list)
     checked_weights: int = 0
     notes: list[str] = field(default_factory=list)
+    #: With a mesh: ``{"shape": {"data": 2, "model": 4}, "params": {initializer: spec}}``.
+    mesh: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -63,6 +65,7 @@ class StreamedParity:
             "written_weights_checked": self.checked_weights,
             "written_weights_mismatched": self.mismatched_weights,
             "notes": self.notes,
+            **({"mesh": self.mesh} if self.mesh is not None else {}),
         }
         Path(path).write_text(json.dumps(body, indent=2, sort_keys=True, default=str))
 
@@ -78,7 +81,23 @@ class StreamedParity:
             lines.append(
                 f"largest block error: {worst['name']} max |cand - ref| {worst.get('max_abs')}"
             )
+        if self.mesh:
+            shape = " x ".join(f"{a}={n}" for a, n in self.mesh["shape"].items())
+            params = self.mesh["params"]
+            split = [n for n, s in params.items() if any(e != "None" for e in _entries(s))]
+            lines.append(
+                f"candidate blocks ran sharded on mesh {shape}; {len(split)} of {len(params)} "
+                "weights split (parity.json lists each weight's sharding)"
+            )
         return "\n".join(lines)
+
+
+def _entries(spec: str) -> list[str]:
+    """The entries of a spec's repr, ``"(('data', 'model'), None)"`` -> 2 entries."""
+    import ast
+
+    value = ast.literal_eval(spec)
+    return [repr(e) if e is not None else "None" for e in value]
 
 
 def _torch_tensor(array: np.ndarray):
@@ -108,8 +127,15 @@ def check_streamed(
     *,
     policy: str = "oracle",
     progress: Callable[[str], None] | None = None,
+    mesh: Any = None,
+    rules: Any = None,
 ) -> StreamedParity:
-    """Run layerwise parity for ``traced`` and check the streamed shards in ``out_dir``."""
+    """Run layerwise parity for ``traced`` and check the streamed shards in ``out_dir``.
+
+    With ``mesh`` (``"2x4"`` or a ``Mesh``), the candidate blocks run sharded over it: each
+    weight placed by its logical axes and ``rules`` (default ``"fsdp+tp"``), block inputs
+    split over ``data`` (``xconv.sharding.parity.LayerwisePlacement``); the report states
+    the mesh and every weight's sharding."""
     from xconv.parity.layerwise import run_layerwise
 
     sources = traced.sources  # initializer name -> checkpoint key
@@ -156,9 +182,20 @@ def check_streamed(
             arrays.clear()
 
     candidate = detached(traced.model, list(sources))
+    placement = None
+    if mesh is not None:
+        from xconv.sharding.parity import LayerwisePlacement
+
+        placement = LayerwisePlacement(candidate, list(sources), mesh, rules or "fsdp+tp")
     inputs = [np.asarray(x) for x in traced.inputs]
     result = run_layerwise(
-        traced.program, candidate, inputs, policy=policy, weights=weights, progress=progress
+        traced.program,
+        candidate,
+        inputs,
+        policy=policy,
+        weights=weights,
+        progress=progress,
+        placement=placement,
     )
     for b in result.blocks:
         row: dict[str, Any] = {"name": b.block.name, "passed": bool(b.passed), "seconds": b.seconds}
@@ -168,6 +205,9 @@ def check_streamed(
             row["max_abs"] = max(float(getattr(m, "max_abs", 0.0) or 0.0) for m in b.outputs)
         report.blocks.append(row)
     report.notes.extend(getattr(result, "notes", []))
+    if placement is not None:
+        report.mesh = placement.report()
+        report.notes.extend(f"sharding: {n}" for n in placement.notes)
     missing = sorted(set(by_source) - done)
     if missing:
         report.notes.append(f"{len(missing)} written weights no block reads: {missing[:5]}")

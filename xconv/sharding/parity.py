@@ -206,3 +206,67 @@ def wrap_for_mesh(cand: Adapter, mesh: Any, rules: Any, arrays, notes: list[str]
 
 
 __all__ = ["MeshAdapter", "wrap_for_mesh"]
+
+
+class LayerwisePlacement:
+    """Places the layerwise checker's candidate blocks on a mesh (``IRBlocks(placement=)``).
+
+    The meta-device route's parity runs the converted IR block by block, each block's
+    weights read from the checkpoint when it runs; with a mesh, each weight is put on the
+    mesh with the sharding its logical axes (from the IR) and ``rules`` give, each block
+    input is split over ``data`` along the batch (replicated when the batch does not divide
+    it), and every op of the block runs partitioned over the mesh (eager, op by op).
+    """
+
+    def __init__(self, model: Any, names: Any, mesh: Any, rules: Any = None) -> None:
+        """``names``: the initializers of ``model`` (an ``onnx_ir.Model``) that get sharded;
+        any other weight a block reads is replicated."""
+        self.mesh = make_mesh(mesh)
+        self.rules = rules
+        inits = model.graph.initializers
+        shapes = {
+            n: _Shape(tuple(int(d) for d in inits[n].shape))
+            for n in names
+            if n in inits and inits[n].shape is not None
+        }
+        p = plan(shapes, self.mesh, rules, model=model)
+        self.specs = {path[0]: tuple(spec) for path, spec in p.specs.items()}
+        self.axes = {path[0]: ax for path, ax in p.axes.items()}
+        self.notes = list(p.notes)
+        self._batch_note = False
+
+    def weight(self, name: str, data: Any) -> Any:
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        spec = self.specs.get(name, ())
+        return jax.device_put(data, NamedSharding(self.mesh, PartitionSpec(*spec)))
+
+    def input(self, x: Any) -> Any:
+        import jax
+
+        x = np.asarray(x)
+        sharding = batch_sharding(self.mesh, x, self.rules)
+        data = dict(zip(self.mesh.axis_names, self.mesh.devices.shape, strict=True))["data"]
+        if data > 1 and x.ndim and not self._batch_note and sharding.spec[:1] in ((), (None,)):
+            self._batch_note = True
+            self.notes.append(
+                f"block input of shape {x.shape}: batch {x.shape[0]} does not divide "
+                f"data={data}: replicated (no data parallelism)"
+            )
+        return jax.device_put(x, sharding)
+
+    def report(self) -> dict[str, Any]:
+        """``{"shape": {...}, "params": {name: spec}}`` (as ``ParityReport.mesh``)."""
+        shape = dict(
+            zip(self.mesh.axis_names, (int(s) for s in self.mesh.devices.shape), strict=True)
+        )
+        return {"shape": shape, "params": {n: repr(s) for n, s in sorted(self.specs.items())}}
+
+
+class _Shape:
+    """A leaf's shape alone (what the logical-axes naming looks at)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.ndim = len(shape)
