@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.codegen import replace_dir
 from xconv.errors import ConversionError
 from xconv.weights.shards import CheckpointIndex, numpy_dtype
 from xconv.weights.stream import (
@@ -503,7 +504,7 @@ def _write_staged(
         else:
             parity = check_streamed(traced, stage, targets, progress=say)
         parity.to_json(stage / "parity.json")
-    _replace_dir(stage, out)
+    replace_dir(stage, out)
     files = sorted(p for p in out.rglob("*") if p.is_file())
     return CheckpointResult(out, files, report, traced.index.nbytes, parity, targets)
 
@@ -576,12 +577,6 @@ def _generated_axes(source: str) -> dict[str, tuple]:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "LOGICAL_AXES":
             return {k: tuple(v) for k, v in ast.literal_eval(node.value).items()}
     raise ConversionError("the partitioned model.py has no LOGICAL_AXES")
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    from xconv.pipeline import _replace_dir as replace
-
-    replace(src, dst)
 
 
 def _write_onnx(

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.codegen import replace_dir
 from xconv.errors import ConversionError
 
 logger = logging.getLogger(__name__)
@@ -245,7 +246,7 @@ def convert(
             report.to_json(stage / "parity.json")
             report.to_html(stage / "parity.html")
             done("parity")
-        _replace_dir(stage, out)
+        replace_dir(stage, out)
         _rebase_external(imported.model, stage, out)
     finally:
         shutil.rmtree(parent, ignore_errors=True)
@@ -766,19 +767,6 @@ def _layerwise(imported: _Imported, options: ConvertOptions) -> bool:
         if hasattr(t, "is_floating_point") and t.is_floating_point():
             total += t.numel() * t.element_size()
     return total > LAYERWISE_BYTES
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move ``src`` to ``dst``, replacing an existing ``dst`` only once ``src`` is complete."""
-    if dst.exists():
-        if not dst.is_dir():
-            raise ConversionError(f"{dst} exists and is not a folder")
-        old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.old."))
-        os.replace(dst, old / dst.name)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)
 
 
 # --- the public source emitters, checked against the IR's runtime on example inputs --------

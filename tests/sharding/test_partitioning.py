@@ -173,7 +173,7 @@ def test_cli_partitioning_takes_a_rules_file_or_a_python_table(tmp_path, monkeyp
         (["--partitioning", "bad.json"], "names the unknown logical axis 'hidden'"),
         (["--partitioning", "broken.json"], "is not valid JSON"),
         (["--partitioning", "missing.json"], "does not exist"),
-        (["--partitioning", "my_rules.py:NOPE"], "has no 'NOPE'"),
+        (["--partitioning", "my_rules.py:NOPE"], "has no attribute 'NOPE'"),
         (["--partitioning", "zero3"], "unknown partitioning 'zero3'"),
         (["--mesh", "2x4096"], "needs 8192 devices; JAX sees"),
         (["--mesh", "2x"], "expected DATAxMODEL"),

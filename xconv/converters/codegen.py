@@ -224,17 +224,25 @@ def write_dir_atomic(
                 (tmp / name).write_bytes(data)
         if write is not None:
             write(tmp)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move the complete folder ``src`` to ``dst`` (same file system). An existing ``dst``
+    is moved aside first and deleted after, so ``dst`` is never half-written."""
+    if dst.exists():
+        if not dst.is_dir():
+            raise ConversionError(f"{dst} exists and is not a folder")
+        old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.old."))
+        os.replace(dst, old / dst.name)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
 
 
 _F32_MAX = float(np.finfo(np.float32).max)

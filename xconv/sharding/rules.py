@@ -141,30 +141,12 @@ def read_rules(spec: Any) -> str | Rules | None:
         if isinstance(table, dict):
             table = list(table.items())
     elif ":" in spec:
-        from xconv.factories import _import_file
+        from xconv.factories import resolve_attr
 
-        module_name, _, attr = spec.rpartition(":")
         try:
-            if module_name.endswith(".py"):
-                from pathlib import Path
-
-                mod = _import_file(Path(module_name))
-            else:
-                import importlib
-
-                mod = importlib.import_module(module_name)
+            table = resolve_attr(spec, "partitioning rules", "RULES")
         except ConversionError as e:
             raise ShardingError(f"partitioning rules {spec!r}: {e}") from e
-        except Exception as e:  # the user's module failed to import
-            raise ShardingError(
-                f"partitioning rules {spec!r}: cannot import {module_name!r}: "
-                f"{type(e).__name__}: {e}"
-            ) from e
-        table = mod
-        for part in attr.split("."):
-            table = getattr(table, part, None)
-            if table is None:
-                raise ShardingError(f"partitioning rules {spec!r}: {module_name!r} has no {attr!r}")
         if callable(table):
             table = table()
     else:

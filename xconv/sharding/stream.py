@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from xconv.converters.codegen import replace_dir
 from xconv.sharding.axes import logical_axes
 from xconv.sharding.rules import make_mesh, mesh_spec, resolve_rules
 
@@ -96,9 +97,7 @@ def write_sharded_orbax(
             del placed
             release_host_memory()
             names.append(name)
-        if out.exists():
-            os.replace(out, parent / "old")
-        os.replace(staged, out)
+        replace_dir(staged, out)
     finally:
         shutil.rmtree(parent, ignore_errors=True)
     return {"specs": specs, "parts": [out / n for n in names], "largest_part_bytes": largest,
