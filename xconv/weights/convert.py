@@ -157,9 +157,10 @@ def convert_weights(
         strict: Raise on any missing / unexpected / mis-shaped key.
         trust_pickle: Allow a torch checkpoint that needs a full unpickle.
         max_shard_bytes: Split a safetensors output into shards of about this size.
-        mesh: torch-to-flax only: write an Orbax checkpoint whose arrays are placed on this
-            mesh (``"2x4"`` or a ``Mesh``) by ``partitioning`` as each input shard arrives
-            (:func:`xconv.sharding.stream.write_sharded_orbax`).
+        mesh: torch-to-flax only: write an Orbax checkpoint in parts (``out/part-00001``,
+            one per input shard) whose arrays are placed on this mesh (``"2x4"`` or a
+            ``Mesh``) by ``partitioning`` as each input shard arrives, each part written and
+            dropped before the next (:func:`xconv.sharding.stream.write_sharded_orbax`).
         partitioning: ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` (default) or a rule table.
 
     Returns:
