@@ -47,7 +47,8 @@ def write_sharded_orbax(
     part, as :func:`stream_orbax_parts` writes them), every array placed on ``mesh`` by
     ``rules`` as it arrives.
 
-    A part's host arrays are dropped as they are placed, the placed part is written and
+    A part's host arrays are dropped as they are placed (a part given as a ``dict`` is
+    emptied, so no reference the caller keeps holds them), the placed part is written and
     dropped before the next part is taken, and its memory is handed back
     (:func:`release_host_memory`): the peak follows the largest part, not the checkpoint.
     The folder appears at ``path`` only once every part is written.
