@@ -17,7 +17,7 @@ import onnx_ir as ir
 from jax import lax
 
 from xconv.converters.jax import formulation
-from xconv.converters.jax.linalg import reference_sum
+from xconv.converters.jax.kernel import reference_sum
 from xconv.converters.jax.registry import builtin
 from xconv.converters.ops import attention as attention_attrs
 
