@@ -58,6 +58,7 @@ reshape = torch.reshape
 negative = torch.negative
 reciprocal = torch.reciprocal
 ceil = torch.ceil
+trunc = torch.trunc
 floor = torch.floor
 sign = torch.sign
 sin = torch.sin
