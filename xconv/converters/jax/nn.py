@@ -22,6 +22,8 @@ from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops import shapes
 from xconv.converters.ops.nn import (
+    DROPOUT_ATTRS,
+    dropout_mode,
     register_conv_ops,
     register_pool_ops,
     register_sampling_ops,
@@ -376,7 +378,7 @@ def lrn(ctx, x, *, alpha, beta, bias, size):
 # --------------------------------------------------------------------------- dropout
 
 
-@builtin("Dropout", attrs={"seed": None, "ratio": 0.5, "is_test": 0, "consumed_inputs": None})
+@builtin("Dropout", attrs=DROPOUT_ATTRS)
 def dropout(ctx, x, *inputs, seed, ratio, is_test, consumed_inputs):
     """Dropout(data, ratio?, training_mode?) -> (output, mask?): identity unless training.
 
@@ -384,13 +386,7 @@ def dropout(ctx, x, *inputs, seed, ratio, is_test, consumed_inputs):
     attribute and train only when is_test=0 (opset < 7).
     """
     x = jnp.asarray(x)
-    if ctx.opset >= 12:
-        rate = inputs[0] if inputs and inputs[0] is not None else 0.5
-        flag = inputs[1] if len(inputs) > 1 else None
-        training = flag is not None and bool(ctx.static(flag, "training_mode"))
-    else:
-        rate = ratio
-        training = ctx.opset < 7 and not is_test
+    rate, training = dropout_mode(ctx, inputs, ratio, is_test)
     mask_dtype = (ctx.output_dtype(1) if len(ctx.output_values) > 1 else None) or np.bool_
     if not training:
         return x, jnp.ones(x.shape, dtype=mask_dtype)

@@ -263,6 +263,23 @@ def register_pool_ops(builtin: Callable[..., Any], kern: NnKernel, required: Any
         return kern.pad_crop(y, shape)
 
 
+# ------------------------------------------------------------------------------- dropout
+
+
+DROPOUT_ATTRS = {"seed": None, "ratio": 0.5, "is_test": 0, "consumed_inputs": None}
+
+
+def dropout_mode(ctx, inputs, ratio, is_test) -> tuple[Any, bool]:
+    """Dropout's (ratio, training): opset 12+ takes ratio and training_mode as inputs (ratio
+    0.5 when absent); older opsets carry ratio as an attribute and train only when is_test=0
+    (opset < 7). The drawing stays per backend (JAX keys, torch generators)."""
+    if ctx.opset >= 12:
+        rate = inputs[0] if inputs and inputs[0] is not None else 0.5
+        flag = inputs[1] if len(inputs) > 1 else None
+        return rate, flag is not None and bool(ctx.static(flag, "training_mode"))
+    return ratio, ctx.opset < 7 and not is_test
+
+
 # ------------------------------------------------------------------------------ sampling
 
 

@@ -18,7 +18,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xconv.converters.ops.nn import register_conv_ops, register_pool_ops, register_sampling_ops
+from xconv.converters.ops.nn import (
+    DROPOUT_ATTRS,
+    dropout_mode,
+    register_conv_ops,
+    register_pool_ops,
+    register_sampling_ops,
+)
 from xconv.converters.ops.normalization import register_batch_norm, register_normalization_ops
 from xconv.converters.torch.backend import xp
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
@@ -131,7 +137,7 @@ def seeded_generator(ctx, seed) -> torch.Generator | None:
     return gen
 
 
-@builtin("Dropout", attrs={"seed": None, "ratio": 0.5, "is_test": 0, "consumed_inputs": None})
+@builtin("Dropout", attrs=DROPOUT_ATTRS)
 def dropout(ctx, x, *inputs, seed, ratio, is_test, consumed_inputs):
     """Dropout(data, ratio?, training_mode?) -> (output, mask?): identity unless training.
 
@@ -139,13 +145,7 @@ def dropout(ctx, x, *inputs, seed, ratio, is_test, consumed_inputs):
     attribute and train only when is_test=0 (opset < 7). A recognised ``dropout`` layer drops
     when the module is in training mode.
     """
-    if ctx.opset >= 12:
-        rate = inputs[0] if inputs and inputs[0] is not None else 0.5
-        flag = inputs[1] if len(inputs) > 1 else None
-        training = flag is not None and bool(ctx.static(flag, "training_mode"))
-    else:
-        rate = ratio
-        training = ctx.opset < 7 and not is_test
+    rate, training = dropout_mode(ctx, inputs, ratio, is_test)
     layer = ctx.layer or {}
     if ctx.training and layer.get("kind") == "dropout":
         training = True
