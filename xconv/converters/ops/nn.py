@@ -220,6 +220,13 @@ def register_pool_ops(builtin: Callable[..., Any], kern: NnKernel, required: Any
         total = kern.pool("sum", xp.abs(x) ** p, *geo)
         return astype(xp, total ** (1.0 / p), x.dtype)
 
+    _register_global_pools(builtin, kern, required)
+
+
+def _register_global_pools(builtin: Callable[..., Any], kern: NnKernel, required: Any) -> None:
+    """Register GlobalAveragePool, GlobalMaxPool, GlobalLpPool and MaxUnpool."""
+    xp = kern.xp
+
     def spatial_axes(x):
         return tuple(range(2, x.ndim))
 
