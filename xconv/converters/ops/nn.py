@@ -195,7 +195,9 @@ def register_pool_ops(builtin: Callable[..., Any], kern: NnKernel, required: Any
         spatial = tuple(x.shape[2:])
         size = int(np.prod(spatial))
         if storage_order:
-            idx = kern.constant(column_major(spatial), idx.dtype, idx)[idx]
+            # A padding cell's index (-1 on torch) stays as it is.
+            col = kern.constant(column_major(spatial), idx.dtype, idx)[idx]
+            idx = xp.where(idx < 0, idx, col)
         out_dtype = ctx.output_dtype(1) or xp.int64
         base = kern.constant(np.arange(x.shape[0] * x.shape[1]) * size, out_dtype, x)
         base = xp.reshape(base, tuple(x.shape[:2]) + (1,) * (x.ndim - 2))
