@@ -50,3 +50,46 @@ def test_subset_runs_without_the_other_framework(subset):
     )
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     assert " passed" in r.stdout and "skipped" not in r.stdout, r.stdout[-3000:]
+
+
+_EACH_ALONE = """
+import importlib, sys
+failed = []
+for name in {modules!r}:
+    for mod in [m for m in sys.modules if m == "xconv" or m.startswith("xconv.")]:
+        del sys.modules[mod]
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        failed.append(f"{{name}}: {{type(e).__name__}}: {{e}}")
+print("\\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("framework", "package"),
+    [("jax", "xconv.converters.jax"), ("torch", "xconv.converters.torch.backend")],
+)
+def test_each_handler_module_imports_on_its_own(framework, package):
+    """Importing one runtime handler module first (e.g. ``xconv.converters.jax.attention``)
+    works: no cycle through the kernel or between handler modules."""
+    pytest.importorskip(framework)
+    from xconv.converters.ops import RUNTIME_FAMILIES
+
+    names = [
+        f"{package}.{m}" for m in (*RUNTIME_FAMILIES, "kernel" if framework == "jax" else "xp")
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", _EACH_ALONE.format(modules=names)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

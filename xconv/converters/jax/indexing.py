@@ -15,9 +15,9 @@ import numpy as np
 
 from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import builtin
-from xconv.converters.jax.shape import check_choice
 from xconv.converters.ops import indexing
 from xconv.converters.ops.arrays import namespace, normalize_axis
+from xconv.converters.ops.attrs import check_choice
 
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
 

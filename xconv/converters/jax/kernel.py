@@ -3,12 +3,32 @@ handler computes with, and the few primitives the array API lacks."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xconv.converters.jax.linalg import index_dtype
 from xconv.converters.ops.arrays import namespace
+
+# This module imports no handler module (they import it): importing any one handler module
+# on its own then works (the registry imports the rest).
+
+
+def index_dtype() -> np.dtype:
+    """int64 when JAX runs with 64-bit types, else int32 (ONNX index outputs are int64)."""
+    return jax.dtypes.canonicalize_dtype(np.int64)
+
+
+def reference_sum(x, axis: int):
+    """Sum along ``axis`` keeping the dimension, accumulating as the ONNX reference does.
+
+    bfloat16 accumulates in bfloat16 (numpy's ml_dtypes loop rounds after every add), where
+    ``jnp.sum`` would accumulate in float32 and round differently; other types use jnp.sum.
+    """
+    if x.dtype == jnp.bfloat16:
+        out = lax.reduce(x, jnp.zeros((), x.dtype), lax.add, (axis % x.ndim,))
+        return jnp.expand_dims(out, axis)
+    return jnp.sum(x, axis=axis, keepdims=True)
 
 
 class JaxKernel:

@@ -8,17 +8,13 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
+from xconv.converters.jax.kernel import index_dtype, reference_sum
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops.arrays import normalize_axis
 from xconv.converters.ops.linalg import register_softmax_ops
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
 _LOW_PRECISION = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
-
-
-def index_dtype() -> np.dtype:
-    """int64 when JAX runs with 64-bit types, else int32 (ONNX index outputs are int64)."""
-    return jax.dtypes.canonicalize_dtype(np.int64)
 
 
 def _static_int(ctx, value, what: str) -> int:
@@ -176,18 +172,6 @@ def topk(ctx, x, k, *, axis, largest, sorted):  # noqa: A002 - the ONNX attribut
 
 # --------------------------------------------------------------------------------------
 # Softmax family
-
-
-def reference_sum(x, axis: int):
-    """Sum along ``axis`` keeping the dimension, accumulating as the ONNX reference does.
-
-    bfloat16 accumulates in bfloat16 (numpy's ml_dtypes loop rounds after every add), where
-    ``jnp.sum`` would accumulate in float32 and round differently; other types use jnp.sum.
-    """
-    if x.dtype == jnp.bfloat16:
-        out = lax.reduce(x, jnp.zeros((), x.dtype), lax.add, (axis % x.ndim,))
-        return jnp.expand_dims(out, axis)
-    return jnp.sum(x, axis=axis, keepdims=True)
 
 
 def _softmax(x, axis: int):

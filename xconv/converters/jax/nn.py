@@ -1,5 +1,8 @@
-"""JAX handlers for the neural-network ops: convolution, pooling, normalisation, dropout and
-the sampling ops (GridSample, AffineGrid, RoiAlign, DeformConv, Col2Im).
+"""JAX handlers for the neural-network ops. Convolution, pooling, GridSample and AffineGrid
+are written once in :mod:`xconv.converters.ops.nn` (this module's :class:`JaxNnKernel`:
+``lax.conv_general_dilated``, ``lax.reduce_window``, gathers); the normalisations in
+:mod:`xconv.converters.ops.normalization`. Here too, JAX only: RoiAlign, MaxRoiPool,
+DeformConv; and LRN, Dropout.
 
 All spatial ops keep ONNX's channels-first layout (``N, C, D1, ..., Dn``) and read their
 geometry (kernel, strides, pads) statically, so they trace under ``jax.jit``.
@@ -18,7 +21,13 @@ from jax import lax
 from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops import shapes
-from xconv.converters.ops.attrs import CONV_ATTRS
+from xconv.converters.ops.nn import (
+    DROPOUT_ATTRS,
+    dropout_mode,
+    register_conv_ops,
+    register_pool_ops,
+    register_sampling_ops,
+)
 from xconv.converters.ops.normalization import register_batch_norm, register_normalization_ops
 
 # --------------------------------------------------------------------------- geometry
@@ -26,65 +35,6 @@ from xconv.converters.ops.normalization import register_batch_norm, register_nor
 
 def _bias_shape(b, ndim: int):
     return jnp.reshape(b, (1, -1) + (1,) * (ndim - 2))
-
-
-# --------------------------------------------------------------------------- convolution
-
-
-@builtin("Conv", attrs=CONV_ATTRS)
-def conv(ctx, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides):
-    """Conv(X, W, B?) -> Y: N-d cross-correlation, NC[spatial] layout, grouped."""
-    x, w = jnp.asarray(x), jnp.asarray(w)
-    n = x.ndim - 2
-    kernel = tuple(w.shape[2:])
-    s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
-    padding = shapes.conv_padding(ctx.node, auto_pad, x.shape[2:], kernel, s, d, pads)
-    y = lax.conv_general_dilated(
-        x, w.astype(x.dtype), s, padding, rhs_dilation=d, feature_group_count=int(group)
-    )
-    if b is not None:
-        y = y + _bias_shape(b, y.ndim).astype(y.dtype)
-    return y
-
-
-@builtin("ConvTranspose", attrs={**CONV_ATTRS, "output_padding": None, "output_shape": None})
-def conv_transpose(
-    ctx,
-    x,
-    w,
-    b=None,
-    *,
-    auto_pad,
-    dilations,
-    group,
-    kernel_shape,
-    output_padding,
-    output_shape,
-    pads,
-    strides,
-):
-    """ConvTranspose(X, W, B?) -> Y: the gradient of Conv; W is (C_in, C_out/group, k...)."""
-    x, w = jnp.asarray(x), jnp.asarray(w).astype(x.dtype)
-    n = x.ndim - 2
-    g = int(group)
-    spatial = x.shape[2:]
-    kernel = tuple(w.shape[2:])
-    s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
-    op = shapes.ints(output_padding, n, 0)
-    padding = shapes.conv_transpose_padding(
-        ctx.node, auto_pad, spatial, kernel, s, d, op, output_shape, pads
-    )
-    # (C_in, C_out/g, k...) -> (C_out, C_in/g, k...), spatially flipped.
-    c_in, c_out_g = w.shape[0], w.shape[1]
-    wt = w.reshape((g, c_in // g, c_out_g) + kernel)
-    wt = jnp.swapaxes(wt, 1, 2).reshape((g * c_out_g, c_in // g) + kernel)
-    wt = jnp.flip(wt, axis=tuple(range(2, n + 2)))
-    y = lax.conv_general_dilated(
-        x, wt, (1,) * n, padding, lhs_dilation=s, rhs_dilation=d, feature_group_count=g
-    )
-    if b is not None:
-        y = y + _bias_shape(b, y.ndim).astype(y.dtype)
-    return y
 
 
 def _gather_nd_points(data, coords, dims, mode: str):
@@ -188,36 +138,6 @@ def _deform_conv_impl(x, w, offset, b, mask, *, s, d, p, og, g):
     return y
 
 
-@builtin("Col2Im", attrs={"dilations": None, "pads": None, "strides": None})
-def col2im(ctx, x, image_shape, block_shape, *, dilations, pads, strides):
-    """Col2Im(input, image_shape, block_shape) -> output: sum sliding blocks into an image."""
-    x = jnp.asarray(x)
-    image = [int(v) for v in ctx.static(image_shape, "image_shape")]
-    block = [int(v) for v in ctx.static(block_shape, "block_shape")]
-    n = len(image)
-    s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
-    p = shapes.ints(pads, 2 * n, 0)
-    counts = [
-        (image[i] + p[i] + p[i + n] - ((block[i] - 1) * d[i] + 1)) // s[i] + 1 for i in range(n)
-    ]
-    # Flat image index for every (kernel offset, block position); out-of-image -> a dump slot.
-    total = int(np.prod(image))
-    index = np.zeros((int(np.prod(block)), int(np.prod(counts))), dtype=np.int64)
-    valid = np.ones_like(index, dtype=bool)
-    kgrid = np.stack(np.meshgrid(*[np.arange(b) for b in block], indexing="ij"), 0)
-    lgrid = np.stack(np.meshgrid(*[np.arange(c) for c in counts], indexing="ij"), 0)
-    for i in range(n):
-        pos = lgrid[i].reshape(1, -1) * s[i] - p[i] + kgrid[i].reshape(-1, 1) * d[i]
-        valid &= (pos >= 0) & (pos < image[i])
-        index = index * image[i] + np.clip(pos, 0, image[i] - 1)
-    index = np.where(valid, index, total).reshape(-1)
-    nb, ck, _ = x.shape
-    c = ck // int(np.prod(block))
-    vals = x.reshape(nb, c, -1)
-    out = jnp.zeros((nb, c, total + 1), x.dtype).at[:, :, index].add(vals)
-    return out[:, :, :total].reshape((nb, c, *image))
-
-
 # --------------------------------------------------------------------------- pooling
 
 
@@ -259,140 +179,6 @@ def _lowest(dtype):
     if dtype.kind in "iub":
         return np.array(np.iinfo(dtype).min if dtype.kind != "b" else False, dtype)
     return np.array(-np.inf, dtype)
-
-
-def _pool_setup(ctx, x, kernel_shape, strides, dilations):
-    x = jnp.asarray(x)
-    n = x.ndim - 2
-    kernel = shapes.ints(kernel_shape, n, 1)
-    return x, n, kernel, shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
-
-
-_POOL_ATTRS = {
-    "auto_pad": "NOTSET",
-    "ceil_mode": 0,
-    "dilations": None,
-    "kernel_shape": REQUIRED,
-    "pads": None,
-    "strides": None,
-}
-
-
-@builtin("MaxPool", attrs={**_POOL_ATTRS, "storage_order": 0})
-def max_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides):
-    """MaxPool(X) -> (Y, Indices?): Indices are flat over N x C x D1 x ... (row- or column-major)."""
-    x, n, kernel, s, d = _pool_setup(ctx, x, kernel_shape, strides, dilations)
-    spatial = x.shape[2:]
-    out, lo_hi, extra = shapes.pool_geometry(
-        ctx.node, auto_pad, spatial, kernel, s, d, pads, ceil_mode
-    )
-    if any(di > 1 for di in d):
-        y = _dilated_max(x, kernel, s, d, lo_hi, extra, out)
-    else:
-        y = _window(x, _lowest(x.dtype), lax.max, kernel, s, d, lo_hi, extra, out)
-    if len(ctx.output_values) < 2 or not ctx.output_values[1].name:
-        return y
-    # Indices come from a (value, index) window reduction; Y stays on the differentiable path.
-    size = int(np.prod(spatial))
-    flat = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32).reshape(spatial), x.shape)
-
-    def pick(a, b):
-        take_a = (a[0] > b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
-        return jnp.where(take_a, a[0], b[0]), jnp.where(take_a, a[1], b[1])
-
-    _, idx = _window(
-        (x, flat),
-        (_lowest(x.dtype), np.array(np.iinfo(np.int32).max, np.int32)),
-        pick,
-        kernel,
-        s,
-        d,
-        lo_hi,
-        extra,
-        out,
-    )
-    if storage_order:
-        # Row-major flat index -> column-major (first spatial axis fastest).
-        coords = np.unravel_index(np.arange(size), spatial)
-        strides_cm = np.cumprod((1,) + tuple(spatial[:-1]))
-        col = sum(c * st for c, st in zip(coords, strides_cm, strict=True))
-        idx = jnp.asarray(col, jnp.int32)[idx]
-    out_dtype = ctx.output_dtype(1) or np.int64
-    base = (jnp.arange(x.shape[0] * x.shape[1], dtype=out_dtype) * size).reshape(
-        x.shape[:2] + (1,) * n
-    )
-    return y, idx.astype(out_dtype) + base
-
-
-@builtin("AveragePool", attrs={**_POOL_ATTRS, "count_include_pad": 0})
-def average_pool(
-    ctx, x, *, auto_pad, ceil_mode, count_include_pad, dilations, kernel_shape, pads, strides
-):
-    """AveragePool(X) -> Y; padding counts in the divisor only with count_include_pad."""
-    x, n, kernel, s, d = _pool_setup(ctx, x, kernel_shape, strides, dilations)
-    spatial = x.shape[2:]
-    out, lo_hi, extra = shapes.pool_geometry(
-        ctx.node, auto_pad, spatial, kernel, s, d, pads, ceil_mode
-    )
-    total = _window(x, np.array(0, x.dtype), lax.add, kernel, s, d, lo_hi, extra, out)
-    counts = shapes.window_counts(spatial, kernel, s, d, lo_hi, out, bool(count_include_pad))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return total / counts.astype(x.dtype)
-
-
-@builtin("LpPool", attrs={**_POOL_ATTRS, "p": 2})
-def lp_pool(ctx, x, *, auto_pad, ceil_mode, dilations, kernel_shape, p, pads, strides):
-    """LpPool(X) -> Y = (sum over the window of |x|^p)^(1/p)."""
-    x, n, kernel, s, d = _pool_setup(ctx, x, kernel_shape, strides, dilations)
-    out, lo_hi, extra = shapes.pool_geometry(
-        ctx.node, auto_pad, x.shape[2:], kernel, s, d, pads, ceil_mode
-    )
-    p = float(p)
-    total = _window(jnp.abs(x) ** p, np.array(0, x.dtype), lax.add, kernel, s, d, lo_hi, extra, out)
-    return (total ** (1.0 / p)).astype(x.dtype)
-
-
-@builtin("GlobalAveragePool")
-def global_average_pool(ctx, x):
-    """GlobalAveragePool(X) -> Y: mean over all spatial axes, kept as size 1."""
-    x = jnp.asarray(x)
-    return jnp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True)
-
-
-@builtin("GlobalMaxPool")
-def global_max_pool(ctx, x):
-    """GlobalMaxPool(X) -> Y: max over all spatial axes, kept as size 1."""
-    x = jnp.asarray(x)
-    return jnp.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
-
-
-@builtin("GlobalLpPool", attrs={"p": 2})
-def global_lp_pool(ctx, x, *, p):
-    """GlobalLpPool(X) -> Y: the p-norm over all spatial axes, kept as size 1."""
-    x = jnp.asarray(x)
-    p = float(p)
-    total = jnp.sum(jnp.abs(x) ** p, axis=tuple(range(2, x.ndim)), keepdims=True)
-    return (total ** (1.0 / p)).astype(x.dtype)
-
-
-@builtin("MaxUnpool", attrs={"kernel_shape": REQUIRED, "pads": None, "strides": None})
-def max_unpool(ctx, x, indices, output_shape=None, *, kernel_shape, pads, strides):
-    """MaxUnpool(X, I, output_shape?) -> Y: scatter X to the flat positions I, zeros elsewhere."""
-    x = jnp.asarray(x)
-    n = x.ndim - 2
-    s = shapes.ints(strides, n, 1)
-    p = shapes.ints(pads, 2 * n, 0)
-    inferred = list(x.shape[:2]) + [
-        (x.shape[i + 2] - 1) * s[i] - (p[i] + p[i + n]) + int(kernel_shape[i]) for i in range(n)
-    ]
-    flat = jnp.zeros((int(np.prod(inferred)),), x.dtype)
-    flat = flat.at[jnp.asarray(indices).reshape(-1)].set(x.reshape(-1), mode="drop")
-    y = flat.reshape(inferred)
-    if output_shape is None:
-        return y
-    shape = [int(v) for v in ctx.static(output_shape, "output_shape")]
-    pad = [(0, max(0, t - i)) for t, i in zip(shape, inferred, strict=True)]
-    return jnp.pad(y, pad)[tuple(slice(0, t) for t in shape)]
 
 
 @builtin("MaxRoiPool", attrs={"pooled_shape": REQUIRED, "spatial_scale": 1.0})
@@ -592,7 +378,7 @@ def lrn(ctx, x, *, alpha, beta, bias, size):
 # --------------------------------------------------------------------------- dropout
 
 
-@builtin("Dropout", attrs={"seed": None, "ratio": 0.5, "is_test": 0, "consumed_inputs": None})
+@builtin("Dropout", attrs=DROPOUT_ATTRS)
 def dropout(ctx, x, *inputs, seed, ratio, is_test, consumed_inputs):
     """Dropout(data, ratio?, training_mode?) -> (output, mask?): identity unless training.
 
@@ -600,13 +386,7 @@ def dropout(ctx, x, *inputs, seed, ratio, is_test, consumed_inputs):
     attribute and train only when is_test=0 (opset < 7).
     """
     x = jnp.asarray(x)
-    if ctx.opset >= 12:
-        rate = inputs[0] if inputs and inputs[0] is not None else 0.5
-        flag = inputs[1] if len(inputs) > 1 else None
-        training = flag is not None and bool(ctx.static(flag, "training_mode"))
-    else:
-        rate = ratio
-        training = ctx.opset < 7 and not is_test
+    rate, training = dropout_mode(ctx, inputs, ratio, is_test)
     mask_dtype = (ctx.output_dtype(1) if len(ctx.output_values) > 1 else None) or np.bool_
     if not training:
         return x, jnp.ones(x.shape, dtype=mask_dtype)
@@ -616,124 +396,92 @@ def dropout(ctx, x, *inputs, seed, ratio, is_test, consumed_inputs):
     return jnp.where(keep, x * scale, jnp.zeros((), x.dtype)), keep.astype(mask_dtype)
 
 
-# --------------------------------------------------------------------------- sampling
+# --------------------------------------------------------------------------- the kernel
 
 
-def _reflect(c, lo: float, hi: float):
-    """Reflect coordinates into [lo, hi] by the nearer border, repeatedly (as ONNX does)."""
-    span = hi - lo
-    if span <= 0:
-        return jnp.full_like(c, lo)
-    below = lo - c
-    nb = jnp.floor(below / span)
-    rb = below - nb * span
-    refl_lo = jnp.where(jnp.mod(nb, 2) == 0, lo + rb, hi - rb)
-    above = c - hi
-    na = jnp.floor(above / span)
-    ra = above - na * span
-    refl_hi = jnp.where(jnp.mod(na, 2) == 0, hi - ra, lo + ra)
-    return jnp.where(c < lo, refl_lo, jnp.where(c > hi, refl_hi, c))
+def _pool(kind, x, kernel, s, d, lo_hi, extra, out, indices=False):
+    if kind == "sum":
+        return _window(x, np.array(0, x.dtype), lax.add, kernel, s, d, lo_hi, extra, out)
+    if any(di > 1 for di in d):
+        y = _dilated_max(x, kernel, s, d, lo_hi, extra, out)
+    else:
+        y = _window(x, _lowest(x.dtype), lax.max, kernel, s, d, lo_hi, extra, out)
+    if not indices:
+        return y
+    # Indices come from a (value, index) window reduction; Y stays on the differentiable path.
+    spatial = x.shape[2:]
+    size = int(np.prod(spatial))
+    flat = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32).reshape(spatial), x.shape)
+
+    def pick(a, b):
+        take_a = (a[0] > b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
+        return jnp.where(take_a, a[0], b[0]), jnp.where(take_a, a[1], b[1])
+
+    init = (_lowest(x.dtype), np.array(np.iinfo(np.int32).max, np.int32))
+    _, idx = _window((x, flat), init, pick, kernel, s, d, lo_hi, extra, out)
+    return y, idx
 
 
-def _cubic_coeffs(t):
-    a = -0.75
-    t1, t2 = t + 1, 1 - t
-    return [
-        ((a * t1 - 5 * a) * t1 + 8 * a) * t1 - 4 * a,
-        ((a + 2) * t - (a + 3)) * t * t + 1,
-        ((a + 2) * t2 - (a + 3)) * t2 * t2 + 1,
-        ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a,
-    ]
-
-
-@builtin("GridSample", attrs={"align_corners": 0, "mode": "linear", "padding_mode": "zeros"})
-def grid_sample(ctx, x, grid, *, align_corners, mode, padding_mode):
-    """GridSample(X, grid) -> Y: sample X at normalised grid points ([-1, 1], last axis x, y, ...)."""
-    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
-    if mode not in ("linear", "nearest", "cubic"):
-        raise ctx.error(f"mode={mode!r}; supported: linear, nearest, cubic (bilinear, bicubic)")
-    if padding_mode not in ("zeros", "border", "reflection"):
-        raise ctx.error(f"padding_mode={padding_mode!r}; supported: zeros, border, reflection")
-    return _grid_sample_impl(
-        jnp.asarray(x),
-        jnp.asarray(grid),
-        align_corners=bool(align_corners),
-        mode=mode,
-        padding_mode=padding_mode,
+@functools.cache
+def _jitted(fn):
+    return jax.jit(
+        functools.partial(fn, NN_KERNEL), static_argnames=("align_corners", "mode", "padding_mode")
     )
 
 
-@functools.partial(jax.jit, static_argnames=("align_corners", "mode", "padding_mode"))
-def _grid_sample_impl(x, grid, *, align_corners, mode, padding_mode):
-    n = x.ndim - 2
-    nb, c = x.shape[:2]
-    dims = x.shape[2:]
-    out_sp = grid.shape[1:-1]
-    m = int(np.prod(out_sp))
-    g = grid.reshape(nb, m, n).astype(x.dtype)
-    coords, borders = [], []
-    for i, size in enumerate(dims):
-        u = g[:, :, n - 1 - i]  # the grid's last axis lists the innermost dimension first
-        if align_corners:
-            coords.append((u + 1) / 2 * (size - 1))
-            borders.append((0.0, size - 1.0))
-        else:
-            coords.append(((u + 1) * size - 1) / 2)
-            borders.append((-0.5, size - 0.5))
-    if mode == "nearest":
-        coords = [jnp.round(q) for q in coords]  # half to even, like PyTorch
-    if padding_mode == "border":
-        coords = [jnp.clip(q, 0, size - 1) for q, size in zip(coords, dims, strict=True)]
-    elif padding_mode == "reflection":
-        coords = [_reflect(q, *bd) for q, bd in zip(coords, borders, strict=True)]
-    data = x.reshape(nb, 1, c, -1)
+class JaxNnKernel:
+    """The JAX side of :mod:`xconv.converters.ops.nn`."""
 
-    def fetch(index):  # integer coords per dim (N, M) -> (N, C, M)
-        fixed = []
-        for q, size, bd in zip(index, dims, borders, strict=True):
-            if padding_mode == "border":
-                q = jnp.clip(q, 0, size - 1)
-            elif padding_mode == "reflection":
-                q = jnp.trunc(_reflect(q.astype(x.dtype), *bd)).astype(jnp.int32)
-                q = jnp.clip(q, 0, size - 1)
-            fixed.append(q[:, None, :])
-        return _gather_nd_points(data, fixed, dims, "zeros")[:, 0]
+    xp = jnp
+    asarray = staticmethod(jnp.asarray)
+    pool = staticmethod(_pool)
 
-    if mode == "nearest":
-        y = fetch([q.astype(jnp.int32) for q in coords])
-    else:
-        taps = (0, 1) if mode == "linear" else (-1, 0, 1, 2)
-        base = [jnp.floor(q) for q in coords]
-        frac = [q - b0 for q, b0 in zip(coords, base, strict=True)]
-        if mode == "linear":
-            weights = [[1 - f, f] for f in frac]
-        else:
-            weights = [_cubic_coeffs(f) for f in frac]
-        base = [b0.astype(jnp.int32) for b0 in base]
-        y = 0
-        for combo in itertools.product(range(len(taps)), repeat=n):
-            w = 1
-            for i, t in enumerate(combo):
-                w = w * weights[i][t]
-            y = y + w[:, None, :] * fetch([b0 + taps[t] for b0, t in zip(base, combo, strict=True)])
-    return y.reshape((nb, c) + tuple(out_sp)).astype(x.dtype)
+    @staticmethod
+    def constant(a, dtype, like):
+        return jnp.asarray(a, dtype)
+
+    @staticmethod
+    def index(x):
+        return x.astype(jnp.int32)
+
+    @staticmethod
+    def conv(x, w, strides, padding, dilations, groups, lhs_dilation):
+        return lax.conv_general_dilated(
+            x,
+            w,
+            tuple(strides),
+            padding,
+            lhs_dilation=tuple(lhs_dilation),
+            rhs_dilation=tuple(dilations),
+            feature_group_count=groups,
+        )
+
+    @staticmethod
+    def gather_points(data, coords, dims):
+        nb, c, p = data.shape
+        points = [q[:, None, :] for q in coords]
+        return _gather_nd_points(data.reshape(nb, 1, c, p), points, dims, "zeros")[:, 0]
+
+    @staticmethod
+    def sample(fn, x, grid, **static):
+        return _jitted(fn)(x, grid, **static)
+
+    @staticmethod
+    def scatter_add(x, index, total):
+        nb, c, _ = x.shape
+        return jnp.zeros((nb, c, total), x.dtype).at[:, :, index].add(x)
+
+    @staticmethod
+    def scatter(flat_len, index, values):
+        return jnp.zeros((flat_len,), values.dtype).at[index].set(values, mode="drop")
+
+    @staticmethod
+    def pad_crop(y, shape):
+        pad = [(0, max(0, t - i)) for t, i in zip(shape, y.shape, strict=True)]
+        return jnp.pad(y, pad)[tuple(slice(0, t) for t in shape)]
 
 
-@builtin("AffineGrid", attrs={"align_corners": 0})
-def affine_grid(ctx, theta, size, *, align_corners):
-    """AffineGrid(theta, size) -> grid: normalised sampling points theta @ (x, y[, z], 1)."""
-    theta = jnp.asarray(theta)
-    shape = [int(v) for v in ctx.static(size, "size")]
-    spatial = shape[2:]
-    axes = []
-    for s in spatial:
-        if align_corners:
-            axes.append(np.linspace(-1.0, 1.0, s) if s > 1 else np.zeros(1))
-        else:
-            axes.append((np.arange(s) * 2.0 + 1.0) / s - 1.0)
-    mesh = np.meshgrid(*axes, indexing="ij")
-    # Homogeneous points ordered innermost dimension first: (x, y[, z], 1).
-    pts = np.stack([*mesh[::-1], np.ones_like(mesh[0])], axis=-1).reshape(-1, len(spatial) + 1)
-    pts = jnp.asarray(pts, theta.dtype)
-    grid = jnp.einsum("pk,njk->npj", pts, theta)
-    return grid.reshape((theta.shape[0], *spatial, len(spatial)))
+NN_KERNEL = JaxNnKernel()
+register_conv_ops(builtin, NN_KERNEL)
+register_pool_ops(builtin, NN_KERNEL, REQUIRED)
+register_sampling_ops(builtin, NN_KERNEL)

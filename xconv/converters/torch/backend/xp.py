@@ -36,7 +36,10 @@ def from_numpy(y: Any, like: Any = None) -> Any:
 
 
 bool_ = torch.bool
+float16 = torch.float16
+bfloat16 = torch.bfloat16
 float32 = torch.float32
+float64 = torch.float64
 int64 = torch.int64
 iinfo = torch.iinfo
 abs = torch.abs  # noqa: A001 - numpy's name
@@ -55,6 +58,7 @@ reshape = torch.reshape
 negative = torch.negative
 reciprocal = torch.reciprocal
 ceil = torch.ceil
+trunc = torch.trunc
 floor = torch.floor
 sign = torch.sign
 sin = torch.sin
@@ -94,6 +98,14 @@ asarray = torch.asarray
 equal = torch.eq  # elementwise; torch.equal compares whole tensors
 rint = torch.round  # both round half to even
 power = torch.pow
+matmul = torch.matmul
+swapaxes = torch.swapaxes
+moveaxis = torch.movedim
+einsum = torch.einsum
+
+
+def stack(arrays, axis=0):
+    return torch.stack(list(arrays), dim=axis)
 
 
 def _tensor(b: Any, like: Any) -> Any:

@@ -1,0 +1,56 @@
+"""The op families written once in ``xconv.converters.ops`` are what both runtimes run: each
+runtime's built-in handler for these ops is the shared definition, not a copy of it."""
+
+from __future__ import annotations
+
+import pytest
+
+#: shared module -> (domain, op type) it defines for both runtimes.
+SHARED = {
+    "xconv.converters.ops.attention": [
+        ("", "Attention"),
+        ("", "RotaryEmbedding"),
+        ("", "SwiGLU"),
+        ("", "TensorScatter"),
+        ("", "LinearAttention"),
+        ("", "CausalConvWithState"),
+        ("ai.onnx.preview", "FlexAttention"),
+    ],
+    "xconv.converters.ops.nn": [
+        ("", op)
+        for op in (
+            "Conv",
+            "ConvTranspose",
+            "Col2Im",
+            "MaxPool",
+            "AveragePool",
+            "LpPool",
+            "GlobalAveragePool",
+            "GlobalMaxPool",
+            "GlobalLpPool",
+            "MaxUnpool",
+            "GridSample",
+            "AffineGrid",
+        )
+    ],
+}
+
+
+def _registry(framework: str):
+    pytest.importorskip(framework)
+    if framework == "jax":
+        from xconv.converters.jax.registry import registry
+    else:
+        import xconv.converters.torch.backend  # noqa: F401 - registers the handlers
+        from xconv.converters.torch.backend.registry import registry
+    return registry
+
+
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+@pytest.mark.parametrize("module", sorted(SHARED))
+def test_runtime_handler_is_the_shared_definition(framework, module):
+    registry = _registry(framework)
+    for domain, op in SHARED[module]:
+        handler, reason = registry.lookup(domain, op, 30)
+        assert handler is not None, reason
+        assert handler.fn.__module__ == module, (op, handler.fn.__module__)
