@@ -68,7 +68,7 @@ ck = r.checkpoint_bytes
 import xconv.weights.shards as sh
 index = sh.CheckpointIndex({ckpt!r})
 print(json.dumps({{"trace_s": marks["writing"] - t0, "write_s": t2 - marks["writing"],
-    "total_s": t2 - t0, "early": r.stream.early,
+    "total_s": t2 - t0, "early": r.stream.early, "route": r.route,
     "wait_s": t2 - marks.get("waiting", t2),
     "bytes_written": r.stream.bytes_written, "largest_shard": index.largest_shard_bytes(),
     "read_once": all(n == sum(x.nbytes for x in index.tensors.values()
@@ -260,26 +260,44 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale.md")
     ap.add_argument("--note", action="append", default=[], help="A line added under the table.")
     a = ap.parse_args(argv)
-    load = os.getloadavg()
-    rows = []
+    store = a.out.with_name("scale_stream.json")  # every measured row, by label
+    kept = json.loads(store.read_text()) if store.is_file() else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
     for ckpt, label in zip(a.checkpoint, a.label, strict=True):
         work = Path(tempfile.mkdtemp(prefix="xconv-stream-", dir=a.work))
+        load = os.getloadavg()
         try:
-            rows.append((label, measure(ckpt, work, forward=not a.no_forward)))
-            print(label, json.dumps(rows[-1][1]), flush=True)
+            row = measure(ckpt, work, forward=not a.no_forward)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        # The table is rewritten after every checkpoint, so a later one that fails or runs out
-        # of time leaves the rows measured so far.
         after = os.getloadavg()
-        note = (
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; load average {load[0]:.1f} "
-            f"before, {after[0]:.1f} after (a shared machine: wall times are noisy)."
-        )
-        section = render(rows, "\n".join([note, *a.note]))
+        row["run"] = {"load_before": load[0], "load_after": after[0], "commit": commit,
+                      "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}  # fmt: skip
+        print(label, json.dumps(row), flush=True)
+        # Rows are kept by label and the table rewritten after every checkpoint, so a later one
+        # that fails or runs out of time leaves the rows measured so far.
+        kept[label] = row
+        store.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+        rows = sorted(kept.items(), key=lambda kv: -kv[1]["bytes"])
+        section = render(rows, "\n".join([*_run_notes(rows), *a.note]))
         write_section(a.out, section)
         print(section, flush=True)
 
+
+def _run_notes(rows: list[tuple[str, dict]]) -> list[str]:
+    """One line per row: the trace route, the commit and the load it was measured under."""
+    notes = []
+    for label, r in rows:
+        run = r.get("run", {})
+        route = r["convert"].get("route") or "full trace"
+        notes.append(
+            f"- {label}: {route}. Measured at {run.get('commit', '?')} on "
+            f"{run.get('machine', '?')}, load average {run.get('load_before', float('nan')):.1f} "
+            f"before, {run.get('load_after', float('nan')):.1f} after (a shared machine: wall "
+            "times are noisy)."
+        )
+    return notes
 
 if __name__ == "__main__":
     main()

@@ -352,6 +352,7 @@ class CheckpointResult:
     checkpoint_bytes: int
     parity: Any = None
     targets: list[Target] = field(default_factory=list, repr=False)
+    route: str = ""  # how the module was traced (``Traced.route``)
 
     @property
     def passed(self) -> bool:
@@ -519,7 +520,9 @@ def _write_staged(
         parity.to_json(stage / "parity.json")
     _replace_dir(stage, out)
     files = sorted(p for p in out.rglob("*") if p.is_file())
-    return CheckpointResult(out, files, report, traced.index.nbytes, parity, targets)
+    return CheckpointResult(
+        out, files, report, traced.index.nbytes, parity, targets, route=traced.route
+    )
 
 
 def _write_flax(
