@@ -299,5 +299,6 @@ def _run_notes(rows: list[tuple[str, dict]]) -> list[str]:
         )
     return notes
 
+
 if __name__ == "__main__":
     main()
