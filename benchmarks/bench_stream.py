@@ -140,7 +140,7 @@ def evict(ckpt: Path) -> None:
             os.close(fd)
 
 
-def measure(ckpt: Path, work: Path, forward: bool = True) -> dict:
+def measure(ckpt: Path, work: Path, forward: bool = True, sequential: bool = True) -> dict:
     cfg = str(ckpt / "config.json")
     vocab = json.loads(Path(cfg).read_text())["vocab_size"]
     floor_out = work / "floor"
@@ -152,11 +152,14 @@ def measure(ckpt: Path, work: Path, forward: bool = True) -> dict:
     shutil.rmtree(floor_out)
     # One output on disk at a time (a 7 B one is 13 GiB).
     seq_out = work / "sequential"
-    evict(ckpt)
-    seq, seq_s, seq_peak = _child(
-        _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(seq_out), early=False)
-    )
-    shutil.rmtree(seq_out, ignore_errors=True)
+    seq = None
+    if sequential:
+        evict(ckpt)
+        seq_row, seq_s, seq_peak = _child(
+            _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(seq_out), early=False)
+        )
+        seq = {"s": seq_s, "peak_gib": seq_peak, **seq_row}
+        shutil.rmtree(seq_out, ignore_errors=True)
     out = work / "flax"
     evict(ckpt)
     conv, conv_s, conv_peak = _child(
@@ -171,7 +174,7 @@ def measure(ckpt: Path, work: Path, forward: bool = True) -> dict:
         "largest_shard": conv["largest_shard"],
         "floor": {"s": floor_s, "peak_gib": floor_peak, "copy_s": floor["s"]},
         "convert": {"s": conv_s, "peak_gib": conv_peak, **conv},
-        "sequential": {"s": seq_s, "peak_gib": seq_peak, **seq},
+        "sequential": seq,
         "parity": {"wall_s": par_s, "peak_gib": par_peak, **par},
     }
     if forward:
@@ -190,7 +193,7 @@ def render(rows: list[tuple[str, dict]], note: str) -> str:
     ]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, r in rows:
-        c, f, p, q = r["convert"], r["floor"], r["parity"], r["sequential"]
+        c, f, p, q = r["convert"], r["floor"], r["parity"], r.get("sequential")
         budget = r["largest_shard"] / 2**30 + 2
         verdict = "passed" if p["passed"] else f"FAILED ({p['first']})"
         fwd = r.get("forward")
@@ -208,10 +211,11 @@ def render(rows: list[tuple[str, dict]], note: str) -> str:
                 f"{c['s']:.0f} / {c['peak_gib']:.2f}" + ("" if c["early"] else " (streamed again)"),
                 f"{c['trace_s']:.0f}; {c['write_s']:.0f}",
                 f"{c['s'] / f['s']:.2f}x",
-                f"{q['trace_s']:.0f} + {q['write_s']:.0f} = {q['s']:.0f} / {q['peak_gib']:.2f}",
-                f"{q['s'] / f['s']:.2f}x",
+                f"{q['trace_s']:.0f} + {q['write_s']:.0f} = {q['s']:.0f} / {q['peak_gib']:.2f}"
+                if q else "not run",
+                f"{q['s'] / f['s']:.2f}x" if q else "-",
                 f"{budget:.2f}"
-                + (" ok" if max(c["peak_gib"], q["peak_gib"]) <= budget else " EXCEEDED"),
+                + (" ok" if max(c["peak_gib"], (q or c)["peak_gib"]) <= budget else " EXCEEDED"),
                 f"{verdict}: {p['blocks_passed']}/{p['blocks']} blocks, {p['weights_checked']} "
                 f"written weights bit-equal; {p['wall_s']:.0f} s, peak {p['peak_gib']:.1f} GiB",
                 fcell,
@@ -257,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--label", action="append", required=True)
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--no-forward", action="store_true")
+    ap.add_argument("--no-sequential", action="store_true", help="Skip the trace-then-stream run.")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale.md")
     ap.add_argument("--note", action="append", default=[], help="A line added under the table.")
     a = ap.parse_args(argv)
@@ -268,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tempfile.mkdtemp(prefix="xconv-stream-", dir=a.work))
         load = os.getloadavg()
         try:
-            row = measure(ckpt, work, forward=not a.no_forward)
+            row = measure(ckpt, work, forward=not a.no_forward, sequential=not a.no_sequential)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         after = os.getloadavg()

@@ -195,6 +195,7 @@ class _Plan:
     names: tuple[dict[int, dict[str, str]], dict[str, str]]  # wanted copy / later names
     fx_names: dict[int, dict[str, str]] = field(default_factory=dict)  # k -> {tpl: copy}
     after: dict[str, str] = field(default_factory=dict)  # names after the list, renamed
+    ir_meta: list[tuple] = field(default_factory=list)  # per IR node: fx name, scopes, props
 
 
 _COUNTED = re.compile(r"^(.*?)(?:_(\d+))?$")
@@ -570,6 +571,7 @@ def _replicate_ir(model: ir.Model, plan: _Plan, tensors: Mapping[str, torch.Tens
     readers_after = {id(o): [(u, i) for u, i in o.uses() if u not in set(nodes)] for o in outs}
     graph_outputs = {id(o): [i for i, v in enumerate(graph.outputs) if v is o] for o in outs}
     _rename_after(graph, nodes[-1], plan.after)
+    plan.ir_meta = [_ir_meta(n) for n in nodes]
     prev = outs
     anchor = nodes[-1]
     new_inits: list[ir.Value] = []
@@ -624,14 +626,13 @@ def _copy_ir(
         return v  # shared with every entry
 
     made = []
-    for node in nodes:
+    for node, (fx_name, scopes, kept) in zip(nodes, plan.ir_meta, strict=True):
         attrs = [ir.Attr(a.name, a.type, a.value) for a in node.attributes.values()]
-        props = {key: rename(p) for key, p in node.metadata_props.items()}
-        fx_name = _fx_name(node)
-        if fx_name in fx_names and _NAME_SCOPES in props:
-            scopes = ast.literal_eval(props[_NAME_SCOPES])
-            scopes[-1] = fx_names[fx_name]
-            props[_NAME_SCOPES] = repr(scopes)
+        props = dict(kept)
+        if scopes is not None:
+            props[_NAME_SCOPES] = repr(
+                [rename(p) for p in scopes[:-1]] + [fx_names.get(scopes[-1], scopes[-1])]
+            )
         new = ir.Node(
             node.domain,
             node.op_type,
@@ -651,6 +652,27 @@ def _copy_ir(
             local[id(o)] = n
         made.append(new)
     return made, list(inits.values()), [local[id(o)] for o in outs]
+
+
+_KEPT = (_NAME_SCOPES, "pkg.torch.onnx.class_hierarchy", "pkg.torch.onnx.stack_trace")
+
+
+def _ir_meta(node: ir.Node) -> tuple[str | None, list | None, dict[str, str]]:
+    """What a copy of ``node`` needs: its FX name, its scopes, and the metadata the importer
+    reads (the rest of torch.onnx's metadata, dropped by ``annotate``, is not copied)."""
+    props = {
+        k: v
+        for k, v in node.metadata_props.items()
+        if k in _KEPT or not (k.startswith("pkg.torch.") or k == "namespace")
+    }
+    raw = props.get(_NAME_SCOPES)
+    scopes = None
+    if raw:
+        try:
+            scopes = ast.literal_eval(raw) or None
+        except (ValueError, SyntaxError):
+            scopes = None
+    return (scopes[-1] if scopes else None), scopes, props
 
 
 def _node_name(name: str | None, fx_name: str | None, fx_names: Mapping[str, str], k: int):
