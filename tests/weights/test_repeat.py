@@ -146,3 +146,19 @@ def test_find_repeated_needs_one_class_and_equal_shapes():
     same.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
     found, why = find_repeated(same)
     assert (found.path, found.length, why) == ("layers", 3, "")
+
+
+def test_a_copy_that_fails_falls_back_to_the_full_trace(tmp_path, monkeypatch):
+    import xconv.converters.torch.repeat as repeat
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated")
+
+    monkeypatch.setattr(repeat, "_replicate_ir", broken)
+    module, weights, config, _ = _checkpoint(tmp_path, "uniform", layers=3)
+    traced = from_checkpoint(
+        module, weights, config=config, example_inputs=(np.ones((1, 4), np.float32),)
+    )
+    assert traced.route == "full trace (copying blocks failed: ['simulated'])"
+    scopes = {n.metadata_props.get("xconv.scope") or "" for n in traced.model.graph}
+    assert any(s.startswith("blocks.2") for s in scopes)

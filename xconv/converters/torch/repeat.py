@@ -171,8 +171,12 @@ def trace_repeated(
         return None, str(e)
     tensors = dict(module.named_parameters(remove_duplicate=False))
     tensors.update(module.named_buffers(remove_duplicate=False))
-    program = _replicate_program(program, plan, tensors)
-    _replicate_ir(model, plan, tensors)
+    try:
+        program = _replicate_program(program, plan, tensors)
+        _replicate_ir(model, plan, tensors)
+    except Exception as e:  # a case the checks above missed: the full trace is always right
+        logger.warning("copying %s failed, tracing it in full: %s", found.path, e)
+        return None, f"copying {found.path} failed: {str(e).splitlines()[:1]}"
     note = (
         f"traced {found.path} with {KEEP} of {found.length} entries; "
         f"entries {KEEP}..{found.length - 1} copied from entry {KEEP - 1}"
