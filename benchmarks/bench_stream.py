@@ -68,7 +68,7 @@ ck = r.checkpoint_bytes
 import xconv.weights.shards as sh
 index = sh.CheckpointIndex({ckpt!r})
 print(json.dumps({{"trace_s": marks["writing"] - t0, "write_s": t2 - marks["writing"],
-    "total_s": t2 - t0, "early": r.stream.early,
+    "total_s": t2 - t0, "early": r.stream.early, "route": r.route,
     "wait_s": t2 - marks.get("waiting", t2),
     "bytes_written": r.stream.bytes_written, "largest_shard": index.largest_shard_bytes(),
     "read_once": all(n == sum(x.nbytes for x in index.tensors.values()
@@ -140,7 +140,7 @@ def evict(ckpt: Path) -> None:
             os.close(fd)
 
 
-def measure(ckpt: Path, work: Path, forward: bool = True) -> dict:
+def measure(ckpt: Path, work: Path, forward: bool = True, sequential: bool = True) -> dict:
     cfg = str(ckpt / "config.json")
     vocab = json.loads(Path(cfg).read_text())["vocab_size"]
     floor_out = work / "floor"
@@ -152,11 +152,14 @@ def measure(ckpt: Path, work: Path, forward: bool = True) -> dict:
     shutil.rmtree(floor_out)
     # One output on disk at a time (a 7 B one is 13 GiB).
     seq_out = work / "sequential"
-    evict(ckpt)
-    seq, seq_s, seq_peak = _child(
-        _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(seq_out), early=False)
-    )
-    shutil.rmtree(seq_out, ignore_errors=True)
+    seq = None
+    if sequential:
+        evict(ckpt)
+        seq_row, seq_s, seq_peak = _child(
+            _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(seq_out), early=False)
+        )
+        seq = {"s": seq_s, "peak_gib": seq_peak, **seq_row}
+        shutil.rmtree(seq_out, ignore_errors=True)
     out = work / "flax"
     evict(ckpt)
     conv, conv_s, conv_peak = _child(
@@ -171,7 +174,7 @@ def measure(ckpt: Path, work: Path, forward: bool = True) -> dict:
         "largest_shard": conv["largest_shard"],
         "floor": {"s": floor_s, "peak_gib": floor_peak, "copy_s": floor["s"]},
         "convert": {"s": conv_s, "peak_gib": conv_peak, **conv},
-        "sequential": {"s": seq_s, "peak_gib": seq_peak, **seq},
+        "sequential": seq,
         "parity": {"wall_s": par_s, "peak_gib": par_peak, **par},
     }
     if forward:
@@ -190,7 +193,7 @@ def render(rows: list[tuple[str, dict]], note: str) -> str:
     ]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, r in rows:
-        c, f, p, q = r["convert"], r["floor"], r["parity"], r["sequential"]
+        c, f, p, q = r["convert"], r["floor"], r["parity"], r.get("sequential")
         budget = r["largest_shard"] / 2**30 + 2
         verdict = "passed" if p["passed"] else f"FAILED ({p['first']})"
         fwd = r.get("forward")
@@ -208,10 +211,11 @@ def render(rows: list[tuple[str, dict]], note: str) -> str:
                 f"{c['s']:.0f} / {c['peak_gib']:.2f}" + ("" if c["early"] else " (streamed again)"),
                 f"{c['trace_s']:.0f}; {c['write_s']:.0f}",
                 f"{c['s'] / f['s']:.2f}x",
-                f"{q['trace_s']:.0f} + {q['write_s']:.0f} = {q['s']:.0f} / {q['peak_gib']:.2f}",
-                f"{q['s'] / f['s']:.2f}x",
+                f"{q['trace_s']:.0f} + {q['write_s']:.0f} = {q['s']:.0f} / {q['peak_gib']:.2f}"
+                if q else "not run",
+                f"{q['s'] / f['s']:.2f}x" if q else "-",
                 f"{budget:.2f}"
-                + (" ok" if max(c["peak_gib"], q["peak_gib"]) <= budget else " EXCEEDED"),
+                + (" ok" if max(c["peak_gib"], (q or c)["peak_gib"]) <= budget else " EXCEEDED"),
                 f"{verdict}: {p['blocks_passed']}/{p['blocks']} blocks, {p['weights_checked']} "
                 f"written weights bit-equal; {p['wall_s']:.0f} s, peak {p['peak_gib']:.1f} GiB",
                 fcell,
@@ -257,28 +261,48 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--label", action="append", required=True)
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--no-forward", action="store_true")
+    ap.add_argument("--no-sequential", action="store_true", help="Skip the trace-then-stream run.")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale.md")
     ap.add_argument("--note", action="append", default=[], help="A line added under the table.")
     a = ap.parse_args(argv)
-    load = os.getloadavg()
-    rows = []
+    store = a.out.with_name("scale_stream.json")  # every measured row, by label
+    kept = json.loads(store.read_text()) if store.is_file() else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
     for ckpt, label in zip(a.checkpoint, a.label, strict=True):
         work = Path(tempfile.mkdtemp(prefix="xconv-stream-", dir=a.work))
+        load = os.getloadavg()
         try:
-            rows.append((label, measure(ckpt, work, forward=not a.no_forward)))
-            print(label, json.dumps(rows[-1][1]), flush=True)
+            row = measure(ckpt, work, forward=not a.no_forward, sequential=not a.no_sequential)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        # The table is rewritten after every checkpoint, so a later one that fails or runs out
-        # of time leaves the rows measured so far.
         after = os.getloadavg()
-        note = (
-            f"Machine: {platform.machine()}, {os.cpu_count()} CPUs; load average {load[0]:.1f} "
-            f"before, {after[0]:.1f} after (a shared machine: wall times are noisy)."
-        )
-        section = render(rows, "\n".join([note, *a.note]))
+        row["run"] = {"load_before": load[0], "load_after": after[0], "commit": commit,
+                      "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}  # fmt: skip
+        print(label, json.dumps(row), flush=True)
+        # Rows are kept by label and the table rewritten after every checkpoint, so a later one
+        # that fails or runs out of time leaves the rows measured so far.
+        kept[label] = row
+        store.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
+        rows = sorted(kept.items(), key=lambda kv: -kv[1]["bytes"])
+        section = render(rows, "\n".join([*_run_notes(rows), *a.note]))
         write_section(a.out, section)
         print(section, flush=True)
+
+
+def _run_notes(rows: list[tuple[str, dict]]) -> list[str]:
+    """One line per row: the trace route, the commit and the load it was measured under."""
+    notes = []
+    for label, r in rows:
+        run = r.get("run", {})
+        route = r["convert"].get("route") or "full trace"
+        notes.append(
+            f"- {label}: {route}. Measured at {run.get('commit', '?')} on "
+            f"{run.get('machine', '?')}, load average {run.get('load_before', float('nan')):.1f} "
+            f"before, {run.get('load_after', float('nan')):.1f} after (a shared machine: wall "
+            "times are noisy)."
+        )
+    return notes
 
 
 if __name__ == "__main__":

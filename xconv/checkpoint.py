@@ -65,6 +65,8 @@ class Traced:
         meta: The weightless module, its expected entries and ties.
         inputs: The example inputs it was traced with.
         program: The weightless ``torch.export`` program (the layerwise reference).
+        route: How it was traced: ``"full trace (why)"``, or the repeated list traced with
+            two entries and copied (:mod:`xconv.converters.torch.repeat`).
     """
 
     model: ir.Model
@@ -72,6 +74,7 @@ class Traced:
     meta: Any
     inputs: tuple[Any, ...]
     program: Any = None
+    route: str = "full trace"
 
     @property
     def sources(self) -> dict[str, str]:
@@ -94,6 +97,7 @@ def from_checkpoint(
     dynamic_batch: bool = False,
     input_shapes: tuple[str, ...] = (),
     on_checked: Callable[[CheckpointIndex, Any], None] | None = None,
+    repeat: bool = True,
 ) -> Traced:
     """Trace ``module`` on fake parameters and point its IR weights into ``weights``.
 
@@ -108,6 +112,9 @@ def from_checkpoint(
         input_shapes: ``--input-shape`` strings instead of ``example_inputs``.
         on_checked: Called with the index and the weightless module (``MetaModule``) once the
             checkpoint was checked against it, before the trace (the early stream starts here).
+        repeat: Trace a list of interchangeable blocks (decoder layers) with two entries and
+            copy the second for the rest (:mod:`xconv.converters.torch.repeat`); it falls back
+            to the full trace when its preconditions do not hold (``Traced.route`` says which).
 
     Raises:
         WeightsError: The checkpoint does not fit the module (every problem listed).
@@ -137,8 +144,20 @@ def from_checkpoint(
     inputs = tuple(
         torch.as_tensor(np.asarray(x)) if isinstance(x, np.ndarray) else x for x in inputs
     )
-    program = _export(meta.module, inputs, dynamic_batch)
-    model, program = _to_ir_and_program(program)
+    route = "full trace"
+    repeated = None
+    if repeat:
+        from xconv.converters.torch.repeat import trace_repeated
+
+        repeated, why = trace_repeated(
+            meta.module, lambda m: _to_ir_and_program(_export(m, inputs, dynamic_batch))
+        )
+        route = repeated.note if repeated is not None else f"full trace ({why})"
+    if repeated is not None:
+        model, program = repeated.model, repeated.program
+    else:
+        model, program = _to_ir_and_program(_export(meta.module, inputs, dynamic_batch))
+    logger.info("trace route: %s", route)
     names = set(model.graph.initializers)
     state = {k: v for k, v in meta.module.state_dict().items() if k in names}
     import warnings
@@ -159,7 +178,7 @@ def from_checkpoint(
     ]
     if fake:
         raise ConversionError(f"weights with no checkpoint entry and no value: {fake[:10]}")
-    return Traced(model, index, meta, inputs, program)
+    return Traced(model, index, meta, inputs, program, route)
 
 
 def _to_ir_and_program(program: Any) -> tuple[ir.Model, Any]:
@@ -334,6 +353,7 @@ class CheckpointResult:
     checkpoint_bytes: int
     parity: Any = None
     targets: list[Target] = field(default_factory=list, repr=False)
+    route: str = ""  # how the module was traced (``Traced.route``)
 
     @property
     def passed(self) -> bool:
@@ -358,6 +378,7 @@ class CheckpointOptions:
         mesh: With ``partitioning``: the ``"DATAxMODEL"`` mesh the parts are placed on while
             written (default: the visible devices as ``1xN``; any mesh can restore them);
             given, the layerwise parity check runs the candidate blocks sharded on it.
+        repeat: Trace repeated blocks once and copy them (see :func:`from_checkpoint`).
     """
 
     api: str = "linen"
@@ -367,6 +388,7 @@ class CheckpointOptions:
     early: bool = True
     partitioning: Any = None
     mesh: Any = None
+    repeat: bool = True
 
     def __post_init__(self) -> None:
         if self.parity not in ("layerwise", "none"):
@@ -425,6 +447,7 @@ def convert_checkpoint(
             dynamic_batch=options.dynamic_batch,
             input_shapes=options.input_shapes,
             on_checked=start_early,
+            repeat=options.repeat,
         )
         return _write_staged(traced, target, out, stage, options, say, early[0] if early else None)
     finally:
@@ -506,7 +529,9 @@ def _write_staged(
         parity.to_json(stage / "parity.json")
     replace_dir(stage, out)
     files = sorted(p for p in out.rglob("*") if p.is_file())
-    return CheckpointResult(out, files, report, traced.index.nbytes, parity, targets)
+    return CheckpointResult(
+        out, files, report, traced.index.nbytes, parity, targets, route=traced.route
+    )
 
 
 def _write_flax(

@@ -177,6 +177,55 @@ def test_layerwise_parity_passes_every_block(traced, converted, tmp_path):
     assert any("layers.3" in n for n in names) and len(names) >= 6
 
 
+def _wiring(model) -> list[tuple]:
+    """Each node as (op, scope metadata, where each input comes from): the producing node's
+    position and output index, or an initializer / graph input by name (value names left out:
+    the copied layers' internal ``val_N`` names are not torch.onnx's)."""
+    graph = model.graph
+    position = {id(o): (i, j) for i, n in enumerate(graph) for j, o in enumerate(n.outputs)}
+
+    def source(v):
+        if v is None:
+            return None
+        return position.get(id(v), v.name)
+
+    rows = [(n.op_type, dict(n.metadata_props), [source(v) for v in n.inputs]) for n in graph]
+    return [*rows, [source(v) for v in graph.outputs]]
+
+
+def test_repeated_layers_traced_once_give_what_the_full_trace_gives(
+    checkpoint, traced, converted, tmp_path
+):
+    """The 4 decoder layers are traced as 2 and the second copied (the default): the graph,
+    its wiring, scopes, weights, FX program, generated model.py and written shards are those
+    of the full trace (its layerwise parity: test_layerwise_parity_passes_every_block)."""
+    assert traced.route.startswith("traced model.layers with 2 of 4 entries"), traced.route
+    full = from_checkpoint(LLAMA, checkpoint, config=checkpoint / "config.json", repeat=False)
+    assert full.route == "full trace"
+    assert len(traced.model.graph) == len(full.model.graph)
+    assert _wiring(traced.model) == _wiring(full.model)
+    assert list(traced.model.graph.initializers) == list(full.model.graph.initializers)
+    assert traced.sources == full.sources
+    assert dict(traced.model.metadata_props) == dict(full.model.metadata_props)
+    names = [n.name for n in traced.program.graph.nodes]
+    assert names == [n.name for n in full.program.graph.nodes]
+    assert any(n.endswith("_weight") and "layers_3" in n for n in names)
+
+    def specs(p):
+        return [(s.kind, s.arg.name, s.target) for s in p.graph_signature.input_specs]
+
+    assert specs(traced.program) == specs(full.program)
+    result, _ = converted
+    out = write_target(
+        full, target="flax", out_dir=tmp_path / "full", options=CheckpointOptions(parity="none")
+    )
+    assert (out.out_dir / "model.py").read_text() == (result.out_dir / "model.py").read_text()
+    mine = sorted(p.name for p in result.out_dir.iterdir())
+    assert mine == sorted(p.name for p in out.out_dir.iterdir())
+    for name in mine:
+        assert (out.out_dir / name).read_bytes() == (result.out_dir / name).read_bytes(), name
+
+
 def _early(traced, stage: Path, guesses=None):
     from xconv.checkpoint import guess_layouts, plan_flax
     from xconv.weights.stream import EarlyStream
