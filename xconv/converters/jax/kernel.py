@@ -8,7 +8,7 @@ import numpy as np
 from jax import lax
 
 from xconv.converters.jax.linalg import index_dtype
-from xconv.converters.ops.arrays import namespace
+from xconv.converters.ops.arrays import namespace, onnx_dtype
 
 
 class JaxKernel:
@@ -37,8 +37,15 @@ class JaxKernel:
         return lax.rsqrt(x) if xp is jnp else 1 / np.sqrt(x)
 
     @staticmethod
-    def constant(a):
+    def constant(a, like=None):
         return a  # numpy: folded at trace time
+
+    @staticmethod
+    def dtype(ctx, code, like=None):
+        """The numpy dtype of ONNX type ``code`` (``like``'s when 0 or absent)."""
+        if like is not None and not hasattr(like, "dtype"):
+            like = np.asarray(like)
+        return onnx_dtype(ctx, code, lambda t: np.dtype(t.numpy()), like)
 
     @staticmethod
     def materialize(xp, x):

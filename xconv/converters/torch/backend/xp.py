@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from xconv.converters.ops.arrays import namespace
-from xconv.converters.torch.backend.dtypes import numpy_only, to_tensor
+from xconv.converters.ops.arrays import namespace, onnx_dtype
+from xconv.converters.torch.backend.dtypes import numpy_only, to_tensor, torch_dtype
 
 
 def as_numpy(x: Any) -> Any:
@@ -252,6 +252,11 @@ class TorchKernel:
         return 1 / np.sqrt(x) if xp is np else torch.rsqrt(x)
 
     constant = staticmethod(from_numpy)
+
+    @staticmethod
+    def dtype(ctx, code, like=None):
+        """The torch dtype of ONNX type ``code`` (``like``'s when 0 or absent)."""
+        return onnx_dtype(ctx, code, torch_dtype, like)
 
     @staticmethod
     def materialize(xp, x):
