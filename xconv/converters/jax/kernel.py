@@ -41,6 +41,19 @@ class JaxKernel:
         return a  # numpy: folded at trace time
 
     @staticmethod
+    def pad(y, widths, mode, fill):
+        """``y`` padded by non-negative widths (``fill``: a number or a 0-d array)."""
+        scalar = isinstance(fill, float | int)
+        xp = namespace(jnp, y, None if scalar else fill)
+        if mode != "constant":
+            return xp.pad(y, widths, mode=mode)
+        if not scalar and np.ndim(fill):
+            fill = fill.reshape(())
+        if xp is np:
+            return np.pad(y, widths, mode="constant", constant_values=np.asarray(fill))
+        return jnp.pad(y, widths, mode="constant", constant_values=jnp.asarray(fill, y.dtype))
+
+    @staticmethod
     def dtype(ctx, code, like=None):
         """The numpy dtype of ONNX type ``code`` (``like``'s when 0 or absent)."""
         if like is not None and not hasattr(like, "dtype"):

@@ -37,6 +37,9 @@ def from_numpy(y: Any, like: Any = None) -> Any:
 
 bool_ = torch.bool
 float32 = torch.float32
+float64 = torch.float64
+triu = torch.triu
+tril = torch.tril
 int64 = torch.int64
 iinfo = torch.iinfo
 abs = torch.abs  # noqa: A001 - numpy's name
@@ -252,6 +255,12 @@ class TorchKernel:
         return 1 / np.sqrt(x) if xp is np else torch.rsqrt(x)
 
     constant = staticmethod(from_numpy)
+
+    @staticmethod
+    def pad(y, widths, mode, fill):
+        from xconv.converters.torch.backend.shape import pad
+
+        return pad(y, widths, mode, fill)
 
     @staticmethod
     def dtype(ctx, code, like=None):
