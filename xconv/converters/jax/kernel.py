@@ -3,12 +3,17 @@ handler computes with, and the few primitives the array API lacks."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xconv.converters.jax.linalg import index_dtype
 from xconv.converters.ops.arrays import namespace, onnx_dtype
+
+
+def index_dtype() -> np.dtype:
+    """int64 when JAX runs with 64-bit types, else int32 (ONNX index outputs are int64)."""
+    return jax.dtypes.canonicalize_dtype(np.int64)
 
 
 class JaxKernel:
