@@ -181,6 +181,9 @@ def squeeze(x, axis):
     return torch.squeeze(x, _dims(axis))
 
 
+moveaxis = torch.movedim
+
+
 def flip(x, axis):
     return torch.flip(x, _dims(axis))
 
