@@ -216,8 +216,14 @@ def run(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def take(x, indices, axis=None):
-    """``np.take`` for numpy ``indices``."""
+    """``np.take``, for numpy or tensor ``indices``."""
     from xconv.converters.torch.backend.shape import take as take_static
+
+    if isinstance(indices, torch.Tensor):
+        if axis is None:
+            x, axis = x.reshape(-1), 0
+        y = torch.index_select(x, axis, indices.reshape(-1))
+        return y.reshape((*x.shape[:axis], *indices.shape, *x.shape[axis + 1 :]))
 
     if axis is None:
         return take_static(x.reshape(-1), indices, 0)
@@ -240,7 +246,7 @@ class TorchKernel:
     """The torch side of the shared op semantics: this namespace, numpy for what torch cannot
     hold."""
 
-    overrides: dict = {}
+    overrides: dict = {"GatherElements": lambda x, idx, axis: torch.gather(x, axis, idx)}
     run = staticmethod(run)
 
     @staticmethod
