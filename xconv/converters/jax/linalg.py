@@ -10,9 +10,12 @@ from jax import lax
 
 from xconv.converters.jax.kernel import KERNEL, index_dtype
 from xconv.converters.jax.registry import REQUIRED, builtin
-from xconv.converters.ops.arrays import normalize_axis
-from xconv.converters.ops.attrs import static_int
-from xconv.converters.ops.linalg import register_loss_ops, register_softmax_ops, register_topk
+from xconv.converters.ops.linalg import (
+    register_cumulative_ops,
+    register_loss_ops,
+    register_softmax_ops,
+    register_topk,
+)
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
 _LOW_PRECISION = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
@@ -81,33 +84,8 @@ def det(ctx, x):
 # Cumulative ops
 
 
-def _cumulative(ctx, x, axis, exclusive, reverse, op, identity):
-    x = jnp.asarray(x)
-    ax = normalize_axis(ctx, static_int(ctx, axis, "axis"), x.ndim)
-    if reverse:
-        x = jnp.flip(x, ax)
-    if exclusive:
-        # Shift right by one along the axis, filling with the identity.
-        pad = [(0, 0)] * x.ndim
-        pad[ax] = (1, 0)
-        shifted = jnp.pad(x, pad, constant_values=identity)
-        x = lax.slice_in_dim(shifted, 0, x.shape[ax], axis=ax)
-    y = op(x, axis=ax, dtype=x.dtype)
-    if reverse:
-        y = jnp.flip(y, ax)
-    return y
-
-
-@builtin("CumSum", since=11, attrs={"exclusive": 0, "reverse": 0})
-def cumsum(ctx, x, axis, *, exclusive, reverse):
-    """CumSum(x, axis) -> y: running sum along ``axis`` (optionally exclusive / reversed)."""
-    return _cumulative(ctx, x, axis, exclusive, reverse, jnp.cumsum, 0)
-
-
-@builtin("CumProd", since=26, attrs={"exclusive": 0, "reverse": 0})
-def cumprod(ctx, x, axis, *, exclusive, reverse):
-    """CumProd(x, axis) -> y: running product along ``axis`` (optionally exclusive / reversed)."""
-    return _cumulative(ctx, x, axis, exclusive, reverse, jnp.cumprod, 1)
+# CumSum, CumProd: converters/ops/linalg.py.
+register_cumulative_ops(builtin, KERNEL)
 
 
 # --------------------------------------------------------------------------------------

@@ -130,10 +130,9 @@ def _fill(values: Sequence[int] | None, n: int, what: str, ctx) -> list[int]:
     return list(values)
 
 
-def register_scan_ops(builtin: Callable[..., Any], k: ScanKernel, required: Any) -> None:
-    """Register If and Scan (opsets 8 and 9+) with a backend's ``builtin`` and kernel ``k``
-    (``k.traced_if(ctx, cond, then_branch, else_branch)`` runs an If whose condition is known
-    only at run time)."""
+def register_if(builtin: Callable[..., Any], k: ScanKernel, required: Any) -> None:
+    """Register If (``k.traced_if(ctx, cond, then_branch, else_branch)`` runs one whose
+    condition is known only at run time)."""
 
     @builtin("If", since=1, attrs={"then_branch": required, "else_branch": required})
     def if_(ctx, cond, *, then_branch, else_branch):
@@ -142,6 +141,11 @@ def register_scan_ops(builtin: Callable[..., Any], k: ScanKernel, required: Any)
         if truth is None:
             return k.traced_if(ctx, cond, then_branch, else_branch)
         return tuple(ctx.run_subgraph(then_branch if truth else else_branch, []))
+
+
+def register_scan_ops(builtin: Callable[..., Any], k: ScanKernel, required: Any) -> None:
+    """Register If and Scan (opsets 8 and 9+) with a backend's ``builtin`` and kernel ``k``."""
+    register_if(builtin, k, required)
 
     @builtin(
         "Scan",

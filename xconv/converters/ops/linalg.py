@@ -152,3 +152,40 @@ def register_loss_ops(builtin: Callable[..., Any], k: Any, log_softmax: Callable
         outputs = ctx.node.outputs
         wants_log_prob = len(outputs) > 1 and outputs[1].name != ""
         return (loss, log_prob) if wants_log_prob else loss
+
+
+# --------------------------------------------------------------------------------------
+# Cumulative ops
+
+
+def _cumulative(xp, x, ax: int, exclusive: int, reverse: int, name: str, identity: int):
+    if reverse:
+        x = xp.flip(x, ax)
+    if exclusive:
+        # Shift right by one along the axis, filling with the identity.
+        head = tuple(slice(0, 1) if d == ax else slice(None) for d in range(x.ndim))
+        body = tuple(slice(0, x.shape[ax] - 1) if d == ax else slice(None) for d in range(x.ndim))
+        x = xp.concatenate([xp.full_like(x[head], identity), x[body]], axis=ax)
+    y = getattr(xp, name)(x, axis=ax, dtype=x.dtype)
+    return xp.flip(y, ax) if reverse else y
+
+
+def register_cumulative_ops(builtin: Callable[..., Any], k: Any) -> None:
+    """CumSum and CumProd through ``k.run`` (``xp.cumsum``/``xp.cumprod``)."""
+    from xconv.converters.ops.attrs import static_int
+
+    def run(ctx, x, axis, exclusive, reverse, name, identity):
+        ax = normalize_axis(ctx, static_int(ctx, axis, "axis"), len(np.shape(x)))
+        return k.run(lambda xp, x: _cumulative(xp, x, ax, exclusive, reverse, name, identity), x)
+
+    @builtin("CumSum", since=11, attrs={"exclusive": 0, "reverse": 0})
+    def cumsum(ctx, x, axis, *, exclusive, reverse):
+        """CumSum(x, axis) -> y: running sum along ``axis`` (optionally exclusive /
+        reversed)."""
+        return run(ctx, x, axis, exclusive, reverse, "cumsum", 0)
+
+    @builtin("CumProd", since=26, attrs={"exclusive": 0, "reverse": 0})
+    def cumprod(ctx, x, axis, *, exclusive, reverse):
+        """CumProd(x, axis) -> y: running product along ``axis`` (optionally exclusive /
+        reversed)."""
+        return run(ctx, x, axis, exclusive, reverse, "cumprod", 1)

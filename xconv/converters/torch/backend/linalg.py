@@ -6,9 +6,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xconv.converters.ops.arrays import normalize_axis
-from xconv.converters.ops.attrs import static_int
-from xconv.converters.ops.linalg import register_loss_ops, register_softmax_ops, register_topk
+from xconv.converters.ops.linalg import (
+    register_cumulative_ops,
+    register_loss_ops,
+    register_softmax_ops,
+    register_topk,
+)
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
 from xconv.converters.torch.backend.xp import KERNEL, as_numpy, from_numpy
 
@@ -92,39 +95,8 @@ def det(ctx, x):
 # Cumulative ops
 
 
-def _cumulative(ctx, x, axis, exclusive, reverse, op, identity):
-    ax = normalize_axis(ctx, static_int(ctx, axis, "axis"), x.ndim)
-    if x.dtype in (torch.uint16, torch.uint32, torch.uint64):
-        # No unsigned cumulative kernels in torch: numpy wraps around the same way.
-        a = as_numpy(x)
-        a = np.flip(a, ax) if reverse else a
-        if exclusive:
-            a = np.concatenate([np.full_like(a.take([0], axis=ax), identity), a], axis=ax)
-            a = a.take(np.arange(x.shape[ax]), axis=ax)
-        y = (np.cumsum if identity == 0 else np.cumprod)(a, axis=ax, dtype=a.dtype)
-        return from_numpy(np.flip(y, ax) if reverse else y, x)
-    if reverse:
-        x = torch.flip(x, (ax,))
-    if exclusive:
-        # Shift right by one along the axis, filling with the identity.
-        fill = torch.full_like(x.narrow(ax, 0, 1), identity)
-        x = torch.cat([fill, x.narrow(ax, 0, x.shape[ax] - 1)], dim=ax)
-    y = op(x, dim=ax, dtype=x.dtype)
-    if reverse:
-        y = torch.flip(y, (ax,))
-    return y
-
-
-@builtin("CumSum", since=11, attrs={"exclusive": 0, "reverse": 0})
-def cumsum(ctx, x, axis, *, exclusive, reverse):
-    """CumSum(x, axis) -> y: running sum along ``axis`` (optionally exclusive / reversed)."""
-    return _cumulative(ctx, x, axis, exclusive, reverse, torch.cumsum, 0)
-
-
-@builtin("CumProd", since=26, attrs={"exclusive": 0, "reverse": 0})
-def cumprod(ctx, x, axis, *, exclusive, reverse):
-    """CumProd(x, axis) -> y: running product along ``axis`` (optionally exclusive / reversed)."""
-    return _cumulative(ctx, x, axis, exclusive, reverse, torch.cumprod, 1)
+# CumSum, CumProd: converters/ops/linalg.py.
+register_cumulative_ops(builtin, KERNEL)
 
 
 # --------------------------------------------------------------------------------------

@@ -186,6 +186,14 @@ def squeeze(x, axis):
 moveaxis = torch.movedim
 
 
+def cumsum(x, axis, dtype=None):
+    return torch.cumsum(x, dim=axis, dtype=dtype)
+
+
+def cumprod(x, axis, dtype=None):
+    return torch.cumprod(x, dim=axis, dtype=dtype)
+
+
 def flip(x, axis):
     return torch.flip(x, _dims(axis))
 
