@@ -476,3 +476,9 @@ def _has_contents(cell) -> bool:
     except ValueError:
         return False
     return True
+
+
+def cpu_device(adapter: Adapter) -> str:
+    """The adapter's CPU device (its first device when it has none)."""
+    devs = adapter.devices()
+    return next((d for d in devs if d.startswith("cpu")), devs[0])

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from xconv.errors import ConversionError, InvalidModelError, ParityConfigError
-from xconv.parity.adapters import Adapter, is_float, to_float64, to_numpy, wrap
+from xconv.parity.adapters import Adapter, cpu_device, is_float, to_float64, to_numpy, wrap
+from xconv.parity.grads import check_grads
 from xconv.parity.localize import localize
 from xconv.parity.metrics import Metrics, compare
 from xconv.parity.policies import Policy, resolve_policy
@@ -279,182 +280,213 @@ def check_parity(
         )
     if not (isinstance(n_random, int) and n_random >= 0):
         raise ParityConfigError(f"n_random must be an int >= 0, not {n_random!r}")
-    ref = wrap(reference)
-    cand = wrap(candidate)
+    ref, cand = wrap(reference), wrap(candidate)
     arrays = make_inputs(inputs, input_spec, [ref, cand], seed)
-    sets = input_sets(arrays, n_random=n_random, edges=edges, seed=seed)
-    notes: list[str] = []
+    run = _Run(ref, cand, input_sets(arrays, n_random=n_random, edges=edges, seed=seed), pol)
     if mesh is not None:
         from xconv.sharding.parity import wrap_for_mesh
 
-        cand = wrap_for_mesh(cand, mesh, rules, arrays, notes)
-    timings: dict[str, float] = {}
+        run.cand = cand = wrap_for_mesh(cand, mesh, rules, arrays, run.notes)
+    cand_devs = _candidate_devices(cand, devices)
+    run.run_reference()
+    if layerwise is not False and layerwise is not None:
+        run.layerwise_oracle(reference, layerwise)
+    elif pol.uses_oracle:
+        run.float64_oracle()
+    report, failing = run.report(arrays, cand_devs, devices)
+    if mesh is not None:
+        report.mesh = cand.report()
+    if grads:
+        args = (ref, cand, run.oracle, arrays, run.ref_outs[0], cand_devs[0], run.ref_dev)
+        report.grads = check_grads(*args, run.pol, seed, run.notes, grad_names)
+        report.passed = report.passed and all(m.passed for m in report.grads)
+    if intermediates and failing is not None and failing.error is None and run.blocks is None:
+        t = time.perf_counter()
+        xs = dict(run.sets)[failing.inputs]
+        _localize_into(report, ref, cand, run.oracle, xs, run.ref_dev, failing.device, run.pol)
+        run.timings["localize"] = time.perf_counter() - t
+    return report
 
+
+def _candidate_devices(cand: Adapter, devices: Any) -> list[str]:
     cand_devs = _select_devices(cand.devices(), devices)
     if not cand_devs:
         raise ParityConfigError(
             f"none of the devices {devices!r} is visible to {cand.framework}: {cand.devices()}; "
             "pass devices='all' or one of those"
         )
+    return cand_devs
 
-    ref_dev = ref.devices()[0]
-    ref.prepare(ref_dev)
-    ref_outs: list[list[np.ndarray]] = []
-    kept: list[tuple[str, list[np.ndarray]]] = []
-    for name, xs in sets:
-        try:
-            out, secs = _timed(ref.run, xs, ref_dev)
-        except ConversionError:
-            raise
-        except Exception as e:
-            if name == "example":
-                raise ParityConfigError(
-                    f"the reference ({ref.describe()}) cannot run on the inputs "
-                    f"{[(list(a.shape), a.dtype.name) for a in xs]}: {type(e).__name__}: {e}"
-                ) from e
-            notes.append(f"input set {name!r} skipped: the reference cannot run on it ({e})")
-            continue
-        timings["reference" + ("" if name == "example" else f"[{name}]")] = secs
-        ref_outs.append(out)
-        kept.append((name, xs))
-    sets = kept
-    ref_out = ref_outs[0]
-    names = ref.output_names(len(ref_out))
 
-    oracle, oracle_outs = None, None
-    blocks = None
-    if layerwise is not False and layerwise is not None:
+class _Run:
+    """One parity check's state: the input sets the reference ran on, its outputs, the
+    float64 oracle (or layerwise blocks), the policy as the oracle leaves it, notes and
+    timings."""
+
+    def __init__(self, ref: Adapter, cand: Adapter, sets, pol: Policy) -> None:
+        self.ref, self.cand, self.sets, self.pol = ref, cand, sets, pol
+        self.notes: list[str] = []
+        self.timings: dict[str, float] = {}
+        self.ref_dev = ref.devices()[0]
+        self.ref_outs: list[list[np.ndarray]] = []
+        self.oracle: Adapter | None = None
+        self.oracle_outs: list[list[np.ndarray]] | None = None
+        self.blocks: Any = None
+
+    def run_reference(self) -> None:
+        """Run the reference on every set; a set it cannot run on (but the example) is
+        dropped with a note."""
+        ref, kept = self.ref, []
+        ref.prepare(self.ref_dev)
+        for name, xs in self.sets:
+            try:
+                out, secs = _timed(ref.run, xs, self.ref_dev)
+            except ConversionError:
+                raise
+            except Exception as e:
+                if name == "example":
+                    raise ParityConfigError(
+                        f"the reference ({ref.describe()}) cannot run on the inputs "
+                        f"{[(list(a.shape), a.dtype.name) for a in xs]}: {type(e).__name__}: {e}"
+                    ) from e
+                self.notes.append(
+                    f"input set {name!r} skipped: the reference cannot run on it ({e})"
+                )
+                continue
+            self.timings["reference" + ("" if name == "example" else f"[{name}]")] = secs
+            self.ref_outs.append(out)
+            kept.append((name, xs))
+        self.sets = kept
+
+    def layerwise_oracle(self, reference: Any, layerwise: Any) -> None:
+        """One block-by-block float64 run per input set; the example set's blocks are the
+        per-scope verdicts, and any set's failing block fails the check. ``layerwise`` may
+        map set names to runs made beforehand (the pipeline runs them before loading the
+        candidate, to keep peak memory down)."""
         from xconv.parity.layerwise import layerwise_oracle
 
-        # One block-by-block float64 run per input set; the example set's blocks are the
-        # per-scope verdicts, and any set's failing block fails the check.
-        # ``layerwise`` may map set names to runs made beforehand (the pipeline runs them
-        # before loading the candidate, to keep peak memory down).
         runs = [
             layerwise[name]
             if isinstance(layerwise, Mapping) and name in layerwise
-            else layerwise_oracle(reference, cand, layerwise, xs, pol)
-            for name, xs in sets
+            else layerwise_oracle(reference, self.cand, layerwise, xs, self.pol)
+            for name, xs in self.sets
         ]
-        blocks = runs[0]
+        self.blocks = runs[0]
         for run in runs[1:]:
-            if not run.passed and blocks.passed:
-                blocks = run
+            if not run.passed and self.blocks.passed:
+                self.blocks = run
         if all(run.oracle_outputs for run in runs):
-            oracle_outs = [run.oracle_outputs for run in runs]
+            self.oracle_outs = [run.oracle_outputs for run in runs]
         for run in runs:
-            notes.extend(n for n in run.notes if n not in notes)
-    elif pol.uses_oracle:
-        oracle, why = ref.oracle()
-        if oracle is not None:
-            try:
-                oracle.prepare(_cpu(oracle))
-                t = time.perf_counter()
-                oracle_outs = [oracle.run(to_float64(xs), _cpu(oracle)) for _, xs in sets]
-                timings["oracle"] = time.perf_counter() - t
-            except Exception as e:
-                oracle, why = None, f"{why}; it failed to run ({type(e).__name__}: {e})"
-            else:
-                low = [
-                    o
-                    for oo, rr in zip(oracle_outs, ref_outs, strict=True)
-                    for o, r in zip(oo, rr, strict=False)
-                    if is_float(r) and o.dtype != np.float64
-                ]
-                if low or any(len(o) != len(r) for o, r in zip(oracle_outs, ref_outs, strict=True)):
-                    oracle, why = None, f"{why}; but its outputs are not all float64"
-        if oracle is None:
-            oracle_outs = _candidate_float64(cand, sets, len(ref_out), timings)
-            if oracle_outs is not None:
-                notes.append(
-                    f"no float64 oracle for the reference ({why}): its rounding error is "
-                    "estimated from the candidate's float64 run (noise policy, capped by the "
-                    "dtype policy)"
-                )
-                pol = pol.as_noise_policy()
-            else:
-                notes.append(f"no float64 oracle ({why}): fell back to the dtype policy")
-                pol = pol.as_dtype_policy()
+            self.notes.extend(n for n in run.notes if n not in self.notes)
 
-    def judge_for(si: int):
+    def float64_oracle(self) -> None:
+        """The reference's float64 twin on every set; else the candidate's float64 run (noise
+        policy); else the dtype policy."""
+        oracle, why = self.ref.oracle()
+        if oracle is not None:
+            why = self._run_oracle(oracle, why)
+            oracle = self.oracle
+        if oracle is not None:
+            return
+        self.oracle_outs = _candidate_float64(
+            self.cand, self.sets, len(self.ref_outs[0]), self.timings
+        )
+        if self.oracle_outs is not None:
+            self.notes.append(
+                f"no float64 oracle for the reference ({why}): its rounding error is "
+                "estimated from the candidate's float64 run (noise policy, capped by the "
+                "dtype policy)"
+            )
+            self.pol = self.pol.as_noise_policy()
+        else:
+            self.notes.append(f"no float64 oracle ({why}): fell back to the dtype policy")
+            self.pol = self.pol.as_dtype_policy()
+
+    def _run_oracle(self, oracle: Adapter, why: str) -> str:
+        """Run ``oracle`` on every set; keep it when its float outputs are all float64."""
+        try:
+            oracle.prepare(cpu_device(oracle))
+            t = time.perf_counter()
+            outs = [oracle.run(to_float64(xs), cpu_device(oracle)) for _, xs in self.sets]
+            self.timings["oracle"] = time.perf_counter() - t
+        except Exception as e:
+            return f"{why}; it failed to run ({type(e).__name__}: {e})"
+        pairs = list(zip(outs, self.ref_outs, strict=True))
+        low = [
+            o
+            for oo, rr in pairs
+            for o, r in zip(oo, rr, strict=False)
+            if is_float(r) and o.dtype != np.float64
+        ]
+        if low or any(len(o) != len(r) for o, r in pairs):
+            return f"{why}; but its outputs are not all float64"
+        self.oracle, self.oracle_outs = oracle, outs
+        return why
+
+    def judge_for(self, si: int, names: list[str]):
+        """Compare a run's outputs with the reference's on input set ``si``."""
+        ref_outs, oracle_outs, pol = self.ref_outs[si], self.oracle_outs, self.pol
+
         def judge(outs: list[np.ndarray]) -> list[Metrics]:
-            if len(outs) != len(ref_outs[si]):
+            if len(outs) != len(ref_outs):
                 m = Metrics(name="outputs", passed=False, shape=(len(outs),), dtype="-")
-                m.error = f"{len(outs)} outputs, the reference has {len(ref_outs[si])}"
+                m.error = f"{len(outs)} outputs, the reference has {len(ref_outs)}"
                 return [m]
             return [
                 compare(n, c, r, pol, None if oracle_outs is None else oracle_outs[si][i])
-                for i, (n, c, r) in enumerate(zip(names, outs, ref_outs[si], strict=True))
+                for i, (n, c, r) in enumerate(zip(names, outs, ref_outs, strict=True))
             ]
 
         return judge
 
-    matrix: list[DeviceRun] = []
-    for si, (set_name, xs) in enumerate(sets):
-        for dev in cand_devs:
-            row = _run_row(cand, "candidate", dev, xs, judge_for(si), timings, set_name)
-            matrix.append(row)
-        for dev in _select_devices(ref.devices(), devices):
-            if dev != ref_dev:
-                matrix.append(_run_row(ref, "reference", dev, xs, judge_for(si), timings, set_name))
-    cand_rows = [r for r in matrix if r.role == "candidate"]
-    passed = all(r.passed for r in cand_rows)
-    failing = next((r for r in cand_rows if not r.passed), None)
-    shown = failing if failing is not None else cand_rows[0]
-
-    report = ParityReport(
-        passed=passed,
-        reference=ref.describe(),
-        candidate=cand.describe(),
-        policy=pol.describe(),
-        outputs=shown.outputs,
-        matrix=matrix,
-        inputs=[{"shape": list(a.shape), "dtype": a.dtype.name} for a in arrays],
-        notes=notes,
-        timings=timings,
-    )
-    report.policy_kind = pol.kind
-    if mesh is not None:
-        report.mesh = cand.report()
-    report.input_sets = [
-        {
-            "name": set_name,
-            "passed": all(r.passed for r in cand_rows if r.inputs == set_name),
-            "inputs": [{"shape": list(a.shape), "dtype": a.dtype.name} for a in xs],
-        }
-        for set_name, xs in sets
-    ]
-    reason = _vacuous(names, ref_outs, pol)
-    if reason is not None:
-        report.passed = False
-        report.reason = reason
-
-    if blocks is not None:
-        report.scopes = [b.as_scope() for b in blocks.blocks]
-        report.first_divergence = blocks.first_divergence
-        report.passed = report.passed and blocks.passed
-    if grads:
-        report.grads = _check_grads(
-            ref,
-            cand,
-            oracle,
-            arrays,
-            ref_out,
-            cand_devs[0],
-            ref_dev,
-            pol,
-            seed,
-            notes,
-            grad_names,
+    def report(self, arrays, cand_devs: list[str], devices: Any) -> tuple[ParityReport, Any]:
+        """Run the candidate (and the reference's other devices) on every set; the report and
+        the first failing candidate row."""
+        names = self.ref.output_names(len(self.ref_outs[0]))
+        matrix: list[DeviceRun] = []
+        for si, (set_name, xs) in enumerate(self.sets):
+            judge = self.judge_for(si, names)
+            for dev in cand_devs:
+                matrix.append(
+                    _run_row(self.cand, "candidate", dev, xs, judge, self.timings, set_name)
+                )
+            for dev in _select_devices(self.ref.devices(), devices):
+                if dev != self.ref_dev:
+                    matrix.append(
+                        _run_row(self.ref, "reference", dev, xs, judge, self.timings, set_name)
+                    )
+        cand_rows = [r for r in matrix if r.role == "candidate"]
+        failing = next((r for r in cand_rows if not r.passed), None)
+        report = ParityReport(
+            passed=failing is None,
+            reference=self.ref.describe(),
+            candidate=self.cand.describe(),
+            policy=self.pol.describe(),
+            outputs=(failing if failing is not None else cand_rows[0]).outputs,
+            matrix=matrix,
+            inputs=[{"shape": list(a.shape), "dtype": a.dtype.name} for a in arrays],
+            notes=self.notes,
+            timings=self.timings,
         )
-        report.passed = report.passed and all(m.passed for m in report.grads)
-
-    if intermediates and failing is not None and failing.error is None and blocks is None:
-        t = time.perf_counter()
-        xs = dict(sets)[failing.inputs]
-        _localize_into(report, ref, cand, oracle, xs, ref_dev, failing.device, pol)
-        timings["localize"] = time.perf_counter() - t
-    return report
+        report.policy_kind = self.pol.kind
+        report.input_sets = [
+            {
+                "name": set_name,
+                "passed": all(r.passed for r in cand_rows if r.inputs == set_name),
+                "inputs": [{"shape": list(a.shape), "dtype": a.dtype.name} for a in xs],
+            }
+            for set_name, xs in self.sets
+        ]
+        reason = _vacuous(names, self.ref_outs, self.pol)
+        if reason is not None:
+            report.passed = False
+            report.reason = reason
+        if self.blocks is not None:
+            report.scopes = [b.as_scope() for b in self.blocks.blocks]
+            report.first_divergence = self.blocks.first_divergence
+            report.passed = report.passed and self.blocks.passed
+        return report, failing
 
 
 def _vacuous(names: list[str], ref_outs: list[list[np.ndarray]], pol: Policy) -> str | None:
@@ -500,9 +532,9 @@ def _candidate_float64(
         twin, _ = cand.oracle()
         if twin is None:
             return None
-        twin.prepare(_cpu(twin))
+        twin.prepare(cpu_device(twin))
         t = time.perf_counter()
-        outs = [twin.run(to_float64(xs), _cpu(twin)) for _, xs in sets]
+        outs = [twin.run(to_float64(xs), cpu_device(twin)) for _, xs in sets]
         timings["candidate-float64"] = time.perf_counter() - t
     except Exception:
         logger.debug("the candidate's float64 twin failed", exc_info=True)
@@ -511,11 +543,6 @@ def _candidate_float64(
         if len(o) != n_outputs or any(is_float(a) and a.dtype != np.float64 for a in o):
             return None
     return outs
-
-
-def _cpu(adapter: Adapter) -> str:
-    devs = adapter.devices()
-    return next((d for d in devs if d.startswith("cpu")), devs[0])
 
 
 def _run_row(adapter, role, dev, arrays, judge, timings, set_name="example") -> DeviceRun:
@@ -557,7 +584,7 @@ def _localize_into(report, ref, cand, oracle, arrays, ref_dev, cand_dev, pol) ->
     oracle_trace = None
     if oracle is not None:
         try:
-            oracle_trace = oracle.trace(to_float64(arrays), _cpu(oracle))
+            oracle_trace = oracle.trace(to_float64(arrays), cpu_device(oracle))
         except Exception as e:
             report.notes.append(
                 f"oracle scope trace failed ({type(e).__name__}: {e}); scopes judged by dtype"
@@ -570,172 +597,6 @@ def _localize_into(report, ref, cand, oracle, arrays, ref_dev, cand_dev, pol) ->
     report.first_divergence = first
     if note:
         report.notes.append(note)
-
-
-def _check_grads(
-    ref, cand, oracle, arrays, ref_out, cand_dev, ref_dev, pol, seed, notes, grad_names=None
-) -> list[Metrics]:
-    rng = np.random.default_rng(seed + 1)
-    cots = [rng.standard_normal(o.shape) if is_float(o) else None for o in ref_out]
-    try:
-        rg = ref.grads(arrays, cots, ref_dev)
-        cg = cand.grads(arrays, cots, cand_dev)
-    except Exception as e:
-        m = Metrics(name="grads", passed=False, shape=(), dtype="-")
-        m.error = f"gradient computation failed: {type(e).__name__}: {e}"
-        return [m]
-    if rg is None or cg is None:
-        side = ref if rg is None else cand
-        m = Metrics(name="grads", passed=False, shape=(), dtype="-")
-        m.error = f"{side.describe()} cannot compute gradients"
-        return [m]
-    og = None
-    if oracle is not None and pol.uses_oracle:
-        try:
-            og = oracle.grads(to_float64(arrays), cots, _cpu(oracle))
-        except Exception as e:
-            notes.append(
-                f"oracle gradients failed ({type(e).__name__}: {e}); gradients judged by dtype"
-            )
-    gpol = pol if og is not None or not pol.uses_oracle else pol.as_dtype_policy()
-    out = []
-    for i, (r, c) in enumerate(zip(rg.inputs, cg.inputs, strict=False)):
-        if r is None or c is None:
-            continue
-        o = og.inputs[i] if og is not None else None
-        out.append(compare(f"d/input_{i}", c, r, gpol, o))
-    mapping, how, cand_sources = _grad_mapping(ref, cand, rg.params, cg.params, grad_names)
-    notes.append(
-        f"weight gradients: {len(mapping)} of {len(rg.params)} reference weight(s) matched by {how}"
-    )
-    lost_ref = [n for n in rg.params if n not in mapping]
-    # A candidate-only leaf whose gradient is identically zero is not trained, and state
-    # either side keeps out of differentiation (torch buffers) is not a weight.
-    frozen = {_loose_param(n) for n in (*rg.frozen, *cg.frozen)}
-    lost_ref = [n for n in lost_ref if _loose_param(n) not in frozen]
-    # A candidate leaf the conversion made from reference state (nnx BatchStat from a torch
-    # running_mean buffer) is not a weight either.
-    lost_cand = sorted(
-        n
-        for n in set(cg.params) - set(mapping.values())
-        if _loose_param(n) not in frozen
-        and _loose_param(cand_sources.get(n, n)) not in frozen
-        and np.any(np.asarray(cg.params[n], dtype=np.float64) != 0)
-    )
-    if lost_ref or lost_cand:
-        what = (
-            f"{len(lost_ref)} reference weight gradient(s) {lost_ref[:6]} and "
-            f"{len(lost_cand)} candidate one(s) {lost_cand[:6]} are not matched by name"
-        )
-        if grad_names is None:
-            m = Metrics(name="d/<weights>", passed=False, shape=(), dtype="-")
-            m.error = f"{what} by {how}; pass grad_names={{reference name: candidate name}}"
-            out.append(m)
-        else:
-            notes.append(f"{what} (outside grad_names, not compared)")
-    for rn, cn in mapping.items():
-        r, c = rg.params[rn], _to_layout(cg.params[cn], rg.params[rn].shape)
-        o = og.params.get(rn) if og is not None else None
-        out.append(compare(f"d/{rn}", c, r, gpol, o))
-    return out
-
-
-def _grad_mapping(
-    ref, cand, ref_names, cand_names, explicit: Mapping[str, str] | None
-) -> tuple[dict[str, str], str, dict[str, str]]:
-    """Reference weight name -> candidate weight name, how it was found, and the candidate's
-    source names where its conversion recorded them. The mapping comes from ``explicit``
-    (``grad_names``, name rules for the rest); else the name map of the conversion one side
-    comes from (:meth:`Adapter.source_names`: ``xconv.to_jax`` / ``to_torch`` weight names,
-    ``SOURCE_NAMES`` of a generated Flax module), with no guessing; else the name rules of
-    :func:`match_param_names` when neither side records one."""
-    if explicit is not None:
-        return match_param_names(ref_names, cand_names, explicit), "grad_names (and name rules)", {}
-    out: dict[str, str] = {}
-    recorded = cand.source_names(list(cand_names))
-    if recorded is not None:
-        sources, where = recorded
-        for cn, source in sources.items():
-            rn = _same_name(source, ref_names)
-            if rn is not None and rn not in out:
-                out[rn] = cn
-        return out, f"the conversion's name map ({where})", sources
-    recorded = ref.source_names(list(ref_names))
-    if recorded is not None:
-        sources, where = recorded
-        taken: set[str] = set()
-        for rn, source in sources.items():
-            cn = _same_name(source, cand_names)
-            if cn is not None and cn not in taken:
-                out[rn] = cn
-                taken.add(cn)
-        return out, f"the conversion's name map ({where})", {}
-    rules = match_param_names(ref_names, cand_names, None)
-    return rules, "name rules (no conversion name map on either side)", {}
-
-
-def _same_name(source: str, names) -> str | None:
-    """``source`` as spelled among ``names``: itself, or with ``/`` for ``.`` and without a
-    leading ``params`` collection (the spellings of one name, not a guess at another)."""
-    dotted = source.replace("/", ".")
-    for n in (source, dotted, dotted.removeprefix("params.")):
-        if n in names:
-            return n
-    return None
-
-
-def match_param_names(
-    ref_names: Sequence[str], cand_names: Sequence[str], explicit: Mapping[str, str] | None
-) -> dict[str, str]:
-    """Reference weight name -> candidate weight name: ``explicit`` entries, then equal
-    names, then names equal up to separators (``/``, ``.``, and the ``_`` of generated Flax
-    module names), a ``params.`` prefix, an nnx ``.value`` suffix and the role's spelling
-    (Flax ``kernel``/``scale``/``embedding`` for torch ``weight``). Names that become
-    ambiguous under these rules match nothing."""
-    cand_set = set(cand_names)
-    out: dict[str, str] = {}
-    for r, c in (explicit or {}).items():
-        if r in ref_names and c in cand_set:
-            out[r] = c
-    used = set(out.values())
-    for r in ref_names:
-        if r not in out and r in cand_set and r not in used:
-            out[r] = r
-            used.add(r)
-    loose: dict[str, str | None] = {}
-    for c in cand_names:
-        if c not in used:
-            key = _loose_param(c)
-            loose[key] = None if key in loose else c  # ambiguous names match nothing
-    for r in ref_names:
-        if r not in out:
-            hit = loose.get(_loose_param(r))
-            if hit is not None and hit not in used:
-                out[r] = hit
-                used.add(hit)
-    return out
-
-
-def _loose_param(name: str) -> str:
-    parts = [p for p in name.replace("/", ".").split(".") if p]
-    if parts and parts[0] == "params":
-        parts = parts[1:]
-    if parts and parts[-1] == "value":
-        parts = parts[:-1]
-    if parts and parts[-1] in ("kernel", "scale", "embedding"):
-        parts[-1] = "weight"
-    # Generated Flax modules flatten ``blocks.0.conv`` to ``blocks_0_conv``.
-    return ".".join(parts).replace("_", ".")
-
-
-def _to_layout(c: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """A candidate weight gradient in the reference's layout: Flax ``[spatial..., I, O]``
-    (or ``[I, O]``) to torch ``[O, I, spatial...]`` when that is what makes shapes agree."""
-    if c.shape == tuple(shape) or c.ndim != len(shape) or c.ndim < 2:
-        return c
-    perm = (c.ndim - 1, c.ndim - 2, *range(c.ndim - 2))
-    moved = np.transpose(c, perm)
-    return moved if moved.shape == tuple(shape) else c
 
 
 def check_files(

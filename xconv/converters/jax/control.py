@@ -16,8 +16,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import REQUIRED, builtin
-from xconv.converters.ops.control import register_scan_ops, scan_steps
+from xconv.converters.ops.control import (
+    from_leading,
+    loop_steps,
+    python_scan,
+    register_scan_ops,
+    to_leading,
+)
 from xconv.errors import ConversionError
 
 
@@ -26,21 +33,6 @@ def is_traced(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return any(is_traced(v) for v in value)
     return isinstance(value, jax.core.Tracer)
-
-
-def _stack(items: Sequence[Any]) -> Any:
-    if all(isinstance(x, np.ndarray | np.generic) for x in items):
-        return np.stack([np.asarray(x) for x in items])
-    return jnp.stack([jnp.asarray(x) for x in items])
-
-
-def _empty_like_output(value, leading: int = 0) -> np.ndarray:
-    """An empty scan output (zero iterations), shaped from the body's declared output."""
-    dtype = value.dtype.numpy() if value.dtype is not None else np.float32
-    dims = []
-    if value.shape is not None:
-        dims = [d if isinstance(d, int) else 0 for d in value.shape]
-    return np.zeros([leading, *dims], dtype=dtype)
 
 
 def _cast_like(value: Any, like: Any) -> Any:
@@ -54,13 +46,8 @@ def _cast_like(value: Any, like: Any) -> Any:
 # --------------------------------------------------------------------------------------- If
 
 
-@builtin("If", since=1, attrs={"then_branch": REQUIRED, "else_branch": REQUIRED})
-def if_(ctx, cond, *, then_branch, else_branch):
-    """If(cond) -> outputs of then_branch or else_branch."""
-    if not is_traced(cond):
-        branch = then_branch if bool(np.asarray(cond).reshape(-1)[0]) else else_branch
-        return tuple(ctx.run_subgraph(branch, []))
-
+def _traced_if(ctx, cond, then_branch, else_branch):
+    """If on a traced condition as ``lax.cond``: both branches must agree in shape."""
     n = len(ctx.node.outputs)
     dtypes = [ctx.output_dtype(i) for i in range(n)]
 
@@ -88,34 +75,6 @@ def if_(ctx, cond, *, then_branch, else_branch):
 
 
 # ------------------------------------------------------------------------------------- Loop
-
-
-def _loop_python(ctx, body, m, cond, v_initial, n_scan):
-    """Run a Loop eagerly in Python; returns None if the condition becomes traced."""
-    n_carried = len(v_initial)
-    it_dtype = np.asarray(m).dtype if m is not None else np.int64
-    max_trip = None if m is None else int(np.asarray(m))
-    keep_going = True if cond is None else bool(np.asarray(cond))
-    cond_in = np.array(keep_going)
-    values = list(v_initial)
-    scans: list[list[Any]] = [[] for _ in range(n_scan)]
-    it = 0
-    while keep_going and (max_trip is None or it < max_trip):
-        outs = ctx.run_subgraph(body, [np.array(it, dtype=it_dtype), cond_in, *values])
-        cond_out = outs[0]
-        if is_traced(cond_out):
-            return None
-        values = list(outs[1 : 1 + n_carried])
-        for k in range(n_scan):
-            scans[k].append(outs[1 + n_carried + k])
-        cond_in = cond_out
-        keep_going = bool(np.asarray(cond_out).reshape(-1)[0])
-        it += 1
-    results = list(values)
-    body_scan_outputs = body.outputs[1 + n_carried :]
-    for k in range(n_scan):
-        results.append(_stack(scans[k]) if scans[k] else _empty_like_output(body_scan_outputs[k]))
-    return tuple(results)
 
 
 def _loop_while(ctx, body, m, cond, v_initial):
@@ -210,7 +169,7 @@ def loop(ctx, m, cond, *v_initial, body):
     carried_traced = any(is_traced(v) for v in v_initial)
     # Eager and sequence-carrying loops run in Python; under jit, lax comes first.
     if steering_static and (has_sequences or not carried_traced):
-        out = _loop_python(ctx, body, m, cond, v_initial, n_scan)
+        out = loop_steps(_KERNEL, ctx, body, m, cond, v_initial)
         if out is not None:
             return out
     if has_sequences:
@@ -227,13 +186,13 @@ def loop(ctx, m, cond, *v_initial, body):
                 "jax.jit (its output length would depend on run-time data); run without jit"
             )
         if cond is not None and not bool(np.asarray(cond)):
-            return _loop_python(ctx, body, m, cond, v_initial, n_scan)
+            return loop_steps(_KERNEL, ctx, body, m, cond, v_initial)
         return _loop_scan(ctx, body, int(np.asarray(m)), v_initial, n_scan)
     except _CarryMismatch as e:
         # Carried values that grow (e.g. a Concat per step) cannot go through lax; with a
         # constant trip count and condition the loop can still unroll in Python.
         if steering_static and m is not None:
-            out = _loop_python(ctx, body, m, cond, v_initial, n_scan)
+            out = loop_steps(_KERNEL, ctx, body, m, cond, v_initial)
             if out is not None:
                 return out
         raise ctx.error(str(e)) from e
@@ -242,55 +201,58 @@ def loop(ctx, m, cond, *v_initial, body):
 # ------------------------------------------------------------------------------------- Scan
 
 
-def _scan_core(ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_dirs):
-    """Scan-9 semantics on unbatched values; returns (final states..., scan outputs...)."""
+def _lax_scan(ctx, body, states, xs):
+    """Scan's loop as ``lax.scan`` over the leading axis of ``xs``."""
     n_state = len(states)
-    xs = []
-    for x, axis, direction in zip(scan_inputs, in_axes, in_dirs, strict=True):
-        x = (
-            jnp.moveaxis(jnp.asarray(x), axis, 0)
-            if not isinstance(x, np.ndarray)
-            else (np.moveaxis(x, axis, 0))
+
+    def step(carry, x):
+        outs = ctx.run_subgraph(body, [*carry, *x])
+        new = tuple(_cast_like(o, c) for o, c in zip(outs[:n_state], carry, strict=True))
+        return new, tuple(jnp.asarray(o) for o in outs[n_state:])
+
+    try:
+        final, ys = jax.lax.scan(
+            step, tuple(jnp.asarray(s) for s in states), tuple(jnp.asarray(x) for x in xs)
         )
-        xs.append(x[::-1] if direction else x)
-    traced = is_traced(list(states)) or is_traced(list(scan_inputs))
-    if traced:
-
-        def step(carry, x):
-            outs = ctx.run_subgraph(body, [*carry, *x])
-            new = tuple(_cast_like(o, c) for o, c in zip(outs[:n_state], carry, strict=True))
-            return new, tuple(jnp.asarray(o) for o in outs[n_state:])
-
-        try:
-            final, ys = jax.lax.scan(
-                step, tuple(jnp.asarray(s) for s in states), tuple(jnp.asarray(x) for x in xs)
-            )
-        except ConversionError:
-            raise
-        except (TypeError, ValueError) as e:
-            raise ctx.error(
-                f"Scan lowers to lax.scan, whose state must keep its shape and dtype ({e})"
-            ) from e
-        final, ys = list(final), list(ys)
-    else:
-        final, ys = scan_steps(ctx, body, states, xs, _stack, _empty_like_output)
-    outputs = []
-    for y, axis, direction in zip(ys, out_axes, out_dirs, strict=True):
-        y = y[::-1] if direction else y
-        mod = np if isinstance(y, np.ndarray) else jnp
-        outputs.append(mod.moveaxis(y, 0, axis % y.ndim))
-    return (*final, *outputs)
+    except ConversionError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ctx.error(
+            f"Scan lowers to lax.scan, whose state must keep its shape and dtype ({e})"
+        ) from e
+    return list(final), list(ys)
 
 
-class _ScanKernel:
-    """The JAX side of :mod:`xconv.converters.ops.control`."""
+class _ControlKernel:
+    """The JAX side of :mod:`xconv.converters.ops.control`: ``lax`` for traced values."""
 
-    scan_core = staticmethod(_scan_core)
-    stack = staticmethod(_stack)
+    run = staticmethod(KERNEL.run)
+    constant = staticmethod(KERNEL.constant)
+    traced_if = staticmethod(_traced_if)
+
+    @staticmethod
+    def truth(value: Any) -> bool | None:
+        return None if is_traced(value) else bool(np.asarray(value).reshape(-1)[0])
+
+    @staticmethod
+    def stack(items: Sequence[Any]) -> Any:
+        if all(isinstance(x, np.ndarray | np.generic) for x in items):
+            return np.stack([np.asarray(x) for x in items])
+        return jnp.stack([jnp.asarray(x) for x in items])
 
     @staticmethod
     def pad_time(y, extra):
         return jnp.pad(jnp.asarray(y), [(0, extra)] + [(0, 0)] * (y.ndim - 1))
 
+    def scan_core(self, ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_dirs):
+        """Scan-9 on unbatched values: ``lax.scan`` when a value is traced, else Python."""
+        if not (is_traced(list(states)) or is_traced(list(scan_inputs))):
+            args = (states, scan_inputs, in_axes, in_dirs, out_axes, out_dirs)
+            return python_scan(self, ctx, body, *args)
+        xs = to_leading(self, scan_inputs, in_axes, in_dirs)
+        final, ys = _lax_scan(ctx, body, states, xs)
+        return (*final, *from_leading(self, ys, out_axes, out_dirs))
 
-register_scan_ops(builtin, _ScanKernel(), REQUIRED)
+
+_KERNEL = _ControlKernel()
+register_scan_ops(builtin, _KERNEL, REQUIRED)

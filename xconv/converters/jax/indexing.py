@@ -75,31 +75,6 @@ def _apply_slices(x, plan):
 indexing.register_slice(builtin, _apply_slices)
 
 
-@builtin("Gather", since=1, attrs={"axis": 0})
-def gather(ctx, x, indices, *, axis):
-    """Gather(data, indices) -> output: entries of `axis` picked by indices (may be < 0)."""
-    axis = normalize_axis(ctx, axis, np.ndim(x))
-    xp = namespace(jnp, x, indices)
-    idx = _wrap(namespace(jnp, indices), indices, np.shape(x)[axis])
-    if xp is np:
-        return np.take(x, idx, axis=axis)
-    return jnp.take(x, idx, axis=axis)
-
-
-@builtin("GatherElements", since=11, attrs={"axis": 0})
-def gather_elements(ctx, x, indices, *, axis):
-    """GatherElements(data, indices) -> output: out[..i..] = data[..indices[..i..]..]."""
-    rank = np.ndim(x)
-    axis = normalize_axis(ctx, axis, rank)
-    xp = namespace(jnp, x, indices)
-    shape = tuple(np.shape(indices))
-    index = tuple(
-        _wrap(xp, indices, np.shape(x)[axis]) if d == axis else _grid(xp, shape, d)
-        for d in range(rank)
-    )
-    return xp.asarray(x)[index]  # constant data, traced indices: index the jax array
-
-
 # -- scattering ----------------------------------------------------------------------------
 
 
@@ -145,5 +120,5 @@ def unique(ctx, x, *, axis, sorted):  # noqa: A002 - the ONNX attribute name
     return indexing.unique(ctx, value, axis, sorted)
 
 
-# GatherND, OneHot, Compress, ReverseSequence: written once in converters/ops/indexing.py.
+# Gather, GatherElements, GatherND, OneHot, Compress, ReverseSequence: written once in converters/ops/indexing.py.
 indexing.register_indexing_ops(builtin, KERNEL)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from xconv.converters.ops.arrays import namespace
+from xconv.converters.ops.arrays import namespace, onnx_dtype
 
 # This module imports no handler module (they import it): importing any one handler module
 # on its own then works (the registry imports the rest).
@@ -57,8 +57,28 @@ class JaxKernel:
         return lax.rsqrt(x) if xp is jnp else 1 / np.sqrt(x)
 
     @staticmethod
-    def constant(a):
+    def constant(a, like=None):
         return a  # numpy: folded at trace time
+
+    @staticmethod
+    def pad(y, widths, mode, fill):
+        """``y`` padded by non-negative widths (``fill``: a number or a 0-d array)."""
+        scalar = isinstance(fill, float | int)
+        xp = namespace(jnp, y, None if scalar else fill)
+        if mode != "constant":
+            return xp.pad(y, widths, mode=mode)
+        if not scalar and np.ndim(fill):
+            fill = fill.reshape(())
+        if xp is np:
+            return np.pad(y, widths, mode="constant", constant_values=np.asarray(fill))
+        return jnp.pad(y, widths, mode="constant", constant_values=jnp.asarray(fill, y.dtype))
+
+    @staticmethod
+    def dtype(ctx, code, like=None):
+        """The numpy dtype of ONNX type ``code`` (``like``'s when 0 or absent)."""
+        if like is not None and not hasattr(like, "dtype"):
+            like = np.asarray(like)
+        return onnx_dtype(ctx, code, lambda t: np.dtype(t.numpy()), like)
 
     @staticmethod
     def materialize(xp, x):

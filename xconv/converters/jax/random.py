@@ -11,27 +11,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import onnx_ir as ir
 
+from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops.random import register_random_ops
-
-
-def _dtype(ctx, dtype: int | None, like=None) -> np.dtype:
-    if dtype is None or dtype == 0:
-        if like is None:
-            raise ctx.error("dtype is required")
-        return jnp.asarray(like).dtype
-    try:
-        return ir.DataType(dtype).numpy()
-    except (ValueError, TypeError) as e:
-        raise ctx.error(f"unsupported dtype {dtype}") from e
 
 
 class _RandomKernel:
     """The JAX side of :mod:`xconv.converters.ops.random`: keys from ``ctx.key(seed)``."""
 
-    dtype = staticmethod(_dtype)
+    dtype = staticmethod(KERNEL.dtype)
 
     @staticmethod
     def normal(ctx, shape, seed):
@@ -56,7 +45,7 @@ register_random_ops(builtin, _RandomKernel(), REQUIRED)
 @builtin("Bernoulli", since=15, attrs={"dtype": None, "seed": None})
 def bernoulli(ctx, x, *, dtype, seed):
     """Bernoulli(input) -> 0/1 draws with probabilities ``input``, in ``dtype``."""
-    out_dtype = _dtype(ctx, dtype, x)
+    out_dtype = KERNEL.dtype(ctx, dtype, x)
     p = jnp.asarray(x).astype(jnp.float32)
     return jax.random.bernoulli(ctx.key(seed), p).astype(out_dtype)
 
@@ -64,7 +53,7 @@ def bernoulli(ctx, x, *, dtype, seed):
 @builtin("Multinomial", since=7, attrs={"dtype": 6, "sample_size": 1, "seed": None})
 def multinomial(ctx, x, *, dtype, sample_size, seed):
     """Multinomial(input [batch, classes] of log-probabilities) -> [batch, sample_size]."""
-    out_dtype = _dtype(ctx, dtype)
+    out_dtype = KERNEL.dtype(ctx, dtype)
     if out_dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise ctx.error(f"dtype must be int32 or int64, got {out_dtype}")
     logits = jnp.asarray(x).astype(jnp.float32)

@@ -67,3 +67,21 @@ def is_integer(dtype: Any) -> bool:
     if getattr(dtype, "is_floating_point", None) is not None:  # a torch dtype
         return not (dtype.is_floating_point or dtype.is_complex or str(dtype) == "torch.bool")
     return bool(np.issubdtype(np.dtype(dtype), np.integer))
+
+
+def onnx_dtype(ctx: Any, code: int | None, convert: Callable[[Any], Any], like: Any = None) -> Any:
+    """The backend dtype of ONNX type ``code`` (``like``'s dtype when 0 or absent).
+
+    ``convert`` maps an ``onnx_ir.DataType`` to the backend's dtype (raising ``KeyError``,
+    ``ValueError`` or ``TypeError`` for one it lacks); the error names the node.
+    """
+    import onnx_ir as ir
+
+    if code is None or code == 0:
+        if like is None:
+            raise ctx.error("dtype is required")
+        return like.dtype
+    try:
+        return convert(ir.DataType(code))
+    except (KeyError, ValueError, TypeError) as e:
+        raise ctx.error(f"unsupported dtype {code}: {e}") from e

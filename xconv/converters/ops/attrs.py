@@ -28,6 +28,14 @@ def static_ints(ctx, value: Any, what: str) -> list[int]:
     return [int(v) for v in np.asarray(ctx.static(value, what)).reshape(-1)]
 
 
+def static_int(ctx, value: Any, what: str) -> int:
+    """A static input holding exactly one integer, as a Python int."""
+    arr = np.asarray(ctx.static(value, what))
+    if arr.size != 1:
+        raise ctx.error(f"{what} must hold a single integer, got shape {arr.shape}")
+    return int(arr.reshape(()))
+
+
 def unsupported(ctx, message: str) -> UnsupportedAttributeError:
     """An UnsupportedAttributeError carrying the node's op, name, scope and source line."""
     return node_error(ctx.node, message, UnsupportedAttributeError)

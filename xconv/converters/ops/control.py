@@ -1,6 +1,7 @@
-"""Scan's attribute handling (Scan-9 and Scan-8's batch loop) written once; the loop itself
-(:meth:`ScanKernel.scan_core`) stays per backend (``lax.scan`` under tracing on JAX, a Python
-loop on torch), as do If and Loop.
+"""Control flow written once where it runs in Python: If on a known condition, Loop's
+Python loop, Scan's attribute handling (Scan-9 and Scan-8's batch loop), Scan's Python loop
+and its axis moves. What lowers to the backend's own loops stays per backend: JAX's
+``lax.cond``/``lax.while_loop``/``lax.scan`` for traced values (its ``scan_core`` and Loop).
 """
 
 from __future__ import annotations
@@ -22,6 +23,84 @@ class ScanKernel(Protocol):
 
     def pad_time(self, y: Any, extra: int) -> Any:
         """``y`` with ``extra`` zero rows appended along axis 0."""
+
+    def run(self, fn: Callable[..., Any], *arrays: Any) -> Any:
+        """``fn(xp, *arrays)`` in the namespace this backend picks for ``arrays``."""
+
+    def constant(self, a: np.ndarray) -> Any:
+        """A numpy value as the backend hands it to a subgraph."""
+
+    def truth(self, value: Any) -> bool | None:
+        """The first element of ``value`` as a bool; None when only known at run time."""
+
+
+def empty_output(value, leading: int = 0) -> np.ndarray:
+    """An empty scan output (zero iterations), shaped from the body's declared output."""
+    dtype = value.dtype.numpy() if value.dtype is not None else np.float32
+    dims = []
+    if value.shape is not None:
+        dims = [d if isinstance(d, int) else 0 for d in value.shape]
+    return np.zeros([leading, *dims], dtype=dtype)
+
+
+def _flip(xp, x, direction):
+    return xp.flip(x, 0) if direction else x
+
+
+def to_leading(k: ScanKernel, xs, axes, directions) -> list[Any]:
+    """Scan inputs with their scan axis moved first (reversed for direction 1)."""
+    return [
+        k.run(lambda xp, x, a=a, d=d: _flip(xp, xp.moveaxis(x, a, 0), d), x)
+        for x, a, d in zip(xs, axes, directions, strict=True)
+    ]
+
+
+def from_leading(k: ScanKernel, ys, axes, directions) -> list[Any]:
+    """Scan outputs moved from axis 0 to their output axis (reversed for direction 1)."""
+    return [
+        k.run(lambda xp, y, a=a, d=d: xp.moveaxis(_flip(xp, y, d), 0, a % y.ndim), y)
+        for y, a, d in zip(ys, axes, directions, strict=True)
+    ]
+
+
+def python_scan(
+    k: ScanKernel, ctx, body, states, scan_inputs, in_axes, in_dirs, out_axes, out_dirs
+):
+    """Scan-9 semantics on unbatched values as a Python loop: ``(final states..., scan
+    outputs...)``."""
+    xs = to_leading(k, scan_inputs, in_axes, in_dirs)
+    final, ys = scan_steps(ctx, body, states, xs, k.stack, lambda v: k.constant(empty_output(v)))
+    return (*final, *from_leading(k, ys, out_axes, out_dirs))
+
+
+def loop_steps(k: ScanKernel, ctx, body, m, cond, v_initial) -> tuple | None:
+    """Loop in Python: ``(v_final..., scan_outputs...)``, or None when the body's condition
+    becomes known only at run time (``k.truth`` None: the caller lowers the loop instead)."""
+    n_carried = len(v_initial)
+    n_scan = len(body.outputs) - 1 - n_carried
+    trips = None if m is None else np.asarray(ctx.static(m, "M"))
+    it_dtype = np.int64 if trips is None else trips.dtype
+    max_trip = None if trips is None else int(trips.reshape(-1)[0])
+    keep_going = True if cond is None else k.truth(cond)
+    cond_in = k.constant(np.array(keep_going))
+    values = list(v_initial)
+    scans: list[list[Any]] = [[] for _ in range(n_scan)]
+    it = 0
+    while keep_going and (max_trip is None or it < max_trip):
+        outs = ctx.run_subgraph(body, [k.constant(np.array(it, it_dtype)), cond_in, *values])
+        keep_going = k.truth(outs[0])
+        if keep_going is None:
+            return None
+        values = list(outs[1 : 1 + n_carried])
+        for j in range(n_scan):
+            scans[j].append(outs[1 + n_carried + j])
+        cond_in = outs[0]
+        it += 1
+    declared = body.outputs[1 + n_carried :]
+    stacked = [
+        k.stack(c) if c else k.constant(empty_output(declared[j])) for j, c in enumerate(scans)
+    ]
+    return (*values, *stacked)
 
 
 def scan_steps(ctx, body, states, xs, stack, empty_like_output) -> tuple[list, list]:
@@ -51,8 +130,22 @@ def _fill(values: Sequence[int] | None, n: int, what: str, ctx) -> list[int]:
     return list(values)
 
 
+def register_if(builtin: Callable[..., Any], k: ScanKernel, required: Any) -> None:
+    """Register If (``k.traced_if(ctx, cond, then_branch, else_branch)`` runs one whose
+    condition is known only at run time)."""
+
+    @builtin("If", since=1, attrs={"then_branch": required, "else_branch": required})
+    def if_(ctx, cond, *, then_branch, else_branch):
+        """If(cond) -> outputs of then_branch or else_branch."""
+        truth = k.truth(cond)
+        if truth is None:
+            return k.traced_if(ctx, cond, then_branch, else_branch)
+        return tuple(ctx.run_subgraph(then_branch if truth else else_branch, []))
+
+
 def register_scan_ops(builtin: Callable[..., Any], k: ScanKernel, required: Any) -> None:
-    """Register Scan (opsets 8 and 9+) with a backend's ``builtin`` and kernel ``k``."""
+    """Register If and Scan (opsets 8 and 9+) with a backend's ``builtin`` and kernel ``k``."""
+    register_if(builtin, k, required)
 
     @builtin(
         "Scan",

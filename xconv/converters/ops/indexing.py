@@ -1,8 +1,8 @@
-"""Indexing ops written once against ``xp``: GatherND, OneHot, Compress, ReverseSequence,
-and Unique's numpy core.
+"""Indexing ops written once against ``xp``: Gather, GatherElements, GatherND, OneHot,
+Compress, ReverseSequence, and Unique's numpy core.
 
-Gather, GatherElements, the scatters and Slice stay per backend (``jnp.take``/``.at[]``,
-``torch.index_select``/``index_reduce``, torch's lack of negative strides).
+The scatters and Slice stay per backend (``.at[]``, ``torch.index_select``/``index_reduce``,
+torch's lack of negative strides); torch overrides GatherElements with ``torch.gather``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,21 @@ def wrap(k: IndexingKernel, xp: Any, idx: Any, dim: int) -> Any:
     """ONNX index semantics: negative indices count from the end of the axis."""
     idx = astype(xp, idx, k.index_dtype(xp))
     return xp.where(idx < 0, idx + dim, idx)
+
+
+def take_elements(k: IndexingKernel, xp: Any, x: Any, idx: Any, axis: int) -> Any:
+    """GatherElements on wrapped indices: ``out[..i..] = x[..idx[..i..]..]``, by advanced
+    indexing with an arange grid on every other axis (``idx`` may be smaller than ``x``)."""
+    shape = tuple(idx.shape)
+    index = []
+    for d, n in enumerate(shape):
+        if d == axis:
+            index.append(idx)
+            continue
+        view = [1] * len(shape)
+        view[d] = n
+        index.append(xp.reshape(k.arange(xp, n, idx), tuple(view)))
+    return x[tuple(index)]
 
 
 def unique(ctx, value: np.ndarray, axis: int | None, sorted: int) -> tuple[np.ndarray, ...]:  # noqa: A002
@@ -143,7 +158,31 @@ def register_scatter_ops(
 
 
 def register_indexing_ops(builtin: Callable[..., Any], k: IndexingKernel) -> None:
-    """Register GatherND, OneHot, Compress and ReverseSequence with a backend's ``builtin``."""
+    """Register Gather, GatherElements, GatherND, OneHot, Compress and ReverseSequence with a
+    backend's ``builtin`` (``k.overrides["GatherElements"](x, idx, axis)``, where given,
+    replaces :func:`take_elements` on backend arrays)."""
+
+    @builtin("Gather", since=1, attrs={"axis": 0})
+    def gather(ctx, x, indices, *, axis):
+        """Gather(data, indices) -> output: entries of `axis` picked by indices (may be <
+        0)."""
+        axis = normalize_axis(ctx, axis, len(np.shape(x)))
+        dim = np.shape(x)[axis]
+        return k.run(lambda xp, x, i: xp.take(x, wrap(k, xp, i, dim), axis=axis), x, indices)
+
+    own_elements = k.overrides.get("GatherElements")
+
+    def elements(xp, x, i, axis):
+        idx = wrap(k, xp, i, x.shape[axis])
+        if own_elements is not None and xp is not np:
+            return own_elements(x, idx, axis)
+        return take_elements(k, xp, x, idx, axis)
+
+    @builtin("GatherElements", since=11, attrs={"axis": 0})
+    def gather_elements(ctx, x, indices, *, axis):
+        """GatherElements(data, indices) -> output: out[..i..] = data[..indices[..i..]..]."""
+        axis = normalize_axis(ctx, axis, len(np.shape(x)))
+        return k.run(lambda xp, x, i: elements(xp, x, i, axis), x, indices)
 
     @builtin("GatherND", since=11, attrs={"batch_dims": 0})
     def gather_nd(ctx, x, indices, *, batch_dims):

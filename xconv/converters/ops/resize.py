@@ -63,7 +63,7 @@ def nearest_index(x: np.ndarray, mode: str, downsample: bool) -> np.ndarray:
         idx = np.ceil(x) if downsample else fl
     else:
         raise ValueError(mode)
-    return idx.astype(np.int64)
+    return idx.astype(np.int32)
 
 
 def cubic_kernel(t: np.ndarray, a: float) -> np.ndarray:
@@ -290,3 +290,92 @@ def resize_arguments(
         "exclude_outside": bool(attrs["exclude_outside"]),
         "extrapolation_value": attrs["extrapolation_value"],
     }
+
+
+def _apply(xp, k, x, steps, outside_any, extrapolation_value: float, mode: str):
+    """Apply :func:`resize_steps`' plan to ``x`` in namespace ``xp``."""
+    from xconv.converters.ops.arrays import astype, is_integer
+
+    def const(a):  # numpy plan data in the namespace of the data
+        return a if xp is np else k.constant(a, y)
+
+    dtype = x.dtype
+    y = x
+    if mode != "nearest":
+        y = astype(xp, x, dtype if dtype in (xp.float32, xp.float64) else xp.float32)
+    for axis, idx, coeffs in steps:
+        if coeffs is None:
+            y = xp.take(y, idx.astype(np.int32), axis=axis)
+            continue
+        # A static gather of n taps per output, then their weighted sum: O(out * n).
+        taps = xp.take(y, idx.reshape(-1).astype(np.int32), axis=axis)
+        lead, trail = tuple(y.shape[:axis]), tuple(y.shape[axis + 1 :])
+        taps = xp.reshape(taps, (*lead, *idx.shape, *trail))
+        w = coeffs.reshape((1,) * axis + coeffs.shape + (1,) * len(trail))
+        y = xp.sum(taps * astype(xp, const(w), y.dtype), axis=axis + 1)
+    if outside_any is not None:
+        fill = xp.full_like(y, extrapolation_value)
+        y = xp.where(const(outside_any), fill, y)
+    if y.dtype != dtype:
+        if is_integer(dtype):
+            info = xp.iinfo(dtype)
+            y = xp.clip(xp.rint(y), info.min, info.max)
+        y = astype(xp, y, dtype)
+    return y
+
+
+def register_resize_ops(builtin: Callable[..., Any], k: Any) -> None:
+    """Resize and Upsample: the plan of :func:`resize_steps` applied through ``k.run`` (the
+    backend's namespace; ``k.constant(a, like)`` brings numpy indices' masks and weights)."""
+    from xconv.converters.ops.attrs import check_choice
+
+    def resample(ctx, x, *, extrapolation_value: float, **plan):
+        steps, outside_any = resize_steps(np.shape(x), **plan, fail=ctx.error)
+        return k.run(
+            lambda xp, x: _apply(xp, k, x, steps, outside_any, extrapolation_value, plan["mode"]),
+            x,
+        )
+
+    @builtin("Resize", since=10, attrs=RESIZE_ATTRS)
+    def resize(ctx, x, roi=None, scales=None, sizes=None, **attrs):
+        """Resize(X, roi?, scales?, sizes?) -> Y: nearest, linear or cubic resampling."""
+        kwargs = resize_arguments(
+            ctx,
+            np.shape(x),
+            roi,
+            scales,
+            sizes,
+            attrs,
+            present=lambda v: math.prod(np.shape(v)) > 0,
+        )
+        return resample(ctx, x, **kwargs)
+
+    @builtin(
+        "Upsample",
+        since=1,
+        attrs={"mode": "nearest", "scales": None, "height_scale": None, "width_scale": None},
+    )
+    def upsample(ctx, x, scales_in=None, *, mode, scales, height_scale, width_scale):
+        """Upsample(X, scales) -> Y: nearest or (bi)linear upsampling, asymmetric
+        coordinates."""
+        check_choice(ctx, "mode", mode, ("nearest", "linear", "bilinear"))
+        src = scales_in if scales_in is not None else scales
+        if src is None and height_scale is not None and width_scale is not None:
+            src = (1.0, 1.0, height_scale, width_scale)  # Upsample-1: NCHW only.
+        if src is None:
+            raise ctx.error("Upsample needs scales")
+        scale_v = [float(v) for v in np.asarray(ctx.static(src, "scales")).reshape(-1)]
+        return resample(
+            ctx,
+            x,
+            scales=scale_v,
+            sizes=[int(s * d) for s, d in zip(scale_v, np.shape(x), strict=True)],
+            roi=None,
+            mode="nearest" if mode == "nearest" else "linear",
+            coord_mode="asymmetric",
+            nearest_mode="simple",
+            cubic_a=-0.75,
+            antialias=False,
+            exclude_outside=False,
+            extrapolation_value=0.0,
+        )

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from xconv.converters.ops.arrays import normalize_axis
-from xconv.converters.ops.attrs import static_ints, unsupported
+from xconv.converters.ops.arrays import astype, normalize_axis
+from xconv.converters.ops.attrs import check_choice, static_ints, unsupported
 
 
 class ShapeKernel(Protocol):
@@ -276,3 +276,126 @@ def _register_layout_ops(builtin: Callable[..., Any], k: ShapeKernel, required: 
         """
         reps = _tile_reps(ctx, np.ndim(x), repeats, axis)
         return k.run(lambda xp, x: xp.tile(x, reps), x)
+
+
+_PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+def register_construction_ops(builtin: Callable[..., Any], kernel: Any, required: Any) -> None:
+    """Pad, Range, EyeLike, Trilu, DepthToSpace, SpaceToDepth, CenterCropPad.
+
+    Besides :class:`ShapeKernel`, ``kernel`` provides ``pad(x, widths, mode, fill)`` (the padding
+    by non-negative widths) and ``dtype(ctx, code, like)`` (ONNX type -> backend dtype).
+    """
+
+    @builtin(
+        "Pad", since=1, attrs={"mode": "constant", "pads": None, "paddings": None, "value": 0.0}
+    )
+    def pad(ctx, x, pads_in=None, constant_value=None, axes=None, *, mode, pads, paddings, value):
+        """Pad(data, pads, constant_value?, axes?) -> output: pads (or crops, when negative)."""
+        check_choice(ctx, "mode", mode, _PAD_MODES)
+        src = pads_in if pads_in is not None else (pads if pads is not None else paddings)
+        # Negative pads crop first; the rest pads.
+        crop, pos = pad_widths(ctx, tuple(np.shape(x)), src, axes)
+        y = x if crop is None else x[crop]
+        if not any(b or e for b, e in pos):
+            return y
+        fill = value
+        if constant_value is not None and math.prod(np.shape(constant_value)) > 0:
+            fill = constant_value
+        return kernel.pad(y, pos, mode, fill)
+
+    @builtin("Range", since=11, attrs={"stash_type": 1})
+    def range_(ctx, start, limit, delta, *, stash_type):
+        """Range(start, limit, delta) -> output: start + i*delta while before limit."""
+        # Scalars, though some exporters hand over 1-element vectors.
+        s, lim, d = (
+            np.asarray(ctx.static(v, name)).reshape(())
+            for v, name in ((start, "start"), (limit, "limit"), (delta, "delta"))
+        )
+        dtype = s.dtype
+        if ctx.opset >= 27 and dtype.itemsize == 2 and dtype.kind not in "iu" and stash_type:
+            # Range-27 accumulates 16-bit floats in the stash type (float by default).
+            stash = _np_dtype(stash_type)
+            out = np.arange(s.astype(stash), lim.astype(stash), d.astype(stash)).astype(dtype)
+        else:
+            out = np.arange(s, lim, d, dtype=dtype)
+        return kernel.constant(out, start)
+
+    @builtin("EyeLike", since=9, attrs={"dtype": None, "k": 0})
+    def eye_like(ctx, x, *, dtype, k):
+        """EyeLike(input) -> output: a 2-D identity-like tensor with ones on diagonal k."""
+        if np.ndim(x) != 2:
+            raise ctx.error(f"EyeLike needs a 2-D input, got rank {np.ndim(x)}")
+        out_dtype = kernel.dtype(ctx, dtype, x)
+        n, m = np.shape(x)
+        eye = kernel.constant(np.eye(n, m, k, dtype=np.float64), x)
+        return kernel.run(lambda xp, e: astype(xp, e, out_dtype), eye)
+
+    @builtin("Trilu", since=14, attrs={"upper": 1})
+    def trilu(ctx, x, k_in=None, *, upper):
+        """Trilu(input, k?) -> output: the upper (or lower) triangle from diagonal k."""
+        kk = static_ints(ctx, k_in, "k")[0] if k_in is not None else 0
+        if np.ndim(x) >= 2:  # torch refuses diagonals far outside the matrix
+            n, m = np.shape(x)[-2:]
+            kk = max(min(kk, m + 1), -n - 1)
+        return kernel.run(lambda xp, x: xp.triu(x, kk) if upper else xp.tril(x, kk), x)
+
+    _register_block_ops(builtin, kernel, required)
+
+
+def _np_dtype(code: int) -> np.dtype:
+    import onnx_ir as ir
+
+    return np.dtype(ir.DataType(code).numpy())
+
+
+def _register_block_ops(builtin: Callable[..., Any], k: Any, required: Any) -> None:
+    """DepthToSpace, SpaceToDepth, CenterCropPad."""
+
+    @builtin("DepthToSpace", since=1, attrs={"blocksize": required, "mode": "DCR"})
+    def depth_to_space(ctx, x, *, blocksize, mode):
+        """DepthToSpace(input) -> output: moves depth blocks into spatial blocks (DCR or
+        CRD)."""
+        n, c, h, w = np.shape(x)
+        b = blocksize
+        if mode == "DCR":
+            split, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+        elif mode == "CRD":
+            split, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+        else:
+            raise unsupported(ctx, f"mode {mode!r} not supported; use 'DCR' or 'CRD'")
+        out = (n, c // (b * b), h * b, w * b)
+        return k.run(lambda xp, x: xp.reshape(xp.transpose(xp.reshape(x, split), perm), out), x)
+
+    @builtin("SpaceToDepth", since=1, attrs={"blocksize": required, "mode": "DCR"})
+    def space_to_depth(ctx, x, *, blocksize, mode):
+        """SpaceToDepth(input) -> output: moves spatial blocks into depth (DCR or CRD
+        order)."""
+        n, c, h, w = np.shape(x)
+        b = blocksize
+        perms = {"DCR": (0, 3, 5, 1, 2, 4), "CRD": (0, 1, 3, 5, 2, 4)}
+        check_choice(ctx, "mode", mode, sorted(perms))
+        split, out = (n, c, h // b, b, w // b, b), (n, c * b * b, h // b, w // b)
+        return k.run(
+            lambda xp, x: xp.reshape(xp.transpose(xp.reshape(x, split), perms[mode]), out), x
+        )
+
+    @builtin("CenterCropPad", since=18, attrs={"axes": None})
+    def center_crop_pad(ctx, x, shape, *, axes):
+        """CenterCropPad(input_data, shape) -> output_data: center crop or zero-pad to
+        shape."""
+        target = static_ints(ctx, shape, "shape")
+        dims = tuple(np.shape(x))
+        ax = [normalize_axis(ctx, a, len(dims)) for a in axes] if axes is not None else None
+        crop = [slice(None)] * len(dims)
+        width = [(0, 0)] * len(dims)
+        for a, t in zip(ax if ax is not None else range(len(dims)), target, strict=False):
+            if t < dims[a]:
+                start = (dims[a] - t) // 2
+                crop[a] = slice(start, start + t)
+            elif t > dims[a]:
+                before = (t - dims[a]) // 2
+                width[a] = (before, t - dims[a] - before)
+        y = x[tuple(crop)]
+        return k.pad(y, width, "constant", 0) if any(b or e for b, e in width) else y

@@ -35,6 +35,11 @@ _BY_NAME = {
 }  # fmt: skip
 
 
+def onnx_type_name(dtype: torch.dtype) -> str | None:
+    """The ONNX name of a torch dtype, None for one ONNX lacks."""
+    return next((name for name, held in _BY_NAME.items() if held == dtype), None)
+
+
 def torch_dtype(dtype: ir.DataType) -> torch.dtype:
     """The torch dtype for an ONNX one; raises KeyError naming the supported ones."""
     try:

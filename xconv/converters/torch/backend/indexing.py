@@ -94,19 +94,6 @@ def _apply_slices(x, plan):
 indexing.register_slice(builtin, _apply_slices)
 
 
-@builtin("Gather", since=1, attrs={"axis": 0})
-def gather(ctx, x, indices, *, axis):
-    """Gather(data, indices) -> output: entries of `axis` picked by indices (may be < 0)."""
-    axis = normalize_axis(ctx, axis, len(x.shape))
-    if needs_numpy(x):
-        idx = to_np(indices).astype(np.int64)
-        idx = np.where(idx < 0, idx + x.shape[axis], idx)
-        return take(x, idx, axis)
-    idx = _wrap(indices, x.shape[axis])
-    y = torch.index_select(x, axis, idx.reshape(-1))
-    return y.reshape((*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]))
-
-
 def _elements_index(x, indices, axis):
     shape = tuple(indices.shape)
     dev = indices.device
@@ -114,17 +101,6 @@ def _elements_index(x, indices, axis):
         _wrap(indices, x.shape[axis]) if d == axis else _grid(shape, d, dev)
         for d in range(len(x.shape))
     )
-
-
-@builtin("GatherElements", since=11, attrs={"axis": 0})
-def gather_elements(ctx, x, indices, *, axis):
-    """GatherElements(data, indices) -> output: out[..i..] = data[..indices[..i..]..]."""
-    axis = normalize_axis(ctx, axis, len(x.shape))
-    if needs_numpy(x):
-        idx = to_np(indices).astype(np.int64)
-        idx = np.where(idx < 0, idx + x.shape[axis], idx)
-        return back(np.take_along_axis(to_np(x), idx, axis=axis), x)
-    return torch.gather(x, axis, _wrap(indices, x.shape[axis]))
 
 
 # -- scattering ----------------------------------------------------------------------------
@@ -176,5 +152,5 @@ def unique(ctx, x, *, axis, sorted):  # noqa: A002 - the ONNX attribute name
     return (y_out, *(back(v, x) for v in rest))
 
 
-# GatherND, OneHot, Compress, ReverseSequence: written once in converters/ops/indexing.py.
+# Gather, GatherElements, GatherND, OneHot, Compress, ReverseSequence: written once in converters/ops/indexing.py.
 indexing.register_indexing_ops(builtin, KERNEL)

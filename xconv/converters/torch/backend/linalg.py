@@ -6,20 +6,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xconv.converters.ops.arrays import normalize_axis
-from xconv.converters.ops.linalg import register_softmax_ops
+from xconv.converters.ops.linalg import (
+    register_cumulative_ops,
+    register_loss_ops,
+    register_softmax_ops,
+    register_topk,
+)
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
-from xconv.converters.torch.backend.xp import as_numpy, from_numpy
+from xconv.converters.torch.backend.xp import KERNEL, as_numpy, from_numpy
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-def static_int(ctx, value, what: str) -> int:
-    arr = ctx.static(value, what)
-    if arr.size != 1:
-        raise ctx.error(f"{what} must hold a single integer, got shape {arr.shape}")
-    return int(arr.reshape(()))
 
 
 def _is_int(dtype: torch.dtype) -> bool:
@@ -98,50 +95,16 @@ def det(ctx, x):
 # Cumulative ops
 
 
-def _cumulative(ctx, x, axis, exclusive, reverse, op, identity):
-    ax = normalize_axis(ctx, static_int(ctx, axis, "axis"), x.ndim)
-    if x.dtype in (torch.uint16, torch.uint32, torch.uint64):
-        # No unsigned cumulative kernels in torch: numpy wraps around the same way.
-        a = as_numpy(x)
-        a = np.flip(a, ax) if reverse else a
-        if exclusive:
-            a = np.concatenate([np.full_like(a.take([0], axis=ax), identity), a], axis=ax)
-            a = a.take(np.arange(x.shape[ax]), axis=ax)
-        y = (np.cumsum if identity == 0 else np.cumprod)(a, axis=ax, dtype=a.dtype)
-        return from_numpy(np.flip(y, ax) if reverse else y, x)
-    if reverse:
-        x = torch.flip(x, (ax,))
-    if exclusive:
-        # Shift right by one along the axis, filling with the identity.
-        fill = torch.full_like(x.narrow(ax, 0, 1), identity)
-        x = torch.cat([fill, x.narrow(ax, 0, x.shape[ax] - 1)], dim=ax)
-    y = op(x, dim=ax, dtype=x.dtype)
-    if reverse:
-        y = torch.flip(y, (ax,))
-    return y
-
-
-@builtin("CumSum", since=11, attrs={"exclusive": 0, "reverse": 0})
-def cumsum(ctx, x, axis, *, exclusive, reverse):
-    """CumSum(x, axis) -> y: running sum along ``axis`` (optionally exclusive / reversed)."""
-    return _cumulative(ctx, x, axis, exclusive, reverse, torch.cumsum, 0)
-
-
-@builtin("CumProd", since=26, attrs={"exclusive": 0, "reverse": 0})
-def cumprod(ctx, x, axis, *, exclusive, reverse):
-    """CumProd(x, axis) -> y: running product along ``axis`` (optionally exclusive / reversed)."""
-    return _cumulative(ctx, x, axis, exclusive, reverse, torch.cumprod, 1)
+# CumSum, CumProd: converters/ops/linalg.py.
+register_cumulative_ops(builtin, KERNEL)
 
 
 # --------------------------------------------------------------------------------------
 # TopK
 
 
-def _topk(ctx, x, k: int, axis: int, largest: int):
-    ax = normalize_axis(ctx, axis, x.ndim)
-    n = x.shape[ax]
-    if not 0 <= k <= n:
-        raise ctx.error(f"k={k} is out of range for an axis of size {n}")
+def _top_k(x, k: int, ax: int, largest: bool):
+    """TopK along ``ax`` by a stable sort (lower index first among equal values)."""
     if x.dtype in (torch.uint16, torch.uint32, torch.uint64):
         # torch has no wide unsigned sort/gather kernels: numpy's stable argsort does the same.
         a = as_numpy(x)
@@ -149,32 +112,13 @@ def _topk(ctx, x, k: int, axis: int, largest: int):
         order = np.take(order, np.arange(k), axis=ax)
         values = np.take_along_axis(a, order, axis=ax)
         return from_numpy(values, x), from_numpy(order.astype(np.int64), x)
-    # A stable sort keeps the lower index first among equal values, as ONNX specifies.
-    _, idx = torch.sort(x, dim=ax, descending=bool(largest), stable=True)
+    _, idx = torch.sort(x, dim=ax, descending=largest, stable=True)
     idx = idx.narrow(ax, 0, k)
     return torch.gather(x, ax, idx), idx
 
 
-@builtin("TopK", since=1, until=9, attrs={"axis": -1, "k": REQUIRED})
-def topk_1(ctx, x, *, axis, k):
-    """TopK-1(X) -> (Values, Indices): the k largest along ``axis`` (k an attribute)."""
-    return _topk(ctx, x, int(k), axis, 1)
-
-
-@builtin("TopK", since=10, until=10, attrs={"axis": -1})
-def topk_10(ctx, x, k, *, axis):
-    """TopK-10(X, K) -> (Values, Indices): the k largest along ``axis``."""
-    return _topk(ctx, x, static_int(ctx, k, "k"), axis, 1)
-
-
-@builtin("TopK", since=11, attrs={"axis": -1, "largest": 1, "sorted": 1})
-def topk(ctx, x, k, *, axis, largest, sorted):  # noqa: A002 - the ONNX attribute name
-    """TopK(X, K) -> (Values, Indices): the k largest (or smallest) along ``axis``.
-
-    Equal values keep the lower index first, as ONNX specifies. The output is always
-    sorted (``sorted=0`` leaves the order unspecified).
-    """
-    return _topk(ctx, x, static_int(ctx, k, "k"), axis, largest)
+# TopK-1, -10, -11: converters/ops/linalg.py.
+register_topk(builtin, _top_k, REQUIRED)
 
 
 # --------------------------------------------------------------------------------------
@@ -223,58 +167,5 @@ register_softmax_ops(
 # --------------------------------------------------------------------------------------
 # Losses
 
-_REDUCTIONS = ("none", "sum", "mean")
-
-
-def _nll(ctx, logp, target, weight, reduction, ignore_index):
-    """Negative log-likelihood of ``logp`` (N, C, d...) at ``target`` (N, d...)."""
-    if reduction not in _REDUCTIONS:
-        raise ctx.error(f"reduction {reduction!r} is not one of {list(_REDUCTIONS)}")
-    if logp.ndim < 2:
-        raise ctx.error(f"input must have shape (N, C, ...), got rank {logp.ndim}")
-    num_classes = logp.shape[1]
-    dtype = logp.dtype
-    target = target.to(torch.int64)
-    valid = None if ignore_index is None else target != ignore_index
-    safe = target if valid is None else torch.where(valid, target, 0)
-    safe = torch.clamp(safe, 0, num_classes - 1)
-    loss = -torch.gather(logp, 1, safe.unsqueeze(1)).squeeze(1)
-    w = None
-    if weight is not None:
-        w = weight.to(dtype)[safe]
-    zero = torch.zeros((), dtype=dtype, device=logp.device)
-    if valid is not None:
-        w = torch.where(
-            valid, torch.ones((), dtype=dtype, device=logp.device) if w is None else w, zero
-        )
-        loss = torch.where(valid, loss, zero)
-    if w is not None:
-        loss = loss * w
-    if reduction == "none":
-        return loss.to(dtype)
-    total = loss.sum()
-    if reduction == "sum":
-        return total.to(dtype)
-    if w is None:
-        return (total / loss.numel()).to(dtype)
-    return (total / w.sum()).to(dtype)
-
-
-@builtin("NegativeLogLikelihoodLoss", since=12, attrs={"reduction": "mean", "ignore_index": None})
-def negative_log_likelihood_loss(ctx, x, target, weight=None, *, reduction, ignore_index):
-    """NegativeLogLikelihoodLoss(input, target, weight?) -> loss = -input[n, target[n], ...]
-    (weighted, ``ignore_index`` entries excluded), reduced by ``reduction``."""
-    return _nll(ctx, x, target, weight, reduction, ignore_index)
-
-
-@builtin("SoftmaxCrossEntropyLoss", since=12, attrs={"reduction": "mean", "ignore_index": None})
-def softmax_cross_entropy_loss(ctx, scores, labels, weights=None, *, reduction, ignore_index):
-    """SoftmaxCrossEntropyLoss(scores, labels, weights?) -> (output, log_prob?):
-    NegativeLogLikelihoodLoss of LogSoftmax(scores, axis=1)."""
-    if scores.ndim < 2:
-        raise ctx.error(f"scores must have shape (N, C, ...), got rank {scores.ndim}")
-    log_prob = F.log_softmax(scores, dim=1)
-    loss = _nll(ctx, log_prob, labels, weights, reduction, ignore_index)
-    outputs = ctx.node.outputs
-    wants_log_prob = len(outputs) > 1 and outputs[1].name != ""
-    return (loss, log_prob) if wants_log_prob else loss
+# NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss: converters/ops/linalg.py.
+register_loss_ops(builtin, KERNEL, lambda x, axis: F.log_softmax(x, dim=axis))

@@ -8,30 +8,18 @@ distributions, shapes and dtypes match other runtimes.
 
 from __future__ import annotations
 
-import onnx_ir as ir
 import torch
 
 from xconv.converters.ops.random import register_random_ops
-from xconv.converters.torch.backend.dtypes import torch_dtype
 from xconv.converters.torch.backend.nn import seeded_generator
 from xconv.converters.torch.backend.registry import REQUIRED, builtin
-
-
-def _dtype(ctx, dtype: int | None, like=None) -> torch.dtype:
-    if dtype is None or dtype == 0:
-        if like is None:
-            raise ctx.error("dtype is required")
-        return like.dtype
-    try:
-        return torch_dtype(ir.DataType(dtype))
-    except (ValueError, KeyError) as e:
-        raise ctx.error(f"unsupported dtype {dtype}: {e}") from e
+from xconv.converters.torch.backend.xp import KERNEL
 
 
 class _RandomKernel:
     """The torch side of :mod:`xconv.converters.ops.random`: generators from the seed."""
 
-    dtype = staticmethod(_dtype)
+    dtype = staticmethod(KERNEL.dtype)
 
     @staticmethod
     def normal(ctx, shape, seed):
@@ -57,7 +45,7 @@ register_random_ops(builtin, _RandomKernel(), REQUIRED)
 @builtin("Bernoulli", since=15, attrs={"dtype": None, "seed": None})
 def bernoulli(ctx, x, *, dtype, seed):
     """Bernoulli(input) -> 0/1 draws with probabilities ``input``, in ``dtype``."""
-    out_dtype = _dtype(ctx, dtype, x)
+    out_dtype = KERNEL.dtype(ctx, dtype, x)
     p = x.to(torch.float32)
     return torch.bernoulli(p, generator=seeded_generator(ctx, seed)).to(out_dtype)
 
@@ -65,7 +53,7 @@ def bernoulli(ctx, x, *, dtype, seed):
 @builtin("Multinomial", since=7, attrs={"dtype": 6, "sample_size": 1, "seed": None})
 def multinomial(ctx, x, *, dtype, sample_size, seed):
     """Multinomial(input [batch, classes] of log-probabilities) -> [batch, sample_size]."""
-    out_dtype = _dtype(ctx, dtype)
+    out_dtype = KERNEL.dtype(ctx, dtype)
     if out_dtype not in (torch.int32, torch.int64):
         raise ctx.error(f"dtype must be int32 or int64, got {out_dtype}")
     if x.ndim != 2:

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from xconv.converters.ops.arrays import namespace
-from xconv.converters.torch.backend.dtypes import numpy_only, to_tensor
+from xconv.converters.ops.arrays import namespace, onnx_dtype
+from xconv.converters.torch.backend.dtypes import numpy_only, to_tensor, torch_dtype
 
 
 def as_numpy(x: Any) -> Any:
@@ -40,6 +40,10 @@ float16 = torch.float16
 bfloat16 = torch.bfloat16
 float32 = torch.float32
 float64 = torch.float64
+int32 = torch.int32
+uint8 = torch.uint8
+triu = torch.triu
+tril = torch.tril
 int64 = torch.int64
 iinfo = torch.iinfo
 abs = torch.abs  # noqa: A001 - numpy's name
@@ -190,6 +194,17 @@ def squeeze(x, axis):
     return torch.squeeze(x, _dims(axis))
 
 
+moveaxis = torch.movedim
+
+
+def cumsum(x, axis, dtype=None):
+    return torch.cumsum(x, dim=axis, dtype=dtype)
+
+
+def cumprod(x, axis, dtype=None):
+    return torch.cumprod(x, dim=axis, dtype=dtype)
+
+
 def flip(x, axis):
     return torch.flip(x, _dims(axis))
 
@@ -222,8 +237,14 @@ def run(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def take(x, indices, axis=None):
-    """``np.take`` for numpy ``indices``."""
+    """``np.take``, for numpy or tensor ``indices``."""
     from xconv.converters.torch.backend.shape import take as take_static
+
+    if isinstance(indices, torch.Tensor):
+        if axis is None:
+            x, axis = x.reshape(-1), 0
+        y = torch.index_select(x, axis, indices.reshape(-1))
+        return y.reshape((*x.shape[:axis], *indices.shape, *x.shape[axis + 1 :]))
 
     if axis is None:
         return take_static(x.reshape(-1), indices, 0)
@@ -246,7 +267,7 @@ class TorchKernel:
     """The torch side of the shared op semantics: this namespace, numpy for what torch cannot
     hold."""
 
-    overrides: dict = {}
+    overrides: dict = {"GatherElements": lambda x, idx, axis: torch.gather(x, axis, idx)}
     run = staticmethod(run)
 
     @staticmethod
@@ -264,6 +285,17 @@ class TorchKernel:
         return 1 / np.sqrt(x) if xp is np else torch.rsqrt(x)
 
     constant = staticmethod(from_numpy)
+
+    @staticmethod
+    def pad(y, widths, mode, fill):
+        from xconv.converters.torch.backend.shape import pad
+
+        return pad(y, widths, mode, fill)
+
+    @staticmethod
+    def dtype(ctx, code, like=None):
+        """The torch dtype of ONNX type ``code`` (``like``'s when 0 or absent)."""
+        return onnx_dtype(ctx, code, torch_dtype, like)
 
     @staticmethod
     def materialize(xp, x):
