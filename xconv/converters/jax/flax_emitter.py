@@ -469,7 +469,11 @@ class _Emitter:
         sub.inputs = []
         for i, v in enumerate(b.inputs):
             role = "x" if i == 0 else sub.role(v)
-            name = sub.ns.new("residual" if role == "h" and len(b.inputs) == 2 else role)
+            if v in self.static:
+                role = "shape"  # a shape value (a dynamic batch's), never the residual
+            elif role == "h" and len(b.inputs) == 2:
+                role = "residual"
+            name = sub.ns.new(role)
             sub.inputs.append(name)
             sub.bind(v, name, self.native[v], v in self.static)
         sub.emit_nodes(b.nodes)
@@ -662,10 +666,13 @@ class _Emitter:
             )
             arr = value.const_value.numpy()
             shape, dt = tuple(arr.shape), dtype_expr(value.dtype)
+            # linen's param takes the loaded value; its initializer's dtype is float32 unless
+            # the weight is not (then it is spelled out)
+            pdt = "" if value.dtype == ir.DataType.FLOAT else f", {dt}"
             self.src.setup.append(
                 (
                     f'self.{attr} = self.param("{attr}", nn.initializers.zeros_init(), '
-                    f"{shape}, {dt})",
+                    f"{shape}{pdt})",
                     f"self.{attr} = nnx.Param(jnp.zeros({shape}, {dt}))",
                 )
             )

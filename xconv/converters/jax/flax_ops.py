@@ -729,12 +729,16 @@ def _attention(c: OpCall) -> str:
     causal = bool(c.attrs["is_causal"])
     if c.has(3) and _causal_mask(c.consts[3]):
         mask, causal = "None", True  # the mask a causal model builds: is_causal says it
-    scale = "None" if c.attrs["scale"] is None else scalar_literal(c.attrs["scale"])
-    return (
-        f"_{name}({c.args[0]}, {c.args[1]}, {c.args[2]}, {mask}, "
-        f"is_causal={causal}, scale={scale}, "
-        f"q_num_heads={c.attrs['q_num_heads']}, kv_num_heads={c.attrs['kv_num_heads']})"
-    )
+    # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
+    args = [c.args[0], c.args[1], c.args[2]] + ([mask] if mask != "None" else [])
+    if causal:
+        args.append("is_causal=True")
+    if c.attrs["scale"] is not None:
+        args.append(f"scale={scalar_literal(c.attrs['scale'])}")
+    for key in ("q_num_heads", "kv_num_heads"):
+        if c.attrs[key]:
+            args.append(f"{key}={c.attrs[key]}")
+    return f"_{name}({', '.join(args)})"
 
 
 # ---------------------------------------------------------------- reductions
@@ -1141,7 +1145,7 @@ def _group_norm(x, scale, bias, num_groups, epsilon):
     return y * jnp.reshape(scale, bshape) + jnp.reshape(bias, bshape)
 """,
     "attention": '''
-def _attention(q, k, v, mask, is_causal, scale, q_num_heads, kv_num_heads):
+def _attention(q, k, v, mask=None, is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0):
     """ONNX Attention (opset 23) without past key/value: 4-D (B, H, S, D) or 3-D (B, S, H*D)
     inputs, computed in their own layout (head- or sequence-major, no transposes); cuDNN's
     fused kernel on a GPU for float16/bfloat16 without a mask. A query row nothing may attend
@@ -1191,7 +1195,9 @@ def _attention(q, k, v, mask, is_causal, scale, q_num_heads, kv_num_heads):
     return jnp.reshape(out, (b, out.shape[1], -1)) if three_d else out
 ''',
     "attention_reference": '''
-def _attention_reference(q, k, v, mask, is_causal, scale, q_num_heads, kv_num_heads):
+def _attention_reference(
+    q, k, v, mask=None, is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0
+):
     """ONNX Attention (opset 23) without past key/value: 4-D (B, H, S, D) or 3-D inputs."""
     three_d = q.ndim == 3
     if three_d:
