@@ -118,4 +118,106 @@ def inline_chains(lines: list[str], width: int, max_depth: int = 3) -> list[str]
         depth[i + 1] += depth[i]
         del out[i], depth[i]
         i = max(i - 1, 0)
+    # ``v = expr`` then ``return v``: ``return expr`` (no deeper nesting, one name less)
+    m = _ASSIGN.match(out[-2]) if len(out) >= 2 else None
+    if (
+        m
+        and out[-1] == f"return {m.group('v')}"
+        and "  # " not in out[-2]
+        and len(f"return {m.group('rhs').strip()}") <= width
+    ):
+        out[-2:] = [f"return {m.group('rhs').strip()}"]
+    return out
+
+
+def _split_args(text: str) -> list[str]:
+    """``text`` split at its top-level commas (outside brackets and string literals)."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote and text[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    last = text[start:].strip()
+    return [*parts, last] if last else parts
+
+
+def _closing(text: str, start: int) -> int | None:
+    """Index of the bracket closing the one at ``start`` (string literals skipped)."""
+    depth, quote = 0, ""
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            quote = "" if ch == quote and text[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
+def wrap_line(line: str, width: int = LINE_LENGTH) -> list[str]:
+    """A statement longer than ``width`` ending in a call, laid out as ruff's formatter does:
+    the arguments on one indented line, or one per line when they do not fit. Anything else
+    (a comment, a string, no such call) stays as it is."""
+    if len(line) <= width or "#" in line or '"""' in line:
+        return [line]
+    indent = len(line) - len(line.lstrip())
+    # the first call whose closing bracket ends the line (``.value`` may follow it)
+    opened = close = None
+    for i, ch in enumerate(line):
+        j = _closing(line, i) if ch == "(" else None
+        if j is not None and re.fullmatch(r"(\.\w+)*", line[j + 1 :]):
+            opened, close = i, j
+            break
+    if opened is None or not line[indent:opened].strip():
+        return [line]
+    args = _split_args(line[opened + 1 : close])
+    if not args:
+        return [line]
+    pad, head, end = " " * (indent + 4), line[: opened + 1], " " * indent + line[close:]
+    joined = ", ".join(args)
+    if len(pad) + len(joined) <= width:
+        return [head, pad + joined, end]
+    return [head, *(pad + a + "," for a in args), end]
+
+
+def wrap_lines(text: str, width: int = LINE_LENGTH) -> str:
+    """:func:`wrap_line` over every line of ``text``."""
+    return "\n".join(out for line in text.split("\n") for out in wrap_line(line, width))
+
+
+_RESHAPE = re.compile(r"^(?P<v>\w+) = (?P<xp>j?np)\.reshape\((?P<e>.+), (?P<s>\([^()]*\))\)$")
+
+
+def fold_reshapes(lines: list[str]) -> list[str]:
+    """``t = jnp.reshape(e, s1)`` read only by the next statement's ``jnp.reshape(t, s2)``
+    becomes ``jnp.reshape(e, s2)`` (a reshape of a reshape is one reshape): the layout
+    bookkeeping's unit-axis reshape before a flatten disappears."""
+    out = list(lines)
+    i = 0
+    while i < len(out) - 1:
+        m = _RESHAPE.match(out[i])
+        if m is None:
+            i += 1
+            continue
+        v, xp = m.group("v"), m.group("xp")
+        use = f"{xp}.reshape({v}, "
+        rest = "\n".join(out[i + 1 :])
+        if use not in out[i + 1] or _uses(v, rest) != 1:
+            i += 1
+            continue
+        out[i + 1] = out[i + 1].replace(use, f"{xp}.reshape({m.group('e')}, ", 1)
+        del out[i]
     return out

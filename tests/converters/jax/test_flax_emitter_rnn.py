@@ -363,10 +363,14 @@ def test_transformer_layers_become_block_classes(tmp_path):
     model, xs, expected = _from_torch(torch_models.make_transformer)
     out = xconv.to_flax(model, tmp_path / "out", api="nnx", options=BLOCKS)
     src = (out / "model.py").read_text()
-    # The two EncoderLayers differ (gelu erf vs tanh): two classes, one MultiheadAttention.
-    assert src.count("class EncoderLayer") == 2
+    # The two EncoderLayers differ only in their GELU (erf vs tanh): one class with a bool
+    # field, one MultiheadAttention.
+    assert src.count("class EncoderLayer") == 1
     assert src.count("class MultiheadAttention(") == 1
-    assert "self.layers = nnx.List([EncoderLayer(rngs=rngs), EncoderLayer_1(rngs=rngs)])" in src
+    assert "def __init__(self, approximate: bool, *, rngs: nnx.Rngs):" in src
+    assert "jax.nn.gelu(self.ff1(self.ln3(x)), approximate=self.approximate)" in src
+    want = "nnx.List([EncoderLayer(False, rngs=rngs), EncoderLayer(True, rngs=rngs)])"
+    assert f"self.layers = {want}" in src
     got, handle = run_generated(out, "nnx", *xs)
     err = float(np.max(np.abs(np.asarray(got) - expected[0])))
     assert err <= 1e-5, err

@@ -24,6 +24,10 @@ _CTOR = re.compile(
     r"(?P<ctor>nnx?\.(?:Conv|Dense|ConvTranspose|Linear|BatchNorm|LayerNorm|GroupNorm|RMSNorm))"
     r"\((?P<a>\d+)(?:, (?P<b>\d+))?(?=[,)])"
 )
+#: A boolean argument of an activation that instances may differ in (torch's
+#: ``nn.GELU(approximate=...)`` per layer): a ``bool`` field.
+_FLAG = re.compile(r"(?<=\bjax\.nn\.gelu\()(?P<x>[^\n]*?), approximate=(?P<flag>True|False)\)")
+_BOOL_ROLES = frozenset({"approximate"})
 _LOOP_LINE = re.compile(r"\s*(for block in self\.\w+:|\w+ = block\()")
 _TOKEN = re.compile(r"\{inst:(\d+):([\d,]*)\}")
 _SLOT = "\x00"
@@ -51,14 +55,30 @@ def abstract(text: str, api: str) -> tuple[str, list[str], tuple[int, ...]]:
     roles: list[str] = []
     values: list[int] = []
 
-    def sub(m: re.Match) -> str:
+    found: list[tuple[int, int, str, list[str], list[int]]] = []
+    for m in _CTOR.finditer(text):
         two = m.group("b") is not None
         nums = [int(m.group("a"))] + ([int(m.group("b"))] if two else [])
-        roles.extend(_roles(m.group("ctor"), api, two))
+        rep = f"{m.group('ctor')}(" + ", ".join(_SLOT for _ in nums)
+        found.append((m.start(), m.end(), rep, _roles(m.group("ctor"), api, two), nums))
+    for m in _FLAG.finditer(text):
+        rep = f"{m.group('x')}, approximate={_SLOT})"
+        found.append((m.start(), m.end(), rep, ["approximate"], [int(m.group("flag") == "True")]))
+    out, last = [], 0
+    for start, end, rep, rs, nums in sorted(found):  # slots in the order of the text
+        out += [text[last:start], rep]
+        roles.extend(rs)
         values.extend(nums)
-        return f"{m.group('ctor')}(" + ", ".join(_SLOT for _ in nums)
+        last = end
+    return "".join([*out, text[last:]]), roles, tuple(values)
 
-    return _CTOR.sub(sub, text), roles, tuple(values)
+
+def _literal(role: str, value: int) -> str:
+    return str(bool(value)) if role in _BOOL_ROLES else str(value)
+
+
+def _type(name: str) -> str:
+    return "bool" if name.rstrip("_0123456789") in _BOOL_ROLES else "int"
 
 
 def _fields(group: Group) -> tuple[list[str], dict[int, str]]:
@@ -88,17 +108,22 @@ def render_group(group: Group, api: str) -> str:
     out = [parts[0]]
     for pos, rest in enumerate(parts[1:]):
         f = by_pos.get(pos)
-        out.append((f if api == "nnx" else f"self.{f}") if f else str(first[pos]))
+        here = _literal(group.slots[pos], first[pos])
+        # nnx reads a flag in __call__: an attribute (set first thing in __init__)
+        flag = api == "nnx" and group.slots[pos] in _BOOL_ROLES
+        out.append((f if api == "nnx" and not flag else f"self.{f}") if f else here)
         out.append(rest)
     text = "".join(out).replace("{cls}", group.name)
     if not names:
         return text
     if api == "linen":
         doc_end = text.index('"""', text.index('"""') + 3) + 3
-        lines = "".join(f"\n    {n}: int" for n in names)
+        lines = "".join(f"\n    {n}: {_type(n)}" for n in names)
         return text[:doc_end] + "\n" + lines + text[doc_end:]
-    args = ", ".join(f"{n}: int" for n in names)
-    return text.replace("def __init__(self, *, rngs", f"def __init__(self, {args}, *, rngs", 1)
+    args = ", ".join(f"{n}: {_type(n)}" for n in names)
+    head = f"def __init__(self, {args}, *, rngs: nnx.Rngs):"
+    keep = "".join(f"\n        self.{n} = {n}" for n in names if _type(n) == "bool")
+    return text.replace("def __init__(self, *, rngs: nnx.Rngs):", head + keep, 1)
 
 
 def resolve(text: str, groups: list[Group], api: str) -> str:
@@ -111,7 +136,7 @@ def resolve(text: str, groups: list[Group], api: str) -> str:
         args = []
         for name in names:
             pos = min(p for p, f in by_pos.items() if f == name)
-            args.append(str(values[pos]))
+            args.append(_literal(group.slots[pos], values[pos]))
         if api == "nnx":
             args.append("rngs=rngs")
         return f"{group.name}({', '.join(args)})"

@@ -34,6 +34,7 @@ from xconv.converters.jax.flax_ops import (
     OpCall,
     UnsupportedTemplateError,
     array_literal,
+    closed_form,
     dtype_expr,
     find_template,
 )
@@ -60,6 +61,9 @@ from xconv.weights.flax_names import (
 
 #: Constants up to this many elements are written inline; larger ones are stored variables.
 INLINE_LIMIT = 64
+#: ... and up to this many characters; a longer one is written in closed form
+#: (:func:`~xconv.converters.jax.flax_ops.closed_form`) or stored.
+LITERAL_WIDTH = 60
 
 _RESERVED = frozenset(
     {
@@ -465,7 +469,11 @@ class _Emitter:
         sub.inputs = []
         for i, v in enumerate(b.inputs):
             role = "x" if i == 0 else sub.role(v)
-            name = sub.ns.new("residual" if role == "h" and len(b.inputs) == 2 else role)
+            if v in self.static:
+                role = "shape"  # a shape value (a dynamic batch's), never the residual
+            elif role == "h" and len(b.inputs) == 2:
+                role = "residual"
+            name = sub.ns.new(role)
             sub.inputs.append(name)
             sub.bind(v, name, self.native[v], v in self.static)
         sub.emit_nodes(b.nodes)
@@ -658,10 +666,13 @@ class _Emitter:
             )
             arr = value.const_value.numpy()
             shape, dt = tuple(arr.shape), dtype_expr(value.dtype)
+            # linen's param takes the loaded value; its initializer's dtype is float32 unless
+            # the weight is not (then it is spelled out)
+            pdt = "" if value.dtype == ir.DataType.FLOAT else f", {dt}"
             self.src.setup.append(
                 (
                     f'self.{attr} = self.param("{attr}", nn.initializers.zeros_init(), '
-                    f"{shape}, {dt})",
+                    f"{shape}{pdt})",
                     f"self.{attr} = nnx.Param(jnp.zeros({shape}, {dt}))",
                 )
             )
@@ -677,11 +688,24 @@ class _Emitter:
         if perm is not None and rank is not None:
             arr = layout.permute_constant(arr, perm, rank)
         if arr.size <= INLINE_LIMIT:
-            return array_literal(arr, bare_scalar=bare)
+            literal = array_literal(arr, bare_scalar=bare)
+            if len(literal) <= LITERAL_WIDTH:
+                return literal
+            # A long literal: its closed form when it has one, else a stored constant, so
+            # the statement stays within the line length (a rotary table, a causal mask).
+            closed = closed_form(arr)
+            if closed is not None and len(closed) < len(literal):
+                return closed
+            if arr.dtype.kind != "f":
+                return literal  # integers may index or shape: they stay numpy (static)
         key = (value, perm)
         if key not in self.raw:
             self.has_constants = True
-            attr = self.attrs.new(raw_param_name(value.name or "const"))
+            # A source buffer keeps its name (the weights mapping looks it up); a folded
+            # constant's name is the exporter's, and would differ between the instances of
+            # a block class: it is a ``table``.
+            hint = value.name if value.is_initializer() else None
+            attr = self.attrs.new(raw_param_name(hint or "table"))
             shape, dt = tuple(arr.shape), dtype_expr(ir.DataType.from_numpy(arr.dtype))
             self.src.setup.append(
                 (

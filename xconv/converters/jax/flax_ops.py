@@ -206,6 +206,44 @@ def array_literal(a: np.ndarray, *, bare_scalar: bool = False) -> str:
     return f"np.asarray({nested_literal(a)}, dtype={dtype_expr(dt, 'np')})"
 
 
+def _lead(shape: tuple[int, ...], core: int) -> str:
+    """The indexing that gives a ``core``-D array ``shape``'s leading unit axes."""
+    extra = len(shape) - core
+    return "[" + ", ".join(["None"] * extra) + "]" if extra else ""
+
+
+def closed_form(a: np.ndarray) -> str | None:
+    """A short numpy expression for a constant a person would compute rather than spell out:
+    one repeated value (``np.ones((1, 8), dtype=bool)``), a range of integers
+    (``np.arange(10, dtype=np.int64)[None]``), a lower-triangular (causal) mask
+    (``np.tril(np.ones((8, 8), dtype=bool))[None, None]``); None for anything else."""
+    a = np.asarray(a)
+    if a.ndim == 0 or a.size < 2 or a.dtype.kind not in "biuf":
+        return None
+    dt = dtype_expr(ir.DataType.from_numpy(a.dtype), "np")
+    dt = "bool" if a.dtype == np.bool_ else dt
+    shape = tuple(int(d) for d in a.shape)
+    flat = a.reshape(-1)
+    if np.all(flat == flat[0]) and not (a.dtype.kind == "f" and np.isnan(flat[0])):
+        v = flat[0]
+        if a.dtype == np.bool_:
+            return f"np.{'ones' if v else 'zeros'}({shape}, dtype=bool)"
+        return f"np.full({shape}, {scalar_literal(v)}, dtype={dt})"
+    units = [d for d in shape[:-1] if d != 1]
+    if a.dtype.kind in "iu" and not units:
+        start = int(flat[0])
+        if np.array_equal(flat, np.arange(start, start + flat.size, dtype=a.dtype)):
+            bounds = f"{start}, {start + flat.size}" if start else f"{flat.size}"
+            return f"np.arange({bounds}, dtype={dt}){_lead(shape, 1)}"
+    if a.dtype == np.bool_ and a.ndim >= 2 and all(d == 1 for d in shape[:-2]):
+        q, k = shape[-2:]
+        for diag in range(-q, k + 1):
+            if np.array_equal(a.reshape(q, k), np.tril(np.ones((q, k), dtype=bool), diag)):
+                off = f", {diag}" if diag else ""
+                return f"np.tril(np.ones(({q}, {k}), dtype=bool){off}){_lead(shape, 2)}"
+    return None
+
+
 tuple_literal = int_tuple
 
 
@@ -544,7 +582,20 @@ def _max_pool(c: OpCall) -> str:
         raise c.fail("dilated MaxPool")
     s = tuple(c.attrs["strides"] or (1,) * n)
     pads = _pool_pads(c, n, k, s)
-    return f"nn.max_pool({c.args[0]}, window_shape={k}, strides={s}, padding={pads})"
+    return f"nn.max_pool({c.args[0]}, {_pool_args(k, s, pads)})"
+
+
+def _pool_args(k, s, pads, include: bool = True) -> str:
+    """``window_shape=...`` and the strides / padding / count_include_pad that differ from
+    Flax's defaults (strides 1, ``"VALID"``, ``count_include_pad=True``)."""
+    out = [f"window_shape={k}"]
+    if any(v != 1 for v in s):
+        out.append(f"strides={s}")
+    if any(p != (0, 0) for p in pads):
+        out.append(f"padding={tuple(tuple(p) for p in pads)}")
+        if not include:
+            out.append("count_include_pad=False")
+    return ", ".join(out)
 
 
 @template(
@@ -568,10 +619,7 @@ def _avg_pool(c: OpCall) -> str:
     include = bool(c.attrs["count_include_pad"])
     if c.attrs["ceil_mode"] and include:
         raise c.fail("ceil_mode=1 with count_include_pad=1")
-    return (
-        f"nn.avg_pool({c.args[0]}, window_shape={k}, strides={s}, padding={pads}, "
-        f"count_include_pad={include})"
-    )
+    return f"nn.avg_pool({c.args[0]}, {_pool_args(k, s, pads, include)})"
 
 
 @template("GlobalAveragePool", layout="channels_last")
@@ -643,6 +691,20 @@ def _log_softmax(c: OpCall) -> str:
     return f"jax.nn.log_softmax({c.args[0]}, axis={c.axis(c.attrs['axis'])})"
 
 
+def _causal_mask(mask: np.ndarray | None) -> bool:
+    """A constant mask that allows exactly what ``is_causal`` allows: a square lower triangle
+    (bool, or additive 0 / -inf), the same for every batch and head."""
+    if mask is None or mask.ndim < 2 or mask.shape[-1] != mask.shape[-2]:
+        return False
+    n = mask.shape[-1]
+    tril = np.broadcast_to(np.tril(np.ones((n, n), dtype=bool)), mask.shape)
+    if mask.dtype == np.bool_:
+        return bool(np.array_equal(mask, tril))
+    if mask.dtype.kind != "f":
+        return False
+    return bool(np.all(np.where(tril, mask == 0, np.isneginf(mask))))
+
+
 @template(
     "Attention",
     is_causal=0,
@@ -664,12 +726,19 @@ def _attention(c: OpCall) -> str:
     name = "attention" if formulation.get("attention") == "auto" else "attention_reference"
     c.helpers.add(name)
     mask = c.args[3] if c.has(3) else "None"
-    scale = "None" if c.attrs["scale"] is None else scalar_literal(c.attrs["scale"])
-    return (
-        f"_{name}({c.args[0]}, {c.args[1]}, {c.args[2]}, {mask}, "
-        f"is_causal={bool(c.attrs['is_causal'])}, scale={scale}, "
-        f"q_num_heads={c.attrs['q_num_heads']}, kv_num_heads={c.attrs['kv_num_heads']})"
-    )
+    causal = bool(c.attrs["is_causal"])
+    if c.has(3) and _causal_mask(c.consts[3]):
+        mask, causal = "None", True  # the mask a causal model builds: is_causal says it
+    # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
+    args = [c.args[0], c.args[1], c.args[2]] + ([mask] if mask != "None" else [])
+    if causal:
+        args.append("is_causal=True")
+    if c.attrs["scale"] is not None:
+        args.append(f"scale={scalar_literal(c.attrs['scale'])}")
+    for key in ("q_num_heads", "kv_num_heads"):
+        if c.attrs[key]:
+            args.append(f"{key}={c.attrs[key]}")
+    return f"_{name}({', '.join(args)})"
 
 
 # ---------------------------------------------------------------- reductions
@@ -1076,7 +1145,7 @@ def _group_norm(x, scale, bias, num_groups, epsilon):
     return y * jnp.reshape(scale, bshape) + jnp.reshape(bias, bshape)
 """,
     "attention": '''
-def _attention(q, k, v, mask, is_causal, scale, q_num_heads, kv_num_heads):
+def _attention(q, k, v, mask=None, is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0):
     """ONNX Attention (opset 23) without past key/value: 4-D (B, H, S, D) or 3-D (B, S, H*D)
     inputs, computed in their own layout (head- or sequence-major, no transposes); cuDNN's
     fused kernel on a GPU for float16/bfloat16 without a mask. A query row nothing may attend
@@ -1126,7 +1195,9 @@ def _attention(q, k, v, mask, is_causal, scale, q_num_heads, kv_num_heads):
     return jnp.reshape(out, (b, out.shape[1], -1)) if three_d else out
 ''',
     "attention_reference": '''
-def _attention_reference(q, k, v, mask, is_causal, scale, q_num_heads, kv_num_heads):
+def _attention_reference(
+    q, k, v, mask=None, is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0
+):
     """ONNX Attention (opset 23) without past key/value: 4-D (B, H, S, D) or 3-D inputs."""
     three_d = q.ndim == 3
     if three_d:

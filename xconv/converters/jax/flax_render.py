@@ -16,7 +16,7 @@ import numpy as np
 from xconv.converters.flax.source_names import predicted_name
 from xconv.converters.jax import flax_classes
 from xconv.converters.jax.flax_ops import HELPERS
-from xconv.converters.module_tree import LINE_LENGTH, inline_chains
+from xconv.converters.module_tree import LINE_LENGTH, fold_reshapes, inline_chains, wrap_lines
 from xconv.ir.metadata import MODULE
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def render_class(em: _Emitter, name: str, doc: str, *, train: bool = False) -> s
         lines = [f"class {name}(nn.Module):", f'    """{doc}"""', "", "    def setup(self):"]
         setup, body = flax_classes.loop_lists([a for a, _ in em.src.setup], body)
         setup = setup or ["pass"]
-        body = inline_chains(body, LINE_LENGTH - 8)
+        body = inline_chains(fold_reshapes(body), LINE_LENGTH - 8)
     else:
         lines = [
             f"class {name}(nnx.Module):",
@@ -65,7 +65,7 @@ def render_class(em: _Emitter, name: str, doc: str, *, train: bool = False) -> s
             "    def __init__(self, *, rngs: nnx.Rngs):",
         ]
         setup = [b for _, b in em.src.setup] or ["pass"]
-        body = inline_chains(body, LINE_LENGTH - 8)
+        body = inline_chains(fold_reshapes(body), LINE_LENGTH - 8)
     lines += _indent(setup, 8) + [""]
     lines += [f"    def __call__(self, {args}):"] + _indent(body, 8)
     return "\n".join(lines)
@@ -132,7 +132,7 @@ def render(em: _Emitter, name: str) -> str:
     helpers = [HELPERS[h].strip("\n") for h in sorted(em.src.helpers)]
     if em.low_dtype:  # softmax inside helpers (attention) accumulates in float32
         helpers = [_SOFTMAX.sub(_FLOAT32_SOFTMAX, h) for h in helpers]
-    code_parts = [*helpers, "\n".join(cls), "\n".join(load), *_source_names(em)]
+    code_parts = [*helpers, wrap_lines("\n".join(cls)), "\n".join(load), *_source_names(em)]
     text = "\n\n\n".join(code_parts)
     imports = _imports(text, api)
     return doc + "\n\n" + "\n".join(imports) + "\n\n\n" + text + "\n"
@@ -161,15 +161,28 @@ def _source_names(em: _Emitter) -> list[str]:
         "#: (submodule -> (scope, class); variable path -> weight name). ``xconv`` reads them",
         "#: when converting this module back, so the source model's names return.",
         "SOURCE_SCOPES = {",
-        *(f"    {_q(k)}: ({_q(a)}, {_q(b)})," for k, (a, b) in sorted(em.src.scopes.items())),
+        *(_entry(k, (a, b)) for k, (a, b) in sorted(em.src.scopes.items())),
         "}",
         *(
-            ["SOURCE_NAMES = {", *(f"    {_q(k)}: {_q(v)}," for k, v in sorted(names.items())), "}"]
+            ["SOURCE_NAMES = {", *(_entry(k, v) for k, v in sorted(names.items())), "}"]
             if names
             else ["SOURCE_NAMES = {}  # every variable is named by SOURCE_SCOPES"]
         ),
     ]
     return ["\n".join(lines)]
+
+
+def _entry(key: str, value: str | tuple[str, str]) -> str:
+    """One table entry, its value on lines of their own when the entry would pass the line
+    length (as ruff's formatter lays it out)."""
+    items = [value] if isinstance(value, str) else list(value)
+    rendered = ", ".join(map(_q, items))
+    line = f"    {_q(key)}: " + (rendered if isinstance(value, str) else f"({rendered})") + ","
+    if len(line) <= LINE_LENGTH:
+        return line
+    if isinstance(value, str):
+        return f"    {_q(key)}:\n        {_q(value)},"
+    return "\n".join([f"    {_q(key)}: (", *(f"        {_q(v)}," for v in items), "    ),"])
 
 
 def _q(text: str) -> str:

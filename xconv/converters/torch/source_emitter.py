@@ -34,11 +34,12 @@ from xconv.converters.codegen import (
 )
 from xconv.converters.module_tree import LINE_LENGTH, inline_chains
 from xconv.converters.torch import source_tree
+from xconv.converters.torch.source_fuse import fuse_activations
 from xconv.converters.torch.source_ops import TEMPLATES, OpCall, dtype_expr, tensor_literal
 from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, ROLE, get_scope
 from xconv.ir.naming import split_path
-from xconv.ir.passes import canonicalize
+from xconv.ir.passes import DeadNodeRemovalPass, canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated, static_dims
 from xconv.ir.passes.layout import sink_transposes
 
@@ -664,6 +665,10 @@ def generate(model: ir.Model) -> tuple[str, dict[str, np.ndarray]]:
     if model.metadata_props.get("xconv.source") != "torch":
         # A channels-last source: compute channels-first between layers (see layout.py).
         sink_transposes(model)
+        # A traced softmax / tanh GELU as the one call a person writes (source_fuse.py);
+        # the constants the fused chains read are dropped with them.
+        if fuse_activations(model):
+            DeadNodeRemovalPass()(model)
     em = _Emitter(model)
     em.check_supported()
     inputs, outputs = em.emit()

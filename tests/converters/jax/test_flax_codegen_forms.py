@@ -1,0 +1,93 @@
+"""How generated statements are laid out: constants in closed form, long statements wrapped
+as ruff formats them, a reshape of a reshape folded, ``v = e; return v`` as ``return e``, a
+constant causal mask recognised (pure functions; no conversion)."""
+
+from __future__ import annotations
+
+import ast
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+
+from xconv.converters.jax.flax_ops import _causal_mask, closed_form  # noqa: E402
+from xconv.converters.module_tree import fold_reshapes, inline_chains, wrap_line  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("array", "want"),
+    [
+        (np.arange(10, dtype=np.int64)[None], "np.arange(10, dtype=np.int64)[None]"),
+        (np.arange(3, 9, dtype=np.int32), "np.arange(3, 9, dtype=np.int32)"),
+        (
+            np.tril(np.ones((8, 8), dtype=bool))[None, None],
+            "np.tril(np.ones((8, 8), dtype=bool))[None, None]",
+        ),
+        (np.tril(np.ones((4, 6), dtype=bool), 2), "np.tril(np.ones((4, 6), dtype=bool), 2)"),
+        (np.ones((1, 8), dtype=bool), "np.ones((1, 8), dtype=bool)"),
+        (np.full((2, 3), 0.5, np.float32), "np.full((2, 3), 0.5, dtype=np.float32)"),
+    ],
+)
+def test_closed_form_computes_the_same_array(array, want):
+    got = closed_form(array)
+    assert got == want
+    value = eval(got, {"np": np})  # noqa: S307 (our own literal)
+    assert value.dtype == array.dtype and np.array_equal(value, array)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.array([1, 3, 4]),
+        np.triu(np.ones((4, 4), dtype=bool)),
+        np.float32([1.0, 2.5]),
+        np.int64(3),
+    ],
+)
+def test_closed_form_none_for_other_arrays(array):
+    assert closed_form(array) is None
+
+
+def test_causal_mask():
+    tril = np.tril(np.ones((5, 5), dtype=bool))
+    assert _causal_mask(tril[None, None])
+    assert _causal_mask(np.where(tril, 0.0, -np.inf).astype(np.float32))
+    assert not _causal_mask(np.tril(np.ones((4, 5), dtype=bool)))  # not square
+    assert not _causal_mask(np.where(tril, 0.0, -1e9).astype(np.float32))  # not -inf
+    assert not _causal_mask(np.tril(np.ones((5, 5), dtype=bool), -1))
+
+
+def test_wrap_line_keeps_the_statement():
+    line = (
+        "        h = _attention(h, h_3, v, np.tril(np.ones((8, 8), dtype=bool))[None, None], "
+        "is_causal=False, scale=0.3535533905932738, q_num_heads=0, kv_num_heads=2)"
+    )
+    lines = wrap_line(line)
+    assert len(lines) > 3 and all(len(ln) <= 100 for ln in lines)
+    assert lines[-1] == "        )" and lines[1].endswith(",")
+    one = ast.dump(ast.parse(line.strip()))
+    assert ast.dump(ast.parse("\n".join(ln[8:] for ln in lines))) == one
+    value = (
+        '        self.table_with_a_long_name = self.variable("constants", "table_1", jnp.zeros, '
+        "(1, 1, 8, 8), jnp.float32).value"
+    )
+    assert wrap_line(value)[-1] == "        ).value"  # the attribute after the call stays
+    short = "        h = self.fc(x)"
+    assert wrap_line(short) == [short]
+    assert wrap_line("        x = 1  # " + "c" * 100) == ["        x = 1  # " + "c" * 100]
+
+
+def test_reshape_of_reshape_and_return():
+    body = [
+        "x = jnp.mean(x, axis=(1, 2), keepdims=True)",
+        "x_nchw = jnp.reshape(x, (2, 16, 1, 1))",
+        "x = jnp.reshape(x_nchw, (2, 16))",
+        "x = self.fc(x)",
+        "return x",
+    ]
+    out = inline_chains(fold_reshapes(body), 92)
+    assert out == ["return self.fc(jnp.reshape(jnp.mean(x, axis=(1, 2), keepdims=True), (2, 16)))"]
+    # a reshape read twice stays
+    kept = ["t = jnp.reshape(x, (4,))", "y = jnp.reshape(t, (2, 2))", "return y + t"]
+    assert fold_reshapes(kept) == kept
