@@ -102,3 +102,23 @@ def test_keras_application(name, tmp_path):
     x = (np.random.RandomState(0).rand(2, 64, 64, 3) * 255).astype(np.float32)
     _calibrate_batch_norm(net, x)
     _check(net, x, tmp_path)
+
+
+def test_squeeze_excite_reshape_is_a_transpose(tmp_path):
+    """tf2onnx writes the NHWC->NCHW Transpose of a pooled ``(N, 1, 1, C)`` tensor as a
+    Reshape; kept as one, the Flax source reshaped it in the wrong layout (MobileNetV3's
+    squeeze-and-excite: ``ScopeParamShapeError`` on the 1x1 conv). The importer writes it as
+    the Transpose it is."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(8, 3, padding="same")(inputs)
+    s = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)
+    s = keras.layers.Conv2D(4, 1)(s)
+    s = keras.layers.Conv2D(8, 1)(keras.layers.ReLU()(s))
+    x = keras.layers.Multiply()([x, s])
+    net = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+    x = np.random.RandomState(0).rand(1, 8, 8, 3).astype(np.float32)
+    _check(net, x, tmp_path)
+    model = xconv.from_tf(net, (x,))
+    pooled = [n.outputs[0] for n in model.graph if n.op_type == "ReduceMean"]
+    assert not [n for n in model.graph if n.op_type == "Reshape" and n.inputs[0] in pooled]

@@ -971,13 +971,73 @@ def _canonicalize(model: ir.Model) -> None:
     from xconv.ir.passes import canonicalize
 
     canonicalize(model)
-    if _fuse_gelu(model.graph):
+    if _fuse_gelu(model.graph) + _reshapes_as_transposes(model.graph):
         canonicalize(model)
     for _ in range(8):
         if not _push_transposes(model.graph):
             break
         canonicalize(model)
     _unscope_layout_transposes(model.graph)
+
+
+def _reshape_perm(node: ir.Node, annotated: bool) -> list[int] | None:
+    """The perm of the Transpose a Reshape equals, when it only moves size-1 axes (and keeps
+    the batch axis first); else None.
+
+    tf2onnx writes an NHWC<->NCHW Transpose of a tensor whose spatial axes are 1 (a squeeze-
+    and-excite block's pooled ``(N, 1, 1, C)``) as such a Reshape; as a Reshape it hides the
+    layout change from the emitters, which then reshape in the wrong layout.
+    """
+    from xconv.ir.passes._utils import constant_of
+
+    x = node.inputs[0]
+    target = constant_of(node.inputs[1], annotated) if len(node.inputs) > 1 else None
+    if x is None or x.shape is None or target is None:
+        return None
+    dims = list(x.shape)
+    target = [int(t) for t in np.asarray(target).reshape(-1)]
+    if len(dims) != len(target) or len(dims) < 3 or target[0] not in (0, -1):
+        return None
+    rest = dims[1:]
+    if not all(isinstance(d, int) for d in rest) or any(t <= 0 for t in target[1:]):
+        return None
+    if (
+        target[0] == -1
+        and not isinstance(dims[0], int)
+        and int(np.prod(target[1:])) != int(np.prod(rest))
+    ):
+        return None
+    if [d for d in rest if d != 1] != [t for t in target[1:] if t != 1] or sorted(rest) != sorted(
+        target[1:]
+    ):
+        return None
+    big = [i + 1 for i, d in enumerate(rest) if d != 1]
+    ones = [i + 1 for i, d in enumerate(rest) if d == 1]
+    perm = [0] + [big.pop(0) if t != 1 else ones.pop(0) for t in target[1:]]
+    return None if perm == sorted(perm) else perm
+
+
+def _reshapes_as_transposes(graph: ir.Graph) -> int:
+    """Rewrite each Reshape that only moves size-1 axes as the Transpose it is."""
+    from xconv.ir.passes._utils import is_annotated
+
+    annotated = is_annotated(graph)
+    done = 0
+    for node in [n for n in graph if n.op_type == "Reshape"]:
+        perm = _reshape_perm(node, annotated)
+        if perm is None:
+            continue
+        t = ir.node("Transpose", [node.inputs[0]], attributes={"perm": perm}, name=node.name)
+        for key in (SCOPE, MODULE):
+            if key in node.metadata_props:
+                t.metadata_props[key] = node.metadata_props[key]
+        out = node.outputs[0]
+        t.outputs[0].shape, t.outputs[0].type = out.shape, out.type
+        graph.insert_before(node, t)
+        _replace_value(graph, out, t.outputs[0])
+        graph.remove(node, safe=True)
+        done += 1
+    return done
 
 
 def _unscope_layout_transposes(graph: ir.Graph) -> None:
