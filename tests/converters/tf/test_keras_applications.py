@@ -122,3 +122,19 @@ def test_squeeze_excite_reshape_is_a_transpose(tmp_path):
     model = xconv.from_tf(net, (x,))
     pooled = [n.outputs[0] for n in model.graph if n.op_type == "ReduceMean"]
     assert not [n for n in model.graph if n.op_type == "Reshape" and n.inputs[0] in pooled]
+
+
+@pytest.mark.parametrize("side", [1, 3])
+def test_grouped_conv_same_padding_on_a_small_map(side, tmp_path):
+    """A grouped ``padding="same"`` conv whose kernel is larger than its input (ConvNeXt's 7x7
+    depthwise convs on the 1x1 last stage at 32 px): tf2onnx leaves ``auto_pad="SAME_UPPER"``
+    in the inlined function, which the Flax source did not take; the importer writes pads."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((side, side, 8))
+    x = keras.layers.Conv2D(8, 7, padding="same", groups=8)(inputs)
+    x = keras.layers.Conv2D(8, 2, strides=2, padding="same", groups=4)(x)
+    net = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+    x = np.random.RandomState(0).rand(1, side, side, 8).astype(np.float32)
+    _check(net, x, tmp_path)
+    model = xconv.from_tf(net, (x,))
+    assert not [n for n in model.graph if "auto_pad" in n.attributes]

@@ -971,7 +971,7 @@ def _canonicalize(model: ir.Model) -> None:
     from xconv.ir.passes import canonicalize
 
     canonicalize(model)
-    if _fuse_gelu(model.graph) + _reshapes_as_transposes(model.graph):
+    if _fuse_gelu(model.graph) + _reshapes_as_transposes(model.graph) + _explicit_pads(model.graph):
         canonicalize(model)
     for _ in range(8):
         if not _push_transposes(model.graph):
@@ -1036,6 +1036,52 @@ def _reshapes_as_transposes(graph: ir.Graph) -> int:
         graph.insert_before(node, t)
         _replace_value(graph, out, t.outputs[0])
         graph.remove(node, safe=True)
+        done += 1
+    return done
+
+
+def _explicit_pads(graph: ir.Graph) -> int:
+    """Write ``auto_pad="SAME_*"`` of Conv / pooling nodes whose input's spatial size is known
+    as explicit ``pads``.
+
+    tf2onnx keeps ``SAME_UPPER`` for a ``padding="same"`` conv inside a nested function it got
+    inlined (Keras 3's grouped / depthwise convs, ConvNeXt), and a source emitter wants pads.
+    """
+    done = 0
+    for node in graph:
+        if node.op_type not in ("Conv", "MaxPool", "AveragePool", "ConvInteger"):
+            continue
+        mode = node.attributes.get("auto_pad")
+        if mode is None or mode.value not in ("SAME_UPPER", "SAME_LOWER"):
+            continue
+        x = node.inputs[0]
+        if x is None or x.shape is None:
+            continue
+        spatial = list(x.shape)[2:]
+        kernel = node.attributes.get("kernel_shape")
+        if kernel is None and node.op_type == "Conv" and node.inputs[1] is not None:
+            w = node.inputs[1].shape
+            kernel_dims = list(w)[2:] if w is not None else []
+        else:
+            kernel_dims = list(kernel.value) if kernel is not None else []
+        if not spatial or len(kernel_dims) != len(spatial):
+            continue
+        if not all(isinstance(d, int) for d in [*spatial, *kernel_dims]):
+            continue
+        rank = len(spatial)
+        strides = list(node.attributes["strides"].value) if "strides" in node.attributes else []
+        dilations = (
+            list(node.attributes["dilations"].value) if "dilations" in node.attributes else []
+        )
+        strides, dilations = strides or [1] * rank, dilations or [1] * rank
+        begin, end = [], []
+        for n, k, st, dl in zip(spatial, kernel_dims, strides, dilations, strict=True):
+            total = max((-(-n // st) - 1) * st + (k - 1) * dl + 1 - n, 0)
+            small = total // 2
+            begin.append(small if mode.value == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        node.attributes.pop("auto_pad")
+        node.attributes["pads"] = ir.AttrInt64s("pads", begin + end)
         done += 1
     return done
 
