@@ -480,15 +480,20 @@ def _merge_keras(new: list[tuple[str, list[Cell], float]], stamp: dict) -> list:
 
 
 def _keras_stamp(rows_: list) -> str:
-    runs: dict[str, list[str]] = {}
-    for name, _, _, r in rows_:
-        key = f"commit `{r['commit']}` ({r['date']}, load average {r['load']:.1f})"
-        runs.setdefault(key, []).append(name)
-    where = "; ".join(f"{len(v)} rows at {k}" for k, v in runs.items())
+    runs: dict[str, list[float]] = {}
+    for _, _, _, r in rows_:
+        runs.setdefault(f"`{r['commit']}` ({r['date']})", []).append(r["load"])
+    where = "; ".join(
+        f"{len(v)} rows at commit {k}, load average {min(v):.1f}-{max(v):.1f}"
+        for k, v in runs.items()
+    )
+    missing = [n for n in KERAS_APPS if n not in {r[0] for r in rows_}]
+    gap = f" Not run yet ({len(missing)}): {', '.join(missing)}." if missing else ""
     return (
-        f"{STAMP}: {where}. Batch 1, {32} px unless `KERAS_SIZE` says otherwise (Inception "
-        f"75, Xception 71), a process per row. Errors are relative to the reference's largest "
-        f"magnitude; pass means <= {RTOL:g}."
+        f"{STAMP} (`--keras-rows`, or `--only NAME,...`: rows merge into "
+        f"`benchmarks/zoo_keras.json`): {where}.{gap} Batch 1, 32 px unless `KERAS_SIZE` says "
+        f"otherwise (Inception 75, Xception 71), a process per row. Errors are relative to the "
+        f"reference's largest magnitude; pass means <= {RTOL:g}."
     )
 
 
@@ -519,9 +524,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heavy-lock", default=None,
                         help="flock this file around each row of KERAS_HEAVY")  # fmt: skip
     parser.add_argument("--keras-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--render-keras", action="store_true",
+                        help="rewrite the keras block from benchmarks/zoo_keras.json, run nothing")  # fmt: skip
     opts = parser.parse_args(argv)
     if opts.keras_child:
         return _keras_child(opts.keras_child)
+    if opts.render_keras:
+        merged = _merge_keras([], {})
+        write(render([(n, KERAS_KIND, c, s) for n, c, s, _ in merged]), _keras_stamp(merged),
+              kind=KERAS_KIND)  # fmt: skip
+        return 0
     TIMES[0] = not opts.no_times
     commit = _commit()  # at the start: the code that ran, whatever is committed meanwhile
     wanted = {n for n in opts.only.split(",") if n}
