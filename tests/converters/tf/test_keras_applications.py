@@ -9,8 +9,11 @@
 
 The default suite checks one small model with both; EfficientNetB0 and ConvNeXtTiny
 (``weights=None``, logits, 64 px) run under ``slow``. Each converts to JAX, torch and Flax with
-parity. (At 32 px their last stage is 1x1: JAX and torch still pass, the Flax source does not,
-a known emitter/shape-inference gap with 1x1 feature maps.)
+parity. At 32 px their last stage is 1x1; the Flax source failed there on two tf2onnx forms the
+importer now rewrites (both checked below on small maps): ``auto_pad="SAME_UPPER"`` left in
+the inlined grouped convs, and an NHWC->NCHW Transpose of a pooled ``(N, 1, 1, C)`` written as
+a Reshape (MobileNetV3's squeeze-and-excite). The zoo runs every keras.applications model at
+its smallest size (``tests/models/test_keras_zoo.py``).
 """
 
 from __future__ import annotations
