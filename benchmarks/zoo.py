@@ -504,7 +504,9 @@ def _commit() -> str:
                          capture_output=True, text=True)  # fmt: skip
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    return head + (" plus uncommitted changes" if run.stdout.strip() else "")
+    doc = str(DOC.relative_to(ROOT))  # the script's own output is not a code change
+    changed = [ln for ln in run.stdout.splitlines() if ln.strip() and not ln.endswith(doc)]
+    return head + (" plus uncommitted changes" if changed else "")
 
 
 def main(argv: list[str] | None = None) -> int:
