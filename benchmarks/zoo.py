@@ -8,8 +8,9 @@ each through every direction xconv offers, written to docs/models.md (the zoo bl
 
 Rows: the transformers builders of ``tests/models/test_hf_models.py`` (random weights from
 ``torch.manual_seed(0)``, ``HF_HUB_OFFLINE=1``, default attention implementation) and
-``keras.applications`` models (``weights=None``, ``classifier_activation=None``, 64 px, batch
-norm statistics moved a tenth of the way to the batch's so the logits keep real magnitude).
+``keras.applications`` models (``weights=None``, ``classifier_activation=None``, batch 1 at
+the smallest size each accepts, batch norm statistics from a batch holding the input so the
+logits keep real magnitude; see :func:`keras_row`), each in a process of its own.
 
 Directions, through the Python API on the in-memory model:
 
@@ -59,11 +60,33 @@ MIN_SCALE = 1e-3
 
 TORCH_DIRECTIONS = ("torch-to-jax", "torch-to-flax", "torch-to-torch-source")
 KERAS_DIRECTIONS = ("keras-to-jax", "keras-to-flax", "keras-to-torch")
+KERAS_KIND = "keras.applications"
 FLAX_DIRECTIONS = ("flax-to-jax", "flax-to-torch", "flax-to-torch-source")
 FLAX_KIND = "transformers 4.46.3 Flax"
 #: Where transformers 4.46.3 is installed (``pip install --target DIR``); --transformers4.
 TRANSFORMERS4_ENV = "XCONV_ZOO_TRANSFORMERS4"
-KERAS_APPS = ("MobileNetV2", "ResNet50", "DenseNet121", "EfficientNetB0", "ConvNeXtTiny")
+#: Every model of ``keras.applications`` (Keras 3.15); ``tests/models/test_keras_zoo.py``
+#: checks this list against the installed package.
+KERAS_APPS = (
+    "ConvNeXtBase", "ConvNeXtLarge", "ConvNeXtSmall", "ConvNeXtTiny", "ConvNeXtXLarge",
+    "DenseNet121", "DenseNet169", "DenseNet201", "EfficientNetB0", "EfficientNetB1",
+    "EfficientNetB2", "EfficientNetB3", "EfficientNetB4", "EfficientNetB5", "EfficientNetB6",
+    "EfficientNetB7", "EfficientNetV2B0", "EfficientNetV2B1", "EfficientNetV2B2",
+    "EfficientNetV2B3", "EfficientNetV2L", "EfficientNetV2M", "EfficientNetV2S",
+    "InceptionResNetV2", "InceptionV3", "MobileNet", "MobileNetV2", "MobileNetV3Large",
+    "MobileNetV3Small", "NASNetLarge", "NASNetMobile", "ResNet101", "ResNet101V2", "ResNet152",
+    "ResNet152V2", "ResNet50", "ResNet50V2", "VGG16", "VGG19", "Xception",
+)  # fmt: skip
+#: Input side of each keras.applications row: the smallest the model accepts (32 unless set).
+KERAS_SIZE = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71}
+#: Rows run under ``--heavy-lock`` (several GiB while converting).
+KERAS_HEAVY = {"ConvNeXtXLarge", "ConvNeXtLarge", "EfficientNetV2L", "NASNetLarge",
+               "EfficientNetB7"}  # fmt: skip
+#: Seconds a keras row's process may run.
+KERAS_TIMEOUT = 1200
+#: The keras rows' results, merged across runs of ``--only`` (the keras block is rendered
+#: from it).
+KERAS_JSON = ROOT / "benchmarks" / "zoo_keras.json"
 #: More text architectures, built by ``AutoModel.from_config`` from the model type's default
 #: config shrunk by :data:`SHRINK` (only the fields a config has are set).
 AUTO_TEXT = (
@@ -213,6 +236,14 @@ def torch_row(name: str, where: Path) -> tuple[list[Cell], float]:
 
 
 def keras_row(name: str, where: Path) -> tuple[list[Cell], float]:
+    """One keras.applications row, batch 1 at :data:`KERAS_SIZE`.
+
+    Batch norm statistics are first set to those of a batch of 4 holding the input, each
+    channel's variance floored at its layer's mean variance: with the initial statistics
+    MobileNetV3's logits are ~7e-4 and prove nothing (a tenth of the way to the batch's, the
+    earlier rule: ~5e-3); with the batch's unfloored, channels of the 1x1 last stage divide by
+    variances of ~0 and amplify float32 rounding (DenseNet121 to_torch 1e-3 of the logits,
+    floored 4e-6)."""
     import keras
     import torch
 
@@ -220,15 +251,21 @@ def keras_row(name: str, where: Path) -> tuple[list[Cell], float]:
 
     keras.utils.set_random_seed(0)
     start = time.perf_counter()
-    x = (np.random.RandomState(0).rand(2, 64, 64, 3) * 255).astype(np.float32)
+    side = KERAS_SIZE.get(name, 32)
+    calib = (np.random.RandomState(0).rand(4, side, side, 3) * 255).astype(np.float32)
+    x = calib[:1]
     try:
         net = getattr(keras.applications, name)(
-            weights=None, input_shape=(64, 64, 3), classifier_activation=None
+            weights=None, input_shape=(side, side, 3), classifier_activation=None
         )
         for layer in net.layers:
             if isinstance(layer, keras.layers.BatchNormalization):
-                layer.momentum = 0.9
-        net(x, training=True)
+                layer.momentum = 0.0
+        net(calib, training=True)
+        for layer in net.layers:  # floor: no channel divides by a variance of ~0
+            if isinstance(layer, keras.layers.BatchNormalization):
+                var = np.asarray(layer.moving_variance)
+                layer.moving_variance.assign(np.maximum(var, var.mean()))
         want = [np.asarray(net(x, training=False), dtype=np.float64)]
         model = xconv.from_tf(net, (x,))
     except Exception as e:  # noqa: BLE001
@@ -254,13 +291,59 @@ def keras_row(name: str, where: Path) -> tuple[list[Cell], float]:
     return cells, import_s
 
 
+def keras_rows(
+    names: list[str], heavy_lock: str | None, on_row: Callable | None = None
+) -> list[tuple[str, list[Cell], float]]:
+    """Each keras row in a process of its own (``--keras-child``), with :data:`KERAS_TIMEOUT`;
+    the rows of :data:`KERAS_HEAVY` under ``flock heavy_lock`` when given."""
+    import json
+    import subprocess
+
+    out = []
+    for name in names:
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "zoo.py"), "--keras-child", name]
+        if heavy_lock and name in KERAS_HEAVY:
+            cmd = ["flock", heavy_lock, *cmd]
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=KERAS_TIMEOUT)  # fmt: skip
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            if lines:
+                got = json.loads(lines[-1])
+                cells = [Cell(v, e, t, c) for v, e, t, c in got["cells"]]
+                import_s = got["import_s"]
+            else:
+                tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                crash = f"process exited {proc.returncode}: {tail}"[:160]
+                cells, import_s = [Cell("error", None, None, crash)] * 3, 0.0
+        except subprocess.TimeoutExpired:
+            cells = [Cell("error", None, None, f"timed out after {KERAS_TIMEOUT} s")] * 3
+            import_s = 0.0
+        out.append((name, cells, import_s))
+        print(name, [c.text() for c in cells], [c.cause for c in cells if c.cause], flush=True)
+        if on_row is not None:
+            on_row(out[-1])
+    return out
+
+
+def _keras_child(name: str) -> int:
+    import json
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cells, import_s = keras_row(name, Path(tmp))
+    row = {"name": name, "import_s": import_s,
+           "cells": [[c.verdict, c.rel_err, c.seconds, c.cause] for c in cells]}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return 0
+
+
 def rows() -> list[tuple[str, str, Callable]]:
     """``(name, kind, runner)`` for every zoo row, in table order."""
     from tests.models.models_table import MODELS
 
     out = [(name, "transformers", torch_row) for name, _, _ in MODELS]
     out += [(name, "transformers", torch_row) for name in AUTO_TEXT]
-    out += [(name, "keras.applications", keras_row) for name in KERAS_APPS]
+    out += [(name, KERAS_KIND, None) for name in KERAS_APPS]  # keras_rows: a process each
     from benchmarks.zoo_flax import MODELS as FLAX_MODELS
 
     return out + [(f"flax_{name}", FLAX_KIND, None) for name in FLAX_MODELS]
@@ -351,21 +434,67 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
 
 
 FLAX_BEGIN, FLAX_END = "<!-- zoo-flax:begin -->", "<!-- zoo-flax:end -->"
+KERAS_BEGIN, KERAS_END = "<!-- zoo-keras:begin -->", "<!-- zoo-keras:end -->"
+#: Title of the block each kind of row is written to (None: the main zoo block).
+BLOCKS = {
+    None: (BEGIN, END, "## Zoo"),
+    FLAX_KIND: (FLAX_BEGIN, FLAX_END, "## Zoo: Flax models of transformers 4.46.3"),
+    KERAS_KIND: (KERAS_BEGIN, KERAS_END, "## Zoo: keras.applications"),
+}
 
 
-def write(text: str, stamp: str, flax: bool = False) -> None:
-    """Replace the zoo block (torch and Keras rows) or, with ``flax``, the Flax rows' block:
-    each is written by the run that ran its rows, so a run of the Flax rows alone (a second
-    process, another install) leaves the main table as it was."""
-    begin, end = (FLAX_BEGIN, FLAX_END) if flax else (BEGIN, END)
+def write(text: str, stamp: str, kind: str | None = None) -> None:
+    """Replace the block of ``kind`` (the main zoo block: the transformers rows; the Flax rows;
+    the keras.applications rows): each is written by the run that ran its rows, so a run of
+    one kind alone (a second process, another install) leaves the other tables as they were.
+    Writing the keras block drops a keras table left in the main block by an older run."""
+    begin, end, title = BLOCKS[kind]
     doc = DOC.read_text()
     block = f"{begin}\n{stamp}\n\n{text.rstrip()}\n{end}"
     if begin in doc:
         doc = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, doc, flags=re.S)
     else:
-        title = "## Zoo: Flax models of transformers 4.46.3" if flax else "## Zoo"
         doc = doc.rstrip("\n") + f"\n\n{title}\n\n" + block + "\n"
+    if kind == KERAS_KIND:
+        old = re.compile(r"\| keras\.applications model \|.*?\n(?=\n|" + re.escape(END) + ")",
+                         flags=re.S)  # fmt: skip
+        main = re.search(re.escape(BEGIN) + ".*?" + re.escape(END), doc, flags=re.S)
+        if main and old.search(main.group(0)):
+            moved = old.sub("(keras.applications rows: their own block below.)\n", main.group(0))
+            doc = doc.replace(main.group(0), moved)
     DOC.write_text(doc)
+
+
+def _merge_keras(new: list[tuple[str, list[Cell], float]], stamp: dict) -> list:
+    """Merge ``new`` keras rows into :data:`KERAS_JSON` (each row keeps the commit, date and
+    load it ran at) and return every stored row in :data:`KERAS_APPS` order."""
+    import json
+
+    stored = json.loads(KERAS_JSON.read_text()) if KERAS_JSON.exists() else {}
+    for name, cells, import_s in new:
+        stored[name] = {"import_s": import_s, **stamp,
+                        "cells": [[c.verdict, c.rel_err, c.seconds, c.cause] for c in cells]}  # fmt: skip
+    stored = {n: stored[n] for n in KERAS_APPS if n in stored}
+    KERAS_JSON.write_text(json.dumps(stored, indent=1) + "\n")
+    return [(n, [Cell(*c) for c in r["cells"]], r["import_s"], r) for n, r in stored.items()]
+
+
+def _keras_stamp(rows_: list) -> str:
+    runs: dict[str, list[float]] = {}
+    for _, _, _, r in rows_:
+        runs.setdefault(f"`{r['commit']}` ({r['date']})", []).append(r["load"])
+    where = "; ".join(
+        f"{len(v)} rows at commit {k}, load average {min(v):.1f}-{max(v):.1f}"
+        for k, v in runs.items()
+    )
+    missing = [n for n in KERAS_APPS if n not in {r[0] for r in rows_}]
+    gap = f" Not run yet ({len(missing)}): {', '.join(missing)}." if missing else ""
+    return (
+        f"{STAMP} (`--keras-rows`, or `--only NAME,...`: rows merge into "
+        f"`benchmarks/zoo_keras.json`): {where}.{gap} Batch 1, 32 px unless `KERAS_SIZE` says "
+        f"otherwise (Inception 75, Xception 71), a process per row. Errors are relative to the "
+        f"reference's largest magnitude; pass means <= {RTOL:g}."
+    )
 
 
 def _commit() -> str:
@@ -375,7 +504,9 @@ def _commit() -> str:
                          capture_output=True, text=True)  # fmt: skip
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    return head + (" plus uncommitted changes" if run.stdout.strip() else "")
+    doc = str(DOC.relative_to(ROOT))  # the script's own output is not a code change
+    changed = [ln for ln in run.stdout.splitlines() if ln.strip() and not ln.endswith(doc)]
+    return head + (" plus uncommitted changes" if changed else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,16 +522,41 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get(TRANSFORMERS4_ENV),
         help=f"folder holding transformers 4.46.3 for the Flax rows (default ${TRANSFORMERS4_ENV})",
     )
+    parser.add_argument("--keras-rows", action="store_true", help="the keras rows (their block)")
+    parser.add_argument("--heavy-lock", default=None,
+                        help="flock this file around each row of KERAS_HEAVY")  # fmt: skip
+    parser.add_argument("--keras-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--render-keras", action="store_true",
+                        help="rewrite the keras block from benchmarks/zoo_keras.json, run nothing")  # fmt: skip
     opts = parser.parse_args(argv)
+    if opts.keras_child:
+        return _keras_child(opts.keras_child)
+    if opts.render_keras:
+        merged = _merge_keras([], {})
+        write(render([(n, KERAS_KIND, c, s) for n, c, s, _ in merged]), _keras_stamp(merged),
+              kind=KERAS_KIND)  # fmt: skip
+        return 0
     TIMES[0] = not opts.no_times
     commit = _commit()  # at the start: the code that ran, whatever is committed meanwhile
     wanted = {n for n in opts.only.split(",") if n}
     if opts.flax_rows:
         wanted |= {n for n, k, _ in rows() if k == FLAX_KIND}
+    if opts.keras_rows:
+        wanted |= set(KERAS_APPS)
     results = []
     flax_names = [n for n, k, _ in rows() if k == FLAX_KIND and (not wanted or n in wanted)]
     if flax_names:  # first: transformers 5 is not yet imported in this process either way
         results += [(n, FLAX_KIND, c, s) for n, c, s in flax_rows(flax_names, opts.transformers4)]
+    keras_names = [n for n, k, _ in rows() if k == KERAS_KIND and (not wanted or n in wanted)]
+    if keras_names:
+        date = time.strftime("%Y-%m-%d", time.gmtime())
+
+        def stored(row) -> None:  # each row as it ends: a long run interrupted keeps its rows
+            if not opts.no_write:
+                _merge_keras([row], {"commit": commit, "date": date, "load": os.getloadavg()[0]})
+
+        keras_new = keras_rows(keras_names, opts.heavy_lock, stored)
+        results += [(n, KERAS_KIND, c, s) for n, c, s in keras_new]
     with tempfile.TemporaryDirectory() as tmp:
         for name, kind, runner in rows():
             if wanted and name not in wanted or runner is None:
@@ -412,24 +568,31 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results.append((name, kind, cells, import_s))
             print(name, [c.text() for c in cells], [c.cause for c in cells if c.cause], flush=True)
-    for flax in (False, True):
-        mine = [r for r in results if (r[1] == FLAX_KIND) == flax]
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    for kind in (None, FLAX_KIND, KERAS_KIND):
+        mine = [r for r in results if r[1] == kind or kind is None and r[1] == "transformers"]
         if not mine:
+            continue
+        if kind == KERAS_KIND and not opts.no_write:
+            merged = _merge_keras([], {})  # the rows were stored as each ended
+            text = render([(n, KERAS_KIND, c, s) for n, c, s, _ in merged])
+            print(text)
+            write(text, _keras_stamp(merged), kind=KERAS_KIND)
             continue
         text = render(mine)
         print(text)
         if opts.no_write:
             continue
         names = {r[0] for r in mine}
-        every = {r[0] for r in rows() if (r[1] == FLAX_KIND) == flax}
+        every = {r[0] for r in rows() if r[1] == (kind or "transformers")}
         scope = f" (rows: {', '.join(sorted(names))})" if names != every else ""
         stamp = (
-            f"{STAMP} at commit `{commit}`{scope} ({time.strftime('%Y-%m-%d', time.gmtime())}, "
+            f"{STAMP} at commit `{commit}`{scope} ({date}, "
             f"{platform.machine()}, load average {os.getloadavg()[0]:.1f} at the end). Errors "
             f"are relative to the reference's largest magnitude; pass means <= {RTOL:g}."
             + ("" if TIMES[0] else " Times not recorded (run with --no-times).")
         )
-        write(text, stamp, flax=flax)
+        write(text, stamp, kind=kind)
     return 0
 
 

@@ -9,8 +9,11 @@
 
 The default suite checks one small model with both; EfficientNetB0 and ConvNeXtTiny
 (``weights=None``, logits, 64 px) run under ``slow``. Each converts to JAX, torch and Flax with
-parity. (At 32 px their last stage is 1x1: JAX and torch still pass, the Flax source does not,
-a known emitter/shape-inference gap with 1x1 feature maps.)
+parity. At 32 px their last stage is 1x1; the Flax source failed there on two tf2onnx forms the
+importer now rewrites (both checked below on small maps): ``auto_pad="SAME_UPPER"`` left in
+the inlined grouped convs, and an NHWC->NCHW Transpose of a pooled ``(N, 1, 1, C)`` written as
+a Reshape (MobileNetV3's squeeze-and-excite). The zoo runs every keras.applications model at
+its smallest size (``tests/models/test_keras_zoo.py``).
 """
 
 from __future__ import annotations
@@ -102,3 +105,39 @@ def test_keras_application(name, tmp_path):
     x = (np.random.RandomState(0).rand(2, 64, 64, 3) * 255).astype(np.float32)
     _calibrate_batch_norm(net, x)
     _check(net, x, tmp_path)
+
+
+def test_squeeze_excite_reshape_is_a_transpose(tmp_path):
+    """tf2onnx writes the NHWC->NCHW Transpose of a pooled ``(N, 1, 1, C)`` tensor as a
+    Reshape; kept as one, the Flax source reshaped it in the wrong layout (MobileNetV3's
+    squeeze-and-excite: ``ScopeParamShapeError`` on the 1x1 conv). The importer writes it as
+    the Transpose it is."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.Conv2D(8, 3, padding="same")(inputs)
+    s = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)
+    s = keras.layers.Conv2D(4, 1)(s)
+    s = keras.layers.Conv2D(8, 1)(keras.layers.ReLU()(s))
+    x = keras.layers.Multiply()([x, s])
+    net = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+    x = np.random.RandomState(0).rand(1, 8, 8, 3).astype(np.float32)
+    _check(net, x, tmp_path)
+    model = xconv.from_tf(net, (x,))
+    pooled = [n.outputs[0] for n in model.graph if n.op_type == "ReduceMean"]
+    assert not [n for n in model.graph if n.op_type == "Reshape" and n.inputs[0] in pooled]
+
+
+@pytest.mark.parametrize("side", [1, 3])
+def test_grouped_conv_same_padding_on_a_small_map(side, tmp_path):
+    """A grouped ``padding="same"`` conv whose kernel is larger than its input (ConvNeXt's 7x7
+    depthwise convs on the 1x1 last stage at 32 px): tf2onnx leaves ``auto_pad="SAME_UPPER"``
+    in the inlined function, which the Flax source did not take; the importer writes pads."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((side, side, 8))
+    x = keras.layers.Conv2D(8, 7, padding="same", groups=8)(inputs)
+    x = keras.layers.Conv2D(8, 2, strides=2, padding="same", groups=4)(x)
+    net = keras.Model(inputs, keras.layers.GlobalAveragePooling2D()(x))
+    x = np.random.RandomState(0).rand(1, side, side, 8).astype(np.float32)
+    _check(net, x, tmp_path)
+    model = xconv.from_tf(net, (x,))
+    assert not [n for n in model.graph if "auto_pad" in n.attributes]

@@ -971,13 +971,119 @@ def _canonicalize(model: ir.Model) -> None:
     from xconv.ir.passes import canonicalize
 
     canonicalize(model)
-    if _fuse_gelu(model.graph):
+    if _fuse_gelu(model.graph) + _reshapes_as_transposes(model.graph) + _explicit_pads(model.graph):
         canonicalize(model)
     for _ in range(8):
         if not _push_transposes(model.graph):
             break
         canonicalize(model)
     _unscope_layout_transposes(model.graph)
+
+
+def _reshape_perm(node: ir.Node, annotated: bool) -> list[int] | None:
+    """The perm of the Transpose a Reshape equals, when it only moves size-1 axes (and keeps
+    the batch axis first); else None.
+
+    tf2onnx writes an NHWC<->NCHW Transpose of a tensor whose spatial axes are 1 (a squeeze-
+    and-excite block's pooled ``(N, 1, 1, C)``) as such a Reshape; as a Reshape it hides the
+    layout change from the emitters, which then reshape in the wrong layout.
+    """
+    from xconv.ir.passes._utils import constant_of
+
+    x = node.inputs[0]
+    target = constant_of(node.inputs[1], annotated) if len(node.inputs) > 1 else None
+    if x is None or x.shape is None or target is None:
+        return None
+    dims = list(x.shape)
+    target = [int(t) for t in np.asarray(target).reshape(-1)]
+    if len(dims) != len(target) or len(dims) < 3 or target[0] not in (0, -1):
+        return None
+    rest = dims[1:]
+    if not all(isinstance(d, int) for d in rest) or any(t <= 0 for t in target[1:]):
+        return None
+    if (
+        target[0] == -1
+        and not isinstance(dims[0], int)
+        and int(np.prod(target[1:])) != int(np.prod(rest))
+    ):
+        return None
+    if [d for d in rest if d != 1] != [t for t in target[1:] if t != 1] or sorted(rest) != sorted(
+        target[1:]
+    ):
+        return None
+    big = [i + 1 for i, d in enumerate(rest) if d != 1]
+    ones = [i + 1 for i, d in enumerate(rest) if d == 1]
+    perm = [0] + [big.pop(0) if t != 1 else ones.pop(0) for t in target[1:]]
+    return None if perm == sorted(perm) else perm
+
+
+def _reshapes_as_transposes(graph: ir.Graph) -> int:
+    """Rewrite each Reshape that only moves size-1 axes as the Transpose it is."""
+    from xconv.ir.passes._utils import is_annotated
+
+    annotated = is_annotated(graph)
+    done = 0
+    for node in [n for n in graph if n.op_type == "Reshape"]:
+        perm = _reshape_perm(node, annotated)
+        if perm is None:
+            continue
+        t = ir.node("Transpose", [node.inputs[0]], attributes={"perm": perm}, name=node.name)
+        for key in (SCOPE, MODULE):
+            if key in node.metadata_props:
+                t.metadata_props[key] = node.metadata_props[key]
+        out = node.outputs[0]
+        t.outputs[0].shape, t.outputs[0].type = out.shape, out.type
+        graph.insert_before(node, t)
+        _replace_value(graph, out, t.outputs[0])
+        graph.remove(node, safe=True)
+        done += 1
+    return done
+
+
+def _explicit_pads(graph: ir.Graph) -> int:
+    """Write ``auto_pad="SAME_*"`` of Conv / pooling nodes whose input's spatial size is known
+    as explicit ``pads``.
+
+    tf2onnx keeps ``SAME_UPPER`` for a ``padding="same"`` conv inside a nested function it got
+    inlined (Keras 3's grouped / depthwise convs, ConvNeXt), and a source emitter wants pads.
+    """
+    done = 0
+    for node in graph:
+        if node.op_type not in ("Conv", "MaxPool", "AveragePool", "ConvInteger"):
+            continue
+        mode = node.attributes.get("auto_pad")
+        if mode is None or mode.value not in ("SAME_UPPER", "SAME_LOWER"):
+            continue
+        x = node.inputs[0]
+        if x is None or x.shape is None:
+            continue
+        spatial = list(x.shape)[2:]
+        kernel = node.attributes.get("kernel_shape")
+        if kernel is None and node.op_type == "Conv" and node.inputs[1] is not None:
+            w = node.inputs[1].shape
+            kernel_dims = list(w)[2:] if w is not None else []
+        else:
+            kernel_dims = list(kernel.value) if kernel is not None else []
+        if not spatial or len(kernel_dims) != len(spatial):
+            continue
+        if not all(isinstance(d, int) for d in [*spatial, *kernel_dims]):
+            continue
+        rank = len(spatial)
+        strides = list(node.attributes["strides"].value) if "strides" in node.attributes else []
+        dilations = (
+            list(node.attributes["dilations"].value) if "dilations" in node.attributes else []
+        )
+        strides, dilations = strides or [1] * rank, dilations or [1] * rank
+        begin, end = [], []
+        for n, k, st, dl in zip(spatial, kernel_dims, strides, dilations, strict=True):
+            total = max((-(-n // st) - 1) * st + (k - 1) * dl + 1 - n, 0)
+            small = total // 2
+            begin.append(small if mode.value == "SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        node.attributes.pop("auto_pad")
+        node.attributes["pads"] = ir.AttrInt64s("pads", begin + end)
+        done += 1
+    return done
 
 
 def _unscope_layout_transposes(graph: ir.Graph) -> None:
