@@ -6,7 +6,7 @@ path runs under ``jax.jit`` in this one process; each is timed in interleaved ro
 median of a round's calls, then the median over rounds) so load drift hits all paths alike.
 Ratios are to a hand-written Flax model of the same architecture (< 1 = faster).
 
-"before" is ``xconv.converters.jax.formulation.use(attention="reference")`` (the step-by-step
+"before" is ``xconv.converters.ops.formulation.use(attention="reference")`` (the step-by-step
 ONNX Attention, and the older einsum helper in the generated Flax), "after" the default
 ``auto``. The CNN has no attention: its before/after pair shows the noise of the run, and its
 to_jax vs hand-written ratio is the per-call overhead of the channels-first runtime. The
@@ -178,7 +178,7 @@ def build_paths(row: str, batch: int, tmp: Path, t2j_ok: bool) -> tuple[dict, np
     import torch
 
     import xconv
-    from xconv.converters.jax import formulation
+    from xconv.converters.ops import formulation
 
     module = torch_transformer() if row == "transformer" else torch_cnn()
     shape = (batch, SEQ, D_MODEL) if row == "transformer" else (batch, 3, IMAGE, IMAGE)

@@ -106,7 +106,7 @@ def measure(name: str, module, inputs) -> dict:
     import torch
 
     import xconv
-    from xconv.converters.jax.flax_emitter import FlaxOptions, generate
+    from xconv.converters.flax.source.emitter import FlaxOptions, generate
 
     with torch.no_grad():
         want = module(*inputs)
@@ -141,7 +141,7 @@ def measure_torch(name: str, module, variables, inputs, method, classes) -> dict
     import torch
 
     import xconv
-    from xconv.converters.torch import source_tree
+    from xconv.converters.torch.source import tree as source_tree
 
     kwargs = {"method": method} if method else {}
     want = jax.tree_util.tree_leaves(module.apply(variables, *inputs, **kwargs))

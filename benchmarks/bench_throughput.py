@@ -723,7 +723,7 @@ class Bench:
 def _bf16_policy(model):
     """xconv's parity policy for bfloat16-compute conversions, where this commit has one."""
     try:
-        from xconv.converters.jax.precision import rounding_depth
+        from xconv.converters.ops.precision import rounding_depth
         from xconv.parity.policies import bf16_policy
     except ImportError:
         return None

@@ -32,7 +32,7 @@ def main(names: list[str]) -> None:
     import torch_models
 
     import xconv
-    from xconv.converters.jax.precision import rounding_depth
+    from xconv.converters.ops.precision import rounding_depth
     from xconv.parity.checker import check_parity
     from xconv.parity.policies import BF16_FACTOR, bf16_policy
     from xconv.pipeline import _load_generated

@@ -19,7 +19,7 @@ jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
 
 import xconv  # noqa: E402
-from xconv.converters.jax.precision import resolve_dtype, rounding_depth  # noqa: E402
+from xconv.converters.ops.precision import resolve_dtype, rounding_depth  # noqa: E402
 from xconv.errors import ConversionError  # noqa: E402
 from xconv.ir.naming import flatten, nest  # noqa: E402
 from xconv.parity.checker import check_parity  # noqa: E402
@@ -141,7 +141,7 @@ def test_a_wrong_weight_fails_the_bf16_policy(model):
 
 
 def test_float32_is_the_default_and_writes_the_same_source():
-    from xconv.converters.jax.flax_emitter import FlaxOptions, generate
+    from xconv.converters.flax.source.emitter import FlaxOptions, generate
     from xconv.demo import build_demo_model
 
     irm = build_demo_model()

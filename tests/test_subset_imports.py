@@ -69,7 +69,7 @@ sys.exit(1 if failed else 0)
 
 @pytest.mark.parametrize(
     ("framework", "package"),
-    [("jax", "xconv.converters.jax"), ("torch", "xconv.converters.torch.backend")],
+    [("jax", "xconv.converters.jax"), ("torch", "xconv.converters.torch.runtime")],
 )
 def test_each_handler_module_imports_on_its_own(framework, package):
     """Importing one runtime handler module first (e.g. ``xconv.converters.jax.attention``)

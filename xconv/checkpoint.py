@@ -4,7 +4,7 @@
 'model-*.safetensors' -o OUT`` runs :func:`convert_checkpoint`:
 
 1. The checkpoint's headers are read and checked against the module built with no parameter
-   data (:mod:`xconv.converters.torch.meta`): every missing, unexpected, mis-shaped or
+   data (:mod:`xconv.converters.torch.importer.meta`): every missing, unexpected, mis-shaped or
    mis-typed tensor, truncated shard or missing shard file is listed in one
    :class:`~xconv.errors.WeightsError` (exit 6) before anything is written.
 2. The module is traced with ``torch.export`` on fake parameters and translated to the IR; its
@@ -66,7 +66,7 @@ class Traced:
         inputs: The example inputs it was traced with.
         program: The weightless ``torch.export`` program (the layerwise reference).
         route: How it was traced: ``"full trace (why)"``, or the repeated list traced with
-            two entries and copied (:mod:`xconv.converters.torch.repeat`).
+            two entries and copied (:mod:`xconv.converters.torch.importer.repeat`).
     """
 
     model: ir.Model
@@ -113,7 +113,7 @@ def from_checkpoint(
         on_checked: Called with the index and the weightless module (``MetaModule``) once the
             checkpoint was checked against it, before the trace (the early stream starts here).
         repeat: Trace a list of interchangeable blocks (decoder layers) with two entries and
-            copy the second for the rest (:mod:`xconv.converters.torch.repeat`); it falls back
+            copy the second for the rest (:mod:`xconv.converters.torch.importer.repeat`); it falls back
             to the full trace when its preconditions do not hold (``Traced.route`` says which).
 
     Raises:
@@ -121,8 +121,8 @@ def from_checkpoint(
     """
     import torch
 
-    from xconv.converters.torch.importer import _export, annotate
-    from xconv.converters.torch.meta import build_meta_module, default_inputs, load_config
+    from xconv.converters.torch.importer.meta import build_meta_module, default_inputs, load_config
+    from xconv.converters.torch.importer.trace import _export, annotate
     from xconv.factories import resolve_factory
     from xconv.weights.stream import attach
 
@@ -147,7 +147,7 @@ def from_checkpoint(
     route = "full trace"
     repeated = None
     if repeat:
-        from xconv.converters.torch.repeat import trace_repeated
+        from xconv.converters.torch.importer.repeat import trace_repeated
 
         repeated, why = trace_repeated(
             meta.module, lambda m: _to_ir_and_program(_export(m, inputs, dynamic_batch))
@@ -251,7 +251,7 @@ def plan_flax(
     """Generated ``model.py`` and the variables to stream. Without ``partitioning`` its
     ``load`` reads the streamed safetensors shards; with it, ``model.py`` carries the
     sharding section (``LOGICAL_AXES``, ``RULES``, ``load(out_dir, mesh=)`` from Orbax)."""
-    from xconv.converters.jax import flax_emitter as fe
+    from xconv.converters.flax.source import emitter as fe
     from xconv.ir.passes import canonicalize
 
     if api not in ("linen", "nnx"):
@@ -459,7 +459,7 @@ def convert_checkpoint(
 def guess_layouts(module: Any, index: CheckpointIndex) -> dict[str, Planned]:
     """``{checkpoint key: Planned}``: every ``nn.Linear`` weight transposed to a Flax kernel,
     every other tensor as it is (what the Flax emitter does for a transformer; checked)."""
-    from xconv.converters.torch.meta import linear_weights
+    from xconv.converters.torch.importer.meta import linear_weights
 
     linear = linear_weights(module)
     guesses = {}

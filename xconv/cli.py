@@ -179,7 +179,7 @@ def _template_inputs(input_shape: tuple[str, ...], input_dtype: str):
         sys.path.insert(0, str(Path.cwd()))
     if not input_shape:
         return None
-    from xconv.converters.torch.files import example_inputs
+    from xconv.converters.torch.importer.files import example_inputs
 
     return example_inputs(list(input_shape), input_dtype)
 
@@ -332,7 +332,7 @@ def _conversion_options(fn):
 
 
 def _compute_dtype(ctx: click.Context, param: click.Parameter, value: str) -> str | None:
-    from xconv.converters.jax.precision import DTYPES, resolve_dtype
+    from xconv.converters.ops.precision import DTYPES, resolve_dtype
     from xconv.errors import ConversionError
 
     try:

@@ -41,9 +41,9 @@ def available_backends() -> dict[str, str]:
     if importlib.util.find_spec("jax") is not None:
         out["jax"] = "xconv.converters.jax.registry"
     if importlib.util.find_spec("torch") is not None and importlib.util.find_spec(
-        "xconv.converters.torch.backend.registry"
+        "xconv.converters.torch.runtime.registry"
     ):
-        out["torch"] = "xconv.converters.torch.backend.registry"
+        out["torch"] = "xconv.converters.torch.runtime.registry"
     return out
 
 

@@ -73,7 +73,7 @@ class ConvertOptions:
             ``partitioning``), which the generated ``load(out_dir, mesh=)`` restores sharded.
         dtype: Targets ``flax`` / ``jax``: compute dtype, ``"float32"`` (default) or
             ``"bfloat16"`` (float32 params, bfloat16 matmuls / convolutions / attention, norms
-            and softmax in float32; :mod:`xconv.converters.jax.precision`). A bfloat16 model
+            and softmax in float32; :mod:`xconv.converters.ops.precision`). A bfloat16 model
             is checked with :func:`xconv.parity.policies.bf16_policy`, its bound in the report.
         mesh: Targets ``flax`` and ``jax``: the parity check runs the candidate sharded over
             this ``"DATAxMODEL"`` mesh of the visible devices (the flax output restored onto
@@ -99,7 +99,7 @@ class ConvertOptions:
     mesh: Any = None
 
     def __post_init__(self) -> None:
-        from xconv.converters.jax.precision import resolve_dtype
+        from xconv.converters.ops.precision import resolve_dtype
 
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
         if self.parity not in PARITY_MODES:
@@ -258,8 +258,8 @@ def convert(
 
 
 def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:
-    from xconv.converters.torch.files import example_inputs, load_torch_model
-    from xconv.converters.torch.importer import from_torch
+    from xconv.converters.torch.importer.files import example_inputs, load_torch_model
+    from xconv.converters.torch.importer.trace import from_torch
 
     inputs = (
         given
@@ -345,7 +345,7 @@ def _numpy_inputs(options: ConvertOptions) -> tuple[Any, ...]:
 def _import_flax(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:
     """``source`` is ``(linen_module, variables)``, an nnx module, or a variables file
     (msgpack, Orbax, safetensors, npz) with ``options.module_factory`` building the module."""
-    from xconv.converters.flax.importer import from_flax
+    from xconv.converters.flax.importer.trace import from_flax
 
     description = None
     if isinstance(source, str | os.PathLike):
@@ -437,7 +437,7 @@ def _tf_inputs_from_ir(model: ir.Model) -> tuple[Any, ...] | None:
 def _import_jax(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:
     """``source`` is ``(fn, params)`` for ``fn(params, *inputs)``, or a params file with
     ``options.module_factory`` returning ``(fn, params[, example_inputs])``."""
-    from xconv.converters.flax.importer import from_jax
+    from xconv.converters.flax.importer.trace import from_jax
 
     description = None
     if isinstance(source, str | os.PathLike):
@@ -478,7 +478,7 @@ Loader = Callable[[Path], Any]
 
 
 def _emit_flax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
-    from xconv.converters.jax.flax_emitter import FlaxOptions, to_flax
+    from xconv.converters.flax.source.emitter import FlaxOptions, to_flax
 
     flax_options = FlaxOptions(dtype=options.dtype) if options.dtype else None
     if options.partitioning is not None or options.weights_format == "orbax":
@@ -555,7 +555,7 @@ def _emit_onnx(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
 
 
 def _emit_torch(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
-    from xconv.converters.torch.write import write_torch
+    from xconv.converters.torch.source.write import write_torch
 
     write_torch(model, stage)
     return lambda where: _load_generated(where / "model.py").load(where)
@@ -596,7 +596,7 @@ def _check(
 
     policy: Any = options.policy
     if options.dtype:
-        from xconv.converters.jax.precision import rounding_depth
+        from xconv.converters.ops.precision import rounding_depth
         from xconv.parity.policies import bf16_policy
 
         policy = bf16_policy(rounding_depth(imported.model), options.policy)
@@ -800,14 +800,14 @@ def to_flax(
         ParityError: the generated module disagrees with the runtime; names the first differing
             output. ``out_dir`` is removed: nothing wrong is left behind.
     """
-    from xconv.converters.jax.precision import resolve_dtype
+    from xconv.converters.ops.precision import resolve_dtype
     from xconv.sharding.flax import to_flax as emit
 
     low = resolve_dtype(dtype)
     if low is not None:
         from dataclasses import replace
 
-        from xconv.converters.jax.flax_emitter import FlaxOptions
+        from xconv.converters.flax.source.emitter import FlaxOptions
 
         options = replace(options or FlaxOptions(), dtype=low)
     out = emit(model, out_dir, api=api, options=options, partitioning=partitioning, format=format)
@@ -870,8 +870,8 @@ def bf16_differential_bound(model: ir.Model) -> float:
     """Generated bfloat16 Flax vs bfloat16 ``to_jax``: the same ops, rounded to bfloat16 in
     different places (inside a Flax layer vs after an ONNX op): per element, within
     ``4 * 2**-8 * sqrt(L) * (|want| + max|want|)``, L the matmul/conv depth
-    (:func:`xconv.converters.jax.precision.rounding_depth`)."""
-    from xconv.converters.jax.precision import rounding_depth
+    (:func:`xconv.converters.ops.precision.rounding_depth`)."""
+    from xconv.converters.ops.precision import rounding_depth
 
     return 4 * 2.0**-8 * float(np.sqrt(rounding_depth(model)))
 

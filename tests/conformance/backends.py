@@ -122,7 +122,7 @@ def torch_backend(model: onnx.ModelProto) -> Runner:
 
     def to_torch(x: Any) -> Any:
         if isinstance(x, np.ndarray) and x.dtype.kind not in "OSU":
-            from xconv.converters.torch.backend.dtypes import to_tensor
+            from xconv.converters.torch.runtime.dtypes import to_tensor
 
             return to_tensor(x)
         if isinstance(x, list):

@@ -178,7 +178,7 @@ def _torch_case(case: harness.Case, inputs, expected) -> list[Outcome]:
         return []
     if not _reference_passes(want, expected, case):
         return []
-    from xconv.converters.torch.backend.dtypes import to_tensor
+    from xconv.converters.torch.runtime.dtypes import to_tensor
 
     def emit():
         return xconv.to_torch_source(model)

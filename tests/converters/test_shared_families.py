@@ -41,8 +41,8 @@ def _registry(framework: str):
     if framework == "jax":
         from xconv.converters.jax.registry import registry
     else:
-        import xconv.converters.torch.backend  # noqa: F401 - registers the handlers
-        from xconv.converters.torch.backend.registry import registry
+        import xconv.converters.torch.runtime  # noqa: F401 - registers the handlers
+        from xconv.converters.torch.runtime.registry import registry
     return registry
 
 

@@ -241,7 +241,7 @@ def _write(path: Path, data: bytes) -> Path:
 def _loaders(files):
     """kind -> (file to mutate, its suffix, how to load it, examples at scale 1)."""
     from xconv.converters.onnx.io import load as load_onnx
-    from xconv.converters.torch.files import inputs_from_npz, load_torch_model
+    from xconv.converters.torch.importer.files import inputs_from_npz, load_torch_model
     from xconv.weights.io import checkpoint_shapes, read_checkpoint
 
     def state_dict(p):
@@ -363,7 +363,7 @@ def npy_file(draw) -> bytes:
 
 @pytest.mark.parametrize("scale", SCALES)
 def test_safetensors_header_lies_are_clean_errors(tmp_path, scale, no_logged_traceback):
-    from xconv.converters.torch.files import load_torch_model
+    from xconv.converters.torch.importer.files import load_torch_model
     from xconv.weights.io import checkpoint_shapes, read_checkpoint
 
     path = tmp_path / "lies.safetensors"
@@ -379,7 +379,7 @@ def test_safetensors_header_lies_are_clean_errors(tmp_path, scale, no_logged_tra
 
 @pytest.mark.parametrize("scale", SCALES)
 def test_npz_header_lies_are_clean_errors(tmp_path, scale, no_logged_traceback):
-    from xconv.converters.torch.files import inputs_from_npz
+    from xconv.converters.torch.importer.files import inputs_from_npz
     from xconv.weights.io import read_checkpoint
 
     path = tmp_path / "lies.npz"
@@ -400,7 +400,7 @@ _TORCH_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, to
 @pytest.mark.parametrize("scale", SCALES)
 def test_state_dict_that_does_not_fit_is_a_weights_error(tmp_path, scale, no_logged_traceback):
     """Renamed, dropped, extra, mis-shaped and mis-typed tensors: exit 6, never a load."""
-    from xconv.converters.torch.files import load_torch_model
+    from xconv.converters.torch.importer.files import load_torch_model
     from xconv.errors import WeightsError
 
     good = Tiny().state_dict()
@@ -532,7 +532,7 @@ def test_pickled_code_is_never_run(tmp_path):
     from click.testing import CliRunner
 
     from xconv.cli import main
-    from xconv.converters.torch.files import load_torch_model
+    from xconv.converters.torch.importer.files import load_torch_model
     from xconv.weights.io import read_checkpoint
 
     marker = tmp_path / "ran"

@@ -258,8 +258,8 @@ def test_tied_weights(tmp_path):
     """Both Flax variables of a tied weight get the checkpoint's values; both torch keys return."""
     import importlib.util
 
-    from xconv.converters.jax.flax_emitter import to_flax
-    from xconv.converters.torch.importer import from_torch
+    from xconv.converters.flax.source.emitter import to_flax
+    from xconv.converters.torch.importer.trace import from_torch
 
     template = build_template(make_tied)
     module, (ids,) = make_tied()

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from fixtures import torch_models
-from xconv.converters.jax.flax_emitter import generate, to_flax
-from xconv.converters.torch.importer import from_torch
+from xconv.converters.flax.source.emitter import generate, to_flax
+from xconv.converters.torch.importer.trace import from_torch
 from xconv.errors import WeightsError
 from xconv.weights import io
 from xconv.weights.mapping import build_weight_map, flax_to_torch, torch_to_flax

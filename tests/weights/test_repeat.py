@@ -1,4 +1,4 @@
-"""Repeated blocks traced once (xconv.converters.torch.repeat): used when the list's entries
+"""Repeated blocks traced once (xconv.converters.torch.importer.repeat): used when the list's entries
 are interchangeable and the forward runs them one after the other, the full trace otherwise."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def test_list_that_is_not_a_plain_repeat_falls_back_to_the_full_trace(tmp_path, 
 def test_find_repeated_needs_one_class_and_equal_shapes():
     from torch import nn
 
-    from xconv.converters.torch.repeat import find_repeated
+    from xconv.converters.torch.importer.repeat import find_repeated
 
     mixed = nn.Module()
     mixed.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 8)])
@@ -149,7 +149,7 @@ def test_find_repeated_needs_one_class_and_equal_shapes():
 
 
 def test_a_copy_that_fails_falls_back_to_the_full_trace(tmp_path, monkeypatch):
-    import xconv.converters.torch.repeat as repeat
+    import xconv.converters.torch.importer.repeat as repeat
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated")

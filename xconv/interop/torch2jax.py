@@ -104,7 +104,7 @@ def torch2jax(
     from torch import nn
 
     from xconv.converters.jax.interpreter import to_jax
-    from xconv.converters.torch.importer import from_torch
+    from xconv.converters.torch.importer.trace import from_torch
     from xconv.ir.naming import flatten
 
     if not example_inputs:

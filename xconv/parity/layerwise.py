@@ -647,7 +647,7 @@ def layerwise_oracle(
     if model is None:
         model = getattr(candidate, "ir_model", None)
     if model is None:
-        from xconv.converters.torch.importer import from_torch
+        from xconv.converters.torch.importer.trace import from_torch
 
         model = from_torch(program)
     return run_layerwise(program, model, arrays, policy=pol)

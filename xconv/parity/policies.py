@@ -169,7 +169,7 @@ def bf16_policy(depth: int, policy: str | Policy | None = "oracle") -> Policy:
 
     Args:
         depth: Matmul / convolution stages on the model's longest path
-            (:func:`xconv.converters.jax.precision.rounding_depth`).
+            (:func:`xconv.converters.ops.precision.rounding_depth`).
         policy: The base policy: ``"oracle"`` (default) gets the floor
             ``BF16_FACTOR * 2**-8 * sqrt(depth)`` relative to ``|oracle_i| + rms``;
             ``"dtype"`` keeps torch's bfloat16 rtol / atol. Either allows float32 -> bfloat16.

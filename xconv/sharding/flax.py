@@ -281,7 +281,7 @@ def to_flax(
     partitioning: Any = None,
     format: str | None = None,
 ) -> Path:
-    """:func:`xconv.converters.jax.flax_emitter.to_flax` plus sharding.
+    """:func:`xconv.converters.flax.source.emitter.to_flax` plus sharding.
 
     Args:
         partitioning: ``None``, ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` or a rule table
@@ -291,7 +291,7 @@ def to_flax(
 
     Without either, this is exactly the emitter's ``to_flax``.
     """
-    from xconv.converters.jax import flax_emitter
+    from xconv.converters.flax.source import emitter as flax_emitter
 
     if format not in (None, *FORMATS):
         raise ShardingError(f"unknown weights format {format!r}; choose one of {FORMATS}")

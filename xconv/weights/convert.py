@@ -97,8 +97,8 @@ def build_template(
     template_factory: Any, example_inputs: Sequence[Any] | None = None, api: str = "linen"
 ) -> Template:
     """Build the torch module, trace it, and map its weights."""
-    from xconv.converters.torch.files import resolve_factory
-    from xconv.converters.torch.importer import from_torch
+    from xconv.converters.torch.importer.files import resolve_factory
+    from xconv.converters.torch.importer.trace import from_torch
 
     built = resolve_factory(template_factory)()
     inputs = None

@@ -7,7 +7,7 @@ the kernel layout transform. A layer the Flax emitter cannot write natively beco
 submodule whose weights are raw parameters named after their role; a weight outside any layer
 is one raw top-level parameter. Blocks of the source's module tree nest these paths
 (``params/layer1_0/conv1/kernel``). Where each weight went is read off the emitter's own record
-for the template model (:func:`xconv.converters.jax.flax_emitter.emitted_variables`, used by
+for the template model (:func:`xconv.converters.flax.source.emitter.emitted_variables`, used by
 :func:`build_weight_map`), so the map always matches the ``model.py`` that
 :func:`xconv.to_flax` writes; every entry is verified by value.
 
@@ -204,7 +204,7 @@ def build_weight_map(
             non-persistent buffer) are template constants, not expected in a checkpoint.
             Default: every initializer is a state_dict entry.
     """
-    from xconv.converters.jax.flax_emitter import generate_with_records
+    from xconv.converters.flax.source.emitter import generate_with_records
 
     _, variables, records = generate_with_records(model_ir, api=api)
     flat: dict[Path_, np.ndarray] = {tuple(k.split(SEP)): v for k, v in flatten(variables).items()}

@@ -1,6 +1,6 @@
 """Weights streamed from a checkpoint into a converted model's shard files, one at a time.
 
-The IR of a model traced without weights (:mod:`xconv.converters.torch.meta`) holds its
+The IR of a model traced without weights (:mod:`xconv.converters.torch.importer.meta`) holds its
 initializers as lazy references into the checkpoint (:class:`LazyWeight`: shard file, byte
 offset, dtype, shape). Writing a target then takes two steps:
 

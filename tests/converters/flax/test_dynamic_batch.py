@@ -21,7 +21,7 @@ from jax import lax
 import xconv
 from fixtures import flax_models as fm
 from tests.torch_source import load_generated
-from xconv.converters.flax.importer import from_flax, from_jax
+from xconv.converters.flax.importer.trace import from_flax, from_jax
 
 LINEN = ["linen_mlp", "linen_cnn", "linen_transformer"]
 NNX = ["nnx_mlp", "nnx_cnn", "nnx_transformer"]

@@ -11,7 +11,7 @@ import pytest
 
 import xconv
 from fixtures import flax_models as fm
-from xconv.converters.flax.importer import from_flax, from_jax
+from xconv.converters.flax.importer.trace import from_flax, from_jax
 from xconv.errors import UnsupportedOpError
 from xconv.ir.metadata import LAYER, LAYOUT, MODULE, ROLE, SCOPE
 

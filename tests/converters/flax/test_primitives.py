@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 import xconv
-from xconv.converters.flax.importer import from_jax
+from xconv.converters.flax.importer.trace import from_jax
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -267,7 +267,8 @@ def test_fast_formulation_matches_reference(case: OpCase, monkeypatch):
     """The fused formulation (head- or sequence-major, one select per mask) is the one taken
     for these nodes, and it gives the reference's numbers, fully-masked rows included; the
     step-by-step formulation ("reference") agrees with it."""
-    from xconv.converters.jax import attention, formulation
+    from xconv.converters.jax import attention
+    from xconv.converters.ops import formulation
 
     taken = []
     real = attention._fast_attention
@@ -288,7 +289,7 @@ def test_fast_formulation_matches_reference(case: OpCase, monkeypatch):
 
 def test_fast_formulation_grad_with_fully_masked_row():
     """Gradients through the fused form stay finite and match the step-by-step form's."""
-    from xconv.converters.jax import formulation
+    from xconv.converters.ops import formulation
 
     case = OpCase("attn", "Attention", [Q4, K4, V4, _NEG_ROW_MASK])
     fn, params = xconv.to_jax(xconv.load(build_model(case)))

@@ -481,7 +481,7 @@ def test_tied_lm_head_stored_once(tmp_path, api):
     in variables.msgpack), and the numbers match torch."""
     import torch
 
-    from xconv.converters.torch.importer import from_torch
+    from xconv.converters.torch.importer.trace import from_torch
     from xconv.weights.flax_msgpack import read_msgpack
 
     class TiedLM(torch.nn.Module):  # the embedding gathered from the head's weight

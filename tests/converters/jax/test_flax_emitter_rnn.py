@@ -18,8 +18,8 @@ from tests.converters.jax.test_flax_emitter import (
     ruff_ok,
     run_generated,
 )
-from xconv.converters.jax import flax_ops
-from xconv.converters.jax.flax_emitter import FlaxOptions, generate
+from xconv.converters.flax.source import templates as flax_ops
+from xconv.converters.flax.source.emitter import FlaxOptions, generate
 from xconv.errors import UnsupportedOpError
 
 SEQ, BATCH, D_IN, HIDDEN = 5, 3, 4, 6
@@ -170,7 +170,7 @@ def test_missing_template_error_names_the_emitter_and_the_fix(tmp_path):
     msg = str(info.value)
     assert "flax emitter" in msg and "jax backend" not in msg
     assert "my.ops::Scale x1" in msg
-    assert "flax_ops.register_template(op_type, fn" in msg
+    assert "templates.register_template(op_type, fn" in msg
     assert info.value.backend == "flax emitter"
 
 

@@ -15,7 +15,7 @@ import onnx_ir as ir  # noqa: E402
 import xconv  # noqa: E402
 from fixtures.make_fixtures import FACTORY, write_torch_files  # noqa: E402
 from fixtures.torch_models import make_mlp  # noqa: E402
-from xconv.converters.torch.files import (  # noqa: E402
+from xconv.converters.torch.importer.files import (  # noqa: E402
     example_inputs,
     input_from_spec,
     inputs_from_npz,

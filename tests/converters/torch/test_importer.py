@@ -430,7 +430,7 @@ def test_keyword_inputs():
 def test_an_older_exporter_opset_is_upgraded(monkeypatch):
     from onnx import TensorProto, helper
 
-    from xconv.converters.torch import importer
+    from xconv.converters.torch.importer import trace as importer
 
     node = helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=0)
     graph = helper.make_graph(

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 
 import xconv  # noqa: E402
 from fixtures.torch_models import FIXTURES  # noqa: E402
-from xconv.converters.torch.source_emitter import to_torch_source  # noqa: E402
-from xconv.converters.torch.write import write_torch  # noqa: E402
+from xconv.converters.torch.source.emitter import to_torch_source  # noqa: E402
+from xconv.converters.torch.source.write import write_torch  # noqa: E402
 from xconv.errors import UnsupportedOpError  # noqa: E402
 from xconv.ir.builder import GraphBuilder  # noqa: E402
 from xconv.ir.layers import mark_layer  # noqa: E402

@@ -1,5 +1,5 @@
 """The PyTorch source of a Flax model writes a traced softmax / tanh GELU as the one call a
-person writes (``xconv/converters/torch/source_fuse.py``), with the numbers unchanged."""
+person writes (``xconv/converters/torch/source/fuse.py``), with the numbers unchanged."""
 
 from __future__ import annotations
 

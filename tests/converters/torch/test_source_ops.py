@@ -11,7 +11,7 @@ from onnx.reference import ReferenceEvaluator
 
 torch = pytest.importorskip("torch")
 
-from xconv.converters.torch.source_emitter import to_torch_source  # noqa: E402
+from xconv.converters.torch.source.emitter import to_torch_source  # noqa: E402
 from xconv.errors import UnsupportedOpError  # noqa: E402
 from xconv.ir import OPSET  # noqa: E402
 
@@ -301,7 +301,7 @@ def test_conv_with_asymmetric_pads_pads_explicitly():
     from onnx import TensorProto, helper, numpy_helper
 
     import xconv
-    from xconv.converters.torch.source_emitter import to_torch_source
+    from xconv.converters.torch.source.emitter import to_torch_source
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)

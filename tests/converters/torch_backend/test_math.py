@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import xconv
-from xconv.converters.torch.backend.dtypes import to_tensor
+from xconv.converters.torch.runtime.dtypes import to_tensor
 from xconv.errors import ConversionError, UnsupportedAttributeError
 
 RNG = np.random.default_rng(0)

@@ -1,5 +1,4 @@
-"""Flax / JAX frontend: linen and nnx modules and plain JAX functions -> the shared IR.
-
-``from_flax`` and ``from_jax`` live in :mod:`xconv.converters.flax.importer` (imported
-lazily: this package imports no framework).
-"""
+"""Flax: ``importer/`` (Flax modules and JAX functions -> IR, ``xconv.from_flax`` /
+``xconv.from_jax``) and ``source/`` (IR -> Flax linen / nnx source, ``xconv.to_flax``);
+``source_names`` is what both share (the source names a generated module records).
+Importing this package imports no framework."""

@@ -1,7 +1,6 @@
-"""JAX backend: IR -> jittable JAX function, and Flax linen / nnx source.
+"""JAX runtime: the IR as a jittable JAX function (``xconv.to_jax``).
 
-Importing this package imports no framework: the Flax source emitter (``flax_emitter``,
-``flax_ops``) is plain Python, and the runtime's names below load jax on first use.
+Importing this package imports no framework; the names below load jax on first use.
 Importing :mod:`xconv.converters.jax.registry` registers the built-in handlers.
 """
 

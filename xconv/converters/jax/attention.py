@@ -1,7 +1,7 @@
 """The JAX kernel of the attention family (written once in :mod:`xconv.converters.ops.attention`)
 and its fused formulation.
 
-Where :mod:`xconv.converters.jax.formulation` allows (``"auto"``), ``Attention`` runs a fused
+Where :mod:`xconv.converters.ops.formulation` allows (``"auto"``), ``Attention`` runs a fused
 softmax attention in the inputs' own layout (:func:`_fast_attention`; cuDNN's
 ``jax.nn.dot_product_attention`` on a GPU for float16/bfloat16) instead of the reference's
 step-by-step form; ``LinearAttention``'s recurrence runs under ``lax.scan``.
@@ -15,10 +15,10 @@ import numpy as np
 import onnx_ir as ir
 from jax import lax
 
-from xconv.converters.jax import formulation
 from xconv.converters.jax.kernel import reference_sum
 from xconv.converters.jax.registry import builtin
 from xconv.converters.ops import attention as ops_attention
+from xconv.converters.ops import formulation
 from xconv.converters.ops.attention import AttentionOptions, register_attention_ops
 
 _NEG_INF = -np.inf

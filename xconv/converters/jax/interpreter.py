@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.jax import precision
 from xconv.converters.jax.context import JaxContext
+from xconv.converters.ops import precision
 from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.context import find_handler, graph_env, handler_errors
 from xconv.converters.registry import Registry, as_tuple
@@ -161,7 +161,7 @@ def _as_low(a: Any) -> Any:
 
 
 def _lower(node: ir.Node, args: list[Any], attrs: dict[str, Any]) -> tuple[list, dict, Any]:
-    """Apply the bfloat16 rules of :mod:`~xconv.converters.jax.precision` to one node that
+    """Apply the bfloat16 rules of :mod:`~xconv.converters.ops.precision` to one node that
     runs at run time: returns its operands, its attributes and True (round its float32
     results to bfloat16), a tuple (its outputs, already known) or False."""
     op = node.op_type
@@ -263,7 +263,7 @@ def to_jax(
         dtype: Compute dtype: ``"float32"`` (default) or ``"bfloat16"``: params stay
             float32, matmuls / convolutions / attention run on bfloat16 operands, norms and
             softmax in float32, outputs come back bfloat16 (see
-            :mod:`xconv.converters.jax.precision`).
+            :mod:`xconv.converters.ops.precision`).
 
     Returns:
         ``(fn, params)``: call ``fn(params, *inputs)`` to get a tuple of outputs. ``params``

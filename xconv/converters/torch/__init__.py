@@ -1,2 +1,3 @@
-"""PyTorch frontend: ``from_torch`` (importer.py), layer recognition (layers.py), model files
-(files.py). Importing this package does not import torch; its modules do."""
+"""PyTorch: ``importer/`` (torch.export -> IR), ``runtime/`` (IR -> ``nn.Module``, ``xconv.to_torch``),
+``source/`` (IR -> readable torch source); ``emitter`` gives both targets one entry point.
+Importing this package does not import torch; its modules do."""

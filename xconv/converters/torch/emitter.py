@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from xconv.converters.torch.backend.interpreter import to_torch
+from xconv.converters.torch.runtime.interpreter import to_torch
 
 __all__ = ["to_torch", "to_torch_source"]
 
 
 def to_torch_source(model, *args, **kwargs):
     """Readable ``nn.Module`` source and its state_dict (see ``source_emitter``)."""
-    from xconv.converters.torch.source_emitter import to_torch_source as impl
+    from xconv.converters.torch.source.emitter import to_torch_source as impl
 
     return impl(model, *args, **kwargs)

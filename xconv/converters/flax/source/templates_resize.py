@@ -1,0 +1,118 @@
+"""Flax source templates for GatherND and Resize (nearest / linear).
+
+Each writes a call to a small generated helper (``_gather_nd``, ``_resize``) that follows the
+ONNX definitions the JAX runtime implements (``indexing.gather_nd``, ``shape._resize``):
+negative indices wrap; Resize maps output coordinates back by the node's
+``coordinate_transformation_mode`` and rounds (nearest) or interpolates between the two
+neighbours with edge clamping (linear), one axis at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xconv.converters.flax.source.templates import HELPERS, OpCall, template
+
+_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+HELPERS["gather_nd"] = '''
+def _gather_nd(data, indices, batch_dims):
+    """ONNX GatherND: slices of ``data`` addressed by the index tuples in ``indices``."""
+    b, k = batch_dims, indices.shape[-1]
+    nb = math.prod(data.shape[:b])
+    inner = indices.shape[b:-1]
+    flat = jnp.reshape(data, (nb, *data.shape[b:]))
+    idx = jnp.reshape(indices, (nb, *inner, k))
+    comps = tuple(
+        jnp.where(idx[..., j] < 0, idx[..., j] + data.shape[b + j], idx[..., j]) for j in range(k)
+    )
+    batch = jnp.reshape(jnp.arange(nb), (nb,) + (1,) * len(inner))
+    out = flat[(batch, *comps)]
+    return jnp.reshape(out, data.shape[:b] + inner + data.shape[b + k :])
+'''
+
+HELPERS["resize"] = '''
+def _resize(x, sizes, scales, mode, coord, nearest_mode):
+    """ONNX Resize (nearest or linear), axis by axis."""
+    for axis, (out, scale) in enumerate(zip(sizes, scales, strict=True)):
+        n = x.shape[axis]
+        if out == n and scale == 1.0:
+            continue
+        i = jnp.arange(out, dtype=jnp.float32)
+        if coord == "align_corners":
+            src = i * ((n - 1) / (out - 1)) if out > 1 else jnp.zeros_like(i)
+        elif coord == "asymmetric":
+            src = i / scale
+        elif coord == "pytorch_half_pixel" and out == 1:
+            src = jnp.zeros_like(i)
+        else:
+            src = (i + 0.5) / scale - 0.5
+        if mode == "nearest":
+            rounding = {
+                "floor": jnp.floor(src),
+                "ceil": jnp.ceil(src),
+                "round_prefer_ceil": jnp.floor(src + 0.5),
+                "round_prefer_floor": jnp.ceil(src - 0.5),
+            }
+            j = jnp.clip(rounding[nearest_mode], 0, n - 1).astype(jnp.int32)
+            x = jnp.take(x, j, axis=axis)
+            continue
+        src = jnp.clip(src, 0, n - 1)
+        lo = jnp.floor(src)
+        w = jnp.reshape(src - lo, (-1,) + (1,) * (x.ndim - axis - 1)).astype(x.dtype)
+        lo = lo.astype(jnp.int32)
+        hi = jnp.minimum(lo + 1, n - 1)
+        x = jnp.take(x, lo, axis=axis) * (1 - w) + jnp.take(x, hi, axis=axis) * w
+    return x
+'''
+
+
+@template("GatherND", batch_dims=0)
+def _gather_nd(c: OpCall) -> str:
+    c.helpers.add("gather_nd")
+    return f"_gather_nd({c.args[0]}, {c.args[1]}, {int(c.attrs['batch_dims'])})"
+
+
+@template(
+    "Resize",
+    antialias=0,
+    axes=None,
+    coordinate_transformation_mode="half_pixel",
+    cubic_coeff_a=-0.75,
+    exclude_outside=0,
+    extrapolation_value=0.0,
+    keep_aspect_ratio_policy="stretch",
+    mode="nearest",
+    nearest_mode="round_prefer_floor",
+)
+def _resize(c: OpCall) -> str:
+    a = c.attrs
+    mode, coord = a["mode"], a["coordinate_transformation_mode"]
+    if mode not in ("nearest", "linear"):
+        raise c.fail(f"Resize mode={mode!r}; the Flax emitter writes 'nearest' and 'linear'")
+    if coord not in _COORDS or a["nearest_mode"] not in _NEAREST:
+        raise c.fail(
+            f"Resize coordinate_transformation_mode={coord!r} / nearest_mode="
+            f"{a['nearest_mode']!r}; supported: {', '.join(_COORDS)} / {', '.join(_NEAREST)}"
+        )
+    if a["antialias"] or a["axes"] is not None or a["exclude_outside"]:
+        raise c.fail("Resize with antialias, axes or exclude_outside")
+    shape = c.shapes[0]
+    if shape is None or any(d is None for d in shape):
+        raise c.fail("Resize of an input whose shape is not static")
+    scales = c.consts[2] if len(c.consts) > 2 and c.has(2) else None
+    sizes = c.consts[3] if len(c.consts) > 3 and c.has(3) else None
+    if sizes is not None and np.size(sizes):
+        out = [int(s) for s in np.asarray(sizes).reshape(-1)]
+        factors = [o / n for o, n in zip(out, shape, strict=True)]
+    elif scales is not None and np.size(scales):
+        factors = [float(s) for s in np.asarray(scales).reshape(-1)]
+        out = [int(np.floor(n * f)) for n, f in zip(shape, factors, strict=True)]
+    else:
+        raise c.fail("Resize needs constant scales or sizes")
+    c.helpers.add("resize")
+    return (
+        f"_resize({c.args[0]}, {tuple(out)}, {tuple(float(f) for f in factors)}, "
+        f'"{mode}", "{coord}", "{a["nearest_mode"]}")'
+    )
