@@ -351,8 +351,10 @@ def _merge(plain: Group, var: Group, api: str):
         return None
     x, res = arg.group(1), head.group("v")
     want = _ssa(pl[call_p + 1 :], {x: "v0"})
-    got = _ssa([ln for i, ln in enumerate(vl[call_v + 1 :], call_v + 1) if i != uses[0]],
-               {x: "v0", res: "v0"})
+    got = _ssa(
+        [ln for i, ln in enumerate(vl[call_v + 1 :], call_v + 1) if i != uses[0]],
+        {x: "v0", res: "v0"},
+    )
     if want is None or want != got or any(re.search(rf"\b{res}\b", ln) for ln in vl[: uses[0]]):
         return None
     # the merged text, from the variant's: each slot's source in the variant's values
@@ -408,16 +410,12 @@ def _merge(plain: Group, var: Group, api: str):
     fill: dict[int, int] = {}
     for s in (slot_of[i] + k for i in branch for k in range(vl[i].count(_SLOT))):
         same = [r for r in rest_slots if var.slots[r] == var.slots[s] and first[r] == first[s]]
-        if not same or any(
-            [inst[r] for r in same[:1]] != [inst[s]] for inst in var.instances
-        ):
+        if not same or any([inst[r] for r in same[:1]] != [inst[s]] for inst in var.instances):
             return None
         fill[s] = rest_slots.index(same[0])
 
     def from_var(values: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(
-            values[s[1]] if s[0] == "v" else (1 if s[0] == "flag" else s[1]) for s in srcs
-        )
+        return tuple(values[s[1]] if s[0] == "v" else (1 if s[0] == "flag" else s[1]) for s in srcs)
 
     def from_plain(values: tuple[int, ...]) -> tuple[int, ...]:
         got = []
