@@ -311,7 +311,7 @@ def test_models_doc_has_no_hand_typed_table():
 
     text = DOC.read_text()
     outside = text.split(BEGIN, 1)[0] + text.split(END, 1)[1]
-    for name in ("zoo", "zoo-flax"):  # the zoo's main block, its Flax rows' block
+    for name in ("zoo", "zoo-flax", "zoo-keras"):  # the zoo's main block, its Flax and Keras rows
         zoo_begin, zoo_end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
         if zoo_begin in outside:
             before, rest = outside.split(zoo_begin, 1)
