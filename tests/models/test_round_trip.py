@@ -80,12 +80,20 @@ def test_state_dict_and_outputs_come_back(tmp, name, api):
         assert "class BasicBlock(nn.Module):" in source
         assert "for block in (self.layer1[0], self.layer1[1]):" in source
         flax_src = (Path(tmp) / f"{name}_{api}" / "model.py").read_text()
+        # the block with a downsample branch is the same class, with fields
+        assert "class BasicBlockDownsample" not in flax_src
         if api == "nnx":  # nnx's list idiom: variables under layer1/0/..., loaded above
             assert (
-                "self.layer1 = nnx.List([BasicBlock(8, rngs=rngs) for _ in range(2)])" in flax_src
+                "self.layer1 = nnx.List([BasicBlock(8, 8, rngs=rngs) for _ in range(2)])"
+                in flax_src
             )
+            assert "BasicBlock(8, 16, strides=2, downsample=True, rngs=rngs)," in flax_src
         else:
             assert "self.layer1 = [BasicBlock(8) for _ in range(2)]" in flax_src
+            assert (
+                "self.layer2 = [BasicBlock(16, strides=2, downsample=True), BasicBlock(16)]"
+                in flax_src
+            )
         assert "for block in self.layer1:" in flax_src
 
 

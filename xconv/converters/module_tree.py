@@ -190,6 +190,10 @@ def wrap_line(line: str, width: int = LINE_LENGTH) -> list[str]:
     joined = ", ".join(args)
     if len(pad) + len(joined) <= width:
         return [head, pad + joined, end]
+    one = args[0]
+    if len(args) == 1 and one[:1] == "[" and _closing(one, 0) == len(one) - 1:
+        items = _split_args(one[1:-1])  # a sole list argument: its items one per line
+        return [head, pad + "[", *(pad + "    " + a + "," for a in items), pad + "]", end]
     return [head, *(pad + a + "," for a in args), end]
 
 

@@ -299,28 +299,28 @@ def test_resnet_blocks_become_shared_classes(tmp_path, api):
     model, xs, expected = _from_torch(torch_models.make_resnet)
     out = xconv.to_flax(model, tmp_path / "out", api=api, options=BLOCKS)
     src = (out / "model.py").read_text()
-    # One BasicBlock class with a features field (layer1.*: 8, layer2.1: 16); layer2.0 has a
-    # downsample, a structural difference: a variant class named after it.
-    assert src.count("class BasicBlock") == 2 and "class BasicBlockDownsample(" in src
+    # One BasicBlock class with fields (layer1.*: 8, layer2.1: 16); layer2.0 only adds a
+    # downsample branch and strides: the same class, the branch under ``if self.downsample``.
+    assert src.count("class BasicBlock") == 1 and "class BasicBlockDownsample(" not in src
+    assert "        if self.downsample:\n" in src and "        residual = x\n" in src
     if api == "linen":  # the Sequential is a list built and called in a loop
         assert "    features: int\n" in src
         assert "self.layer1 = [BasicBlock(8) for _ in range(2)]" in src
-        assert "self.layer2 = [BasicBlockDownsample(), BasicBlock(16)]" in src
+        assert "    strides: int = 1\n    downsample: bool = False\n" in src
+        assert "self.layer2 = [BasicBlock(16, strides=2, downsample=True), BasicBlock(16)]" in src
         assert src.count("for block in self.layer") == 2
         assert "nn.Conv(self.features, (3, 3), padding=1, use_bias=False)" in src
+        assert "strides=self.strides, padding=1" in src
     else:
-        assert "def __init__(self, features: int, *, rngs: nnx.Rngs):" in src
+        assert "        downsample: bool = False,\n        *,\n        rngs: nnx.Rngs,\n" in src
         # nnx: the Sequential is an nnx.List built and called in a loop
-        assert "self.layer1 = nnx.List([BasicBlock(8, rngs=rngs) for _ in range(2)])" in src
-        assert (
-            "self.layer2 = nnx.List([BasicBlockDownsample(rngs=rngs), BasicBlock(16, rngs=rngs)])"
-            in src
-        )
+        assert "self.layer1 = nnx.List([BasicBlock(8, 8, rngs=rngs) for _ in range(2)])" in src
+        assert "BasicBlock(8, 16, strides=2, downsample=True, rngs=rngs)," in src
         assert src.count("for block in self.layer") == 2
     # Defaults left out, role-named locals, no exporter names.
     for spelled in ("kernel_dilation", "feature_group_count", "use_scale", "epsilon"):
         assert spelled not in src
-    assert "jax.nn.relu(h + x)" in src and "jax.nn.relu(x + residual)" in src  # folded chains
+    assert "jax.nn.relu(x + residual)" in src  # folded chains
     for exporter in ("getitem", "conv2d", "batch_normalization", "relu_"):
         assert exporter not in src
     assert src.count("jnp.transpose(") == 1  # blocks take and return NHWC

@@ -3,8 +3,11 @@
 Instances of a source block class (a torch ``BasicBlock``) whose generated classes differ only
 in the channel counts of their layers become one class with fields (``features: int``), each
 instance built with its own values (``BasicBlock(8)``, ``BasicBlock(16)``). Instances that
-differ in structure (one has a ``downsample``) stay separate classes, named after the source
-class plus what the variant adds (``BasicBlockDownsample``).
+differ in structure stay separate classes, named after the source class plus what the variant
+adds. One difference is folded into fields instead: a variant that only adds an optional
+branch (a ``downsample``: its own submodules and one line computing the residual from them)
+and strides becomes the same class with ``strides: int = 1`` and ``downsample: bool = False``
+fields, the branch built and called under ``if self.downsample:`` (see :func:`merge_optional`).
 
 While the tree is emitted, a parent refers to a child instance by a placeholder
 (``{inst:<group>:<values>}``); :func:`resolve` writes the final constructor calls once every
@@ -27,7 +30,9 @@ _CTOR = re.compile(
 #: A boolean argument of an activation that instances may differ in (torch's
 #: ``nn.GELU(approximate=...)`` per layer): a ``bool`` field.
 _FLAG = re.compile(r"(?<=\bjax\.nn\.gelu\()(?P<x>[^\n]*?), approximate=(?P<flag>True|False)\)")
-_BOOL_ROLES = frozenset({"approximate"})
+_BOOL_ROLES = frozenset({"approximate", "downsample", "shortcut"})
+#: Fields with a default (``strides: int = 1``): passed by keyword, omitted when default.
+_DEFAULTS = {"strides": 1, "downsample": 0, "shortcut": 0}
 _LOOP_LINE = re.compile(r"\s*(for block in self\.\w+:|\w+ = block\()")
 _TOKEN = re.compile(r"\{inst:(\d+):([\d,]*)\}")
 _SLOT = "\x00"
@@ -42,6 +47,8 @@ class Group:
     slots: list[str]  # the slot's field role per position: "features" or "in_features"
     base: str = ""  # the source class name
     instances: list[tuple[int, ...]] = field(default_factory=list)
+    alias: int | None = None  # merged into this group (see :func:`merge_optional`)
+    convert: object = None  # a token's values -> the values of the (merged) group
 
 
 def _roles(ctor: str, api: str, two: bool) -> list[str]:
@@ -78,7 +85,7 @@ def _literal(role: str, value: int) -> str:
 
 
 def _type(name: str) -> str:
-    return "bool" if name.rstrip("_0123456789") in _BOOL_ROLES else "int"
+    return "bool" if _base(name) in _BOOL_ROLES else "int"
 
 
 def _fields(group: Group) -> tuple[list[str], dict[int, str]]:
@@ -97,7 +104,19 @@ def _fields(group: Group) -> tuple[list[str], dict[int, str]]:
         name = role if role not in names else f"{role}_{len(names) + 1}"
         columns[column] = name
         names.append(name)
+    order = list(_DEFAULTS)
+    names.sort(key=lambda n: order.index(_base(n)) + 1 if _base(n) in _DEFAULTS else 0)
     return names, {pos: columns[c] for pos, c in cols.items()}
+
+
+def _base(name: str) -> str:
+    return name.rstrip("_0123456789")
+
+
+def _decl(name: str) -> str:
+    default = _DEFAULTS.get(_base(name))
+    tail = "" if default is None else f" = {_literal(_base(name), default)}"
+    return f"{name}: {_type(name)}{tail}"
 
 
 def render_group(group: Group, api: str) -> str:
@@ -118,10 +137,13 @@ def render_group(group: Group, api: str) -> str:
         return text
     if api == "linen":
         doc_end = text.index('"""', text.index('"""') + 3) + 3
-        lines = "".join(f"\n    {n}: {_type(n)}" for n in names)
+        lines = "".join(f"\n    {_decl(n)}" for n in names)
         return text[:doc_end] + "\n" + lines + text[doc_end:]
-    args = ", ".join(f"{n}: {_type(n)}" for n in names)
+    args = ", ".join(_decl(n) for n in names)
     head = f"def __init__(self, {args}, *, rngs: nnx.Rngs):"
+    if len(head) + 4 > 100:  # as ruff formats it: one parameter a line
+        params = ["self", *(_decl(n) for n in names), "*", "rngs: nnx.Rngs"]
+        head = "def __init__(\n" + "".join(f"        {a},\n" for a in params) + "    ):"
     keep = "".join(f"\n        self.{n} = {n}" for n in names if _type(n) == "bool")
     return text.replace("def __init__(self, *, rngs: nnx.Rngs):", head + keep, 1)
 
@@ -132,11 +154,19 @@ def resolve(text: str, groups: list[Group], api: str) -> str:
     def sub(m: re.Match) -> str:
         group = groups[int(m.group(1))]
         values = tuple(int(v) for v in m.group(2).split(",") if v)
+        if group.convert is not None:
+            values = group.convert(values)
+        if group.alias is not None:
+            group = groups[group.alias]
         names, by_pos = _fields(group)
         args = []
         for name in names:
             pos = min(p for p, f in by_pos.items() if f == name)
-            args.append(_literal(group.slots[pos], values[pos]))
+            default = _DEFAULTS.get(_base(name))
+            if default is None:
+                args.append(_literal(group.slots[pos], values[pos]))
+            elif values[pos] != default:
+                args.append(f"{name}={_literal(group.slots[pos], values[pos])}")
         if api == "nnx":
             args.append("rngs=rngs")
         return f"{group.name}({', '.join(args)})"
@@ -229,3 +259,171 @@ def nnx_lists(setup: list[str], body: list[str]) -> tuple[list[str], list[str], 
     """The root's loops for nnx: ``(setup, body, list attribute names)``."""
     setup, body = loop_lists(setup, body, "nnx")
     return setup, body, {m.group("p") for ln in setup if (m := _NNX_LIST.match(ln))}
+
+
+_STRIDES = re.compile(r"strides=(\d+)")
+_BODY_LINE = re.compile(r"^ {8}(?:(?P<v>\w+) = |return )(?P<rhs>.*)$")
+
+
+def merge_optional(groups: list[Group], api: str) -> None:
+    """Fold a variant that only adds an optional branch into its plain class, in place.
+
+    ``BasicBlockDownsample`` (``self.downsample_0``, ``self.downsample_1``, ``residual =
+    <branch>(x)``, ``strides=2``) and ``BasicBlock`` (the same layers, the block input as the
+    residual) become one ``BasicBlock`` with ``strides: int = 1`` and ``downsample: bool =
+    False`` fields. The variant's group then points at the merged one (``alias``); placeholders
+    of either are converted to the merged group's values when resolved."""
+    for vi, var in enumerate(groups):
+        if var.alias is not None or var.convert is not None:
+            continue
+        for pi, plain in enumerate(groups):
+            if pi == vi or plain.base != var.base or plain.alias is not None:
+                continue
+            if plain.convert is not None:
+                continue
+            merged = _merge(plain, var, api)
+            if merged is not None:
+                skeleton, slots, from_plain, from_var = merged
+                plain.instances = [from_plain(v) for v in plain.instances] + [
+                    from_var(v) for v in var.instances
+                ]
+                plain.skeleton, plain.slots = skeleton, slots
+                plain.convert, var.convert, var.alias = from_plain, from_var, pi
+                if var.name == var.base:
+                    plain.name = var.name
+                break
+
+
+def _ssa(lines: list[str], env: dict[str, str]) -> list[str] | None:
+    """Body lines with their locals renamed by definition (``v0``, ``v1``...)."""
+    out: list[str] = []
+    for line in filter(None, lines):
+        m = _BODY_LINE.match(line)
+        if m is None:
+            return None
+        rhs = re.sub(
+            r"(?<![\w.])[A-Za-z_]\w*\b(?!\s*=[^=])",
+            lambda t: env.get(t.group(0), t.group(0)),
+            m.group("rhs"),
+        )
+        if m.group("v"):
+            env[m.group("v")] = f"v{len(out) + 1}"
+            out.append(f"{env[m.group('v')]} = {rhs}")
+        else:
+            out.append(f"return {rhs}")
+    return out
+
+
+def _merge(plain: Group, var: Group, api: str):
+    """``(skeleton, slots, plain values -> merged, variant values -> merged)`` or None."""
+    extra = [a for a in _attrs(var.skeleton) if a not in set(_attrs(plain.skeleton))]
+    stems = {a.split("_")[0] for a in extra}
+    if not extra or len(stems) != 1 or set(_attrs(plain.skeleton)) - set(_attrs(var.skeleton)):
+        return None
+    stem = stems.pop()
+    if stem not in _BOOL_ROLES or stem in _attrs(var.skeleton) or "strides" in plain.skeleton:
+        return None
+    pl, vl = plain.skeleton.split("\n"), var.skeleton.split("\n")
+    call_p = next((i for i, ln in enumerate(pl) if ln.startswith("    def __call__(")), None)
+    call_v = next((i for i, ln in enumerate(vl) if ln.startswith("    def __call__(")), None)
+    if call_p is None or call_v is None or pl[call_p] != vl[call_v]:
+        return None
+    if _SLOT in "".join(pl[call_p:] + vl[call_v:]):
+        return None
+    own = re.compile(rf"self\.{stem}_\w+\b")
+    # the setup: the variant's lines less its branch equal the plain lines (but for strides)
+    branch = [i for i, ln in enumerate(vl[:call_v]) if own.search(ln)]
+    if any(not re.match(rf"^ {{8}}self\.{stem}_\w+ = ", vl[i]) for i in branch):
+        return None
+    rest = [i for i in range(call_v) if i not in branch]
+    if [_STRIDES.sub("", vl[i]).replace(", ,", ",") for i in rest] != [
+        _STRIDES.sub("", ln).replace(", ,", ",") for ln in pl[:call_p]
+    ]:
+        return None
+    # the call: one line computes the branch's value from the input; without it (the value
+    # being the input) the variant's body is the plain body
+    arg = re.match(r"    def __call__\(self, (\w+)", pl[call_p])
+    uses = [i for i in range(call_v + 1, len(vl)) if own.search(vl[i])]
+    if arg is None or len(uses) != 1:
+        return None
+    head = _BODY_LINE.match(vl[uses[0]])
+    if head is None or not head.group("v") or head.group("v") == arg.group(1):
+        return None
+    x, res = arg.group(1), head.group("v")
+    want = _ssa(pl[call_p + 1 :], {x: "v0"})
+    got = _ssa(
+        [ln for i, ln in enumerate(vl[call_v + 1 :], call_v + 1) if i != uses[0]],
+        {x: "v0", res: "v0"},
+    )
+    if want is None or want != got or any(re.search(rf"\b{res}\b", ln) for ln in vl[: uses[0]]):
+        return None
+    # the merged text, from the variant's: each slot's source in the variant's values
+    slot_of: list[int] = []  # variant line index -> first slot index
+    n = 0
+    for ln in vl:
+        slot_of.append(n)
+        n += ln.count(_SLOT)
+    rest_slots = [slot_of[i] + k for i in rest for k in range(vl[i].count(_SLOT))]
+    out: list[str] = []
+    slots: list[str] = []
+    srcs: list[tuple] = []  # ("v", variant slot) | ("flag",) | ("strides", value)
+
+    def emit(line: str, i: int, indent: str = "") -> None:
+        pieces = re.split(rf"({_SLOT}|strides=\d+)", line)
+        k = 0
+        text = []
+        for piece in pieces:
+            if piece == _SLOT:
+                slots.append(var.slots[slot_of[i] + k])
+                srcs.append(("v", slot_of[i] + k))
+                k += 1
+                text.append(_SLOT)
+            elif piece.startswith("strides="):
+                slots.append("strides")
+                srcs.append(("strides", int(piece[8:])))
+                text.append(f"strides={_SLOT}")
+            else:
+                text.append(piece)
+        out.append(indent + "".join(text))
+
+    def flag(indent: str) -> None:
+        slots.append(stem)
+        srcs.append(("flag",))
+        out.append(f"{indent}if {_SLOT}:")
+
+    for i in range(call_v):
+        if i == branch[0]:
+            flag(" " * 8)
+        emit(vl[i], i, "    " if i in branch else "")
+    out.append(vl[call_v])
+    for i in range(call_v + 1, len(vl)):
+        if i == uses[0]:
+            out.append(f"        {res} = {x}")
+            flag(" " * 8)
+            emit(vl[i], i, "    ")
+        else:
+            emit(vl[i], i)
+
+    # a branch slot takes, for the plain instances, the value of a rest slot with its role
+    # and the variant's value (the branch's in/out features are the block's)
+    first = var.instances[0]
+    fill: dict[int, int] = {}
+    for s in (slot_of[i] + k for i in branch for k in range(vl[i].count(_SLOT))):
+        same = [r for r in rest_slots if var.slots[r] == var.slots[s] and first[r] == first[s]]
+        if not same or any([inst[r] for r in same[:1]] != [inst[s]] for inst in var.instances):
+            return None
+        fill[s] = rest_slots.index(same[0])
+
+    def from_var(values: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(values[s[1]] if s[0] == "v" else (1 if s[0] == "flag" else s[1]) for s in srcs)
+
+    def from_plain(values: tuple[int, ...]) -> tuple[int, ...]:
+        got = []
+        for s in srcs:
+            if s[0] == "v":
+                got.append(values[fill[s[1]] if s[1] in fill else rest_slots.index(s[1])])
+            else:
+                got.append(0 if s[0] == "flag" else 1)
+        return tuple(got)
+
+    return "\n".join(out), slots, from_plain, from_var

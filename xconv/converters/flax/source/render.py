@@ -102,7 +102,8 @@ def render(em: _Emitter, name: str) -> str:
             "",
         ]
     texts = [text.replace("{cls}", cname) for text, cname in em.classes.items()]
-    texts += [flax_classes.render_group(g, api) for g in em.groups]
+    flax_classes.merge_optional(em.groups, api)
+    texts += [flax_classes.render_group(g, api) for g in em.groups if g.alias is None]
     for text in sorted(texts, key=lambda t: t.split("(", 1)[0]):
         cls += [flax_classes.resolve(text, em.groups, api), "", ""]
     model = render_class(em, "Model", "The converted model; see ``load``.", train=True)

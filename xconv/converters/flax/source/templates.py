@@ -26,7 +26,8 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.codegen import TemplateCall, int_tuple, nested_literal, scalar_literal
+from xconv.converters import expressions as ex
+from xconv.converters.codegen import TemplateCall, int_tuple, scalar_literal
 from xconv.converters.ops import formulation
 from xconv.converters.ops.rnn import COMMON_ATTRS
 from xconv.converters.registry import REQUIRED
@@ -169,41 +170,22 @@ class UnsupportedTemplateError(UnsupportedOpError):
 
 # ---------------------------------------------------------------- literals and dtypes
 
-_DTYPES = {
-    ir.DataType.FLOAT: "float32",
-    ir.DataType.DOUBLE: "float64",
-    ir.DataType.FLOAT16: "float16",
-    ir.DataType.BFLOAT16: "bfloat16",
-    ir.DataType.INT8: "int8",
-    ir.DataType.INT16: "int16",
-    ir.DataType.INT32: "int32",
-    ir.DataType.INT64: "int64",
-    ir.DataType.UINT8: "uint8",
-    ir.DataType.UINT16: "uint16",
-    ir.DataType.UINT32: "uint32",
-    ir.DataType.UINT64: "uint64",
-    ir.DataType.BOOL: "bool_",
-}
+#: numpy's (and ``jax.numpy``'s) dtype names: ``bool_`` where torch has ``bool``.
+_DTYPES = {**ex.DTYPE_NAMES, ir.DataType.BOOL: "bool_"}
 
 
 def dtype_expr(dtype: ir.DataType | None, xp: str = "jnp") -> str:
-    if dtype is None or dtype not in _DTYPES:
-        raise ConversionError(
-            f"the Flax emitter does not write dtype {dtype}; "
-            f"supported: {sorted(str(d) for d in _DTYPES)}"
-        )
+    name = ex.dtype_name(_DTYPES, dtype, "Flax emitter")
     if dtype == ir.DataType.BFLOAT16:  # numpy has no bfloat16; jnp's is ml_dtypes' (numpy takes it)
         return "jnp.bfloat16"
-    return f"{xp}.{_DTYPES[dtype]}"
+    return f"{xp}.{name}"
 
 
 def array_literal(a: np.ndarray, *, bare_scalar: bool = False) -> str:
     """A numpy literal for a small constant; a bare Python scalar when allowed."""
     a = np.asarray(a)
-    if bare_scalar and a.ndim == 0:
-        return scalar_literal(a[()])
-    dt = ir.DataType.from_numpy(a.dtype)
-    return f"np.asarray({nested_literal(a)}, dtype={dtype_expr(dt, 'np')})"
+    dt = "" if bare_scalar and a.ndim == 0 else dtype_expr(ir.DataType.from_numpy(a.dtype), "np")
+    return ex.constructor_literal(a, "np.asarray", dt, bare_scalar=bare_scalar)
 
 
 def _lead(shape: tuple[int, ...], core: int) -> str:
@@ -250,35 +232,17 @@ tuple_literal = int_tuple
 # ---------------------------------------------------------------- elementwise
 
 _UNARY = {
+    **ex.UNARY,
     "Relu": "jax.nn.relu({0})",
     "Sigmoid": "jax.nn.sigmoid({0})",
-    "Tanh": "{xp}.tanh({0})",
-    "Exp": "{xp}.exp({0})",
-    "Log": "{xp}.log({0})",
-    "Neg": "-{0}",
-    "Abs": "{xp}.abs({0})",
-    "Sqrt": "{xp}.sqrt({0})",
-    "Reciprocal": "{xp}.reciprocal({0})",
-    "Floor": "{xp}.floor({0})",
-    "Ceil": "{xp}.ceil({0})",
-    "Round": "{xp}.round({0})",
-    "Sin": "{xp}.sin({0})",
-    "Cos": "{xp}.cos({0})",
-    "Tan": "{xp}.tan({0})",
     "Erf": "lax.erf({0})",
     "Softplus": "jax.nn.softplus({0})",
     "Softsign": "jax.nn.soft_sign({0})",
-    "Not": "{xp}.logical_not({0})",
-    "IsNaN": "{xp}.isnan({0})",
-    "Sign": "{xp}.sign({0})",
     "HardSwish": "jax.nn.hard_swish({0})",
     "Mish": "{0} * jnp.tanh(jax.nn.softplus({0}))",
-    "Identity": "{0}",
     "Asin": "{xp}.arcsin({0})",
     "Acos": "{xp}.arccos({0})",
     "Atan": "{xp}.arctan({0})",
-    "Sinh": "{xp}.sinh({0})",
-    "Cosh": "{xp}.cosh({0})",
 }
 
 for _op, _fmt in _UNARY.items():
@@ -342,16 +306,10 @@ def _saturated(c: OpCall, to: ir.DataType | None) -> str:
     (ONNX's default; a plain cast overflows to inf / nan as the runtime does not)."""
     x = c.args[0]
     src = c.node.inputs[0].dtype
-    if not c.attrs["saturate"] or to not in _FLOAT8 or src is None or not src.is_floating_point():
+    if not c.attrs["saturate"] or to not in ex.FLOAT8 or src is None or not src.is_floating_point():
         return x
     hi = scalar_literal(float(ml_dtypes.finfo(to.numpy()).max))
     return f"{c.xp}.clip({x}, -{hi}, {hi})"
-
-
-_FLOAT8 = {
-    ir.DataType.FLOAT8E4M3FN, ir.DataType.FLOAT8E4M3FNUZ, ir.DataType.FLOAT8E5M2,
-    ir.DataType.FLOAT8E5M2FNUZ,
-}  # fmt: skip
 
 
 @template("Cast", layout="unary", static_ok=True, to=REQUIRED, saturate=1, round_mode="up")
@@ -365,21 +323,7 @@ def _cast_like(c: OpCall) -> str:
     return f"{_saturated(c, c.node.inputs[1].dtype)}.astype({c.args[1]}.dtype)"
 
 
-_BINARY = {
-    "Add": "{0} + {1}",
-    "Sub": "{0} - {1}",
-    "Mul": "{0} * {1}",
-    "Pow": "{xp}.power({0}, {1})",
-    "Equal": "{0} == {1}",
-    "Less": "{0} < {1}",
-    "Greater": "{0} > {1}",
-    "LessOrEqual": "{0} <= {1}",
-    "GreaterOrEqual": "{0} >= {1}",
-    "And": "{xp}.logical_and({0}, {1})",
-    "Or": "{xp}.logical_or({0}, {1})",
-    "Xor": "{xp}.logical_xor({0}, {1})",
-    "BitShift": None,
-}
+_BINARY = {**ex.BINARY, "Pow": "{xp}.power({0}, {1})", "BitShift": None}
 for _op, _fmt in _BINARY.items():
     if _fmt is not None:
         TEMPLATES[_op] = Template(
@@ -396,15 +340,8 @@ def _div(c: OpCall) -> str:
     return f"{c.args[0]} / {c.args[1]}"
 
 
-@template("Mod", layout="binary", fmod=0)
-def _mod(c: OpCall) -> str:
-    fn = "fmod" if c.attrs["fmod"] else "remainder"
-    return f"{c.xp}.{fn}({c.args[0]}, {c.args[1]})"
-
-
-@template("Where", layout="binary", static_ok=True)
-def _where(c: OpCall) -> str:
-    return f"{c.xp}.where({c.args[0]}, {c.args[1]}, {c.args[2]})"
+TEMPLATES["Mod"] = Template(lambda c: ex.mod_expr(c, c.xp), {"fmod": 0}, "binary")
+TEMPLATES["Where"] = Template(lambda c: ex.where_expr(c, c.xp), {}, "binary", static_ok=True)
 
 
 @template("PRelu", layout="binary")
@@ -414,50 +351,19 @@ def _prelu(c: OpCall) -> str:
 
 
 def _variadic(fn: str) -> Callable[[OpCall], str]:
-    def emit(c: OpCall) -> str:
-        out = c.args[0]
-        for a in c.args[1:]:
-            out = f"{c.xp}.{fn}({out}, {a})"
-        return out
-
-    return emit
+    return lambda c: ex.variadic(c, f"{c.xp}.{fn}")
 
 
 for _op, _fn in (("Max", "maximum"), ("Min", "minimum")):
     TEMPLATES[_op] = Template(_variadic(_fn), {}, "binary", static_ok=True)
-
-
-@template("Sum", layout="binary", static_ok=True)
-def _sum(c: OpCall) -> str:
-    return " + ".join(c.args)
-
-
-@template("Mean", layout="binary")
-def _mean(c: OpCall) -> str:
-    return f"({' + '.join(c.args)}) / {len(c.args)}"
+TEMPLATES["Sum"] = Template(ex.sum_expr, {}, "binary", static_ok=True)
+TEMPLATES["Mean"] = Template(ex.mean_expr, {}, "binary")
 
 
 # ---------------------------------------------------------------- linear algebra
 
-
-@template("MatMul")
-def _matmul(c: OpCall) -> str:
-    return f"{c.args[0]} @ {c.args[1]}"
-
-
-@template("Gemm", alpha=1.0, beta=1.0, transA=0, transB=0)
-def _gemm(c: OpCall) -> str:
-    a = f"{c.args[0]}.T" if c.attrs["transA"] else c.args[0]
-    b = f"{c.args[1]}.T" if c.attrs["transB"] else c.args[1]
-    out = f"{a} @ {b}"
-    if c.attrs["alpha"] != 1.0:
-        out = f"{scalar_literal(c.attrs['alpha'])} * ({out})"
-    if c.has(2):
-        bias = c.args[2]
-        if c.attrs["beta"] != 1.0:
-            bias = f"{scalar_literal(c.attrs['beta'])} * {bias}"
-        out = f"{out} + {bias}"
-    return out
+TEMPLATES["MatMul"] = Template(ex.matmul_expr, {})
+TEMPLATES["Gemm"] = Template(ex.gemm_expr, dict(ex.GEMM_ATTRS))
 
 
 @template("Einsum", equation=REQUIRED)
@@ -475,9 +381,7 @@ def _spatial_pads(c: OpCall, n: int) -> list[tuple[int, int]]:
     return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
 
 
-@template(
-    "Conv", auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None
-)
+@template("Conv", **ex.CONV_ATTRS)
 def _conv(c: OpCall) -> str:
     w_shape = c.shapes[1]
     n = len(w_shape) - 2 if w_shape is not None else len(c.attrs["kernel_shape"])
@@ -503,17 +407,7 @@ def _channel_shape(n: int) -> str:
     return "(" + ", ".join(["-1"] + ["1"] * n) + ("," if n == 0 else "") + ")"
 
 
-@template(
-    "ConvTranspose",
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    output_padding=None,
-    output_shape=None,
-    pads=None,
-    strides=None,
-)
+@template("ConvTranspose", **ex.CONV_TRANSPOSE_ATTRS)
 def _conv_transpose(c: OpCall) -> str:
     w_shape = c.shapes[1]
     if w_shape is None:
@@ -562,17 +456,7 @@ def _pool_pads(c: OpCall, n: int, kernel, strides) -> list[tuple[int, int]]:
     return pads
 
 
-@template(
-    "MaxPool",
-    layout="channels_last",
-    auto_pad="NOTSET",
-    ceil_mode=0,
-    dilations=None,
-    kernel_shape=REQUIRED,
-    pads=None,
-    storage_order=0,
-    strides=None,
-)
+@template("MaxPool", layout="channels_last", **ex.MAX_POOL_ATTRS)
 def _max_pool(c: OpCall) -> str:
     if len(c.node.outputs) > 1 and c.node.outputs[1].uses():
         raise c.fail("MaxPool indices output")
@@ -598,17 +482,7 @@ def _pool_args(k, s, pads, include: bool = True) -> str:
     return ", ".join(out)
 
 
-@template(
-    "AveragePool",
-    layout="channels_last",
-    auto_pad="NOTSET",
-    ceil_mode=0,
-    dilations=None,
-    count_include_pad=0,
-    kernel_shape=REQUIRED,
-    pads=None,
-    strides=None,
-)
+@template("AveragePool", layout="channels_last", **ex.AVERAGE_POOL_ATTRS)
 def _avg_pool(c: OpCall) -> str:
     k = tuple(c.attrs["kernel_shape"])
     n = len(k)

@@ -17,9 +17,9 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.codegen import TemplateCall, int_tuple, nested_literal, scalar_literal
+from xconv.converters import expressions as ex
+from xconv.converters.codegen import TemplateCall, int_tuple, scalar_literal
 from xconv.converters.registry import REQUIRED
-from xconv.errors import ConversionError
 
 INT64_MAX = np.iinfo(np.int64).max
 
@@ -63,73 +63,32 @@ def template(*ops: str, bare: bool = False, **attrs: Any):
 
 # ---------------------------------------------------------------- literals and dtypes
 
-_DTYPES = {
-    ir.DataType.FLOAT: "float32",
-    ir.DataType.DOUBLE: "float64",
-    ir.DataType.FLOAT16: "float16",
-    ir.DataType.BFLOAT16: "bfloat16",
-    ir.DataType.INT8: "int8",
-    ir.DataType.INT16: "int16",
-    ir.DataType.INT32: "int32",
-    ir.DataType.INT64: "int64",
-    ir.DataType.UINT8: "uint8",
-    ir.DataType.UINT16: "uint16",
-    ir.DataType.UINT32: "uint32",
-    ir.DataType.UINT64: "uint64",
-    ir.DataType.BOOL: "bool",
-}
-
 
 def dtype_expr(dtype: ir.DataType | None) -> str:
-    if dtype is None or dtype not in _DTYPES:
-        raise ConversionError(
-            f"the PyTorch source emitter does not write dtype {dtype}; "
-            f"supported: {sorted(str(d) for d in _DTYPES)}"
-        )
-    return f"torch.{_DTYPES[dtype]}"
+    return f"torch.{ex.dtype_name(ex.DTYPE_NAMES, dtype, 'PyTorch source emitter')}"
 
 
 def tensor_literal(a: np.ndarray, *, bare_scalar: bool = False) -> str:
     """A torch literal for a small constant; a bare Python scalar when allowed."""
     a = np.asarray(a)
-    if bare_scalar and a.ndim == 0:
-        return scalar_literal(a[()])
-    dt = ir.DataType.from_numpy(a.dtype)
-    return f"torch.tensor({nested_literal(a)}, dtype={dtype_expr(dt)})"
+    dt = "" if bare_scalar and a.ndim == 0 else dtype_expr(ir.DataType.from_numpy(a.dtype))
+    return ex.constructor_literal(a, "torch.tensor", dt, bare_scalar=bare_scalar)
 
 
 # ---------------------------------------------------------------- elementwise
 
 _UNARY = {
+    **ex.with_namespace(ex.UNARY, "torch"),
     "Relu": "torch.relu({0})",
     "Sigmoid": "torch.sigmoid({0})",
-    "Tanh": "torch.tanh({0})",
-    "Exp": "torch.exp({0})",
-    "Log": "torch.log({0})",
-    "Neg": "-{0}",
-    "Abs": "torch.abs({0})",
-    "Sqrt": "torch.sqrt({0})",
-    "Reciprocal": "torch.reciprocal({0})",
-    "Floor": "torch.floor({0})",
-    "Ceil": "torch.ceil({0})",
-    "Round": "torch.round({0})",
-    "Sin": "torch.sin({0})",
-    "Cos": "torch.cos({0})",
-    "Tan": "torch.tan({0})",
     "Erf": "torch.erf({0})",
     "Softplus": "F.softplus({0})",
     "Softsign": "F.softsign({0})",
-    "Not": "torch.logical_not({0})",
-    "IsNaN": "torch.isnan({0})",
-    "Sign": "torch.sign({0})",
     "HardSwish": "F.hardswish({0})",
     "Mish": "F.mish({0})",
-    "Identity": "{0}",
     "Asin": "torch.asin({0})",
     "Acos": "torch.acos({0})",
     "Atan": "torch.atan({0})",
-    "Sinh": "torch.sinh({0})",
-    "Cosh": "torch.cosh({0})",
 }
 
 
@@ -210,7 +169,7 @@ def _saturated(c: OpCall, to: ir.DataType | None) -> str:
     (ONNX's default; a plain cast overflows to inf / nan as the runtime does not)."""
     x = c.args[0]
     src = c.node.inputs[0].dtype
-    if to not in _FLOAT8 or src is None or not src.is_floating_point():
+    if to not in ex.FLOAT8 or src is None or not src.is_floating_point():
         return x
     hi = scalar_literal(float(ml_dtypes.finfo(to.numpy()).max))
     if c.attrs["saturate"]:
@@ -219,12 +178,6 @@ def _saturated(c: OpCall, to: ir.DataType | None) -> str:
         return x
     # No infinities: ONNX makes overflow NaN, where torch's cast would saturate.
     return f'torch.where({x}.float().abs() > {hi}, float("nan"), {x}.float())'
-
-
-_FLOAT8 = {
-    ir.DataType.FLOAT8E4M3FN, ir.DataType.FLOAT8E4M3FNUZ, ir.DataType.FLOAT8E5M2,
-    ir.DataType.FLOAT8E5M2FNUZ,
-}  # fmt: skip
 
 
 @template("Cast", to=REQUIRED, saturate=1, round_mode="up")
@@ -238,20 +191,7 @@ def _cast_like(c: OpCall) -> str:
     return f"{_saturated(c, c.node.inputs[1].dtype)}.to({c.args[1]}.dtype)"
 
 
-_BINARY = {
-    "Add": "{0} + {1}",
-    "Sub": "{0} - {1}",
-    "Mul": "{0} * {1}",
-    "Pow": "torch.pow({0}, {1})",
-    "Equal": "{0} == {1}",
-    "Less": "{0} < {1}",
-    "Greater": "{0} > {1}",
-    "LessOrEqual": "{0} <= {1}",
-    "GreaterOrEqual": "{0} >= {1}",
-    "And": "torch.logical_and({0}, {1})",
-    "Or": "torch.logical_or({0}, {1})",
-    "Xor": "torch.logical_xor({0}, {1})",
-}
+_BINARY = {**ex.with_namespace(ex.BINARY, "torch"), "Pow": "torch.pow({0}, {1})"}
 
 
 def _binary(fmt: str) -> Callable[[OpCall], str]:
@@ -278,15 +218,8 @@ def _div(c: OpCall) -> str:
     return f"{c.args[0]} / {c.args[1]}"
 
 
-@template("Mod", bare=True, fmod=0)
-def _mod(c: OpCall) -> str:
-    fn = "torch.fmod" if c.attrs["fmod"] else "torch.remainder"
-    return f"{fn}({c.args[0]}, {c.args[1]})"
-
-
-@template("Where")
-def _where(c: OpCall) -> str:
-    return f"torch.where({c.args[0]}, {c.args[1]}, {c.args[2]})"
+TEMPLATES["Mod"] = Template(lambda c: ex.mod_expr(c, "torch"), {"fmod": 0}, bare=True)
+TEMPLATES["Where"] = Template(lambda c: ex.where_expr(c, "torch"), {})
 
 
 @template("PRelu")
@@ -296,13 +229,7 @@ def _prelu(c: OpCall) -> str:
 
 
 def _variadic(fn: str) -> Callable[[OpCall], str]:
-    def build(c: OpCall) -> str:
-        expr = c.args[0]
-        for a in c.args[1:]:
-            expr = f"{fn}({expr}, {a})"
-        return expr
-
-    return build
+    return lambda c: ex.variadic(c, fn)
 
 
 def _max(c: OpCall) -> str:
@@ -320,39 +247,21 @@ TEMPLATES["Max"] = Template(_max, {})
 TEMPLATES["Min"] = Template(_variadic("torch.minimum"), {})
 
 
-@template("Sum")
-def _sum(c: OpCall) -> str:
-    return " + ".join(a for a in c.args if a)
-
-
-@template("Mean")
-def _mean(c: OpCall) -> str:
-    return f"({' + '.join(a for a in c.args if a)}) / {len(c.args)}"
+TEMPLATES["Sum"] = Template(ex.sum_expr, {})
+TEMPLATES["Mean"] = Template(ex.mean_expr, {})
 
 
 # ---------------------------------------------------------------- linear algebra
 
-
-@template("MatMul")
-def _matmul(c: OpCall) -> str:
-    return f"{c.args[0]} @ {c.args[1]}"
+TEMPLATES["MatMul"] = Template(ex.matmul_expr, {})
 
 
-@template("Gemm", alpha=1.0, beta=1.0, transA=0, transB=0)
+@template("Gemm", **ex.GEMM_ATTRS)
 def _gemm(c: OpCall) -> str:
-    a = f"{c.args[0]}.T" if c.attrs["transA"] else c.args[0]
-    alpha, beta = c.attrs["alpha"], c.attrs["beta"]
-    if not c.attrs["transA"] and c.attrs["transB"] and alpha == 1.0 and beta == 1.0:
+    if not c.attrs["transA"] and c.attrs["transB"] and c.attrs["alpha"] == c.attrs["beta"] == 1.0:
         bias = f", {c.args[2]}" if c.has(2) else ""
-        return f"F.linear({a}, {c.args[1]}{bias})"
-    b = f"{c.args[1]}.T" if c.attrs["transB"] else c.args[1]
-    expr = f"{a} @ {b}"
-    if alpha != 1.0:
-        expr = f"{scalar_literal(alpha)} * ({expr})"
-    if c.has(2):
-        cterm = c.args[2] if beta == 1.0 else f"{scalar_literal(beta)} * {c.args[2]}"
-        expr = f"{expr} + {cterm}"
-    return expr
+        return f"F.linear({c.args[0]}, {c.args[1]}{bias})"
+    return ex.gemm_expr(c)
 
 
 @template("Einsum", equation=REQUIRED)
@@ -373,15 +282,7 @@ def _sym_pads(c: OpCall, n: int) -> list[int]:
     return lo
 
 
-@template(
-    "Conv",
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    pads=None,
-    strides=None,
-)
+@template("Conv", **ex.CONV_ATTRS)
 def _conv(c: OpCall) -> str:
     n = c.need_rank() - 2
     x = c.args[0]
@@ -402,17 +303,7 @@ def _conv(c: OpCall) -> str:
     )
 
 
-@template(
-    "ConvTranspose",
-    auto_pad="NOTSET",
-    dilations=None,
-    group=1,
-    kernel_shape=None,
-    output_padding=None,
-    output_shape=None,
-    pads=None,
-    strides=None,
-)
+@template("ConvTranspose", **ex.CONV_TRANSPOSE_ATTRS)
 def _conv_transpose(c: OpCall) -> str:
     n = c.need_rank() - 2
     if c.attrs["output_shape"] is not None:
@@ -440,16 +331,7 @@ def _conv_transpose(c: OpCall) -> str:
     return f"{expr}[{', '.join(index)}]"
 
 
-@template(
-    "MaxPool",
-    auto_pad="NOTSET",
-    ceil_mode=0,
-    dilations=None,
-    kernel_shape=REQUIRED,
-    pads=None,
-    storage_order=0,
-    strides=None,
-)
+@template("MaxPool", **ex.MAX_POOL_ATTRS)
 def _max_pool(c: OpCall) -> str:
     if len(c.node.outputs) > 1:
         raise c.fail("MaxPool with an Indices output is not supported")
@@ -472,16 +354,7 @@ def _compact(values) -> str:
     return str(values[0]) if len(set(values)) == 1 else int_tuple(values)
 
 
-@template(
-    "AveragePool",
-    auto_pad="NOTSET",
-    ceil_mode=0,
-    count_include_pad=0,
-    dilations=None,
-    kernel_shape=REQUIRED,
-    pads=None,
-    strides=None,
-)
+@template("AveragePool", **ex.AVERAGE_POOL_ATTRS)
 def _avg_pool(c: OpCall) -> str:
     k = c.attrs["kernel_shape"]
     n = len(k)

@@ -1,0 +1,164 @@
+"""Op templates whose target expression is the same Python for every source emitter.
+
+The Flax and PyTorch source emitters write many ONNX ops the same way up to the array
+namespace (``jnp.tanh(x)`` / ``torch.tanh(x)``) or not at all namespaced (``a @ b``,
+``a + b``). Those forms are written here once; each emitter registers them with its own
+namespace and layout flags and keeps only what differs. Format strings take the operands as
+``{0}``, ``{1}`` and the namespace as ``{xp}``. Framework-free: imports no framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx_ir as ir
+
+from xconv.converters.codegen import TemplateCall, nested_literal, scalar_literal
+from xconv.converters.ops.attrs import CONV_ATTRS
+from xconv.converters.ops.nn import POOL_ATTRS
+from xconv.converters.registry import REQUIRED
+from xconv.errors import ConversionError
+
+#: Dtype attribute names shared by numpy, ``jax.numpy`` and torch (``bool`` is ``bool_`` in
+#: numpy's namespace: the Flax emitter overrides it).
+DTYPE_NAMES: dict[ir.DataType, str] = {
+    ir.DataType.FLOAT: "float32",
+    ir.DataType.DOUBLE: "float64",
+    ir.DataType.FLOAT16: "float16",
+    ir.DataType.BFLOAT16: "bfloat16",
+    ir.DataType.INT8: "int8",
+    ir.DataType.INT16: "int16",
+    ir.DataType.INT32: "int32",
+    ir.DataType.INT64: "int64",
+    ir.DataType.UINT8: "uint8",
+    ir.DataType.UINT16: "uint16",
+    ir.DataType.UINT32: "uint32",
+    ir.DataType.UINT64: "uint64",
+    ir.DataType.BOOL: "bool",
+}
+
+#: The float8 types, whose saturating cast both emitters spell out.
+FLOAT8 = frozenset(
+    {
+        ir.DataType.FLOAT8E4M3FN,
+        ir.DataType.FLOAT8E4M3FNUZ,
+        ir.DataType.FLOAT8E5M2,
+        ir.DataType.FLOAT8E5M2FNUZ,
+    }
+)
+
+#: Unary ops written ``{xp}.<name>(x)`` in both namespaces, plus the two without one.
+UNARY: dict[str, str] = {
+    "Tanh": "{xp}.tanh({0})",
+    "Exp": "{xp}.exp({0})",
+    "Log": "{xp}.log({0})",
+    "Neg": "-{0}",
+    "Abs": "{xp}.abs({0})",
+    "Sqrt": "{xp}.sqrt({0})",
+    "Reciprocal": "{xp}.reciprocal({0})",
+    "Floor": "{xp}.floor({0})",
+    "Ceil": "{xp}.ceil({0})",
+    "Round": "{xp}.round({0})",
+    "Sin": "{xp}.sin({0})",
+    "Cos": "{xp}.cos({0})",
+    "Tan": "{xp}.tan({0})",
+    "Not": "{xp}.logical_not({0})",
+    "IsNaN": "{xp}.isnan({0})",
+    "Sign": "{xp}.sign({0})",
+    "Identity": "{0}",
+    "Sinh": "{xp}.sinh({0})",
+    "Cosh": "{xp}.cosh({0})",
+}
+
+#: Broadcasting binary ops: Python operators, and logical functions of the same name.
+BINARY: dict[str, str] = {
+    "Add": "{0} + {1}",
+    "Sub": "{0} - {1}",
+    "Mul": "{0} * {1}",
+    "Equal": "{0} == {1}",
+    "Less": "{0} < {1}",
+    "Greater": "{0} > {1}",
+    "LessOrEqual": "{0} <= {1}",
+    "GreaterOrEqual": "{0} >= {1}",
+    "And": "{xp}.logical_and({0}, {1})",
+    "Or": "{xp}.logical_or({0}, {1})",
+    "Xor": "{xp}.logical_xor({0}, {1})",
+}
+
+
+def with_namespace(formats: Mapping[str, str], xp: str) -> dict[str, str]:
+    """``formats`` with ``{xp}`` replaced by a fixed namespace (``torch``); operands kept."""
+    return {op: fmt.replace("{xp}", xp) for op, fmt in formats.items()}
+
+
+def dtype_name(table: Mapping[ir.DataType, str], dtype: ir.DataType | None, emitter: str) -> str:
+    """``table[dtype]``, or the error naming the emitter and the dtypes it writes."""
+    if dtype is None or dtype not in table:
+        raise ConversionError(
+            f"the {emitter} does not write dtype {dtype}; "
+            f"supported: {sorted(str(d) for d in table)}"
+        )
+    return table[dtype]
+
+
+def constructor_literal(a: np.ndarray, ctor: str, dtype: str, *, bare_scalar: bool) -> str:
+    """``ctor(<nested list>, dtype=<dtype>)`` for a small constant (``a`` already an array);
+    a bare Python scalar for a 0-d one when allowed."""
+    if bare_scalar and a.ndim == 0:
+        return scalar_literal(a[()])
+    return f"{ctor}({nested_literal(a)}, dtype={dtype})"
+
+
+def variadic(c: TemplateCall, fn: str) -> str:
+    """``fn(fn(a, b), c)``: a two-argument function folded over the inputs (Max, Min)."""
+    out = c.args[0]
+    for a in c.args[1:]:
+        out = f"{fn}({out}, {a})"
+    return out
+
+
+def sum_expr(c: TemplateCall) -> str:
+    return " + ".join(a for a in c.args if a)
+
+
+def mean_expr(c: TemplateCall) -> str:
+    return f"({' + '.join(a for a in c.args if a)}) / {len(c.args)}"
+
+
+def where_expr(c: TemplateCall, xp: str) -> str:
+    return f"{xp}.where({c.args[0]}, {c.args[1]}, {c.args[2]})"
+
+
+def mod_expr(c: TemplateCall, xp: str) -> str:
+    """ONNX Mod: C's ``fmod`` (sign of the dividend) or Python's ``%`` (sign of the divisor)."""
+    fn = "fmod" if c.attrs["fmod"] else "remainder"
+    return f"{xp}.{fn}({c.args[0]}, {c.args[1]})"
+
+
+def matmul_expr(c: TemplateCall) -> str:
+    return f"{c.args[0]} @ {c.args[1]}"
+
+
+def gemm_expr(c: TemplateCall) -> str:
+    """Gemm's generic form, ``alpha * (A' @ B') + beta * C``, with unit factors left out."""
+    a = f"{c.args[0]}.T" if c.attrs["transA"] else c.args[0]
+    b = f"{c.args[1]}.T" if c.attrs["transB"] else c.args[1]
+    out = f"{a} @ {b}"
+    if c.attrs["alpha"] != 1.0:
+        out = f"{scalar_literal(c.attrs['alpha'])} * ({out})"
+    if c.has(2):
+        bias = c.args[2]
+        if c.attrs["beta"] != 1.0:
+            bias = f"{scalar_literal(c.attrs['beta'])} * {bias}"
+        out = f"{out} + {bias}"
+    return out
+
+
+# The attributes (and defaults) the source templates declare, where both emitters declare
+# the same ones (the runtimes' tables, with ``kernel_shape`` required for pooling).
+
+GEMM_ATTRS = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
+CONV_TRANSPOSE_ATTRS = {**CONV_ATTRS, "output_padding": None, "output_shape": None}
+MAX_POOL_ATTRS = {**POOL_ATTRS, "kernel_shape": REQUIRED, "storage_order": 0}
+AVERAGE_POOL_ATTRS = {**POOL_ATTRS, "kernel_shape": REQUIRED, "count_include_pad": 0}
