@@ -118,11 +118,18 @@ class UnsupportedOpError(ConversionError):
     exit_code = 4
 
     def __init__(
-        self, backend: str, missing: Sequence[MissingOp], registry_module: str | None = None
+        self,
+        backend: str,
+        missing: Sequence[MissingOp],
+        registry_module: str | None = None,
+        *,
+        headline: str | None = None,
+        hint: str | None = None,
     ) -> None:
         self.backend = backend
         self.missing = tuple(missing)
-        lines = [f"the {backend} backend has no handler for {len(self.missing)} op type(s):"]
+        n = len(self.missing)
+        lines = [headline or f"the {backend} backend has no handler for {n} op type(s):"]
         for m in self.missing:
             where = f", first at node {m.first_node!r}" if m.first_node else ""
             if m.first_scope:
@@ -132,7 +139,8 @@ class UnsupportedOpError(ConversionError):
             lines.append(f"  - {m.qualified_name} x{m.count}{where}")
         where = registry_module or f"xconv.converters.{backend}.registry"
         lines.append(
-            f"Register a handler for each with {where}.register(op_type, domain=...) "
+            hint
+            or f"Register a handler for each with {where}.register(op_type, domain=...) "
             "before converting."
         )
         super().__init__("\n".join(lines))

@@ -27,7 +27,7 @@ def _call(mod, op, args, attrs=None, dtype=ir.DataType.FLOAT, **extra):
 
 
 def _emit(mod, op, args, attrs=None, **extra):
-    tpl = mod.TEMPLATES[op]
+    tpl = mod.registry[op]
     return tpl.fn(_call(mod, op, args, {**tpl.attrs, **(attrs or {})}, **extra))
 
 
@@ -103,4 +103,4 @@ def test_shared_attribute_tables():
         ("MaxPool", ex.MAX_POOL_ATTRS),
         ("AveragePool", ex.AVERAGE_POOL_ATTRS),
     ):
-        assert flax_t.TEMPLATES[op].attrs == table == torch_t.TEMPLATES[op].attrs
+        assert flax_t.registry[op].attrs == table == torch_t.registry[op].attrs

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +21,9 @@ import onnx_ir as ir
 from xconv.converters.registry import REQUIRED, attribute_value
 from xconv.errors import (
     ConversionError,
-    MissingOp,
     UnsupportedAttributeError,
-    UnsupportedOpError,
 )
-from xconv.ir.metadata import ROLE, SOURCE_LINE, get_layer, get_scope
+from xconv.ir.metadata import ROLE, get_layer, get_scope
 from xconv.ir.passes._utils import constant_of, is_weight
 
 
@@ -85,40 +82,6 @@ def parse_attrs(node: ir.Node, spec: Mapping[str, Any], emitter: str) -> dict[st
         else:
             out[name] = attribute_value(attr)
     return out
-
-
-def check_templates(
-    nodes: Iterable[ir.Node],
-    templates: Mapping[str, Any],
-    backend: str,
-    registry_module: str | None = None,
-) -> None:
-    """Scan first, fail once: raise one UnsupportedOpError naming every op without a template."""
-    counts: Counter[str] = Counter()
-    first: dict[str, ir.Node] = {}
-    for node in nodes:
-        if node.op_type == "Constant" and node.domain == "":
-            continue
-        if node.domain not in ("", "ai.onnx") or node.op_type not in templates:
-            key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
-            counts[key] += 1
-            first.setdefault(key, node)
-    if counts:
-        raise UnsupportedOpError(
-            backend,
-            [
-                MissingOp(
-                    op_type=first[k].op_type,
-                    domain=first[k].domain,
-                    count=n,
-                    first_node=first[k].name,
-                    first_scope=get_scope(first[k]),
-                    source_line=first[k].metadata_props.get(SOURCE_LINE),
-                )
-                for k, n in sorted(counts.items())
-            ],
-            registry_module=registry_module,
-        )
 
 
 @dataclass

@@ -97,11 +97,20 @@ def attribute_value(attr: ir.Attr) -> Any:
 
 @dataclass
 class Registry:
-    """Handlers for one backend, keyed by (domain, op type), each with an opset range."""
+    """Handlers for one backend, keyed by (domain, op type), each with an opset range.
+
+    The same design serves runtime op handlers, source-emitter templates and the Flax
+    frontend's primitive handlers: ``handler_class`` (a :class:`Handler` subclass) carries
+    what one kind of registry needs beyond the op, domain, opset range and attributes
+    (e.g. a template's layout), passed to :meth:`register` as keyword options.
+    """
 
     backend: str
     #: Import path of the module whose ``register`` users call (for error messages).
     module: str | None = None
+    handler_class: type[Handler] = Handler
+    #: Characters besides letters and digits an op type may have (jax primitives: ``-``).
+    name_chars: str = "_"
     _handlers: dict[tuple[str, str], list[Handler]] = field(default_factory=dict)
 
     def register(
@@ -113,6 +122,7 @@ class Registry:
         until: int | None = None,
         attrs: Mapping[str, Any] | None = None,
         user: bool = True,
+        **options: Any,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator registering ``fn(ctx, *inputs, **attrs)`` for an op.
 
@@ -124,14 +134,17 @@ class Registry:
             attrs: Attribute names the handler understands, with defaults (``REQUIRED`` for
                 none). Any other attribute on a node is an error.
             user: True for user registrations, which take precedence over built-ins.
+            options: Extra fields of ``handler_class`` (e.g. a template's ``layout``).
         """
-        if not op_type or not op_type.replace("_", "").isalnum():
+        if not op_type or not all(ch.isalnum() or ch in self.name_chars for ch in op_type):
             raise ValueError(f"invalid op type {op_type!r}")
         if domain == "ai.onnx":
             domain = ""
 
         def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-            handler = Handler(op_type, domain, since, until, fn, dict(attrs or {}), user)
+            handler = self.handler_class(
+                op_type, domain, since, until, fn, dict(attrs or {}), user, **options
+            )
             bucket = self._handlers.setdefault((domain, op_type), [])
             bucket.append(handler)
             # User handlers first, then newest `since` first.
@@ -157,6 +170,32 @@ class Registry:
         ranges = ", ".join(f"[{h.since}, {h.until or 'latest'}]" for h in candidates)
         return None, f"{op_type} handlers cover opsets {ranges}, not {version}"
 
+    def unregister(self, op_type: str, *, domain: str = "", user: bool = True) -> None:
+        """Remove the user registrations for an op (its built-in handler, if any, applies
+        again), or with ``user=False`` its built-in ones (before replacing them)."""
+        key = ("" if domain == "ai.onnx" else domain, op_type)
+        bucket = [h for h in self._handlers.get(key, []) if h.user != user]
+        if bucket:
+            self._handlers[key] = bucket
+        else:
+            self._handlers.pop(key, None)
+
+    def find(self, node: ir.Node, opsets: Mapping[str, int] | None = None) -> Handler | None:
+        """The handler for ``node`` (its own version, else the graph's opset, else any), or None."""
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        version = node.version if node.version is not None else (opsets or {}).get(domain)
+        if version is None:
+            candidates = self._handlers.get((domain, node.op_type))
+            return candidates[0] if candidates else None
+        return self.lookup(domain, node.op_type, version)[0]
+
+    def __getitem__(self, op_type: str) -> Handler:
+        """The preferred handler of a default-domain op (any opset); KeyError if none."""
+        candidates = self._handlers.get(("", op_type))
+        if not candidates:
+            raise KeyError(op_type)
+        return candidates[0]
+
     def op_types(self, domain: str = "") -> list[str]:
         return sorted(op for (d, op) in self._handlers if d == domain)
 
@@ -167,9 +206,13 @@ class Registry:
 
     def missing_ops(self, graph: ir.Graph, opsets: Mapping[str, int]) -> list[MissingOp]:
         """Every op (in all subgraphs too) this registry cannot handle, with counts."""
+        return self.missing_in(iter_nodes(graph), opsets)
+
+    def missing_in(self, nodes: Iterable[ir.Node], opsets: Mapping[str, int]) -> list[MissingOp]:
+        """Every op of ``nodes`` this registry cannot handle, with counts and first node."""
         counts: collections.Counter[tuple[str, str]] = collections.Counter()
         first: dict[tuple[str, str], ir.Node] = {}
-        for node in iter_nodes(graph):
+        for node in nodes:
             domain = "" if node.domain == "ai.onnx" else node.domain
             version = node.version if node.version is not None else opsets.get(domain, 1)
             handler, _ = self.lookup(domain, node.op_type, version)
@@ -193,6 +236,31 @@ class Registry:
         """Scan first, fail once: raise one UnsupportedOpError naming every missing op."""
         missing = self.missing_ops(model.graph, model.opset_imports)
         if missing:
+            raise UnsupportedOpError(self.backend, missing, self.module)
+
+
+@dataclass
+class TemplateRegistry(Registry):
+    """A source emitter's templates, plus the module-level helper functions they may call.
+
+    ``helpers`` maps a helper name to its source (a function ``_<name>``); a template that
+    calls one adds the name to ``call.helpers`` and the emitter writes the source once.
+    """
+
+    helpers: dict[str, str] = field(default_factory=dict)
+
+    def check_nodes(
+        self,
+        nodes: Iterable[ir.Node],
+        opsets: Mapping[str, int],
+        error: Callable[[list[MissingOp]], Exception] | None = None,
+    ) -> None:
+        """Scan first, fail once over ``nodes`` (Constant needs no template)."""
+        todo = (n for n in nodes if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx")))
+        missing = self.missing_in(todo, opsets)
+        if missing:
+            if error is not None:
+                raise error(missing)
             raise UnsupportedOpError(self.backend, missing, self.module)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.flax.importer.primitives import register
+from xconv.converters.flax.importer.primitives import builtin
 from xconv.converters.flax.importer.symbolic import ir_dim
 from xconv.errors import ConversionError
 
@@ -40,7 +40,7 @@ def _in_subgraph(ctx, graph: ir.Graph, build):
         ctx.graph = outer
 
 
-@register("while")
+@builtin("while")
 def _while(ctx, eqn, inputs):
     """while(cond_consts..., body_consts..., init...; cond_jaxpr, body_jaxpr) -> final carry."""
     p = eqn.params
@@ -84,7 +84,7 @@ def _while(ctx, eqn, inputs):
     return results
 
 
-@register("platform_index")
+@builtin("platform_index")
 def _platform_index(ctx, eqn, inputs):
     platforms = list(eqn.params["platforms"])
     index = next((i for i, p in enumerate(platforms) if p is None), None)

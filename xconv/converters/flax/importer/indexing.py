@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.flax.importer.primitives import register
+from xconv.converters.flax.importer.primitives import builtin
 from xconv.converters.flax.importer.symbolic import (
     SymbolicShapeError,
     as_dims,
@@ -223,7 +223,7 @@ def _int64_indices(ctx, idx, ishape):
 # --- gather ------------------------------------------------------------------------------
 
 
-@register("gather")
+@builtin("gather")
 def _gather(ctx, eqn, inputs):
     """gather(operand, indices; dimension_numbers, slice_sizes, mode, fill_value)."""
     dn = eqn.params["dimension_numbers"]
@@ -298,7 +298,7 @@ _REDUCTION = {
 }
 
 
-@register(*_REDUCTION)
+@builtin(*_REDUCTION)
 def _scatter(ctx, eqn, inputs):
     """scatter[-add|-sub|-mul|-min|-max](operand, indices, updates; dimension_numbers, mode)."""
     name = eqn.primitive.name
@@ -357,7 +357,7 @@ def _scatter_apply(ctx, eqn, inputs):
 # --- assembly ----------------------------------------------------------------------------
 
 
-@register("stack")
+@builtin("stack")
 def _stack(ctx, eqn, inputs):
     axis = int(eqn.params["axis"])
     parts = [ctx.op("Unsqueeze", [v, ctx.i64([axis])]) for v in inputs]
@@ -366,7 +366,7 @@ def _stack(ctx, eqn, inputs):
     return [ctx.op("Concat", parts, {"axis": axis})]
 
 
-@register("tile")
+@builtin("tile")
 def _tile(ctx, eqn, inputs):
     reps = [int(r) for r in eqn.params["reps"]]
     return [ctx.op("Tile", [inputs[0], ctx.i64(reps)])]

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.flax.importer.primitives import HANDLERS, register
+from xconv.converters.flax.importer.primitives import builtin, handler
 from xconv.converters.flax.importer.symbolic import dims, require_static
 from xconv.errors import ConversionError
 
@@ -73,7 +73,7 @@ _ERFINV_LARGE = (
 )
 
 
-@register("erf_inv")
+@builtin("erf_inv")
 def _erf_inv(ctx, eqn, inputs):
     dt = _dtype(eqn.invars[0])
     (x,) = inputs
@@ -107,20 +107,20 @@ def _erf_inv(ctx, eqn, inputs):
     return [ctx.op("Where", [edge, ctx.op("Mul", [x, _c(ctx, np.inf, dt)]), y])]
 
 
-@register("erfc")
+@builtin("erfc")
 def _erfc(ctx, eqn, inputs):
     one = _c(ctx, 1, _dtype(eqn.invars[0]))
     return [ctx.op("Sub", [one, ctx.op("Erf", inputs)])]
 
 
-@register("cbrt")
+@builtin("cbrt")
 def _cbrt(ctx, eqn, inputs):
     dt = _dtype(eqn.invars[0])
     mag = ctx.op("Pow", [ctx.op("Abs", inputs), _c(ctx, 1 / 3, dt)])
     return [ctx.op("Mul", [ctx.op("Sign", inputs), mag])]
 
 
-@register("atan2")
+@builtin("atan2")
 def _atan2(ctx, eqn, inputs):
     y, x = inputs
     dt = _dtype(eqn.invars[0])
@@ -174,7 +174,7 @@ def _lanczos_parts(ctx, x, dt, derivative: bool):
     return reflect, z, series, slope, t, log_t
 
 
-@register("lgamma")
+@builtin("lgamma")
 def _lgamma(ctx, eqn, inputs):
     """log|gamma(x)|: Lanczos for x >= 0.5, Euler's reflection below (XLA's formula)."""
     dt = _dtype(eqn.invars[0])
@@ -203,7 +203,7 @@ def _lgamma(ctx, eqn, inputs):
     return [ctx.op("Where", [ctx.op("IsInf", [x]), _c(ctx, np.inf, dt), out])]
 
 
-@register("digamma")
+@builtin("digamma")
 def _digamma(ctx, eqn, inputs):
     """d/dx log gamma(x): the Lanczos series' log-derivative, reflected below 0.5."""
     dt = _dtype(eqn.invars[0])
@@ -256,7 +256,7 @@ def _shift(ctx, x, amount: int | Any, ut, direction: str):
     return ctx.op("BitShift", [x, amount], {"direction": direction})
 
 
-@register("clz")
+@builtin("clz")
 def _clz(ctx, eqn, inputs):
     dt = _dtype(eqn.invars[0])
     u, ut = _as_unsigned(ctx, inputs[0], dt)
@@ -276,7 +276,7 @@ def _clz(ctx, eqn, inputs):
     return [_back(ctx, n, dt)]
 
 
-@register("population_count")
+@builtin("population_count")
 def _population_count(ctx, eqn, inputs):
     dt = _dtype(eqn.invars[0])
     u, ut = _as_unsigned(ctx, inputs[0], dt)
@@ -308,7 +308,7 @@ def _shift_amount(ctx, eqn, s, ut, bits: int):
     return ctx.op("Cast", [safe], {"to": ir.DataType.from_numpy(ut)}), bad
 
 
-@register("shift_left", "shift_right_logical")
+@builtin("shift_left", "shift_right_logical")
 def _shift_logical(ctx, eqn, inputs):
     dt = _dtype(eqn.invars[0])
     x, s = inputs
@@ -319,7 +319,7 @@ def _shift_logical(ctx, eqn, inputs):
     return [ctx.op("Where", [bad, _c(ctx, 0, dt), out])]
 
 
-@register("shift_right_arithmetic")
+@builtin("shift_right_arithmetic")
 def _shift_right_arithmetic(ctx, eqn, inputs):
     dt = _dtype(eqn.invars[0])
     x, s = inputs
@@ -347,7 +347,7 @@ def _identity(name: str, dt: np.dtype):
     return {"cummax": small, "cummin": big, "cumlogsumexp": -np.inf}[name]
 
 
-@register("cumprod", "cummax", "cummin", "cumlogsumexp")
+@builtin("cumprod", "cummax", "cummin", "cumlogsumexp")
 def _cumulative(ctx, eqn, inputs):
     name = eqn.primitive.name
     dt = _dtype(eqn.invars[0])
@@ -390,18 +390,18 @@ def _lt_total(ctx, a, b, dt):
     return ctx.op("Or", [ctx.op("Or", [ctx.op("Less", [a, b]), zeros]), nan_b])
 
 
-@register("lt_to")
+@builtin("lt_to")
 def _lt_to(ctx, eqn, inputs):
     return [_lt_total(ctx, *inputs, _dtype(eqn.invars[0]))]
 
 
-@register("le_to")
+@builtin("le_to")
 def _le_to(ctx, eqn, inputs):
     a, b = inputs
     return [ctx.op("Not", [_lt_total(ctx, b, a, _dtype(eqn.invars[0]))])]
 
 
-@register("eq_to")
+@builtin("eq_to")
 def _eq_to(ctx, eqn, inputs):
     a, b = inputs
     dt = _dtype(eqn.invars[0])
@@ -412,7 +412,7 @@ def _eq_to(ctx, eqn, inputs):
 
 # --- sort with several keys, min pooling ---------------------------------------------------
 
-_SORT_ONE_KEY = HANDLERS["sort"]
+_SORT_ONE_KEY = handler("sort")
 
 
 def _topk_type(dt: np.dtype) -> np.dtype | None:
@@ -426,7 +426,7 @@ def _topk_type(dt: np.dtype) -> np.dtype | None:
     return np.dtype(np.int32)
 
 
-@register("sort")
+@builtin("sort")
 def _sort(ctx, eqn, inputs):
     """sort(operands...; dimension, num_keys): lexicographic over the first num_keys."""
     num_keys = int(eqn.params.get("num_keys", 1))
@@ -456,7 +456,7 @@ def _sort(ctx, eqn, inputs):
     return [ctx.op("GatherElements", [v, order], {"axis": dim}) for v in inputs]
 
 
-@register("reduce_window_min")
+@builtin("reduce_window_min")
 def _reduce_window_min(ctx, eqn, inputs):
     # min pooling = -max pooling of -x (padding -inf there is +inf here).
     as_max = SimpleNamespace(
@@ -466,7 +466,7 @@ def _reduce_window_min(ctx, eqn, inputs):
         outvars=eqn.outvars,
         source_info=eqn.source_info,
     )
-    (out,) = HANDLERS["reduce_window_max"](ctx, as_max, [ctx.op("Neg", inputs)])
+    (out,) = handler("reduce_window_max")(ctx, as_max, [ctx.op("Neg", inputs)])
     return [ctx.op("Neg", [out])]
 
 
@@ -475,12 +475,12 @@ def _reduce_window_min(ctx, eqn, inputs):
 # adding what it lacks: XLA's integer division by zero, bool arguments of ArgMax,
 # reductions over no axes, interior padding.
 
-_BASE = {name: HANDLERS[name] for name in ("div", "rem", "argmax", "argmin", "pad")}
-_BASE["reduce_or"] = HANDLERS["reduce_or"]
-_BASE["reduce_and"] = HANDLERS["reduce_and"]
+_BASE = {name: handler(name) for name in ("div", "rem", "argmax", "argmin", "pad")}
+_BASE["reduce_or"] = handler("reduce_or")
+_BASE["reduce_and"] = handler("reduce_and")
 
 
-@register("div", "rem")
+@builtin("div", "rem")
 def _int_div(ctx, eqn, inputs):
     """Integer div/rem never trap: x / 0 is all ones (-1, or the uint max), x % 0 is x, and
     INT_MIN / -1 wraps (XLA's rules); onnxruntime would fail or fault on them."""
@@ -506,21 +506,21 @@ def _int_div(ctx, eqn, inputs):
     return [ctx.op("Where", [zero, x, out])]
 
 
-@register("argmax", "argmin")
+@builtin("argmax", "argmin")
 def _argmax_bool(ctx, eqn, inputs):
     if _dtype(eqn.invars[0]) == np.bool_:  # ArgMax has no bool kernel
         inputs = [ctx.op("Cast", inputs, {"to": ir.DataType.INT32})]
     return _BASE[eqn.primitive.name](ctx, eqn, inputs)
 
 
-@register("reduce_or", "reduce_and")
+@builtin("reduce_or", "reduce_and")
 def _reduce_bool_axes(ctx, eqn, inputs):
     if not eqn.params["axes"]:  # ONNX reduces everything when given no axes
         return [ctx.op("Identity", inputs)]
     return _BASE[eqn.primitive.name](ctx, eqn, inputs)
 
 
-@register("pad")
+@builtin("pad")
 def _pad_interior(ctx, eqn, inputs):
     """Interior padding (``lax.associative_scan``, dilations) spreads each axis first:
     ``[n] -> [n, 1 + c] -> [n * (1 + c)] -> [:-c]``; the edge padding then goes to the base."""

@@ -1,9 +1,10 @@
 """jaxpr primitive handlers: each lax primitive becomes ONNX ops (opset ``xconv.ir.OPSET``).
 
 A handler is ``fn(ctx, eqn, inputs) -> list of output values``; ``inputs`` are the IR values
-of ``eqn.invars``. Handlers live in ``HANDLERS`` keyed by primitive name; ``register`` adds
-or overrides one (a user registration wins). Call-like primitives (``jit``, ``custom_jvp_call``,
-``scan``, ``cond``) translate their sub-jaxprs through ``ctx.inline``.
+of ``eqn.invars``. Handlers live in ``registry`` keyed by primitive name (domain ``jax``);
+``register`` adds or overrides one (a user registration wins over the built-in one).
+Call-like primitives (``jit``, ``custom_jvp_call``, ``scan``, ``cond``) translate their
+sub-jaxprs through ``ctx.inline``.
 """
 
 from __future__ import annotations
@@ -25,10 +26,16 @@ from xconv.converters.flax.importer.symbolic import (
     shape_value,
     static_dim,
 )
+from xconv.converters.registry import Registry
 from xconv.errors import ConversionError
 
 Handler = Callable[[Any, Any, list], list]
-HANDLERS: dict[str, Handler] = {}
+
+#: The domain primitive handlers are registered under (primitive names are the op types).
+DOMAIN = "jax"
+
+#: The primitive handlers: built-in ones, and users' (:func:`register`), which win.
+registry = Registry("flax frontend", module=__name__, name_chars="_-")
 
 #: Primitives whose sub-jaxpr is translated inline (the call itself leaves no node).
 CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
@@ -48,15 +55,38 @@ INLINE = frozenset(
 )
 
 
-def register(*names: str) -> Callable[[Handler], Handler]:
-    """Register ``fn`` as the handler of each primitive in ``names``."""
+def builtin(*names: str) -> Callable[[Handler], Handler]:
+    """Register ``fn`` as the built-in handler of each primitive in ``names`` (replacing an
+    earlier built-in one; a user's registration still wins)."""
 
     def deco(fn: Handler) -> Handler:
         for name in names:
-            HANDLERS[name] = fn
+            registry.unregister(name, domain=DOMAIN, user=False)
+            registry.builtin(name, domain=DOMAIN)(fn)
         return fn
 
     return deco
+
+
+def register(*names: str) -> Callable[[Handler], Handler]:
+    """Register ``fn(ctx, eqn, inputs) -> list of output values`` for each primitive in
+    ``names``; a user handler wins over the built-in one."""
+
+    def deco(fn: Handler) -> Handler:
+        for name in names:
+            registry.unregister(name, domain=DOMAIN)
+            registry.register(name, domain=DOMAIN)(fn)
+        return fn
+
+    return deco
+
+
+def handler(name: str) -> Handler:
+    """The handler of primitive ``name`` (the user's first); KeyError if none."""
+    found, _ = registry.lookup(DOMAIN, name, 1)
+    if found is None:
+        raise KeyError(name)
+    return found.fn
 
 
 def _aval(var: Any):
@@ -149,65 +179,65 @@ def _logical(ops: tuple[str, str]) -> Handler:
 
 
 for _name, _op in _UNARY.items():
-    HANDLERS[_name] = _unary(_op)
+    builtin(_name)(_unary(_op))
 for _name, _op in _BINARY.items():
-    HANDLERS[_name] = _binary(_op)
+    builtin(_name)(_binary(_op))
 for _name, _ops in _LOGICAL.items():
-    HANDLERS[_name] = _logical(_ops)
+    builtin(_name)(_logical(_ops))
 
 
-@register("not")
+@builtin("not")
 def _not(ctx, eqn, inputs):
     is_bool = np.dtype(eqn.outvars[0].aval.dtype) == np.bool_
     return [ctx.op("Not" if is_bool else "BitwiseNot", inputs)]
 
 
-@register("ne")
+@builtin("ne")
 def _ne(ctx, eqn, inputs):
     return [ctx.op("Not", [ctx.op("Equal", inputs)])]
 
 
-@register("rem")
+@builtin("rem")
 def _rem(ctx, eqn, inputs):
     # lax.rem keeps the dividend's sign (C fmod) for ints and floats alike.
     return [ctx.op("Mod", inputs, {"fmod": 1})]
 
 
-@register("rsqrt")
+@builtin("rsqrt")
 def _rsqrt(ctx, eqn, inputs):
     return [ctx.op("Reciprocal", [ctx.op("Sqrt", inputs)])]
 
 
-@register("square")
+@builtin("square")
 def _square(ctx, eqn, inputs):
     return [ctx.op("Mul", [inputs[0], inputs[0]])]
 
 
-@register("log1p")
+@builtin("log1p")
 def _log1p(ctx, eqn, inputs):
     one = ctx.const(np.ones((), eqn.invars[0].aval.dtype))
     return [ctx.op("Log", [ctx.op("Add", [inputs[0], one])])]
 
 
-@register("expm1")
+@builtin("expm1")
 def _expm1(ctx, eqn, inputs):
     one = ctx.const(np.ones((), eqn.invars[0].aval.dtype))
     return [ctx.op("Sub", [ctx.op("Exp", inputs), one])]
 
 
-@register("exp2")
+@builtin("exp2")
 def _exp2(ctx, eqn, inputs):
     two = ctx.const(np.full((), 2, eqn.invars[0].aval.dtype))
     return [ctx.op("Pow", [two, inputs[0]])]
 
 
-@register("is_finite")
+@builtin("is_finite")
 def _is_finite(ctx, eqn, inputs):
     bad = ctx.op("Or", [ctx.op("IsInf", inputs), ctx.op("IsNaN", inputs)])
     return [ctx.op("Not", [bad])]
 
 
-@register("round")
+@builtin("round")
 def _round(ctx, eqn, inputs):
     method = int(eqn.params.get("rounding_method", 0))
     if method == 1:  # to nearest even: ONNX Round's rule
@@ -218,7 +248,7 @@ def _round(ctx, eqn, inputs):
     return [ctx.op("Mul", [ctx.op("Sign", inputs), mag])]
 
 
-@register("integer_pow")
+@builtin("integer_pow")
 def _integer_pow(ctx, eqn, inputs):
     y = int(eqn.params["y"])
     dtype = np.dtype(eqn.invars[0].aval.dtype)
@@ -235,19 +265,19 @@ def _integer_pow(ctx, eqn, inputs):
     return [out]
 
 
-@register("convert_element_type")
+@builtin("convert_element_type")
 def _convert(ctx, eqn, inputs):
     to = _ir_dtype(eqn.params["new_dtype"])
     return [ctx.op("Cast", inputs, {"to": to})]
 
 
-@register("clamp")
+@builtin("clamp")
 def _clamp(ctx, eqn, inputs):
     lo, x, hi = inputs
     return [ctx.op("Max", [ctx.op("Min", [x, hi]), lo])]
 
 
-@register("select_n")
+@builtin("select_n")
 def _select_n(ctx, eqn, inputs):
     pred, *cases = inputs
     pdtype = np.dtype(eqn.invars[0].aval.dtype)
@@ -267,7 +297,7 @@ def _select_n(ctx, eqn, inputs):
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
-@register("dot_general")
+@builtin("dot_general")
 def _dot_general(ctx, eqn, inputs):
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lc, rc, lb, rb = map(list, (lc, rc, lb, rb))
@@ -312,7 +342,7 @@ def _inverse(perm: list[int]) -> list[int]:
     return [int(i) for i in np.argsort(perm)]
 
 
-@register("conv_general_dilated")
+@builtin("conv_general_dilated")
 def _conv(ctx, eqn, inputs):
     p = eqn.params
     if int(p.get("batch_group_count", 1)) != 1:
@@ -414,10 +444,10 @@ def _reduce(op: str) -> Handler:
 
 
 for _name, _op in _REDUCE.items():
-    HANDLERS[_name] = _reduce(_op)
+    builtin(_name)(_reduce(_op))
 
 
-@register("reduce_and", "reduce_or")
+@builtin("reduce_and", "reduce_or")
 def _reduce_bool(ctx, eqn, inputs):
     axes = [int(a) for a in eqn.params["axes"]]
     as_int = ctx.op("Cast", inputs, {"to": ir.DataType.INT32})
@@ -426,7 +456,7 @@ def _reduce_bool(ctx, eqn, inputs):
     return [ctx.op("Cast", [red], {"to": ir.DataType.BOOL})]
 
 
-@register("argmax", "argmin")
+@builtin("argmax", "argmin")
 def _argmax(ctx, eqn, inputs):
     (axis,) = eqn.params["axes"]
     op = "ArgMax" if eqn.primitive.name == "argmax" else "ArgMin"
@@ -434,13 +464,13 @@ def _argmax(ctx, eqn, inputs):
     return [ctx.op("Cast", [out], {"to": _ir_dtype(eqn.params["index_dtype"])})]
 
 
-@register("cumsum")
+@builtin("cumsum")
 def _cumsum(ctx, eqn, inputs):
     axis = ctx.i64(int(eqn.params["axis"]))
     return [ctx.op("CumSum", [inputs[0], axis], {"reverse": int(bool(eqn.params["reverse"]))})]
 
 
-@register("sort")
+@builtin("sort")
 def _sort(ctx, eqn, inputs):
     if int(eqn.params.get("num_keys", 1)) != 1:
         raise ConversionError("sort with more than one key operand is not supported")
@@ -458,7 +488,7 @@ def _sort(ctx, eqn, inputs):
     return outs
 
 
-@register("top_k")
+@builtin("top_k")
 def _top_k(ctx, eqn, inputs):
     k = int(eqn.params["k"])
     values, idx = ctx.op(
@@ -470,7 +500,7 @@ def _top_k(ctx, eqn, inputs):
     return [values, ctx.op("Cast", [idx], {"to": _ir_dtype(eqn.outvars[1].aval.dtype)})]
 
 
-@register("reduce_window_max", "reduce_window_sum")
+@builtin("reduce_window_max", "reduce_window_sum")
 def _reduce_window(ctx, eqn, inputs):
     p = eqn.params
     if any(int(d) != 1 for d in p.get("base_dilation", ())):
@@ -526,7 +556,7 @@ def _reduce_window(ctx, eqn, inputs):
 # --- shapes ------------------------------------------------------------------------------
 
 
-@register("broadcast_in_dim")
+@builtin("broadcast_in_dim")
 def _broadcast_in_dim(ctx, eqn, inputs):
     shape = list(as_dims(eqn.params["shape"]))
     bdims = [int(d) for d in eqn.params["broadcast_dimensions"]]
@@ -544,14 +574,14 @@ def _broadcast_in_dim(ctx, eqn, inputs):
     return [ctx.op("Expand", [x, expand_target(ctx, target, shape)])]
 
 
-@register("reshape")
+@builtin("reshape")
 def _reshape(ctx, eqn, inputs):
     if eqn.params.get("dimensions") is not None:
         raise ConversionError("reshape with `dimensions` is not supported")
     return [ctx.op("Reshape", [inputs[0], reshape_target(ctx, _shape(eqn.outvars[0]))])]
 
 
-@register("squeeze")
+@builtin("squeeze")
 def _squeeze(ctx, eqn, inputs):
     axes = [int(a) for a in eqn.params["dimensions"]]
     if not axes:
@@ -559,22 +589,22 @@ def _squeeze(ctx, eqn, inputs):
     return [ctx.op("Squeeze", [inputs[0], ctx.i64(axes)])]
 
 
-@register("expand_dims")
+@builtin("expand_dims")
 def _expand_dims(ctx, eqn, inputs):
     return [ctx.op("Unsqueeze", [inputs[0], ctx.i64([int(a) for a in eqn.params["dimensions"]])])]
 
 
-@register("transpose")
+@builtin("transpose")
 def _transpose(ctx, eqn, inputs):
     return [ctx.op("Transpose", inputs, {"perm": [int(p) for p in eqn.params["permutation"]]})]
 
 
-@register("concatenate")
+@builtin("concatenate")
 def _concatenate(ctx, eqn, inputs):
     return [ctx.op("Concat", inputs, {"axis": int(eqn.params["dimension"])})]
 
 
-@register("split")
+@builtin("split")
 def _split(ctx, eqn, inputs):
     sizes = list(as_dims(eqn.params["sizes"]))
     outs = ctx.op(
@@ -586,7 +616,7 @@ def _split(ctx, eqn, inputs):
     return list(outs) if len(sizes) > 1 else [outs]
 
 
-@register("rev")
+@builtin("rev")
 def _rev(ctx, eqn, inputs):
     dims = [int(d) for d in eqn.params["dimensions"]]
     if not dims:
@@ -607,7 +637,7 @@ def _rev(ctx, eqn, inputs):
     ]
 
 
-@register("pad")
+@builtin("pad")
 def _pad(ctx, eqn, inputs):
     config = [(int(a), int(b), int(c)) for a, b, c in eqn.params["padding_config"]]
     if any(c != 0 for _, _, c in config):
@@ -629,7 +659,7 @@ def _pad(ctx, eqn, inputs):
     return [x if x is not inputs[0] else ctx.op("Identity", [x])]
 
 
-@register("slice")
+@builtin("slice")
 def _slice(ctx, eqn, inputs):
     starts = list(as_dims(eqn.params["start_indices"]))
     ends = list(as_dims(eqn.params["limit_indices"]))
@@ -673,7 +703,7 @@ def _clamped_starts(ctx, eqn, starts, operand_shape, sizes):
     return ctx.op("Concat", pieces, {"axis": 0}) if len(pieces) > 1 else pieces[0]
 
 
-@register("dynamic_slice")
+@builtin("dynamic_slice")
 def _dynamic_slice(ctx, eqn, inputs):
     sizes = list(as_dims(eqn.params["slice_sizes"]))
     shape = _shape(eqn.invars[0])
@@ -683,7 +713,7 @@ def _dynamic_slice(ctx, eqn, inputs):
     return [ctx.op("Slice", [x, begin, end, ctx.i64(list(range(len(shape))))])]
 
 
-@register("dynamic_update_slice")
+@builtin("dynamic_update_slice")
 def _dynamic_update_slice(ctx, eqn, inputs):
     x, update, *starts = inputs
     ushape = require_static(_shape(eqn.invars[1]), "dynamic_update_slice's update")
@@ -693,14 +723,14 @@ def _dynamic_update_slice(ctx, eqn, inputs):
     return [ctx.op("ScatterND", [x, indices, update])]
 
 
-@register("dim_as_value")
+@builtin("dim_as_value")
 def _dim_as_value(ctx, eqn, inputs):
     """A symbolic dimension used as a number (``x.shape[0]`` in arithmetic, ``jnp.mean``)."""
     n = ctx.op("Reshape", [dim_value(ctx, eqn.params["dim"]), ctx.i64([])])
     return [ctx.op("Cast", [n], {"to": _ir_dtype(eqn.outvars[0].aval.dtype)})]
 
 
-@register("iota")
+@builtin("iota")
 def _iota(ctx, eqn, inputs):
     shape = list(as_dims(eqn.params["shape"]))
     dim = int(eqn.params["dimension"])
@@ -736,10 +766,10 @@ def _inline(ctx, eqn, inputs):
 
 
 for _name in INLINE:
-    HANDLERS[_name] = _inline
+    builtin(_name)(_inline)
 
 
-@register("cond")
+@builtin("cond")
 def _cond(ctx, eqn, inputs):
     # Branches are pure: evaluate each and select, which needs no subgraphs.
     index, *ops = inputs
@@ -757,7 +787,7 @@ def _cond(ctx, eqn, inputs):
     return outs
 
 
-@register("scan")
+@builtin("scan")
 def _scan(ctx, eqn, inputs):
     # The trip count is static: unroll.
     p = eqn.params

@@ -21,7 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.flax.importer import layers as fl
-from xconv.converters.flax.importer.primitives import HANDLERS, INLINE, sub_jaxpr
+from xconv.converters.flax.importer.primitives import DOMAIN, INLINE, handler, registry, sub_jaxpr
 from xconv.converters.flax.importer.symbolic import BATCH, ir_dim, static_dim, symbolic_specs
 from xconv.converters.flax.source_names import restore_source_names
 from xconv.errors import ConversionError, MissingOp, UnsupportedOpError
@@ -278,9 +278,8 @@ def _key(k: Any) -> str:
     return str(k)
 
 
-def check_supported(jaxpr: Any, registry: dict[str, Any] | None = None) -> None:
+def check_supported(jaxpr: Any) -> None:
     """Scan the whole jaxpr (sub-jaxprs included); raise once, listing every missing primitive."""
-    handlers = HANDLERS if registry is None else registry
     missing: dict[str, list] = {}
 
     def walk(jx: Any, prefix: str) -> None:
@@ -298,7 +297,7 @@ def check_supported(jaxpr: Any, registry: dict[str, Any] | None = None) -> None:
             elif name == "while":
                 walk(eqn.params["cond_jaxpr"], scope)
                 walk(eqn.params["body_jaxpr"], scope)
-            elif name not in handlers:
+            elif (DOMAIN, name) not in registry:
                 entry = missing.setdefault(name, [0, scope])
                 entry[0] += 1
 
@@ -431,7 +430,7 @@ class _Context:
                 if eqn.primitive.name in INLINE and eqn.params.get("name") == _DROPOUT_NAME:
                     outs = [self.dropout(args[-1])]
                 else:
-                    outs = HANDLERS[eqn.primitive.name](self, eqn, args)
+                    outs = handler(eqn.primitive.name)(self, eqn, args)
             except ConversionError as e:
                 if e.scope is None:
                     e.scope = self.scope or None

@@ -13,7 +13,6 @@ import json
 import keyword
 import os
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,17 +32,17 @@ from xconv.converters.flax.source.render import (
     variables_tree,
 )
 from xconv.converters.flax.source.templates import (
-    HELPERS,
     OpCall,
     UnsupportedTemplateError,
     array_literal,
     closed_form,
     dtype_expr,
     find_template,
+    registry,
 )
 from xconv.converters.ops import layout, precision
-from xconv.errors import ConversionError, MissingOp
-from xconv.ir.metadata import LAYOUT, MODULE, ROLE, SOURCE_LINE, get_layer, get_scope
+from xconv.errors import ConversionError
+from xconv.ir.metadata import LAYOUT, MODULE, ROLE, get_layer, get_scope
 from xconv.ir.passes import canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
 from xconv.weights.flax_msgpack import write_msgpack
@@ -128,7 +127,9 @@ _MODULE_MEMBERS = frozenset(
 
 def _namespace(reserved: frozenset[str] = _RESERVED) -> Namespace:
     """Unique, readable identifiers that never shadow builtins or a generated helper."""
-    return Namespace(reserved, avoid=lambda name: name.startswith("_") and name[1:] in HELPERS)
+    return Namespace(
+        reserved, avoid=lambda name: name.startswith("_") and name[1:] in registry.helpers
+    )
 
 
 @dataclass
@@ -539,29 +540,8 @@ class _Emitter:
         return name
 
     def check_supported(self) -> None:
-        counts: Counter[str] = Counter()
-        first: dict[str, ir.Node] = {}
-        for node in self.graph:
-            if node in self.plans or node.op_type == "Constant":
-                continue
-            if find_template(node) is None:
-                key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
-                counts[key] += 1
-                first.setdefault(key, node)
-        if counts:
-            raise UnsupportedTemplateError(
-                [
-                    MissingOp(
-                        op_type=first[k].op_type,
-                        domain=first[k].domain,
-                        count=n,
-                        first_node=first[k].name,
-                        first_scope=get_scope(first[k]),
-                        source_line=first[k].metadata_props.get(SOURCE_LINE),
-                    )
-                    for k, n in sorted(counts.items())
-                ],
-            )
+        nodes = (n for n in self.graph if n not in self.plans)
+        registry.check_nodes(nodes, self.model.opset_imports, UnsupportedTemplateError)
 
     # ------------------------------------------------------------ values
 

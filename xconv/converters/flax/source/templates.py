@@ -30,7 +30,7 @@ from xconv.converters import expressions as ex
 from xconv.converters.codegen import TemplateCall, int_tuple, scalar_literal
 from xconv.converters.ops import formulation
 from xconv.converters.ops.rnn import COMMON_ATTRS
-from xconv.converters.registry import REQUIRED
+from xconv.converters.registry import REQUIRED, Handler, TemplateRegistry
 from xconv.errors import (
     ConversionError,
     MissingOp,
@@ -68,28 +68,28 @@ class OpCall(TemplateCall):
 
 
 @dataclass(frozen=True)
-class Template:
-    fn: Callable[[OpCall], str]
-    attrs: dict[str, Any]
+class Template(Handler):
+    """A registered template: ``fn(call) -> source expression`` and how it treats layout."""
+
     layout: str = "plain"
     static_ok: bool = False
     outputs: int = 1
 
 
-#: Built-in templates, keyed by default-domain op type.
-TEMPLATES: dict[str, Template] = {}
+#: The Flax emitter's templates (built-in and user ones; a user template wins) and the
+#: helper functions they call.
+registry = TemplateRegistry(
+    "flax emitter", module="xconv.converters.flax.source.templates", handler_class=Template
+)
 
-#: Templates registered with :func:`register_template`, keyed by ``(domain, op_type)``;
-#: they win over the built-in ones.
-USER_TEMPLATES: dict[tuple[str, str], Template] = {}
-
-_DEFAULT_DOMAINS = ("", "ai.onnx")
+#: The helper sources (``registry.helpers``), under the name ``render`` imports.
+HELPERS = registry.helpers
 
 
 def template(*ops: str, layout: str = "plain", static_ok: bool = False, **attrs: Any):
     def deco(fn: Callable[[OpCall], str]) -> Callable[[OpCall], str]:
         for op in ops:
-            TEMPLATES[op] = Template(fn, dict(attrs), layout, static_ok)
+            registry.builtin(op, attrs=attrs, layout=layout, static_ok=static_ok)(fn)
         return fn
 
     return deco
@@ -124,9 +124,9 @@ def register_template(
         )
 
     def deco(f: Callable[[OpCall], str]) -> Callable[[OpCall], str]:
-        key = ("" if domain in _DEFAULT_DOMAINS else domain, op_type)
-        USER_TEMPLATES[key] = Template(f, dict(attrs or {}), layout)
-        HELPERS.update(helpers or {})
+        registry.unregister(op_type, domain=domain)
+        registry.register(op_type, domain=domain, attrs=attrs, layout=layout)(f)
+        registry.helpers.update(helpers or {})
         return f
 
     return deco if fn is None else deco(fn)
@@ -134,38 +134,26 @@ def register_template(
 
 def unregister_template(op_type: str, *, domain: str = "") -> None:
     """Remove a user template (the built-in one, if any, applies again)."""
-    USER_TEMPLATES.pop(("" if domain in _DEFAULT_DOMAINS else domain, op_type), None)
+    registry.unregister(op_type, domain=domain)
 
 
 def find_template(node: ir.Node) -> Template | None:
     """The template for ``node``: the user's first, then the built-in one; None if neither."""
-    domain = "" if node.domain in _DEFAULT_DOMAINS else node.domain
-    user = USER_TEMPLATES.get((domain, node.op_type))
-    if user is not None:
-        return user
-    return TEMPLATES.get(node.op_type) if domain == "" else None
+    return registry.find(node)
 
 
 class UnsupportedTemplateError(UnsupportedOpError):
     """Ops the Flax emitter has no template for; all listed at once, with how to add one."""
 
     def __init__(self, missing: list[MissingOp]) -> None:
-        self.backend = "flax emitter"
-        self.missing = tuple(missing)
-        lines = [f"the flax emitter has no template for {len(self.missing)} op type(s):"]
-        for m in self.missing:
-            where = f", first at node {m.first_node!r}" if m.first_node else ""
-            if m.first_scope:
-                where += f" (scope {m.first_scope!r})"
-            if m.source_line:
-                where += f" [{m.source_line}]"
-            lines.append(f"  - {m.qualified_name} x{m.count}{where}")
-        lines.append(
-            "Add a template for each with "
+        super().__init__(
+            "flax emitter",
+            missing,
+            headline=f"the flax emitter has no template for {len(missing)} op type(s):",
+            hint="Add a template for each with "
             "xconv.converters.flax.source.templates.register_template(op_type, fn, domain=..., "
-            "attrs=...) before converting; fn(call) returns the Python expression for the node."
+            "attrs=...) before converting; fn(call) returns the Python expression for the node.",
         )
-        ConversionError.__init__(self, "\n".join(lines))
 
 
 # ---------------------------------------------------------------- literals and dtypes
@@ -246,12 +234,11 @@ _UNARY = {
 }
 
 for _op, _fmt in _UNARY.items():
-    TEMPLATES[_op] = Template(
-        lambda c, _f=_fmt: _f.format(c.args[0], xp=c.xp),
-        {},
-        "unary",
+    registry.builtin(
+        _op,
+        layout="unary",
         static_ok=_op in ("Neg", "Abs", "Identity", "Not", "Floor", "Ceil", "Sign", "Sqrt"),
-    )
+    )(lambda c, _f=_fmt: _f.format(c.args[0], xp=c.xp))
 
 
 @template("Gelu", layout="unary", approximate="none")
@@ -326,8 +313,8 @@ def _cast_like(c: OpCall) -> str:
 _BINARY = {**ex.BINARY, "Pow": "{xp}.power({0}, {1})", "BitShift": None}
 for _op, _fmt in _BINARY.items():
     if _fmt is not None:
-        TEMPLATES[_op] = Template(
-            lambda c, _f=_fmt: _f.format(*c.args, xp=c.xp), {}, "binary", static_ok=True
+        registry.builtin(_op, layout="binary", static_ok=True)(
+            lambda c, _f=_fmt: _f.format(*c.args, xp=c.xp)
         )
 
 
@@ -340,8 +327,8 @@ def _div(c: OpCall) -> str:
     return f"{c.args[0]} / {c.args[1]}"
 
 
-TEMPLATES["Mod"] = Template(lambda c: ex.mod_expr(c, c.xp), {"fmod": 0}, "binary")
-TEMPLATES["Where"] = Template(lambda c: ex.where_expr(c, c.xp), {}, "binary", static_ok=True)
+registry.builtin("Mod", attrs={"fmod": 0}, layout="binary")(lambda c: ex.mod_expr(c, c.xp))
+registry.builtin("Where", layout="binary", static_ok=True)(lambda c: ex.where_expr(c, c.xp))
 
 
 @template("PRelu", layout="binary")
@@ -355,15 +342,15 @@ def _variadic(fn: str) -> Callable[[OpCall], str]:
 
 
 for _op, _fn in (("Max", "maximum"), ("Min", "minimum")):
-    TEMPLATES[_op] = Template(_variadic(_fn), {}, "binary", static_ok=True)
-TEMPLATES["Sum"] = Template(ex.sum_expr, {}, "binary", static_ok=True)
-TEMPLATES["Mean"] = Template(ex.mean_expr, {}, "binary")
+    registry.builtin(_op, layout="binary", static_ok=True)(_variadic(_fn))
+registry.builtin("Sum", layout="binary", static_ok=True)(ex.sum_expr)
+registry.builtin("Mean", layout="binary")(ex.mean_expr)
 
 
 # ---------------------------------------------------------------- linear algebra
 
-TEMPLATES["MatMul"] = Template(ex.matmul_expr, {})
-TEMPLATES["Gemm"] = Template(ex.gemm_expr, dict(ex.GEMM_ATTRS))
+registry.builtin("MatMul")(ex.matmul_expr)
+registry.builtin("Gemm", attrs=ex.GEMM_ATTRS)(ex.gemm_expr)
 
 
 @template("Einsum", equation=REQUIRED)
@@ -646,12 +633,12 @@ for _op, _args in {
     "ReduceL2": ("sum", "jnp.square({0})", "jnp.sqrt({0})"),
     "ReduceLogSumExp": ("sum", "jnp.exp({0})", "jnp.log({0})"),
 }.items():
-    TEMPLATES[_op] = Template(
-        _reduce(*_args),
-        {"axes": None, "keepdims": 1, "noop_with_empty_axes": 0},
-        "reduce",
+    registry.builtin(
+        _op,
+        attrs={"axes": None, "keepdims": 1, "noop_with_empty_axes": 0},
+        layout="reduce",
         static_ok=_op in ("ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin"),
-    )
+    )(_reduce(*_args))
 
 
 @template("ArgMax", "ArgMin", axis=0, keepdims=1, select_last_index=0)
@@ -958,267 +945,10 @@ def _recurrent(c: OpCall) -> str:
     return f"{call}[0]" if n == 1 else call if n == n_out else f"{call}[:{n}]"
 
 
-TEMPLATES["RNN"] = Template(_recurrent, dict(_RNN_ATTRS))
-TEMPLATES["GRU"] = Template(_recurrent, {**_RNN_ATTRS, "linear_before_reset": 0})
-TEMPLATES["LSTM"] = Template(_recurrent, {**_RNN_ATTRS, "input_forget": 0})
+registry.builtin("RNN", attrs=_RNN_ATTRS)(_recurrent)
+registry.builtin("GRU", attrs={**_RNN_ATTRS, "linear_before_reset": 0})(_recurrent)
+registry.builtin("LSTM", attrs={**_RNN_ATTRS, "input_forget": 0})(_recurrent)
 
 
-# ---------------------------------------------------------------- helper functions
-
-HELPERS: dict[str, str] = {
-    # torch updates running_var with the unbiased batch variance (n / (n - 1)), Flax's
-    # BatchNorm with the biased one; a torch source's BatchNorm keeps torch's statistics.
-    "torch_batch_norm_linen": '''
-def _torch_batch_norm(bn, x, train):
-    """Flax BatchNorm with torch's running-variance update (unbiased batch variance)."""
-    y = bn(x, use_running_average=not train)
-    if train and not bn.is_initializing():
-        n = x.size // x.shape[-1]
-        batch_var = jnp.var(x, axis=tuple(range(x.ndim - 1)))
-        var = bn.get_variable("batch_stats", "var")
-        bn.put_variable("batch_stats", "var", var + (1.0 - bn.momentum) * batch_var / (n - 1))
-    return y
-''',
-    "torch_batch_norm_nnx": '''
-def _torch_batch_norm(bn, x, train):
-    """Flax BatchNorm with torch's running-variance update (unbiased batch variance)."""
-    y = bn(x, use_running_average=not train)
-    if train:
-        n = x.size // x.shape[-1]
-        batch_var = jnp.var(x, axis=tuple(range(x.ndim - 1)))
-        bn.var.value = bn.var.value + (1.0 - bn.momentum) * batch_var / (n - 1)
-    return y
-''',
-    "reshape": '''
-def _reshape(x, shape):
-    """ONNX Reshape: 0 copies the input dimension, -1 is inferred."""
-    dims = [x.shape[i] if int(d) == 0 else int(d) for i, d in enumerate(shape)]
-    return jnp.reshape(x, dims)
-''',
-    "layer_norm": """
-def _layer_norm(x, scale, bias, axis, epsilon):
-    axes = tuple(range(axis % x.ndim, x.ndim))
-    mean = jnp.mean(x, axis=axes, keepdims=True)
-    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
-    y = (x - mean) * lax.rsqrt(var + epsilon) * scale
-    return y if bias is None else y + bias
-""",
-    "rms_norm": """
-def _rms_norm(x, scale, axis, epsilon):
-    axes = tuple(range(axis % x.ndim, x.ndim))
-    return x * lax.rsqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True) + epsilon) * scale
-""",
-    "group_norm": """
-def _group_norm(x, scale, bias, num_groups, epsilon):
-    n, c = x.shape[:2]
-    g = jnp.reshape(x, (n, num_groups, -1))
-    mean = jnp.mean(g, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(g - mean), axis=-1, keepdims=True)
-    y = jnp.reshape((g - mean) * lax.rsqrt(var + epsilon), x.shape)
-    bshape = (1, c) + (1,) * (x.ndim - 2)
-    return y * jnp.reshape(scale, bshape) + jnp.reshape(bias, bshape)
-""",
-    "attention": '''
-def _attention(q, k, v, mask=None, is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0):
-    """ONNX Attention (opset 23) without past key/value: 4-D (B, H, S, D) or 3-D (B, S, H*D)
-    inputs, computed in their own layout (head- or sequence-major, no transposes); cuDNN's
-    fused kernel on a GPU for float16/bfloat16 without a mask. A query row nothing may attend
-    gives zeros."""
-    three_d = q.ndim == 3
-    if three_d:
-        b = q.shape[0]
-        q = jnp.reshape(q, (b, q.shape[1], q_num_heads, -1))
-        k = jnp.reshape(k, (b, k.shape[1], kv_num_heads, -1))
-        v = jnp.reshape(v, (b, v.shape[1], kv_num_heads, -1))
-    head, seq = (2, 1) if three_d else (1, 2)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if (
-        mask is None
-        and q.dtype in (jnp.float16, jnp.bfloat16)
-        and jax.default_backend() in ("gpu", "cuda")
-    ):
-        swap = (lambda t: t) if three_d else (lambda t: jnp.swapaxes(t, 1, 2))
-        out = swap(jax.nn.dot_product_attention(
-            swap(q), swap(k), swap(v), scale=scale, is_causal=is_causal, implementation="cudnn"
-        ))
-        return jnp.reshape(out, (b, out.shape[1], -1)) if three_d else out
-    groups = q.shape[head] // k.shape[head]
-    if groups > 1:
-        k = jnp.repeat(k, groups, axis=head)
-        v = jnp.repeat(v, groups, axis=head)
-    lhs = "bqhd,bkhd->bhqk" if three_d else "bhqd,bhkd->bhqk"
-    scores = jnp.einsum(lhs, q, k) * jnp.asarray(scale, q.dtype)
-    lowest = jnp.finfo(scores.dtype).min
-    allowed = empty = None
-    if is_causal:
-        allowed = jnp.tril(jnp.ones((q.shape[seq], k.shape[seq]), dtype=bool))
-    if mask is not None and mask.dtype == bool:
-        allowed = mask if allowed is None else mask & allowed
-        empty = ~jnp.any(allowed, axis=-1, keepdims=True)
-    elif mask is not None:
-        scores = scores + jnp.maximum(mask, lowest)
-        dead = jnp.isneginf(mask) if allowed is None else jnp.isneginf(mask) | ~allowed
-        empty = jnp.all(dead, axis=-1, keepdims=True)
-    if allowed is not None:
-        scores = jnp.where(allowed, scores, lowest)
-    probs = jax.nn.softmax(scores, axis=-1)
-    if empty is not None:
-        probs = jnp.where(empty, 0, probs)
-    rhs = "bhqk,bkhd->bqhd" if three_d else "bhqk,bhkd->bhqd"
-    out = jnp.einsum(rhs, probs, v)
-    return jnp.reshape(out, (b, out.shape[1], -1)) if three_d else out
-''',
-    "attention_reference": '''
-def _attention_reference(
-    q, k, v, mask=None, is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0
-):
-    """ONNX Attention (opset 23) without past key/value: 4-D (B, H, S, D) or 3-D inputs."""
-    three_d = q.ndim == 3
-    if three_d:
-        b = q.shape[0]
-        q = jnp.transpose(jnp.reshape(q, (b, q.shape[1], q_num_heads, -1)), (0, 2, 1, 3))
-        k = jnp.transpose(jnp.reshape(k, (b, k.shape[1], kv_num_heads, -1)), (0, 2, 1, 3))
-        v = jnp.transpose(jnp.reshape(v, (b, v.shape[1], kv_num_heads, -1)), (0, 2, 1, 3))
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k = jnp.repeat(k, groups, axis=1)
-        v = jnp.repeat(v, groups, axis=1)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) * scale
-    if is_causal:
-        causal = jnp.tril(jnp.ones((q.shape[2], k.shape[2]), dtype=bool))
-        scores = jnp.where(causal, scores, -jnp.inf)
-    if mask is not None:
-        scores = jnp.where(mask, scores, -jnp.inf) if mask.dtype == bool else scores + mask
-    out = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
-    if three_d:
-        out = jnp.reshape(jnp.transpose(out, (0, 2, 1, 3)), (out.shape[0], out.shape[2], -1))
-    return out
-''',
-    "rnn_scan": """
-def _rnn_scan(step, xs, carry, lens, reverse):
-    \"\"\"Scan ``step(carry, x_t) -> (carry, y_t)`` over time (axis 0).
-
-    With ``lens`` each batch entry stops at its own length: its state is frozen and its
-    later outputs are zero; in reverse it starts from its own last step.
-    \"\"\"
-    if lens is None:
-        carry, ys = lax.scan(step, carry, xs, reverse=reverse)
-        return ys, carry
-    t = jnp.arange(xs.shape[0])[:, None]
-    valid = t < lens[None, :]
-    if reverse:
-        order = jnp.where(valid, lens[None, :] - 1 - t, t)
-        xs = jnp.take_along_axis(xs, order[:, :, None], axis=0)
-
-    def masked(carry, inp):
-        x_t, ok = inp
-        new, y = step(carry, x_t)
-        keep = ok[:, None]
-        new = jax.tree_util.tree_map(lambda n, o: jnp.where(keep, n, o), new, carry)
-        return new, jnp.where(keep, y, 0)
-
-    carry, ys = lax.scan(masked, carry, (xs, valid))
-    if reverse:
-        ys = jnp.take_along_axis(ys, order[:, :, None], axis=0)
-    return ys, carry
-""",
-    "rnn": """
-def _rnn(x, w, r, b, lens, h0, *, reverse, batch_first):
-    \"\"\"ONNX RNN (tanh): weights (directions, hidden, in); returns (Y, Y_h).\"\"\"
-    if batch_first:
-        x, h0 = jnp.swapaxes(x, 0, 1), None if h0 is None else jnp.swapaxes(h0, 0, 1)
-    ys, hs = [], []
-    for d in range(w.shape[0]):
-        xw = x @ w[d].T
-        if b is not None:
-            wb, rb = jnp.split(b[d], 2)
-            xw = xw + wb + rb
-        h = jnp.zeros((x.shape[1], r.shape[-1]), x.dtype) if h0 is None else h0[d]
-
-        def step(h, xw_t, r_d=r[d]):
-            h = jnp.tanh(xw_t + h @ r_d.T)
-            return h, h
-
-        y, h = _rnn_scan(step, xw, h, lens, reverse or d == 1)
-        ys.append(y)
-        hs.append(h)
-    y, h = jnp.stack(ys, 1), jnp.stack(hs)
-    if batch_first:
-        return jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(h, 0, 1)
-    return y, h
-""",
-    "gru": """
-def _gru(x, w, r, b, lens, h0, *, reverse, batch_first, linear_before_reset):
-    \"\"\"ONNX GRU, gates z, r, h: weights (directions, 3 * hidden, in); returns (Y, Y_h).\"\"\"
-    if batch_first:
-        x, h0 = jnp.swapaxes(x, 0, 1), None if h0 is None else jnp.swapaxes(h0, 0, 1)
-    hidden = r.shape[-1]
-    ys, hs = [], []
-    for d in range(w.shape[0]):
-        xw = x @ w[d].T
-        rb = jnp.zeros((3 * hidden,), x.dtype)
-        if b is not None:
-            wb, rb = jnp.split(b[d], 2)
-            xw = xw + wb
-        h = jnp.zeros((x.shape[1], hidden), x.dtype) if h0 is None else h0[d]
-
-        def step(h, xw_t, r_d=r[d], rb=rb):
-            xz, xr, xh = jnp.split(xw_t, 3, axis=-1)
-            rz, rr, rh = jnp.split(r_d, 3)
-            bz, br, bh = jnp.split(rb, 3)
-            z = jax.nn.sigmoid(xz + h @ rz.T + bz)
-            reset = jax.nn.sigmoid(xr + h @ rr.T + br)
-            if linear_before_reset:
-                n = jnp.tanh(xh + reset * (h @ rh.T + bh))
-            else:
-                n = jnp.tanh(xh + (reset * h) @ rh.T + bh)
-            h = (1 - z) * n + z * h
-            return h, h
-
-        y, h = _rnn_scan(step, xw, h, lens, reverse or d == 1)
-        ys.append(y)
-        hs.append(h)
-    y, h = jnp.stack(ys, 1), jnp.stack(hs)
-    if batch_first:
-        return jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(h, 0, 1)
-    return y, h
-""",
-    "lstm": """
-def _lstm(x, w, r, b, lens, h0, c0, p, *, reverse, batch_first):
-    \"\"\"ONNX LSTM, gates i, o, f, c: weights (directions, 4 * hidden, in); (Y, Y_h, Y_c).\"\"\"
-    if batch_first:
-        x = jnp.swapaxes(x, 0, 1)
-        h0 = None if h0 is None else jnp.swapaxes(h0, 0, 1)
-        c0 = None if c0 is None else jnp.swapaxes(c0, 0, 1)
-    hidden = r.shape[-1]
-    ys, hs, cs = [], [], []
-    for d in range(w.shape[0]):
-        xw = x @ w[d].T
-        if b is not None:
-            wb, rb = jnp.split(b[d], 2)
-            xw = xw + wb + rb
-        zeros = jnp.zeros((x.shape[1], hidden), x.dtype)
-        h = zeros if h0 is None else h0[d]
-        c = zeros if c0 is None else c0[d]
-        pi, po, pf = (0, 0, 0) if p is None else jnp.split(p[d], 3)
-
-        def step(carry, xw_t, r_d=r[d], pi=pi, po=po, pf=pf):
-            h, c = carry
-            i, o, f, g = jnp.split(xw_t + h @ r_d.T, 4, axis=-1)
-            i = jax.nn.sigmoid(i + pi * c)
-            f = jax.nn.sigmoid(f + pf * c)
-            c = f * c + i * jnp.tanh(g)
-            h = jax.nn.sigmoid(o + po * c) * jnp.tanh(c)
-            return (h, c), h
-
-        y, (h, c) = _rnn_scan(step, xw, (h, c), lens, reverse or d == 1)
-        ys.append(y)
-        hs.append(h)
-        cs.append(c)
-    y, h, c = jnp.stack(ys, 1), jnp.stack(hs), jnp.stack(cs)
-    if batch_first:
-        return jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(h, 0, 1), jnp.swapaxes(c, 0, 1)
-    return y, h, c
-""",
-}
+# Built-in helper functions register last (they import ``registry`` from this module).
+from xconv.converters.flax.source import helpers as _helpers  # noqa: E402, F401

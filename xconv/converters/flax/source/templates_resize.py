@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from xconv.converters.flax.source.templates import HELPERS, OpCall, template
+from xconv.converters.flax.source.templates import OpCall, registry, template
 
 _COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
 _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
-HELPERS["gather_nd"] = '''
+registry.helpers["gather_nd"] = '''
 def _gather_nd(data, indices, batch_dims):
     """ONNX GatherND: slices of ``data`` addressed by the index tuples in ``indices``."""
     b, k = batch_dims, indices.shape[-1]
@@ -32,7 +32,7 @@ def _gather_nd(data, indices, batch_dims):
     return jnp.reshape(out, data.shape[:b] + inner + data.shape[b + k :])
 '''
 
-HELPERS["resize"] = '''
+registry.helpers["resize"] = '''
 def _resize(x, sizes, scales, mode, coord, nearest_mode):
     """ONNX Resize (nearest or linear), axis by axis."""
     for axis, (out, scale) in enumerate(zip(sizes, scales, strict=True)):

@@ -27,7 +27,6 @@ import onnx_ir as ir
 from xconv.converters.codegen import (
     LayerBody,
     Namespace,
-    check_templates,
     layer_bodies,
     parse_attrs,
     scalar_literal,
@@ -35,7 +34,7 @@ from xconv.converters.codegen import (
 from xconv.converters.module_tree import LINE_LENGTH, inline_chains
 from xconv.converters.torch.source import tree as source_tree
 from xconv.converters.torch.source.fuse import fuse_activations
-from xconv.converters.torch.source.templates import TEMPLATES, OpCall, dtype_expr, tensor_literal
+from xconv.converters.torch.source.templates import OpCall, dtype_expr, registry, tensor_literal
 from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, ROLE, get_scope
 from xconv.ir.naming import split_path
@@ -238,6 +237,7 @@ def _kernel_to_torch(arr: np.ndarray, layout: str | None, target: str) -> np.nda
 class _Emitter:
     def __init__(self, model: ir.Model) -> None:
         self.graph = model.graph
+        self.opsets = model.opset_imports
         self.annotated = is_annotated(self.graph)
         self.plans = plan_layers(self.graph, self.annotated)
         self.ns = Namespace(_RESERVED)
@@ -260,12 +260,8 @@ class _Emitter:
     # ------------------------------------------------------------ checks
 
     def check_supported(self) -> None:
-        check_templates(
-            (n for n in self.graph if n not in self.plans),
-            TEMPLATES,
-            "torch source",
-            registry_module="xconv.converters.torch.source.templates.TEMPLATES",
-        )
+        nodes = (n for n in self.graph if n not in self.plans)
+        registry.check_nodes(nodes, self.opsets)
 
     # ------------------------------------------------------------ module tree
 
@@ -408,7 +404,7 @@ class _Emitter:
         self.env[p.outputs[0]] = out
 
     def emit_node(self, node: ir.Node) -> None:
-        tpl = TEMPLATES[node.op_type]
+        tpl = registry.find(node)
         attrs = parse_attrs(node, tpl.attrs, "PyTorch source")
         args: list[str | None] = []
         consts: list[np.ndarray | None] = [

@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 from xconv.converters import expressions as ex
 from xconv.converters.codegen import TemplateCall, int_tuple, scalar_literal
-from xconv.converters.registry import REQUIRED
+from xconv.converters.registry import REQUIRED, Handler, TemplateRegistry
 
 INT64_MAX = np.iinfo(np.int64).max
 
@@ -42,20 +42,25 @@ class OpCall(TemplateCall):
 
 
 @dataclass(frozen=True)
-class Template:
-    fn: Callable[[OpCall], str]
-    attrs: dict[str, Any]
+class Template(Handler):
+    """A registered template: ``fn(call) -> source expression``."""
+
     #: Constant inputs are written as bare scalars when 0-d (elementwise ops).
     bare: bool = False
 
 
-TEMPLATES: dict[str, Template] = {}
+#: The PyTorch source emitter's templates; users add or replace one with :func:`register`
+#: (``fn(call) -> source expression``, see :class:`OpCall`), which wins over the built-in.
+registry = TemplateRegistry(
+    "torch source", module="xconv.converters.torch.source.templates", handler_class=Template
+)
+register = registry.register
 
 
 def template(*ops: str, bare: bool = False, **attrs: Any):
     def deco(fn: Callable[[OpCall], str]) -> Callable[[OpCall], str]:
         for op in ops:
-            TEMPLATES[op] = Template(fn, dict(attrs), bare)
+            registry.builtin(op, attrs=attrs, bare=bare)(fn)
         return fn
 
     return deco
@@ -97,7 +102,7 @@ def _unary(fmt: str) -> Callable[[OpCall], str]:
 
 
 for _op, _fmt in _UNARY.items():
-    TEMPLATES[_op] = Template(_unary(_fmt), {})
+    registry.builtin(_op)(_unary(_fmt))
 
 
 @template("Dropout", seed=None, training_mode=None)
@@ -207,7 +212,7 @@ def _binary(fmt: str) -> Callable[[OpCall], str]:
 
 
 for _op, _fmt in _BINARY.items():
-    TEMPLATES[_op] = Template(_binary(_fmt), {}, bare=True)
+    registry.builtin(_op, bare=True)(_binary(_fmt))
 
 
 @template("Div", bare=True)
@@ -218,8 +223,8 @@ def _div(c: OpCall) -> str:
     return f"{c.args[0]} / {c.args[1]}"
 
 
-TEMPLATES["Mod"] = Template(lambda c: ex.mod_expr(c, "torch"), {"fmod": 0}, bare=True)
-TEMPLATES["Where"] = Template(lambda c: ex.where_expr(c, "torch"), {})
+registry.builtin("Mod", attrs={"fmod": 0}, bare=True)(lambda c: ex.mod_expr(c, "torch"))
+registry.builtin("Where")(lambda c: ex.where_expr(c, "torch"))
 
 
 @template("PRelu")
@@ -243,17 +248,17 @@ def _max(c: OpCall) -> str:
     return _variadic("torch.maximum")(c)
 
 
-TEMPLATES["Max"] = Template(_max, {})
-TEMPLATES["Min"] = Template(_variadic("torch.minimum"), {})
+registry.builtin("Max")(_max)
+registry.builtin("Min")(_variadic("torch.minimum"))
 
 
-TEMPLATES["Sum"] = Template(ex.sum_expr, {})
-TEMPLATES["Mean"] = Template(ex.mean_expr, {})
+registry.builtin("Sum")(ex.sum_expr)
+registry.builtin("Mean")(ex.mean_expr)
 
 
 # ---------------------------------------------------------------- linear algebra
 
-TEMPLATES["MatMul"] = Template(ex.matmul_expr, {})
+registry.builtin("MatMul")(ex.matmul_expr)
 
 
 @template("Gemm", **ex.GEMM_ATTRS)
@@ -480,7 +485,7 @@ def _reduce(fmt: str) -> Callable[[OpCall], str]:
 
 
 for _op, _fmt in _REDUCE.items():
-    TEMPLATES[_op] = Template(_reduce(_fmt), {"keepdims": 1, "noop_with_empty_axes": 0})
+    registry.builtin(_op, attrs={"keepdims": 1, "noop_with_empty_axes": 0})(_reduce(_fmt))
 
 
 @template("ArgMax", "ArgMin", axis=0, keepdims=1, select_last_index=0)

@@ -1,0 +1,269 @@
+"""Helper functions the Flax emitter's templates may call, written once into the module.
+
+A template that needs one adds its name to ``call.helpers``; the emitter writes the source of
+each helper used (``registry.helpers``) once, after the imports.
+"""
+
+from __future__ import annotations
+
+from xconv.converters.flax.source.templates import registry
+
+_BUILTIN: dict[str, str] = {
+    # torch updates running_var with the unbiased batch variance (n / (n - 1)), Flax's
+    # BatchNorm with the biased one; a torch source's BatchNorm keeps torch's statistics.
+    "torch_batch_norm_linen": '''
+def _torch_batch_norm(bn, x, train):
+    """Flax BatchNorm with torch's running-variance update (unbiased batch variance)."""
+    y = bn(x, use_running_average=not train)
+    if train and not bn.is_initializing():
+        n = x.size // x.shape[-1]
+        batch_var = jnp.var(x, axis=tuple(range(x.ndim - 1)))
+        var = bn.get_variable("batch_stats", "var")
+        bn.put_variable("batch_stats", "var", var + (1.0 - bn.momentum) * batch_var / (n - 1))
+    return y
+''',
+    "torch_batch_norm_nnx": '''
+def _torch_batch_norm(bn, x, train):
+    """Flax BatchNorm with torch's running-variance update (unbiased batch variance)."""
+    y = bn(x, use_running_average=not train)
+    if train:
+        n = x.size // x.shape[-1]
+        batch_var = jnp.var(x, axis=tuple(range(x.ndim - 1)))
+        bn.var.value = bn.var.value + (1.0 - bn.momentum) * batch_var / (n - 1)
+    return y
+''',
+    "reshape": '''
+def _reshape(x, shape):
+    """ONNX Reshape: 0 copies the input dimension, -1 is inferred."""
+    dims = [x.shape[i] if int(d) == 0 else int(d) for i, d in enumerate(shape)]
+    return jnp.reshape(x, dims)
+''',
+    "layer_norm": """
+def _layer_norm(x, scale, bias, axis, epsilon):
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    y = (x - mean) * lax.rsqrt(var + epsilon) * scale
+    return y if bias is None else y + bias
+""",
+    "rms_norm": """
+def _rms_norm(x, scale, axis, epsilon):
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    return x * lax.rsqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True) + epsilon) * scale
+""",
+    "group_norm": """
+def _group_norm(x, scale, bias, num_groups, epsilon):
+    n, c = x.shape[:2]
+    g = jnp.reshape(x, (n, num_groups, -1))
+    mean = jnp.mean(g, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(g - mean), axis=-1, keepdims=True)
+    y = jnp.reshape((g - mean) * lax.rsqrt(var + epsilon), x.shape)
+    bshape = (1, c) + (1,) * (x.ndim - 2)
+    return y * jnp.reshape(scale, bshape) + jnp.reshape(bias, bshape)
+""",
+    "attention": '''
+def _attention(q, k, v, mask=None, is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0):
+    """ONNX Attention (opset 23) without past key/value: 4-D (B, H, S, D) or 3-D (B, S, H*D)
+    inputs, computed in their own layout (head- or sequence-major, no transposes); cuDNN's
+    fused kernel on a GPU for float16/bfloat16 without a mask. A query row nothing may attend
+    gives zeros."""
+    three_d = q.ndim == 3
+    if three_d:
+        b = q.shape[0]
+        q = jnp.reshape(q, (b, q.shape[1], q_num_heads, -1))
+        k = jnp.reshape(k, (b, k.shape[1], kv_num_heads, -1))
+        v = jnp.reshape(v, (b, v.shape[1], kv_num_heads, -1))
+    head, seq = (2, 1) if three_d else (1, 2)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if (
+        mask is None
+        and q.dtype in (jnp.float16, jnp.bfloat16)
+        and jax.default_backend() in ("gpu", "cuda")
+    ):
+        swap = (lambda t: t) if three_d else (lambda t: jnp.swapaxes(t, 1, 2))
+        out = swap(jax.nn.dot_product_attention(
+            swap(q), swap(k), swap(v), scale=scale, is_causal=is_causal, implementation="cudnn"
+        ))
+        return jnp.reshape(out, (b, out.shape[1], -1)) if three_d else out
+    groups = q.shape[head] // k.shape[head]
+    if groups > 1:
+        k = jnp.repeat(k, groups, axis=head)
+        v = jnp.repeat(v, groups, axis=head)
+    lhs = "bqhd,bkhd->bhqk" if three_d else "bhqd,bhkd->bhqk"
+    scores = jnp.einsum(lhs, q, k) * jnp.asarray(scale, q.dtype)
+    lowest = jnp.finfo(scores.dtype).min
+    allowed = empty = None
+    if is_causal:
+        allowed = jnp.tril(jnp.ones((q.shape[seq], k.shape[seq]), dtype=bool))
+    if mask is not None and mask.dtype == bool:
+        allowed = mask if allowed is None else mask & allowed
+        empty = ~jnp.any(allowed, axis=-1, keepdims=True)
+    elif mask is not None:
+        scores = scores + jnp.maximum(mask, lowest)
+        dead = jnp.isneginf(mask) if allowed is None else jnp.isneginf(mask) | ~allowed
+        empty = jnp.all(dead, axis=-1, keepdims=True)
+    if allowed is not None:
+        scores = jnp.where(allowed, scores, lowest)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if empty is not None:
+        probs = jnp.where(empty, 0, probs)
+    rhs = "bhqk,bkhd->bqhd" if three_d else "bhqk,bhkd->bhqd"
+    out = jnp.einsum(rhs, probs, v)
+    return jnp.reshape(out, (b, out.shape[1], -1)) if three_d else out
+''',
+    "attention_reference": '''
+def _attention_reference(
+    q, k, v, mask=None, is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0
+):
+    """ONNX Attention (opset 23) without past key/value: 4-D (B, H, S, D) or 3-D inputs."""
+    three_d = q.ndim == 3
+    if three_d:
+        b = q.shape[0]
+        q = jnp.transpose(jnp.reshape(q, (b, q.shape[1], q_num_heads, -1)), (0, 2, 1, 3))
+        k = jnp.transpose(jnp.reshape(k, (b, k.shape[1], kv_num_heads, -1)), (0, 2, 1, 3))
+        v = jnp.transpose(jnp.reshape(v, (b, v.shape[1], kv_num_heads, -1)), (0, 2, 1, 3))
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = jnp.repeat(k, groups, axis=1)
+        v = jnp.repeat(v, groups, axis=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if is_causal:
+        causal = jnp.tril(jnp.ones((q.shape[2], k.shape[2]), dtype=bool))
+        scores = jnp.where(causal, scores, -jnp.inf)
+    if mask is not None:
+        scores = jnp.where(mask, scores, -jnp.inf) if mask.dtype == bool else scores + mask
+    out = jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+    if three_d:
+        out = jnp.reshape(jnp.transpose(out, (0, 2, 1, 3)), (out.shape[0], out.shape[2], -1))
+    return out
+''',
+    "rnn_scan": """
+def _rnn_scan(step, xs, carry, lens, reverse):
+    \"\"\"Scan ``step(carry, x_t) -> (carry, y_t)`` over time (axis 0).
+
+    With ``lens`` each batch entry stops at its own length: its state is frozen and its
+    later outputs are zero; in reverse it starts from its own last step.
+    \"\"\"
+    if lens is None:
+        carry, ys = lax.scan(step, carry, xs, reverse=reverse)
+        return ys, carry
+    t = jnp.arange(xs.shape[0])[:, None]
+    valid = t < lens[None, :]
+    if reverse:
+        order = jnp.where(valid, lens[None, :] - 1 - t, t)
+        xs = jnp.take_along_axis(xs, order[:, :, None], axis=0)
+
+    def masked(carry, inp):
+        x_t, ok = inp
+        new, y = step(carry, x_t)
+        keep = ok[:, None]
+        new = jax.tree_util.tree_map(lambda n, o: jnp.where(keep, n, o), new, carry)
+        return new, jnp.where(keep, y, 0)
+
+    carry, ys = lax.scan(masked, carry, (xs, valid))
+    if reverse:
+        ys = jnp.take_along_axis(ys, order[:, :, None], axis=0)
+    return ys, carry
+""",
+    "rnn": """
+def _rnn(x, w, r, b, lens, h0, *, reverse, batch_first):
+    \"\"\"ONNX RNN (tanh): weights (directions, hidden, in); returns (Y, Y_h).\"\"\"
+    if batch_first:
+        x, h0 = jnp.swapaxes(x, 0, 1), None if h0 is None else jnp.swapaxes(h0, 0, 1)
+    ys, hs = [], []
+    for d in range(w.shape[0]):
+        xw = x @ w[d].T
+        if b is not None:
+            wb, rb = jnp.split(b[d], 2)
+            xw = xw + wb + rb
+        h = jnp.zeros((x.shape[1], r.shape[-1]), x.dtype) if h0 is None else h0[d]
+
+        def step(h, xw_t, r_d=r[d]):
+            h = jnp.tanh(xw_t + h @ r_d.T)
+            return h, h
+
+        y, h = _rnn_scan(step, xw, h, lens, reverse or d == 1)
+        ys.append(y)
+        hs.append(h)
+    y, h = jnp.stack(ys, 1), jnp.stack(hs)
+    if batch_first:
+        return jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(h, 0, 1)
+    return y, h
+""",
+    "gru": """
+def _gru(x, w, r, b, lens, h0, *, reverse, batch_first, linear_before_reset):
+    \"\"\"ONNX GRU, gates z, r, h: weights (directions, 3 * hidden, in); returns (Y, Y_h).\"\"\"
+    if batch_first:
+        x, h0 = jnp.swapaxes(x, 0, 1), None if h0 is None else jnp.swapaxes(h0, 0, 1)
+    hidden = r.shape[-1]
+    ys, hs = [], []
+    for d in range(w.shape[0]):
+        xw = x @ w[d].T
+        rb = jnp.zeros((3 * hidden,), x.dtype)
+        if b is not None:
+            wb, rb = jnp.split(b[d], 2)
+            xw = xw + wb
+        h = jnp.zeros((x.shape[1], hidden), x.dtype) if h0 is None else h0[d]
+
+        def step(h, xw_t, r_d=r[d], rb=rb):
+            xz, xr, xh = jnp.split(xw_t, 3, axis=-1)
+            rz, rr, rh = jnp.split(r_d, 3)
+            bz, br, bh = jnp.split(rb, 3)
+            z = jax.nn.sigmoid(xz + h @ rz.T + bz)
+            reset = jax.nn.sigmoid(xr + h @ rr.T + br)
+            if linear_before_reset:
+                n = jnp.tanh(xh + reset * (h @ rh.T + bh))
+            else:
+                n = jnp.tanh(xh + (reset * h) @ rh.T + bh)
+            h = (1 - z) * n + z * h
+            return h, h
+
+        y, h = _rnn_scan(step, xw, h, lens, reverse or d == 1)
+        ys.append(y)
+        hs.append(h)
+    y, h = jnp.stack(ys, 1), jnp.stack(hs)
+    if batch_first:
+        return jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(h, 0, 1)
+    return y, h
+""",
+    "lstm": """
+def _lstm(x, w, r, b, lens, h0, c0, p, *, reverse, batch_first):
+    \"\"\"ONNX LSTM, gates i, o, f, c: weights (directions, 4 * hidden, in); (Y, Y_h, Y_c).\"\"\"
+    if batch_first:
+        x = jnp.swapaxes(x, 0, 1)
+        h0 = None if h0 is None else jnp.swapaxes(h0, 0, 1)
+        c0 = None if c0 is None else jnp.swapaxes(c0, 0, 1)
+    hidden = r.shape[-1]
+    ys, hs, cs = [], [], []
+    for d in range(w.shape[0]):
+        xw = x @ w[d].T
+        if b is not None:
+            wb, rb = jnp.split(b[d], 2)
+            xw = xw + wb + rb
+        zeros = jnp.zeros((x.shape[1], hidden), x.dtype)
+        h = zeros if h0 is None else h0[d]
+        c = zeros if c0 is None else c0[d]
+        pi, po, pf = (0, 0, 0) if p is None else jnp.split(p[d], 3)
+
+        def step(carry, xw_t, r_d=r[d], pi=pi, po=po, pf=pf):
+            h, c = carry
+            i, o, f, g = jnp.split(xw_t + h @ r_d.T, 4, axis=-1)
+            i = jax.nn.sigmoid(i + pi * c)
+            f = jax.nn.sigmoid(f + pf * c)
+            c = f * c + i * jnp.tanh(g)
+            h = jax.nn.sigmoid(o + po * c) * jnp.tanh(c)
+            return (h, c), h
+
+        y, (h, c) = _rnn_scan(step, xw, (h, c), lens, reverse or d == 1)
+        ys.append(y)
+        hs.append(h)
+        cs.append(c)
+    y, h, c = jnp.stack(ys, 1), jnp.stack(hs), jnp.stack(cs)
+    if batch_first:
+        return jnp.transpose(y, (2, 0, 1, 3)), jnp.swapaxes(h, 0, 1), jnp.swapaxes(c, 0, 1)
+    return y, h, c
+""",
+}
+
+registry.helpers.update(_BUILTIN)
