@@ -147,14 +147,26 @@ def _print_summary(s, top: int = 0, title: str = "") -> None:
     for scope, n in s.params_by_scope:
         params.add_row(scope, f"{n:,}")
     console.print(params)
-    for backend, missing in s.missing_by_backend.items():
-        if missing is None:
-            console.print(f"backend {backend}: not importable")
-        elif not missing:
-            console.print(f"backend {backend}: [green]all ops supported[/]")
-        else:
-            names = ", ".join(f"{m.qualified_name} x{m.count}" for m in missing)
-            console.print(f"backend {backend}: [yellow]lacks[/] {names}")
+    # Per target, every registry the command uses (its runtime and its source templates).
+    for target, registries in s.coverage_by_target.items():
+        _print_target(console, target, registries)
+
+
+def _print_target(console, target: str, registries: dict) -> None:
+    """One line per conversion target: covered only when every registry it uses covers."""
+    labels = ", ".join(registries)
+    if any(missing is None for missing in registries.values()):
+        absent = ", ".join(label for label, m in registries.items() if m is None)
+        console.print(f"target {target}: not installed ({absent})")
+    elif not any(registries.values()):
+        console.print(f"target {target}: [green]all ops supported[/] ({labels})")
+    else:
+        parts = [
+            f"{label} lacks " + ", ".join(f"{m.qualified_name} x{m.count}" for m in missing)
+            for label, missing in registries.items()
+            if missing
+        ]
+        console.print(f"target {target}: [yellow]not covered[/]: " + "; ".join(parts))
 
 
 @main.group()

@@ -23,6 +23,8 @@ class ModelSummary:
     params_by_scope: list[tuple[str, int]]
     total_params: int
     missing_by_backend: dict[str, list[MissingOp] | None] = field(default_factory=dict)
+    #: target -> registry label -> ops it lacks (None: its framework is not installed).
+    coverage_by_target: dict[str, dict[str, list[MissingOp] | None]] = field(default_factory=dict)
 
 
 def _shape(v: ir.Value) -> str:
@@ -35,6 +37,31 @@ def _dtype(v: ir.Value) -> str:
     return v.dtype.name.lower() if v.dtype is not None else "?"
 
 
+#: The registries each conversion target uses, as (label, framework, registry module): a
+#: target is covered when every one of them covers the model. The source targets run the
+#: IR runtime of their framework too (the parity check against ``to_jax`` / ``to_torch``).
+TARGET_REGISTRIES: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "jax": (("jax runtime", "jax", "xconv.converters.jax.registry"),),
+    "flax": (
+        ("jax runtime", "jax", "xconv.converters.jax.registry"),
+        ("flax source templates", "flax", "xconv.converters.flax.source.templates"),
+    ),
+    "torch": (
+        ("torch runtime", "torch", "xconv.converters.torch.runtime.registry"),
+        ("torch source templates", "torch", "xconv.converters.torch.source.templates"),
+    ),
+}
+
+#: Registries of source templates: they see the top-level graph, Constant nodes excluded.
+_TEMPLATE_MODULES = ("xconv.converters.flax.source.", "xconv.converters.torch.source.")
+
+#: Modules that must be imported first so a template registry is complete (they register).
+_TEMPLATE_IMPORTS = {
+    "xconv.converters.flax.source.templates": "xconv.converters.flax.source.emitter",
+    "xconv.converters.torch.source.templates": "xconv.converters.torch.source.emitter",
+}
+
+
 def available_backends() -> dict[str, str]:
     """Backends whose framework is installed: name -> registry module."""
     out = {}
@@ -44,6 +71,35 @@ def available_backends() -> dict[str, str]:
         "xconv.converters.torch.runtime.registry"
     ):
         out["torch"] = "xconv.converters.torch.runtime.registry"
+    return out
+
+
+def registry_missing(model: ir.Model, module: str) -> list[MissingOp]:
+    """The ops of ``model`` the registry of ``module`` lacks (raises ImportError when its
+    framework is not installed)."""
+    importlib.import_module(_TEMPLATE_IMPORTS.get(module, module.rsplit(".", 1)[0]))
+    registry = importlib.import_module(module).registry
+    if module.startswith(_TEMPLATE_MODULES):
+        nodes = (
+            n for n in model.graph if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))
+        )
+        return registry.missing_in(nodes, model.opset_imports)
+    return registry.missing_ops(model.graph, model.opset_imports)
+
+
+def target_coverage(model: ir.Model) -> dict[str, dict[str, list[MissingOp] | None]]:
+    """For each target, each registry it uses: the ops it lacks (None: not installed)."""
+    out: dict[str, dict[str, list[MissingOp] | None]] = {}
+    for target, registries in TARGET_REGISTRIES.items():
+        out[target] = {}
+        for label, framework, module in registries:
+            if importlib.util.find_spec(framework) is None:
+                out[target][label] = None
+                continue
+            try:
+                out[target][label] = registry_missing(model, module)
+            except ImportError:
+                out[target][label] = None
     return out
 
 
@@ -73,10 +129,8 @@ def summarize(model: ir.Model, *, backends: bool = True) -> ModelSummary:
     if backends:
         for name, module in available_backends().items():
             try:
-                # Importing the backend package registers its handlers.
-                importlib.import_module(module.rsplit(".", 1)[0])
-                registry = importlib.import_module(module).registry
-                summary.missing_by_backend[name] = registry.missing_ops(graph, model.opset_imports)
+                summary.missing_by_backend[name] = registry_missing(model, module)
             except ImportError:
                 summary.missing_by_backend[name] = None
+        summary.coverage_by_target.update(target_coverage(model))
     return summary
