@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("jax")
 
-from xconv.converters.flax.source.templates import _causal_mask, closed_form  # noqa: E402
+from xconv.converters.flax.source.templates import closed_form  # noqa: E402
+from xconv.converters.flax.source.templates_nn import _causal_mask  # noqa: E402
 from xconv.converters.module_tree import fold_reshapes, inline_chains, wrap_line  # noqa: E402
 
 

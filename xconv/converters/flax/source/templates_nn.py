@@ -1,0 +1,321 @@
+"""Flax source templates for the layers' ops: convolution and pooling, normalisation,
+softmax and attention, recurrent layers (RNN / GRU / LSTM). Importing this module registers
+them in ``templates.registry``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xconv.converters import expressions as ex
+from xconv.converters.codegen import scalar_literal
+from xconv.converters.flax.source.templates import (
+    OpCall,
+    registry,
+    template,
+)
+from xconv.converters.ops import formulation
+from xconv.converters.ops.rnn import COMMON_ATTRS
+from xconv.converters.registry import REQUIRED
+
+# ---------------------------------------------------------------- convolution and pooling
+
+
+def _spatial_pads(c: OpCall, n: int) -> list[tuple[int, int]]:
+    if c.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise c.fail(f"auto_pad={c.attrs['auto_pad']!r}; the importer should make pads explicit")
+    pads = c.attrs.get("pads") or (0,) * (2 * n)
+    return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
+
+
+@template("Conv", **ex.CONV_ATTRS)
+def _conv(c: OpCall) -> str:
+    w_shape = c.shapes[1]
+    n = len(w_shape) - 2 if w_shape is not None else len(c.attrs["kernel_shape"])
+    strides = tuple(c.attrs["strides"] or (1,) * n)
+    dil = tuple(c.attrs["dilations"] or (1,) * n)
+    spatial = "DHW"[-n:] if n <= 3 else None
+    if spatial is None:
+        raise c.fail("Conv with more than 3 spatial dims")
+    dn = (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
+    out = (
+        f"lax.conv_general_dilated({c.args[0]}, {c.args[1]}, window_strides={strides}, "
+        f"padding={_spatial_pads(c, n)}, rhs_dilation={dil}, dimension_numbers={dn}, "
+        f"feature_group_count={c.attrs['group']})"
+    )
+    bias = c.consts[2] if len(c.consts) > 2 else None
+    if c.has(2) and not (bias is not None and not bias.any()):  # exporters add zero biases
+        out += f" + {c.args[2]}.reshape({_channel_shape(n)})"
+    return out
+
+
+def _channel_shape(n: int) -> str:
+    """``(-1, 1, 1)``: a per-channel vector broadcast over ``n`` spatial dims."""
+    return "(" + ", ".join(["-1"] + ["1"] * n) + ("," if n == 0 else "") + ")"
+
+
+@template("ConvTranspose", **ex.CONV_TRANSPOSE_ATTRS)
+def _conv_transpose(c: OpCall) -> str:
+    w_shape = c.shapes[1]
+    if w_shape is None:
+        raise c.fail("ConvTranspose with a kernel of unknown shape")
+    n = len(w_shape) - 2
+    if c.attrs["group"] != 1 or c.attrs["output_shape"] is not None or n > 3:
+        raise c.fail("grouped ConvTranspose or output_shape; supported: group=1, explicit pads")
+    k = [int(d) for d in w_shape[2:]]
+    strides = tuple(c.attrs["strides"] or (1,) * n)
+    dil = tuple(c.attrs["dilations"] or (1,) * n)
+    opad = c.attrs["output_padding"] or (0,) * n
+    pads = _spatial_pads(c, n)
+    # The gradient of a convolution: dilate the input by the strides, convolve with the
+    # spatially flipped kernel whose in/out channels are swapped.
+    padding = [
+        (dil[i] * (k[i] - 1) - pads[i][0], dil[i] * (k[i] - 1) - pads[i][1] + int(opad[i]))
+        for i in range(n)
+    ]
+    spatial = "DHW"[-n:]
+    dn = (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
+    flip = ", ".join([":", ":"] + ["::-1"] * n)
+    w = f"jnp.swapaxes({c.args[1]}, 0, 1)[{flip}]"
+    out = (
+        f"lax.conv_general_dilated({c.args[0]}, {w}, window_strides={(1,) * n}, "
+        f"padding={padding}, lhs_dilation={strides}, rhs_dilation={dil}, dimension_numbers={dn})"
+    )
+    if c.has(2):
+        out += f" + {c.args[2]}.reshape({_channel_shape(n)})"
+    return out
+
+
+def _pool_pads(c: OpCall, n: int, kernel, strides) -> list[tuple[int, int]]:
+    pads = _spatial_pads(c, n)
+    if c.attrs.get("ceil_mode"):
+        shape = c.shapes[0]
+        if shape is None or any(d is None for d in shape[2:]):
+            raise c.fail("ceil_mode=1 needs static spatial dims")
+        for i in range(n):
+            size = shape[2 + i] + pads[i][0] + pads[i][1]
+            k = (kernel[i] - 1) * (c.attrs.get("dilations") or (1,) * n)[i] + 1
+            out_ceil = -(-(size - k) // strides[i]) + 1
+            if (out_ceil - 1) * strides[i] >= shape[2 + i] + pads[i][0]:
+                out_ceil -= 1
+            extra = max((out_ceil - 1) * strides[i] + k - size, 0)
+            pads[i] = (pads[i][0], pads[i][1] + extra)
+    return pads
+
+
+@template("MaxPool", layout="channels_last", **ex.MAX_POOL_ATTRS)
+def _max_pool(c: OpCall) -> str:
+    if len(c.node.outputs) > 1 and c.node.outputs[1].uses():
+        raise c.fail("MaxPool indices output")
+    k = tuple(c.attrs["kernel_shape"])
+    n = len(k)
+    if any(d != 1 for d in (c.attrs["dilations"] or ())):
+        raise c.fail("dilated MaxPool")
+    s = tuple(c.attrs["strides"] or (1,) * n)
+    pads = _pool_pads(c, n, k, s)
+    return f"nn.max_pool({c.args[0]}, {_pool_args(k, s, pads)})"
+
+
+def _pool_args(k, s, pads, include: bool = True) -> str:
+    """``window_shape=...`` and the strides / padding / count_include_pad that differ from
+    Flax's defaults (strides 1, ``"VALID"``, ``count_include_pad=True``)."""
+    out = [f"window_shape={k}"]
+    if any(v != 1 for v in s):
+        out.append(f"strides={s}")
+    if any(p != (0, 0) for p in pads):
+        out.append(f"padding={tuple(tuple(p) for p in pads)}")
+        if not include:
+            out.append("count_include_pad=False")
+    return ", ".join(out)
+
+
+@template("AveragePool", layout="channels_last", **ex.AVERAGE_POOL_ATTRS)
+def _avg_pool(c: OpCall) -> str:
+    k = tuple(c.attrs["kernel_shape"])
+    n = len(k)
+    if any(d != 1 for d in (c.attrs["dilations"] or ())):
+        raise c.fail("dilated AveragePool")
+    s = tuple(c.attrs["strides"] or (1,) * n)
+    pads = _pool_pads(c, n, k, s)
+    include = bool(c.attrs["count_include_pad"])
+    if c.attrs["ceil_mode"] and include:
+        raise c.fail("ceil_mode=1 with count_include_pad=1")
+    return f"nn.avg_pool({c.args[0]}, {_pool_args(k, s, pads, include)})"
+
+
+@template("GlobalAveragePool", layout="channels_last")
+def _global_avg_pool(c: OpCall) -> str:
+    n = c.need_rank() - 2
+    return f"jnp.mean({c.args[0]}, axis={tuple(range(1, n + 1))}, keepdims=True)"
+
+
+@template("GlobalMaxPool", layout="channels_last")
+def _global_max_pool(c: OpCall) -> str:
+    n = c.need_rank() - 2
+    return f"jnp.max({c.args[0]}, axis={tuple(range(1, n + 1))}, keepdims=True)"
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+@template("BatchNormalization", epsilon=1e-5, momentum=0.9, training_mode=0)
+def _batch_norm(c: OpCall) -> str:
+    if c.attrs["training_mode"]:
+        raise c.fail("training_mode=1 outside a recognised batch_norm layer")
+    x, scale, bias, mean, var = c.args[:5]
+    r = c.rank()
+    shape = _channel_shape(r - 2) if r is not None else f"(-1,) + (1,) * ({x}.ndim - 2)"
+    eps = scalar_literal(c.attrs["epsilon"])
+    return (
+        f"({x} - {mean}.reshape({shape})) * lax.rsqrt({var}.reshape({shape}) + {eps}) "
+        f"* {scale}.reshape({shape}) + {bias}.reshape({shape})"
+    )
+
+
+@template("LayerNormalization", axis=-1, epsilon=1e-5, stash_type=1)
+def _layer_norm(c: OpCall) -> str:
+    if len(c.node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in c.node.outputs[1:]):
+        raise c.fail("LayerNormalization mean / inv_std_dev outputs")
+    c.helpers.add("layer_norm")
+    bias = c.args[2] if c.has(2) else "None"
+    return (
+        f"_layer_norm({c.args[0]}, {c.args[1]}, {bias}, axis={c.attrs['axis']}, "
+        f"epsilon={scalar_literal(c.attrs['epsilon'])})"
+    )
+
+
+@template("RMSNormalization", axis=-1, epsilon=1e-5, stash_type=1)
+def _rms_norm(c: OpCall) -> str:
+    c.helpers.add("rms_norm")
+    return (
+        f"_rms_norm({c.args[0]}, {c.args[1]}, axis={c.attrs['axis']}, "
+        f"epsilon={scalar_literal(c.attrs['epsilon'])})"
+    )
+
+
+@template("GroupNormalization", epsilon=1e-5, num_groups=REQUIRED, stash_type=1)
+def _group_norm(c: OpCall) -> str:
+    c.helpers.add("group_norm")
+    return (
+        f"_group_norm({c.args[0]}, {c.args[1]}, {c.args[2]}, "
+        f"num_groups={c.attrs['num_groups']}, epsilon={scalar_literal(c.attrs['epsilon'])})"
+    )
+
+
+@template("Softmax", layout="axis", axis=-1)
+def _softmax(c: OpCall) -> str:
+    return f"jax.nn.softmax({c.args[0]}, axis={c.axis(c.attrs['axis'])})"
+
+
+@template("LogSoftmax", layout="axis", axis=-1)
+def _log_softmax(c: OpCall) -> str:
+    return f"jax.nn.log_softmax({c.args[0]}, axis={c.axis(c.attrs['axis'])})"
+
+
+def _causal_mask(mask: np.ndarray | None) -> bool:
+    """A constant mask that allows exactly what ``is_causal`` allows: a square lower triangle
+    (bool, or additive 0 / -inf), the same for every batch and head."""
+    if mask is None or mask.ndim < 2 or mask.shape[-1] != mask.shape[-2]:
+        return False
+    n = mask.shape[-1]
+    tril = np.broadcast_to(np.tril(np.ones((n, n), dtype=bool)), mask.shape)
+    if mask.dtype == np.bool_:
+        return bool(np.array_equal(mask, tril))
+    if mask.dtype.kind != "f":
+        return False
+    return bool(np.all(np.where(tril, mask == 0, np.isneginf(mask))))
+
+
+@template(
+    "Attention",
+    is_causal=0,
+    kv_num_heads=0,
+    q_num_heads=0,
+    qk_matmul_output_mode=0,
+    scale=None,
+    softcap=0.0,
+    softmax_precision=None,
+)
+def _attention(c: OpCall) -> str:
+    if len(c.args) > 4 and any(c.has(i) for i in range(4, len(c.args))):
+        raise c.fail("Attention with past key/value inputs")
+    if any(o.uses() or o.is_graph_output() for o in c.node.outputs[1:]):
+        raise c.fail("Attention present key/value or qk outputs")
+    if c.attrs["qk_matmul_output_mode"] or c.attrs["softcap"]:
+        raise c.fail("Attention qk_matmul_output_mode / softcap")
+    # "reference" (xconv.converters.ops.formulation) writes the older einsum-softmax helper.
+    name = "attention" if formulation.get("attention") == "auto" else "attention_reference"
+    c.helpers.add(name)
+    mask = c.args[3] if c.has(3) else "None"
+    causal = bool(c.attrs["is_causal"])
+    if c.has(3) and _causal_mask(c.consts[3]):
+        mask, causal = "None", True  # the mask a causal model builds: is_causal says it
+    # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
+    args = [c.args[0], c.args[1], c.args[2]] + ([mask] if mask != "None" else [])
+    if causal:
+        args.append("is_causal=True")
+    if c.attrs["scale"] is not None:
+        args.append(f"scale={scalar_literal(c.attrs['scale'])}")
+    for key in ("q_num_heads", "kv_num_heads"):
+        if c.attrs[key]:
+            args.append(f"{key}={c.attrs[key]}")
+    return f"_{name}({', '.join(args)})"
+
+
+# ---------------------------------------------------------------- recurrent layers
+
+_RNN_ATTRS = COMMON_ATTRS
+
+#: op -> (default activations, number of outputs of the helper)
+_RNN_DEFAULTS = {
+    "RNN": (("Tanh",), 2),
+    "GRU": (("Sigmoid", "Tanh"), 2),
+    "LSTM": (("Sigmoid", "Tanh", "Tanh"), 3),
+}
+
+
+def _zero_or_none(c: OpCall, i: int) -> str:
+    """The argument expression, or ``None`` when absent or a constant zero (initial states)."""
+    if not c.has(i):
+        return "None"
+    const = c.consts[i]
+    return "None" if const is not None and not np.asarray(const).any() else c.args[i]
+
+
+def _recurrent(c: OpCall) -> str:
+    """ONNX RNN / GRU / LSTM as a call of the generated ``_rnn`` / ``_gru`` / ``_lstm``."""
+    op = c.node.op_type
+    defaults, n_out = _RNN_DEFAULTS[op]
+    acts = c.attrs["activations"]
+    if acts is not None and [a.lower() for a in acts] not in (
+        [a.lower() for a in defaults],
+        [a.lower() for a in defaults * 2],
+    ):
+        raise c.fail(f"activations={list(acts)}; the Flax emitter writes {list(defaults)}")
+    if c.attrs["clip"] is not None:
+        raise c.fail("clip; the Flax emitter writes unclipped cells")
+    direction = c.attrs["direction"]
+    if direction not in ("forward", "reverse", "bidirectional"):
+        raise c.fail(f"direction={direction!r}; supported: forward, reverse, bidirectional")
+    if op == "LSTM" and c.attrs["input_forget"]:
+        raise c.fail("input_forget=1")
+    if c.attrs["layout"] not in (0, 1):
+        raise c.fail(f"layout={c.attrs['layout']}; supported: 0, 1")
+    b = c.args[3] if c.has(3) else "None"
+    lens = c.args[4] if c.has(4) else "None"
+    args = [c.args[0], c.args[1], c.args[2], b, lens, _zero_or_none(c, 5)]
+    if op == "LSTM":
+        args += [_zero_or_none(c, 6), c.args[7] if c.has(7) else "None"]
+    kw = f"reverse={direction == 'reverse'}, batch_first={bool(c.attrs['layout'])}"
+    if op == "GRU":
+        kw += f", linear_before_reset={bool(c.attrs['linear_before_reset'])}"
+    name = op.lower()
+    c.helpers |= {name, "rnn_scan"}
+    call = f"_{name}({', '.join(args)}, {kw})"
+    n = len(c.node.outputs)
+    return f"{call}[0]" if n == 1 else call if n == n_out else f"{call}[:{n}]"
+
+
+registry.builtin("RNN", attrs=_RNN_ATTRS)(_recurrent)
+registry.builtin("GRU", attrs={**_RNN_ATTRS, "linear_before_reset": 0})(_recurrent)
+registry.builtin("LSTM", attrs={**_RNN_ATTRS, "input_forget": 0})(_recurrent)

@@ -1,0 +1,309 @@
+"""Flax source templates for reductions, shape and indexing ops. Importing this module
+registers them in ``templates.registry``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from xconv.converters.codegen import scalar_literal
+from xconv.converters.flax.source.templates import (
+    INT64_MAX,
+    OpCall,
+    dtype_expr,
+    registry,
+    template,
+    tuple_literal,
+)
+from xconv.converters.registry import REQUIRED
+
+# ---------------------------------------------------------------- reductions
+
+
+def _reduce(fn: str, pre: str = "{0}", post: str = "{0}") -> Callable[[OpCall], str]:
+    def emit(c: OpCall) -> str:
+        axes = c.attrs.get("axes")
+        if c.has(1):
+            axes = c.const(1, "axes")
+        keep = bool(c.attrs["keepdims"])
+        x = pre.format(c.args[0])
+        if axes is None or len(np.asarray(axes).reshape(-1)) == 0:
+            if c.attrs["noop_with_empty_axes"]:
+                return c.args[0]
+            return post.format(f"{c.xp}.{fn}({x}, keepdims={keep})")
+        phys = tuple(sorted(c.axis(int(a)) for a in np.asarray(axes).reshape(-1)))
+        return post.format(f"{c.xp}.{fn}({x}, axis={phys}, keepdims={keep})")
+
+    return emit
+
+
+for _op, _args in {
+    "ReduceMean": ("mean",),
+    "ReduceSum": ("sum",),
+    "ReduceMax": ("max",),
+    "ReduceMin": ("min",),
+    "ReduceProd": ("prod",),
+    "ReduceSumSquare": ("sum", "jnp.square({0})"),
+    "ReduceL1": ("sum", "jnp.abs({0})"),
+    "ReduceL2": ("sum", "jnp.square({0})", "jnp.sqrt({0})"),
+    "ReduceLogSumExp": ("sum", "jnp.exp({0})", "jnp.log({0})"),
+}.items():
+    registry.builtin(
+        _op,
+        attrs={"axes": None, "keepdims": 1, "noop_with_empty_axes": 0},
+        layout="reduce",
+        static_ok=_op in ("ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin"),
+    )(_reduce(*_args))
+
+
+@template("ArgMax", "ArgMin", axis=0, keepdims=1, select_last_index=0)
+def _argmax(c: OpCall) -> str:
+    if c.attrs["select_last_index"]:
+        raise c.fail("select_last_index=1")
+    fn = "argmax" if c.node.op_type == "ArgMax" else "argmin"
+    return (
+        f"jnp.{fn}({c.args[0]}, axis={c.attrs['axis']}, "
+        f"keepdims={bool(c.attrs['keepdims'])}).astype({c.dtype()})"
+    )
+
+
+@template("CumSum", exclusive=0, reverse=0)
+def _cumsum(c: OpCall) -> str:
+    if c.attrs["exclusive"] or c.attrs["reverse"]:
+        raise c.fail("CumSum exclusive / reverse")
+    return f"jnp.cumsum({c.args[0]}, axis={int(c.const(1, 'axis'))})"
+
+
+# ---------------------------------------------------------------- shape and indexing
+
+
+@template("Shape", static_ok=True, start=0, end=None)
+def _shape(c: OpCall) -> str:
+    s, e = c.attrs["start"], c.attrs["end"]
+    sl = "" if (s == 0 and e is None) else f"[{s or ''}:{'' if e is None else e}]"
+    return f"np.asarray({c.args[0]}.shape{sl}, dtype=np.int64)"
+
+
+@template("Size", static_ok=True)
+def _size(c: OpCall) -> str:
+    return f"np.asarray(math.prod({c.args[0]}.shape), dtype=np.int64)"
+
+
+@template("Reshape", static_ok=True, allowzero=0)
+def _reshape(c: OpCall) -> str:
+    target = c.consts[1]
+    if target is not None:
+        dims = [int(t) for t in target]
+        parts = []
+        for i, t in enumerate(dims):
+            if t == 0 and not c.attrs["allowzero"]:
+                in_shape = c.shapes[0]
+                known = in_shape[i] if in_shape is not None and i < len(in_shape) else None
+                parts.append(str(known) if known is not None else f"{c.args[0]}.shape[{i}]")
+            else:
+                parts.append(str(t))
+        return f"{c.xp}.reshape({c.args[0]}, ({', '.join(parts)}{',' if len(parts) == 1 else ''}))"
+    c.helpers.add("reshape")
+    return f"_reshape({c.args[0]}, {c.args[1]})"
+
+
+@template("Flatten", axis=1)
+def _flatten(c: OpCall) -> str:
+    a = c.attrs["axis"]
+    if a == 0:
+        return f"jnp.reshape({c.args[0]}, (1, -1))"
+    if a == 1:
+        return f"jnp.reshape({c.args[0]}, ({c.args[0]}.shape[0], -1))"
+    return f"jnp.reshape({c.args[0]}, (math.prod({c.args[0]}.shape[:{a}]), -1))"
+
+
+@template("Transpose", static_ok=True, perm=None)
+def _transpose(c: OpCall) -> str:
+    perm = c.attrs["perm"]
+    if perm is None:
+        return f"{c.xp}.transpose({c.args[0]})"
+    return f"{c.xp}.transpose({c.args[0]}, {tuple(int(p) for p in perm)})"
+
+
+@template("Concat", layout="axis", static_ok=True, axis=REQUIRED)
+def _concat(c: OpCall) -> str:
+    return f"{c.xp}.concatenate([{', '.join(c.args)}], axis={c.axis(c.attrs['axis'])})"
+
+
+@template("Squeeze", static_ok=True)
+def _squeeze(c: OpCall) -> str:
+    if not c.has(1):
+        return f"{c.xp}.squeeze({c.args[0]})"
+    return f"{c.xp}.squeeze({c.args[0]}, axis={tuple_literal(c.const(1, 'axes'))})"
+
+
+@template("Unsqueeze", static_ok=True)
+def _unsqueeze(c: OpCall) -> str:
+    return f"{c.xp}.expand_dims({c.args[0]}, {tuple_literal(c.const(1, 'axes'))})"
+
+
+@template("Expand", static_ok=True)
+def _expand(c: OpCall) -> str:
+    shape = c.consts[1]
+    target = tuple_literal(shape) if shape is not None else f"tuple({c.args[1]})"
+    return f"{c.xp}.broadcast_to({c.args[0]}, {c.xp}.broadcast_shapes({c.args[0]}.shape, {target}))"
+
+
+@template("Tile", static_ok=True)
+def _tile(c: OpCall) -> str:
+    return f"{c.xp}.tile({c.args[0]}, {tuple_literal(c.const(1, 'repeats'))})"
+
+
+def _slice_bound(v: int, dim: int | None) -> str | None:
+    if v >= INT64_MAX // 2 or v <= -INT64_MAX // 2:
+        return None
+    return str(v)
+
+
+@template("Slice", static_ok=True)
+def _slice(c: OpCall) -> str:
+    starts = c.const(1, "starts").reshape(-1)
+    ends = c.const(2, "ends").reshape(-1)
+    rank = c.rank()
+    axes = c.const(3, "axes").reshape(-1) if c.has(3) else np.arange(len(starts))
+    steps = c.const(4, "steps").reshape(-1) if c.has(4) else np.ones(len(starts), np.int64)
+    if rank is None:
+        raise c.fail("Slice of an input with unknown rank")
+    idx = [":"] * rank
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
+        a = int(a) + rank if a < 0 else int(a)
+        st = int(st)
+        lo = _slice_bound(int(s), None)
+        hi = _slice_bound(int(e), None)
+        if st > 0:
+            lo = None if lo == "0" else lo
+        idx[a] = f"{lo or ''}:{hi or ''}" + (f":{st}" if st != 1 else "")
+    while idx and idx[-1] == ":":
+        idx.pop()
+    return f"{c.args[0]}[{', '.join(idx) or '...'}]"
+
+
+@template("Gather", static_ok=True, axis=0)
+def _gather(c: OpCall) -> str:
+    a = c.attrs["axis"]
+    idx = c.consts[1]
+    if idx is not None and idx.ndim == 0 and c.rank() is not None:
+        r = c.rank()
+        a = a + r if a < 0 else a
+        return f"{c.args[0]}[{', '.join([':'] * a + [str(int(idx))])}]"
+    return f"{c.xp}.take({c.args[0]}, {c.args[1]}, axis={a})"
+
+
+@template("GatherElements", axis=0)
+def _gather_elements(c: OpCall) -> str:
+    return f"jnp.take_along_axis({c.args[0]}, {c.args[1]}, axis={c.attrs['axis']})"
+
+
+@template("Split", axis=0, num_outputs=None)
+def _split(c: OpCall) -> str:
+    a = c.attrs["axis"]
+    if c.has(1):
+        sizes = [int(s) for s in c.const(1, "split")]
+        cuts = tuple(int(x) for x in np.cumsum(sizes)[:-1])
+        return f"jnp.split({c.args[0]}, {list(cuts)}, axis={a})"
+    n = c.attrs["num_outputs"] or len(c.node.outputs)
+    dim = c.shapes[0][a] if c.shapes[0] is not None else None
+    if dim is None or dim % n:
+        if dim is None:
+            raise c.fail("Split into num_outputs of an unknown-size axis")
+        size = -(-dim // n)
+        cuts = [size * i for i in range(1, n)]
+        return f"jnp.split({c.args[0]}, {cuts}, axis={a})"
+    return f"jnp.split({c.args[0]}, {n}, axis={a})"
+
+
+@template("SplitToSequence", axis=0, keepdims=1)
+def _split_to_sequence(c: OpCall) -> str:
+    """A Python list of arrays (an ONNX sequence)."""
+    a = c.attrs["axis"]
+    shape = c.shapes[0]
+    dim = shape[a] if shape is not None and -len(shape) <= a < len(shape) else None
+    if not c.has(1):
+        pieces = f"jnp.split({c.args[0]}, {c.args[0]}.shape[{a}], axis={a})"
+        if c.attrs["keepdims"]:
+            return f"list({pieces})"
+        return f"[jnp.squeeze(p, axis={a}) for p in {pieces}]"
+    split = c.const(1, "split")
+    if split.ndim == 0:
+        if dim is None:
+            raise c.fail("SplitToSequence by a chunk size along an axis of unknown size")
+        cuts = list(range(int(split), dim, int(split)))
+    else:
+        cuts = [int(x) for x in np.cumsum(split)[:-1]]
+    return f"list(jnp.split({c.args[0]}, {cuts}, axis={a}))"
+
+
+@template("SequenceAt")
+def _sequence_at(c: OpCall) -> str:
+    return f"{c.args[0]}[{int(c.const(1, 'position'))}]"
+
+
+@template("SequenceLength")
+def _sequence_length(c: OpCall) -> str:
+    return f"np.asarray(len({c.args[0]}), dtype=np.int64)"
+
+
+@template("Pad", mode="constant")
+def _pad(c: OpCall) -> str:
+    pads = [int(p) for p in c.const(1, "pads")]
+    rank = c.rank()
+    if rank is None:
+        raise c.fail("Pad of an input with unknown rank")
+    axes = list(range(rank))
+    if c.has(3):
+        axes = [int(a) + rank if a < 0 else int(a) for a in c.const(3, "axes")]
+    widths = [(0, 0)] * rank
+    n = len(axes)
+    for i, a in enumerate(axes):
+        widths[a] = (pads[i], pads[i + n])
+    mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
+    m = c.attrs["mode"]
+    if m not in mode:
+        raise c.fail(f"mode={m!r}")
+    if any(lo < 0 or hi < 0 for lo, hi in widths):
+        raise c.fail("negative pads")
+    extra = ""
+    if m == "constant" and c.has(2):
+        extra = f", constant_values={c.args[2]}"
+    return f"jnp.pad({c.args[0]}, {tuple(widths)}, mode={m!r}{extra})"
+
+
+@template("ConstantOfShape", static_ok=True, value=None)
+def _constant_of_shape(c: OpCall) -> str:
+    v = c.attrs["value"]
+    val = np.zeros((), np.float32) if v is None else np.asarray(v).reshape(())
+    dt = dtype_expr(ir.DataType.from_numpy(val.dtype), c.xp)
+    shape = tuple_literal(c.consts[0]) if c.consts[0] is not None else f"tuple({c.args[0]})"
+    return f"{c.xp}.full({shape}, {scalar_literal(val[()])}, dtype={dt})"
+
+
+@template("Range", static_ok=True)
+def _range(c: OpCall) -> str:
+    return f"{c.xp}.arange({c.args[0]}, {c.args[1]}, {c.args[2]}, dtype={c.dtype()})"
+
+
+@template("Trilu", upper=1)
+def _trilu(c: OpCall) -> str:
+    fn = "triu" if c.attrs["upper"] else "tril"
+    k = f", {int(c.const(1, 'k'))}" if c.has(1) else ""
+    return f"jnp.{fn}({c.args[0]}{k})"
+
+
+@template("TopK", axis=-1, largest=1, sorted=1)
+def _topk(c: OpCall) -> str:
+    r = c.rank()
+    a = c.attrs["axis"]
+    if r is None or (a + r if a < 0 else a) != r - 1:
+        raise c.fail("TopK over an axis other than the last one")
+    k = int(c.const(1, "k").reshape(-1)[0])
+    x = c.args[0] if c.attrs["largest"] else f"-{c.args[0]}"
+    vals = "{0}[0]" if c.attrs["largest"] else "-{0}[0]"
+    return f"(lambda r: ({vals.format('r')}, r[1].astype(jnp.int64)))(lax.top_k({x}, {k}))"
