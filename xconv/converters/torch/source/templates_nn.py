@@ -1,0 +1,228 @@
+"""PyTorch source templates for the layers' ops: convolution and pooling, normalisation,
+attention. Importing this module registers them in ``templates.registry``.
+"""
+
+from __future__ import annotations
+
+from xconv.converters import expressions as ex
+from xconv.converters.codegen import int_tuple, scalar_literal
+from xconv.converters.registry import REQUIRED
+from xconv.converters.torch.source.templates import (
+    OpCall,
+    template,
+)
+
+# ---------------------------------------------------------------- convolution and pooling
+
+
+def _sym_pads(c: OpCall, n: int) -> list[int]:
+    pads = c.attrs.get("pads") or [0] * (2 * n)
+    if c.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise c.fail("auto_pad SAME_* is not supported; canonicalise to explicit pads")
+    lo, hi = list(pads[:n]), list(pads[n:])
+    if lo != hi:
+        raise c.fail(f"asymmetric pads {list(pads)} have no torch padding argument")
+    return lo
+
+
+@template("Conv", **ex.CONV_ATTRS)
+def _conv(c: OpCall) -> str:
+    n = c.need_rank() - 2
+    x = c.args[0]
+    pads = c.attrs.get("pads") or [0] * (2 * n)
+    if c.attrs.get("auto_pad", "NOTSET") == "NOTSET" and list(pads[:n]) != list(pads[n:]):
+        # Asymmetric zero padding (TensorFlow's SAME with stride 2) has no conv argument:
+        # pad explicitly (F.pad lists the last dim first), then convolve unpadded.
+        order = [v for i in reversed(range(n)) for v in (pads[i], pads[n + i])]
+        x, pad = f"F.pad({x}, {int_tuple(order)})", [0] * n
+    else:
+        pad = _sym_pads(c, n)
+    s = c.attrs["strides"] or [1] * n
+    d = c.attrs["dilations"] or [1] * n
+    b = c.args[2] if c.has(2) else "None"
+    return (
+        f"F.conv{n}d({x}, {c.args[1]}, {b}, stride={int_tuple(s)}, "
+        f"padding={int_tuple(pad)}, dilation={int_tuple(d)}, groups={c.attrs['group']})"
+    )
+
+
+@template("ConvTranspose", **ex.CONV_TRANSPOSE_ATTRS)
+def _conv_transpose(c: OpCall) -> str:
+    n = c.need_rank() - 2
+    if c.attrs["output_shape"] is not None:
+        raise c.fail("output_shape is not supported; canonicalise to pads")
+    pads = c.attrs.get("pads") or [0] * (2 * n)
+    crop = None
+    if c.attrs.get("auto_pad", "NOTSET") == "NOTSET" and list(pads[:n]) != list(pads[n:]):
+        # Asymmetric pads crop the output unevenly: pad the common part, slice the rest off.
+        pad = [min(lo, hi) for lo, hi in zip(pads[:n], pads[n:], strict=True)]
+        crop = [(lo - m, hi - m) for lo, hi, m in zip(pads[:n], pads[n:], pad, strict=True)]
+    else:
+        pad = _sym_pads(c, n)
+    s = c.attrs["strides"] or [1] * n
+    d = c.attrs["dilations"] or [1] * n
+    op = c.attrs["output_padding"] or [0] * n
+    b = c.args[2] if c.has(2) else "None"
+    expr = (
+        f"F.conv_transpose{n}d({c.args[0]}, {c.args[1]}, {b}, stride={int_tuple(s)}, "
+        f"padding={int_tuple(pad)}, output_padding={int_tuple(op)}, "
+        f"groups={c.attrs['group']}, dilation={int_tuple(d)})"
+    )
+    if crop is None:
+        return expr
+    index = [":", ":"] + [f"{lo or ''}:{-hi if hi else ''}" for lo, hi in crop]
+    return f"{expr}[{', '.join(index)}]"
+
+
+@template("MaxPool", **ex.MAX_POOL_ATTRS)
+def _max_pool(c: OpCall) -> str:
+    if len(c.node.outputs) > 1:
+        raise c.fail("MaxPool with an Indices output is not supported")
+    k = c.attrs["kernel_shape"]
+    n = len(k)
+    pad = _sym_pads(c, n)
+    s = c.attrs["strides"] or [1] * n
+    d = c.attrs["dilations"] or [1] * n
+    args = [c.args[0], _compact(k)]
+    args += [f"stride={_compact(s)}"] if list(s) != list(k) else []  # torch: stride = kernel
+    args += [f"padding={_compact(pad)}"] if any(pad) else []
+    args += [f"dilation={_compact(d)}"] if any(x != 1 for x in d) else []
+    args += ["ceil_mode=True"] if c.attrs["ceil_mode"] else []
+    return f"F.max_pool{n}d({', '.join(args)})"
+
+
+def _compact(values) -> str:
+    """``3`` for ``(3, 3)``: torch's pooling functions take one int for all dimensions."""
+    values = [int(v) for v in values]
+    return str(values[0]) if len(set(values)) == 1 else int_tuple(values)
+
+
+@template("AveragePool", **ex.AVERAGE_POOL_ATTRS)
+def _avg_pool(c: OpCall) -> str:
+    k = c.attrs["kernel_shape"]
+    n = len(k)
+    if c.attrs["dilations"] and any(x != 1 for x in c.attrs["dilations"]):
+        raise c.fail("dilated AveragePool has no torch counterpart")
+    pad = _sym_pads(c, n)
+    s = c.attrs["strides"] or [1] * n
+    args = [c.args[0], _compact(k)]
+    args += [f"stride={_compact(s)}"] if list(s) != list(k) else []  # torch: stride = kernel
+    args += [f"padding={_compact(pad)}"] if any(pad) else []
+    args += ["ceil_mode=True"] if c.attrs["ceil_mode"] else []
+    if any(pad) and not c.attrs["count_include_pad"]:  # ONNX's default, not torch's
+        args.append("count_include_pad=False")
+    return f"F.avg_pool{n}d({', '.join(args)})"
+
+
+@template("GlobalAveragePool")
+def _gap(c: OpCall) -> str:
+    dims = tuple(range(2, c.need_rank()))
+    return f"{c.args[0]}.mean(dim={dims}, keepdim=True)"
+
+
+@template("GlobalMaxPool")
+def _gmp(c: OpCall) -> str:
+    dims = tuple(range(2, c.need_rank()))
+    return f"{c.args[0]}.amax(dim={dims}, keepdim=True)"
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+@template("BatchNormalization", epsilon=1e-5, momentum=0.9, training_mode=0)
+def _batch_norm(c: OpCall) -> str:
+    if c.attrs["training_mode"] or len(c.node.outputs) > 1:
+        raise c.fail("training-mode BatchNormalization nodes are not supported")
+    x, s, b, m, v = c.args[:5]
+    eps = scalar_literal(c.attrs["epsilon"])
+    # eval mode: torch's training=False and momentum (unused then) are the defaults
+    return (
+        f"F.batch_norm({x}, {m}, {v}, {s}, {b}" + ("" if eps == "1e-05" else f", eps={eps}") + ")"
+    )
+
+
+def _norm_shape(c: OpCall, axis: int) -> str:
+    r = c.need_rank()
+    a = axis + r if axis < 0 else axis
+    shape = c.shapes[1] if c.shapes[1] is not None and len(c.shapes[1]) == r - a else None
+    if shape is not None and all(isinstance(d, int) for d in shape):
+        return int_tuple(shape)
+    return f"{c.args[0]}.shape[{a}:]"
+
+
+@template("LayerNormalization", axis=-1, epsilon=1e-5, stash_type=1)
+def _layer_norm(c: OpCall) -> str:
+    if len(c.node.outputs) > 1:
+        raise c.fail("LayerNormalization with Mean / InvStdDev outputs is not supported")
+    b = c.args[2] if c.has(2) else "None"
+    return (
+        f"F.layer_norm({c.args[0]}, {_norm_shape(c, c.attrs['axis'])}, {c.args[1]}, {b}, "
+        f"{scalar_literal(c.attrs['epsilon'])})"
+    )
+
+
+@template("RMSNormalization", axis=-1, epsilon=1e-5, stash_type=1)
+def _rms_norm(c: OpCall) -> str:
+    return (
+        f"F.rms_norm({c.args[0]}, {_norm_shape(c, c.attrs['axis'])}, {c.args[1]}, "
+        f"{scalar_literal(c.attrs['epsilon'])})"
+    )
+
+
+@template("GroupNormalization", epsilon=1e-5, num_groups=REQUIRED, stash_type=1)
+def _group_norm(c: OpCall) -> str:
+    return (
+        f"F.group_norm({c.args[0]}, {c.attrs['num_groups']}, {c.args[1]}, {c.args[2]}, "
+        f"{scalar_literal(c.attrs['epsilon'])})"
+    )
+
+
+@template("Softmax", axis=-1)
+def _softmax(c: OpCall) -> str:
+    return f"torch.softmax({c.args[0]}, dim={c.attrs['axis']})"
+
+
+@template("LogSoftmax", axis=-1)
+def _log_softmax(c: OpCall) -> str:
+    return f"torch.log_softmax({c.args[0]}, dim={c.attrs['axis']})"
+
+
+# ---------------------------------------------------------------- attention
+
+
+@template(
+    "Attention",
+    is_causal=0,
+    kv_num_heads=None,
+    q_num_heads=None,
+    qk_matmul_output_mode=0,
+    scale=None,
+    softcap=0.0,
+    softmax_precision=None,
+)
+def _attention(c: OpCall) -> str:
+    if len([o for o in c.node.outputs if o.name]) > 1 and any(
+        o.uses() or o.is_graph_output() for o in c.node.outputs[1:]
+    ):
+        raise c.fail("Attention's present key/value or qk outputs are not supported")
+    if c.attrs["softcap"] or c.attrs["qk_matmul_output_mode"]:
+        raise c.fail("softcap / qk_matmul_output_mode are not supported")
+    if c.need_rank(0) != 4 or c.attrs["q_num_heads"] is not None:
+        raise c.fail("only 4-D (batch, heads, seq, dim) Attention inputs are supported")
+    if any(c.has(i) for i in range(4, len(c.args))):
+        raise c.fail("past key/value inputs are not supported")
+    q, k, v = c.args[:3]
+    extra = []
+    if c.has(3):
+        if c.attrs["is_causal"]:
+            raise c.fail("is_causal together with attn_mask is not supported")
+        extra.append(f"attn_mask={c.args[3]}")
+    if c.attrs["is_causal"]:
+        extra.append("is_causal=True")
+    if c.attrs["scale"] is not None:
+        extra.append(f"scale={scalar_literal(c.attrs['scale'])}")
+    hq, hk = c.shapes[0][1] if c.shapes[0] else None, c.shapes[1][1] if c.shapes[1] else None
+    if isinstance(hq, int) and isinstance(hk, int) and hq != hk:
+        extra.append("enable_gqa=True")
+    tail = "".join(f", {e}" for e in extra)
+    return f"F.scaled_dot_product_attention({q}, {k}, {v}{tail})"

@@ -1,0 +1,360 @@
+"""PyTorch source templates for reductions, shape and indexing ops. Importing this module
+registers them in ``templates.registry``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx_ir as ir
+
+from xconv.converters.codegen import int_tuple, scalar_literal
+from xconv.converters.registry import REQUIRED
+from xconv.converters.torch.source.templates import (
+    INT64_MAX,
+    OpCall,
+    dtype_expr,
+    registry,
+    template,
+)
+
+# ---------------------------------------------------------------- reductions
+
+_REDUCE = {
+    "ReduceMean": "torch.mean({x}, dim={d}, keepdim={k})",
+    "ReduceSum": "torch.sum({x}, dim={d}, keepdim={k})",
+    "ReduceMax": "torch.amax({x}, dim={d}, keepdim={k})",
+    "ReduceMin": "torch.amin({x}, dim={d}, keepdim={k})",
+    "ReduceSumSquare": "torch.sum(torch.square({x}), dim={d}, keepdim={k})",
+    "ReduceL1": "torch.sum(torch.abs({x}), dim={d}, keepdim={k})",
+    "ReduceL2": "torch.sqrt(torch.sum(torch.square({x}), dim={d}, keepdim={k}))",
+    "ReduceLogSumExp": "torch.logsumexp({x}, dim={d}, keepdim={k})",
+    "ReduceProd": "torch.prod({x}, dim={d}, keepdim={k})",
+}
+
+
+def _reduce(fmt: str) -> Callable[[OpCall], str]:
+    def fn(c: OpCall) -> str:
+        axes = c.const(1, "axes") if c.has(1) else None
+        if axes is None or np.asarray(axes).size == 0:
+            if c.attrs["noop_with_empty_axes"]:
+                return c.args[0]
+            axes = np.arange(c.need_rank())
+        ax = [int(a) for a in np.asarray(axes).reshape(-1)]
+        if c.node.op_type == "ReduceProd":
+            if len(ax) != 1:
+                raise c.fail("ReduceProd over several axes has no single torch call")
+            d = str(ax[0])
+        else:
+            d = str(ax[0]) if len(ax) == 1 else int_tuple(ax)
+        out = fmt.format(x=c.args[0], d=d, k=bool(c.attrs["keepdims"]))
+        return out.replace(", keepdim=False", "")  # torch's default
+
+    return fn
+
+
+for _op, _fmt in _REDUCE.items():
+    registry.builtin(_op, attrs={"keepdims": 1, "noop_with_empty_axes": 0})(_reduce(_fmt))
+
+
+@template("ArgMax", "ArgMin", axis=0, keepdims=1, select_last_index=0)
+def _arg(c: OpCall) -> str:
+    if c.attrs["select_last_index"]:
+        raise c.fail("select_last_index=1 is not supported")
+    fn = "torch.argmax" if c.node.op_type == "ArgMax" else "torch.argmin"
+    return f"{fn}({c.args[0]}, dim={c.attrs['axis']}, keepdim={bool(c.attrs['keepdims'])})"
+
+
+@template("CumSum", exclusive=0, reverse=0)
+def _cumsum(c: OpCall) -> str:
+    if c.attrs["exclusive"] or c.attrs["reverse"]:
+        raise c.fail("exclusive / reverse CumSum is not supported")
+    axis = int(np.asarray(c.const(1, "axis")).reshape(()))
+    return f"torch.cumsum({c.args[0]}, dim={axis})"
+
+
+@template("TopK", axis=-1, largest=1, sorted=1)
+def _topk(c: OpCall) -> str:
+    k = int(np.asarray(c.const(1, "k")).reshape(-1)[0])
+    return (
+        f"torch.topk({c.args[0]}, {k}, dim={c.attrs['axis']}, "
+        f"largest={bool(c.attrs['largest'])}, sorted={bool(c.attrs['sorted'])})"
+    )
+
+
+# ---------------------------------------------------------------- shape
+
+
+@template("Shape", start=0, end=None)
+def _shape(c: OpCall) -> str:
+    s, e = c.attrs["start"], c.attrs["end"]
+    sl = "" if s == 0 and e is None else f"[{s}:{'' if e is None else e}]"
+    return f"torch.tensor({c.args[0]}.shape{sl}, dtype=torch.int64)"
+
+
+@template("Size")
+def _size(c: OpCall) -> str:
+    return f"torch.tensor({c.args[0]}.numel(), dtype=torch.int64)"
+
+
+@template("Reshape", allowzero=0)
+def _reshape(c: OpCall) -> str:
+    if c.consts[1] is None:
+        return f"{c.args[0]}.reshape({c.args[1]}.tolist())"
+    dims = [int(d) for d in np.asarray(c.consts[1]).reshape(-1)]
+    if not c.attrs["allowzero"] and 0 in dims:
+        shape = c.shapes[0]
+        out = []
+        for i, d in enumerate(dims):
+            if d != 0:
+                out.append(str(d))
+            elif shape is not None and isinstance(shape[i], int):
+                out.append(str(shape[i]))
+            else:
+                out.append(f"{c.args[0]}.shape[{i}]")
+        return f"{c.args[0]}.reshape({', '.join(out)})"
+    if not dims:  # to a scalar: reshape() takes no empty argument list
+        return f"{c.args[0]}.reshape(())"
+    return f"{c.args[0]}.reshape({', '.join(map(str, dims))})"
+
+
+@template("Flatten", axis=1)
+def _flatten(c: OpCall) -> str:
+    a = c.attrs["axis"]
+    if a < 0:
+        a += c.need_rank()
+    if a == 0:
+        return f"{c.args[0]}.reshape(1, -1)"
+    if a == 1:
+        return f"{c.args[0]}.flatten(1)"
+    return f"{c.args[0]}.flatten(0, {a - 1}).flatten(1)"
+
+
+@template("Transpose", perm=None)
+def _transpose(c: OpCall) -> str:
+    perm = c.attrs["perm"]
+    if perm is None:
+        perm = list(range(c.need_rank()))[::-1]
+    return f"{c.args[0]}.permute({', '.join(str(int(p)) for p in perm)})"
+
+
+@template("Concat", axis=REQUIRED)
+def _concat(c: OpCall) -> str:
+    return f"torch.cat([{', '.join(a for a in c.args if a)}], dim={c.attrs['axis']})"
+
+
+@template("Squeeze")
+def _squeeze(c: OpCall) -> str:
+    if not c.has(1):
+        return f"{c.args[0]}.squeeze()"
+    axes = [int(a) for a in np.asarray(c.const(1, "axes")).reshape(-1)]
+    return f"{c.args[0]}.squeeze({axes[0] if len(axes) == 1 else int_tuple(axes)})"
+
+
+@template("Unsqueeze")
+def _unsqueeze(c: OpCall) -> str:
+    axes = [int(a) for a in np.asarray(c.const(1, "axes")).reshape(-1)]
+    r = c.rank()
+    if r is None and any(a < 0 for a in axes) and len(axes) > 1:
+        raise c.fail("negative axes on an input of unknown rank")
+    out_rank = (r or 0) + len(axes)
+    expr = c.args[0]
+    for a in sorted(a + out_rank if a < 0 else a for a in axes):
+        expr = f"{expr}.unsqueeze({a})"
+    return expr
+
+
+@template("Expand")
+def _expand(c: OpCall) -> str:
+    return f"{c.args[0]}.expand(torch.broadcast_shapes({c.args[0]}.shape, {c.ints(1)}))"
+
+
+@template("Tile")
+def _tile(c: OpCall) -> str:
+    return f"{c.args[0]}.repeat({c.ints(1)})"
+
+
+@template("Slice")
+def _slice(c: OpCall) -> str:
+    starts = np.asarray(c.const(1, "starts")).reshape(-1)
+    ends = np.asarray(c.const(2, "ends")).reshape(-1)
+    r = c.need_rank()
+    axes = np.asarray(c.const(3, "axes")).reshape(-1) if c.has(3) else np.arange(len(starts))
+    steps = np.asarray(c.const(4, "steps")).reshape(-1) if c.has(4) else np.ones_like(starts)
+    index = [":"] * r
+    dims = c.shapes[0]
+    flips = []
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
+        a = int(a) + r if a < 0 else int(a)
+        s, e, st = int(s), int(e), int(st)
+        dim = dims[a] if dims is not None else None
+        if st < 0:
+            # torch has no negative steps: flip the axis, then slice forward. ONNX clamps a
+            # negative-step start into [0, dim - 1] and its end into [-1, dim - 1].
+            if not isinstance(dim, int):
+                raise c.fail("a negative Slice step needs the axis size")
+            s = min(max(s + dim if s < 0 else s, 0), dim - 1)
+            e = min(max(e + dim if e < 0 else e, -1), dim - 1)
+            flips.append(a)
+            s, e, st = dim - 1 - s, dim - 1 - e, -st
+        if isinstance(dim, int):
+            s = min(max(s + dim if s < 0 else s, 0), dim)
+            e = min(max(e + dim if e < 0 else e, 0), dim)
+            e = max(e, s)
+            if s == 0 and e == dim and st == 1:
+                continue
+        elif e >= INT64_MAX // 2:
+            e = None
+        text = f"{s or ''}:{'' if e is None or e == dim else e}"
+        if st != 1:
+            text += f":{st}"
+        index[a] = text
+    while index and index[-1] == ":":
+        index.pop()
+    base = f"{c.args[0]}.flip({int_tuple(flips)})" if flips else c.args[0]
+    if not index:
+        return base
+    return f"{base}[{', '.join(index)}]"
+
+
+@template("GatherND", batch_dims=0)
+def _gather_nd(c: OpCall) -> str:
+    if c.attrs["batch_dims"]:
+        raise c.fail("batch_dims > 0 is not supported")
+    # The last index axis picks one coordinate per leading data axis (negatives wrap in both).
+    return f"{c.args[0]}[{c.args[1]}.long().unbind(-1)]"
+
+
+@template("Gather", axis=0)
+def _gather(c: OpCall) -> str:
+    a = c.attrs["axis"]
+    if a < 0:
+        a += c.need_rank()
+    idx = c.args[1]
+    if c.consts[1] is not None:
+        idx_arr = np.asarray(c.consts[1])
+        dims = c.shapes[0]
+        if idx_arr.ndim == 0:
+            i = int(idx_arr)
+            if dims is not None and isinstance(dims[a], int) and i < 0:
+                i += dims[a]
+            idx = str(i)
+    return f"{c.args[0]}[{':, ' * a}{idx}]"
+
+
+@template("GatherElements", axis=0)
+def _gather_elements(c: OpCall) -> str:
+    a, idx = c.attrs["axis"], c.args[1]
+    const = c.consts[1]
+    if const is None or (np.asarray(const) < 0).any():  # ONNX counts negative indices from the end
+        idx = f"({idx} % {c.args[0]}.shape[{a}])"
+    return f"torch.gather({c.args[0]}, {a}, {idx}.long())"
+
+
+def _split_sizes(c: OpCall, n: int) -> str:
+    if c.has(1):
+        return c.ints(1)
+    shape = c.shapes[0]
+    a = c.attrs["axis"]
+    dim = None if shape is None else shape[a]
+    if not isinstance(dim, int):
+        raise c.fail("Split of a dimension of unknown size needs explicit sizes")
+    size = -(-dim // n)
+    return "[" + ", ".join(str(min(size, dim - i * size)) for i in range(n)) + "]"
+
+
+@template("Split", axis=0, num_outputs=None)
+def _split(c: OpCall) -> str:
+    n = len(c.node.outputs)
+    expr = f"torch.split({c.args[0]}, {_split_sizes(c, n)}, dim={c.attrs['axis']})"
+    return f"{expr}[0]" if n == 1 else expr  # one piece: the tensor, not a 1-tuple
+
+
+@template("SplitToSequence", axis=0, keepdims=1)
+def _split_to_sequence(c: OpCall) -> str:
+    x, a = c.args[0], c.attrs["axis"]
+    if not c.has(1):
+        expr = f"torch.split({x}, 1, dim={a})"
+        if not c.attrs["keepdims"]:
+            return f"[t.squeeze({a}) for t in {expr}]"
+        return f"list({expr})"
+    split = np.asarray(c.const(1, "split"))
+    sizes = str(int(split)) if split.ndim == 0 else c.ints(1)
+    return f"list(torch.split({x}, {sizes}, dim={a}))"
+
+
+@template("SequenceAt")
+def _sequence_at(c: OpCall) -> str:
+    if c.consts[1] is not None:
+        return f"{c.args[0]}[{int(np.asarray(c.consts[1]))}]"
+    return f"{c.args[0]}[int({c.args[1]})]"
+
+
+@template("SequenceLength")
+def _sequence_length(c: OpCall) -> str:
+    return f"torch.tensor(len({c.args[0]}), dtype=torch.int64)"
+
+
+@template("Pad", mode="constant")
+def _pad(c: OpCall) -> str:
+    pads = [int(p) for p in np.asarray(c.const(1, "pads")).reshape(-1)]
+    r = c.need_rank()
+    axes = (
+        [int(a) + r if a < 0 else int(a) for a in np.asarray(c.const(3, "axes")).reshape(-1)]
+        if c.has(3)
+        else list(range(r))
+    )
+    n = len(axes)
+    per_axis = {a: (pads[i], pads[i + n]) for i, a in enumerate(axes)}
+    last = max((a for a, p in per_axis.items() if p != (0, 0)), default=None)
+    if last is None:
+        return c.args[0]
+    flat: list[int] = []
+    for a in range(r - 1, -1, -1):
+        if a < min(per_axis):
+            break
+        flat += list(per_axis.get(a, (0, 0)))
+        if all(per_axis.get(b, (0, 0)) == (0, 0) for b in range(a)):
+            break
+    mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+    m = mode.get(c.attrs["mode"])
+    if m is None:
+        raise c.fail(f"mode={c.attrs['mode']!r}; supported: {sorted(mode)}")
+    value = ""
+    if m == "constant" and c.has(2):
+        v = c.const(2, "constant_value")
+        if np.asarray(v).reshape(-1)[0] != 0:
+            value = f", value={scalar_literal(np.asarray(v).reshape(-1)[0])}"
+    mode_arg = "" if m == "constant" else f', mode="{m}"'
+    return f"F.pad({c.args[0]}, {int_tuple(flat)}{mode_arg}{value})"
+
+
+@template("ConstantOfShape", value=None)
+def _constant_of_shape(c: OpCall) -> str:
+    v = c.attrs["value"]
+    arr = np.zeros(1, np.float32) if v is None else np.asarray(v)
+    fill = scalar_literal(arr.reshape(-1)[0])
+    dt = dtype_expr(ir.DataType.from_numpy(arr.dtype))
+    return f"torch.full({c.ints(0)}, {fill}, dtype={dt})"
+
+
+@template("Range")
+def _range(c: OpCall) -> str:
+    parts = []
+    for i in range(3):
+        if c.consts[i] is not None:
+            parts.append(scalar_literal(np.asarray(c.consts[i]).reshape(())[()]))
+        else:
+            parts.append(f"{c.args[i]}.item()")
+    return f"torch.arange({', '.join(parts)}, dtype={c.dtype()})"
+
+
+@template("Trilu", upper=1)
+def _trilu(c: OpCall) -> str:
+    fn = "torch.triu" if c.attrs["upper"] else "torch.tril"
+    if not c.has(1):
+        return f"{fn}({c.args[0]})"
+    k = c.consts[1]
+    kk = str(int(np.asarray(k).reshape(()))) if k is not None else f"int({c.args[1]})"
+    return f"{fn}({c.args[0]}, {kk})"
