@@ -55,12 +55,6 @@ TARGET_REGISTRIES: dict[str, tuple[tuple[str, str, str], ...]] = {
 #: Registries of source templates: they see the top-level graph, Constant nodes excluded.
 _TEMPLATE_MODULES = ("xconv.converters.flax.source.", "xconv.converters.torch.source.")
 
-#: Modules that must be imported first so a template registry is complete (they register).
-_TEMPLATE_IMPORTS = {
-    "xconv.converters.flax.source.templates": "xconv.converters.flax.source.emitter",
-    "xconv.converters.torch.source.templates": "xconv.converters.torch.source.emitter",
-}
-
 
 def available_backends() -> dict[str, str]:
     """Backends whose framework is installed: name -> registry module."""
@@ -77,7 +71,8 @@ def available_backends() -> dict[str, str]:
 def registry_missing(model: ir.Model, module: str) -> list[MissingOp]:
     """The ops of ``model`` the registry of ``module`` lacks (raises ImportError when its
     framework is not installed)."""
-    importlib.import_module(_TEMPLATE_IMPORTS.get(module, module.rsplit(".", 1)[0]))
+    # Importing the package registers its handlers (a templates module imports its families).
+    importlib.import_module(module.rsplit(".", 1)[0])
     registry = importlib.import_module(module).registry
     if module.startswith(_TEMPLATE_MODULES):
         nodes = (
