@@ -20,10 +20,12 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.codegen import Namespace, parse_attrs, write_dir_atomic
+from xconv.converters.codegen import Namespace, write_dir_atomic
 from xconv.converters.flax.source import classes as flax_classes
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
 from xconv.converters.flax.source.layers import layer_ctor
+from xconv.converters.flax.source.nodes import _Nodes
+from xconv.converters.flax.source.planning import LayerPlan, _Planning
 from xconv.converters.flax.source.render import (
     _class_doc,
     _class_name,
@@ -32,17 +34,14 @@ from xconv.converters.flax.source.render import (
     variables_tree,
 )
 from xconv.converters.flax.source.templates import (
-    OpCall,
     UnsupportedTemplateError,
-    array_literal,
-    closed_form,
     dtype_expr,
-    find_template,
     registry,
 )
+from xconv.converters.flax.source.values import _Values, _Var
 from xconv.converters.ops import layout, precision
 from xconv.errors import ConversionError
-from xconv.ir.metadata import LAYOUT, MODULE, ROLE, get_layer, get_scope
+from xconv.ir.metadata import LAYOUT, MODULE, get_scope
 from xconv.ir.passes import canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
 from xconv.weights.flax_msgpack import write_msgpack
@@ -54,12 +53,6 @@ from xconv.weights.flax_names import (
     module_name,
     raw_param_name,
 )
-
-#: Constants up to this many elements are written inline; larger ones are stored variables.
-INLINE_LIMIT = 64
-#: ... and up to this many characters; a longer one is written in closed form
-#: (:func:`~xconv.converters.flax.source.templates.closed_form`) or stored.
-LITERAL_WIDTH = 60
 
 _RESERVED = frozenset(
     {
@@ -132,29 +125,6 @@ def _namespace(reserved: frozenset[str] = _RESERVED) -> Namespace:
     )
 
 
-@dataclass
-class LayerPlan:
-    kind: str
-    hyper: dict[str, Any]
-    anchor: ir.Node
-    body: list[ir.Node]
-    scope: str | None
-    inputs: list[ir.Value]
-    outputs: list[ir.Value]
-    weights: dict[str, ir.Value]
-    #: False: no native Flax layer fits; the body becomes a generated submodule class.
-    native: bool = True
-    last: ir.Node | None = None
-
-    @property
-    def input(self) -> ir.Value:
-        return self.inputs[0]
-
-    @property
-    def output(self) -> ir.Value:
-        return self.outputs[0]
-
-
 @dataclass(frozen=True)
 class FlaxOptions:
     """Choices for the generated Flax source.
@@ -193,24 +163,6 @@ class Block:
 
 
 @dataclass
-class _Var:
-    """One emitted variable: where it lives and what it came from.
-
-    ``scope`` / ``role`` / ``kind`` are the source layer's scope, the weight's role in it
-    (``kernel``, ``mean``) and the layer kind (``conv``; ``raw`` for a weight outside a native
-    layer, ``constant`` for a stored buffer): what partitioning rules key on.
-    """
-
-    collection: str
-    path: tuple[str, ...]
-    value: np.ndarray
-    source: str | None = None  # the IR initializer (source weight) name
-    scope: str | None = None
-    role: str | None = None
-    kind: str = "raw"
-
-
-@dataclass
 class _Source:
     setup: list[tuple[str, str]] = field(default_factory=list)  # (linen line, nnx line)
     body: list[str] = field(default_factory=list)
@@ -231,7 +183,7 @@ def _copy(model: ir.Model) -> ir.Model:
     return model.clone()
 
 
-class _Emitter:
+class _Emitter(_Planning, _Values, _Nodes):
     def __init__(self, model: ir.Model, api: str, options: FlaxOptions | None = None) -> None:
         self.model = model
         self.api = api
@@ -265,113 +217,6 @@ class _Emitter:
         #: bfloat16 compute (``options.dtype``): the values held in bfloat16.
         self.low_dtype = precision.resolve_dtype(self.options.dtype)
         self.low: set[ir.Value] = set()
-
-    # ------------------------------------------------------------ planning
-
-    def plan_layers(self) -> None:
-        by_scope: dict[str, list[ir.Node]] = {}
-        for node in self.graph:
-            scope = get_scope(node)
-            if scope:
-                by_scope.setdefault(scope, []).append(node)
-        for node in self.graph:
-            meta = get_layer(node)
-            if not meta or node in self.plans:
-                continue
-            scope = get_scope(node)
-            body = by_scope.get(scope, [node]) if scope else [node]
-            plan = self._plan(node, meta, body, scope)
-            if plan is not None:
-                for n in body:
-                    self.plans[n] = plan
-        if self.options.share_blocks:
-            self.plan_blocks()
-
-    def _plan(self, anchor, meta, body, scope) -> LayerPlan | None:
-        kind = meta.pop("kind")
-        body_set = set(body)
-        inputs, weights, outputs = [], {}, []
-        for n in body:
-            for v in n.inputs:
-                if v is None or not v.name or v.producer() in body_set:
-                    continue
-                if is_weight(v, self.annotated):
-                    role = v.metadata_props.get(ROLE)
-                    if role is None or weights.get(role, v) is not v:
-                        return None
-                    weights[role] = v
-                elif constant_of(v, self.annotated) is None and v not in inputs:
-                    inputs.append(v)
-            if n.op_type == "Constant":
-                continue  # constants are inlined wherever they are used
-            for o in n.outputs:
-                outside = any(u.node not in body_set for u in o.uses())
-                if outside or o.is_graph_output():
-                    outputs.append(o)
-        if not inputs or not outputs:
-            return None
-        order = {n: i for i, n in enumerate(self.graph)}
-        last = max(body, key=order.__getitem__)
-        for o in outputs:
-            if any(u.node not in body_set and order[u.node] < order[last] for u in o.uses()):
-                return None  # a consumer sits between body nodes: keep the ops inline
-        plan = LayerPlan(kind, meta, anchor, body, scope, inputs, outputs, weights, last=last)
-        if len(inputs) == 1 and len(outputs) == 1 and self._plan_ok(plan):
-            return plan
-        plan.native = False
-        if not weights:
-            return None  # weightless (pooling, activations, ...): its ops inline are clearer
-        if scope is None or any(n.op_type != "Constant" and find_template(n) is None for n in body):
-            return None
-        return plan
-
-    def _plan_ok(self, p: LayerPlan) -> bool:
-        roles = set(p.weights) - DROPPED_ROLES
-        known = set(FLAX_VARIABLES.get(p.kind, {}))
-        if not roles <= known:
-            return False
-        h = p.hyper
-        if (
-            p.kind in ("conv", "conv_transpose", "batch_norm", "group_norm")
-            and p.input.shape is None
-        ):
-            return False  # the channel axis must be known to move it last
-        if p.kind == "dense":
-            return "kernel" in roles and ("bias" in roles) == bool(h["use_bias"])
-        if p.kind == "conv":
-            return (
-                "kernel" in roles
-                and ("bias" in roles) == bool(h["use_bias"])
-                and h.get("padding_mode", "zeros") in (None, "zeros")
-                and 1 <= h["ndim"] <= 3
-            )
-        if p.kind == "conv_transpose":
-            attrs = p.anchor.attributes
-            return (
-                self.options.native_conv_transpose
-                and p.anchor.op_type == "ConvTranspose"
-                and "kernel" in roles
-                and ("bias" in roles) == bool(h["use_bias"])
-                and h["groups"] == 1
-                and 1 <= h["ndim"] <= 3
-                and "output_shape" not in attrs
-                and getattr(attrs.get("auto_pad"), "value", "NOTSET") == "NOTSET"
-            )
-        if p.kind == "batch_norm":
-            # torch's momentum=None (a cumulative average) has no Flax equivalent: rather
-            # than guess a momentum, such a layer stays a generated (inference) class.
-            return (
-                {"mean", "var"} <= roles
-                and bool(h["track_running_stats"])
-                and h["momentum"] is not None
-            )
-        if p.kind == "layer_norm":
-            return len(h["normalized_shape"]) == 1
-        if p.kind in ("group_norm", "rms_norm"):
-            return True
-        if p.kind == "embedding":
-            return "embedding" in roles
-        return p.kind == "dropout"
 
     def plan_blocks(self, nodes: list[ir.Node] | None = None, outer: str | None = None) -> None:
         """Find instances of source block classes (DESIGN rule 10).
@@ -542,158 +387,6 @@ class _Emitter:
     def check_supported(self) -> None:
         nodes = (n for n in self.graph if n not in self.plans)
         registry.check_nodes(nodes, self.model.opset_imports, UnsupportedTemplateError)
-
-    # ------------------------------------------------------------ values
-
-    def bind(self, value: ir.Value, name: str, perm: layout.Perm, static: bool = False) -> None:
-        self.env[value] = {perm: name}
-        self.native[value] = perm
-        if static:
-            self.static.add(value)
-
-    def rank(self, value: ir.Value) -> int | None:
-        return None if value.shape is None else len(value.shape)
-
-    def get(self, value: ir.Value, perm: layout.Perm) -> str:
-        names = self.env[value]
-        if perm in names:
-            return names[perm]
-        src = self.native[value]
-        rank = len(src or perm)
-        t = layout.conversion(src, perm, rank)
-        suffix = "nhwc" if perm == layout.channels_last(rank) else "nchw" if perm is None else "t"
-        name = self.ns.new(f"{names[src]}_{suffix}")
-        xp = "np" if value in self.static else "jnp"
-        shape = _dims(value)
-        target = shape and tuple(shape[a] for a in (perm or range(rank)))
-        if target and layout.moves_only_unit_axes(t, [shape[a] for a in (src or range(rank))]):
-            # Only size-1 axes move (a pooled N,1,1,C): a reshape, which costs nothing.
-            dims = ", ".join(
-                str(d) if d is not None else f"{names[src]}.shape[{t[i]}]"
-                for i, d in enumerate(target)
-            )
-            self.src.body.append(f"{name} = {xp}.reshape({names[src]}, ({dims}))")
-        else:
-            self.src.body.append(f"{name} = {xp}.transpose({names[src]}, {t})")
-        names[perm] = name
-        return name
-
-    def local(self, value: ir.Value, inputs=(), scope: str | None = None) -> str:
-        """The local a node's output is bound to.
-
-        The name of the node's first data input when this node is that input's last reader
-        (``x = self.conv1(x)``, ``h = h + x``): a chain reads as the source's does. Otherwise
-        a new name for the value's role (:meth:`role`), never the exporter's value name.
-        """
-        role = self.role(value, scope)
-        inputs = list(inputs)
-        for v in inputs[:1]:
-            names = self.env.get(v)
-            if not names or v.is_graph_output() or v not in self.native:
-                break
-            base = names[self.native[v]]
-            base_role = re.sub(r"_\d+$", "", base)
-            if base_role not in _ROLES:
-                break  # a source input keeps its name (``input_ids``), its result is new
-            if role != "h" and role != base_role:
-                break  # the value changes role: ``attn = softmax(scores)``
-            if role == "h" and (
-                base_role in ("scores", "attn", "mask")
-                or (base_role in ("q", "k", "v") and len(inputs) > 1)
-            ):
-                break  # ``h = attn @ v``, ``h = _attention(q, k, v)``
-            if all(u.node in self.done for u in v.uses()):
-                return base
-        return self.ns.new(role)
-
-    def role(self, value: ir.Value, scope: str | None = None) -> str:
-        """A readable name for what a value is: ``q``/``k``/``v``, ``scores``, ``attn``,
-        ``mask``, ``residual``, ``shape``, else ``h``."""
-        if value.dtype == ir.DataType.BOOL:
-            return "mask"
-        producer = value.producer()
-        op = producer.op_type if producer is not None else ""
-        if op == "Softmax":
-            return "attn"
-        if op in ("Shape", "Size"):
-            return "shape"
-        if op in ("MatMul", "Einsum", "Div", "Mul", "Add", "Sub", "Where") and _feeds_softmax(
-            value
-        ):
-            return "scores"
-        scope = scope or (get_scope(producer) if producer is not None else None) or ""
-        leaf = scope.rsplit(".", 1)[-1]
-        if leaf in _QKV:
-            return _QKV[leaf]
-        if {"downsample", "shortcut"} & set(scope.split(".")):
-            return "residual"
-        return "h"
-
-    def hint(self, value: ir.Value) -> str | None:
-        """The name hint of a value: its source name, or its op type in generated classes."""
-        producer = value.producer()
-        if self.canonical and producer is not None:
-            return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", producer.op_type).lower()
-        return value.name
-
-    def weight(self, value: ir.Value) -> str:
-        if value not in self.raw:
-            attr = self.attrs.new(
-                self.weight_names.get(value) or raw_param_name(self._relative(value.name))
-            )
-            arr = value.const_value.numpy()
-            shape, dt = tuple(arr.shape), dtype_expr(value.dtype)
-            # linen's param takes the loaded value; its initializer's dtype is float32 unless
-            # the weight is not (then it is spelled out)
-            pdt = "" if value.dtype == ir.DataType.FLOAT else f", {dt}"
-            self.src.setup.append(
-                (
-                    f'self.{attr} = self.param("{attr}", nn.initializers.zeros_init(), '
-                    f"{shape}{pdt})",
-                    f"self.{attr} = nnx.Param(jnp.zeros({shape}, {dt}))",
-                )
-            )
-            role = value.metadata_props.get(ROLE)
-            scope = value.name.rpartition(".")[0] if value.name else None
-            self.src.variables.append(_Var("params", (attr,), arr, value.name, scope, role))
-            self.raw[value] = f"self.{attr}[...]"
-        return self.raw[value]
-
-    def constant(
-        self, value: ir.Value, arr: np.ndarray, perm: layout.Perm, rank: int | None, bare: bool
-    ) -> str:
-        if perm is not None and rank is not None:
-            arr = layout.permute_constant(arr, perm, rank)
-        if arr.size <= INLINE_LIMIT:
-            literal = array_literal(arr, bare_scalar=bare)
-            if len(literal) <= LITERAL_WIDTH:
-                return literal
-            # A long literal: its closed form when it has one, else a stored constant, so
-            # the statement stays within the line length (a rotary table, a causal mask).
-            closed = closed_form(arr)
-            if closed is not None and len(closed) < len(literal):
-                return closed
-            if arr.dtype.kind != "f":
-                return literal  # integers may index or shape: they stay numpy (static)
-        key = (value, perm)
-        if key not in self.raw:
-            self.has_constants = True
-            # A source buffer keeps its name (the weights mapping looks it up); a folded
-            # constant's name is the exporter's, and would differ between the instances of
-            # a block class: it is a ``table``.
-            hint = value.name if value.is_initializer() else None
-            attr = self.attrs.new(raw_param_name(hint or "table"))
-            shape, dt = tuple(arr.shape), dtype_expr(ir.DataType.from_numpy(arr.dtype))
-            self.src.setup.append(
-                (
-                    f'self.{attr} = self.variable("constants", "{attr}", jnp.zeros, '
-                    f"{shape}, {dt}).value",
-                    f"self.{attr} = Constant(jnp.zeros({shape}, {dt}))",
-                )
-            )
-            self.src.variables.append(_Var("constants", (attr,), arr, value.name, kind="constant"))
-            self.raw[key] = f"self.{attr}[...]"
-        return self.raw[key]
 
     # ------------------------------------------------------------ emission
 
@@ -876,209 +569,6 @@ class _Emitter:
             tb = p.anchor.attributes.get("transB")
             return "OI" if tb is not None and tb.value else "IO"
         return "IO"
-
-    def emit_node(self, node: ir.Node) -> None:
-        if node.op_type in ("Shape", "Size") and self._emit_shape(node):
-            return
-        tpl = find_template(node)
-        attrs = parse_attrs(node, tpl.attrs, "Flax")
-        ins = list(node.inputs)
-        consts = [None if v is None or not v.name else constant_of(v, self.annotated) for v in ins]
-        data = [
-            v for v, c in zip(ins, consts, strict=True) if v is not None and v.name and c is None
-        ]
-        out_rank = self.rank(node.outputs[0]) if node.outputs else None
-        perm = self._choose_perm(tpl.layout, node, data, out_rank)
-        static = node.op_type in ("Shape", "Size") or (
-            tpl.static_ok and all(v in self.static for v in data)
-        )
-        xp = "np" if static else "jnp"
-        bare = tpl.layout == "binary"
-        args: list[str | None] = []
-        stored = set(self.raw)
-        for v, c in zip(ins, consts, strict=True):
-            if v is None or not v.name:
-                args.append(None)
-            elif c is not None:
-                cperm = perm if tpl.layout in ("binary", "axis") else None
-                args.append(self.constant(v, c, cperm, out_rank, bare))
-            elif is_weight(v, self.annotated) or (v.is_initializer() and v.const_value is not None):
-                args.append(self.weight(v))
-            elif tpl.layout in ("binary", "axis") and self.rank(v) != out_rank:
-                args.append(self.get(v, None))
-            else:
-                args.append(self.get(v, perm if tpl.layout != "plain" else None))
-        shapes = [
-            None
-            if v is None or v.shape is None
-            else tuple(d if isinstance(d, int) else None for d in v.shape)
-            for v in ins
-        ]
-        lowered = None
-        if self.low_dtype and not static:
-            lowered = self._lower(node, args, consts, attrs, bare)
-        rounds = lowered == "round"
-        call = OpCall(node, args, consts, shapes, attrs, xp=xp, perm=perm)
-        expr = tpl.fn(call)
-        self._drop_unused_constants(stored, expr)
-        self.src.helpers |= call.helpers
-        outs = []
-        used = [o for o in node.outputs if o.name and (o.uses() or o.is_graph_output())]
-        for o in node.outputs:
-            if o in used:
-                outs.append(self.local(o, data if len(used) == 1 else ()))
-            else:
-                outs.append("_")
-        target = outs[0] if len(outs) == 1 else ", ".join(outs)
-        floats = [n for o, n in zip(node.outputs, outs, strict=True) if n != "_" and _f32(o)]
-        if rounds and len(outs) == 1 and floats:
-            expr = f"({expr}).astype(jnp.bfloat16)"  # a float32 op's result, in bfloat16
-        self.src.body.append(f"{target} = {expr}{self._comment(node)}")
-        if rounds and len(outs) > 1:
-            self.src.body.extend(f"{n} = {n}.astype(jnp.bfloat16)" for n in floats)
-        out_perm = perm
-        if tpl.layout == "reduce":
-            out_perm = self._reduce_perm(node, attrs, consts, perm)
-        elif tpl.layout == "plain":
-            out_perm = None
-        for o, name in zip(node.outputs, outs, strict=True):
-            if name != "_":
-                self.bind(o, name, out_perm if o is node.outputs[0] else None, static)
-        if lowered is not None:
-            self.low |= {o for o in node.outputs if _f32(o)}
-
-    def _lower(
-        self, node: ir.Node, args: list, consts: list, attrs: dict, bare: bool
-    ) -> str | None:
-        """The bfloat16 rules of :mod:`~xconv.converters.ops.precision` for one statement,
-        as ``interpreter._lower`` applies them: edits ``args`` / ``attrs`` in place. Returns
-        ``"round"`` (a float32 op: its result is rounded to bfloat16), ``"low"`` (it computes
-        in bfloat16) or None (its float results, if any, stay float32)."""
-        op, ins = node.op_type, list(node.inputs)
-        floats = [
-            i
-            for i in precision.data_operands(op, len(ins))
-            if ins[i] is not None and ins[i].name and (ins[i] in self.low or _f32(ins[i]))
-        ]
-        if all(consts[i] is not None or ins[i] in self.static for i in floats):
-            return None  # no run-time float operand
-        how = precision.mode(op)
-        if how == "float32":
-            for i in floats:
-                if ins[i] in self.low:
-                    args[i] = f"{args[i]}.astype(jnp.float32)"
-            return "round"
-        if how == "cast":
-            target = attrs.get("to") if op == "Cast" else ins[1].dtype
-            if ins[0] in self.low and target is not None and ir.DataType(target) == _FLOAT:
-                if op == "Cast":
-                    attrs["to"] = int(ir.DataType.BFLOAT16)
-                else:
-                    args[1] = args[0]  # CastLike(x, x): x as it is
-                return "low"
-            return None
-        for i in floats:
-            scalar = bare and consts[i] is not None and consts[i].ndim == 0  # weakly typed
-            if ins[i] not in self.low and not scalar:
-                args[i] = f"{args[i]}.astype(jnp.bfloat16)"
-        return "low"
-
-    def _drop_unused_constants(self, before: set, expr: str) -> None:
-        """Forget stored constants made for this node that its template did not use (zero
-        initial states a template writes as ``None``)."""
-        for key in [k for k in self.raw if k not in before]:
-            ref = self.raw[key]
-            if re.search(re.escape(ref), expr):
-                continue
-            attr = ref.removeprefix("self.").removesuffix("[...]")
-            del self.raw[key]
-            self.src.setup = [s for s in self.src.setup if not s[0].startswith(f"self.{attr} =")]
-            self.src.variables = [v for v in self.src.variables if v.path != (attr,)]
-            self.has_constants = any(v.collection == "constants" for v in self.src.variables)
-
-    def _emit_shape(self, node: ir.Node) -> bool:
-        """Shape/Size read a channels-last value directly, without transposing it back."""
-        x = node.inputs[0]
-        perm = self.native.get(x)
-        if perm is None or x not in self.env or node.attributes:
-            return False
-        name = self.env[x][perm]
-        out = node.outputs[0]
-        target = self.local(out, ())
-        if node.op_type == "Size":
-            expr = f"np.asarray({name}.size, dtype=np.int64)"
-        else:
-            dims = ", ".join(f"{name}.shape[{perm.index(a)}]" for a in range(len(perm)))
-            expr = f"np.asarray([{dims}], dtype=np.int64)"
-        self.src.body.append(f"{target} = {expr}{self._comment(node)}")
-        self.bind(out, target, None, static=True)
-        return True
-
-    def _choose_perm(
-        self, kind: str, node: ir.Node, data: list[ir.Value], out_rank: int | None
-    ) -> layout.Perm:
-        if kind == "plain" or not data:
-            return None
-        if kind == "channels_last":
-            r = self.rank(data[0])
-            return layout.channels_last(r) if r is not None else None
-        if kind in ("unary", "reduce"):
-            return self.native.get(data[0])
-        if out_rank is None:
-            return None
-        perms = [self.native.get(v) for v in data if self.rank(v) == out_rank]
-        for v in data:
-            if self.rank(v) != out_rank and self.native.get(v) is not None:
-                return None
-        if kind == "axis":
-            return perms[0] if perms else None
-        if any(self.rank(v) != out_rank for v in data):
-            return None
-        chosen = [p for p in perms if p is not None]
-        return chosen[0] if chosen else None
-
-    def _reduce_perm(self, node, attrs, consts, perm) -> layout.Perm:
-        if perm is None or attrs["keepdims"]:
-            return perm
-        axes = consts[1] if len(consts) > 1 and consts[1] is not None else attrs.get("axes")
-        if axes is None or len(np.asarray(axes).reshape(-1)) == 0:
-            return None
-        rank = len(perm)
-        ax = [int(a) + rank if a < 0 else int(a) for a in np.asarray(axes).reshape(-1)]
-        return layout.after_reduce(perm, ax, rank)
-
-
-_ROLES = frozenset({"x", "h", "residual", "q", "k", "v", "scores", "attn", "mask"})
-_QKV = {
-    **dict.fromkeys(("query", "q_proj", "q", "to_q", "q_lin"), "q"),
-    **dict.fromkeys(("key", "k_proj", "k", "to_k", "k_lin"), "k"),
-    **dict.fromkeys(("value", "v_proj", "v", "to_v", "v_lin"), "v"),
-}
-
-
-def _feeds_softmax(value: ir.Value, depth: int = 3) -> bool:
-    """Whether ``value`` reaches a Softmax through at most ``depth`` elementwise ops."""
-    for use in value.uses():
-        op = use.node.op_type
-        if op == "Softmax":
-            return True
-        elementwise = op in ("Add", "Div", "Mul", "Where", "Cast", "Sub")
-        if depth and elementwise and any(_feeds_softmax(o, depth - 1) for o in use.node.outputs):
-            return True
-    return False
-
-
-_FLOAT = ir.DataType.FLOAT
-
-
-def _f32(value: ir.Value) -> bool:
-    return value.dtype == _FLOAT
-
-
-def _dims(value: ir.Value) -> list[int | None] | None:
-    if value.shape is None:
-        return None
-    return [d if isinstance(d, int) else None for d in value.shape]
 
 
 @dataclass(frozen=True)
