@@ -46,77 +46,96 @@ def layer_ctor(kind: str, h: dict[str, Any], pdt: str, dt: str = "") -> tuple[st
     """
     extra = {"dtype": (dt, ""), "param_dtype": (pdt, "")}
     norm = {"dtype": (dt, "")}
-    if kind == "dense":
-        bias = {"use_bias": (bool(h["use_bias"]), True), **extra}
-        return (
-            f"nn.Dense({_args(h['out_features'], **bias)})",
-            f"nnx.Linear({_args(h['in_features'], h['out_features'], **bias)}, rngs=rngs)",
-        )
-    if kind == "conv":
-        k = tuple(h["kernel_size"])
-        pad = tuple(tuple(int(x) for x in pp) for pp in h["padding"])
-        kw = {
-            "strides": (_uniform(tuple(h["strides"])), 1),
-            "padding": (_padding(pad), None),
-            "kernel_dilation": (_uniform(tuple(h["dilations"])), 1),
-            "feature_group_count": (h["groups"], 1),
-            "use_bias": (bool(h["use_bias"]), True),
-            **extra,
-        }
-        return (
-            f"nn.Conv({_args(h['out_channels'], k, **kw)})",
-            f"nnx.Conv({_args(h['in_channels'], h['out_channels'], k, **kw)}, rngs=rngs)",
-        )
-    if kind == "conv_transpose":
-        return _conv_transpose(h, extra)
-    if kind == "batch_norm":
-        aff = bool(h["affine"])
-        kw = {
-            "momentum": (_num(1.0 - float(h["momentum"])), _num(0.99)),
-            "epsilon": (_num(h["epsilon"]), _num(1e-5)),
-            "use_scale": (aff, True),
-            "use_bias": (aff, True),
-        }
-        # nnx's BatchNorm casts its running statistics to ``dtype`` before rsqrt: it is left
-        # float32 (the emitter rounds its result); linen's computes in float32 either way.
-        return f"nn.BatchNorm({_args(**kw, **norm)})", (
-            f"nnx.BatchNorm({_args(h['num_features'], **kw)}, rngs=rngs)"
-        )
-    if kind == "layer_norm":
-        aff = bool(h["elementwise_affine"])
-        kw = {
-            "epsilon": (_num(h["epsilon"]), _num(1e-6)),
-            "use_scale": (aff, True),
-            "use_bias": (aff and bool(h["use_bias"]), True),
-            **norm,
-        }
-        return f"nn.LayerNorm({_args(**kw)})", (
-            f"nnx.LayerNorm({_args(h['normalized_shape'][0], **kw)}, rngs=rngs)"
-        )
-    if kind == "group_norm":
-        aff = bool(h["affine"])
-        kw = {
-            "num_groups": (h["num_groups"], None),
-            "epsilon": (_num(h["epsilon"]), _num(1e-6)),
-            "use_scale": (aff, True),
-            "use_bias": (aff, True),
-            **norm,
-        }
-        return f"nn.GroupNorm({_args(**kw)})", (
-            f"nnx.GroupNorm({_args(h['num_channels'], **kw)}, rngs=rngs)"
-        )
-    if kind == "rms_norm":
-        kw = {
-            "epsilon": (_num(h["epsilon"]), _num(1e-6)),
-            "use_scale": (bool(h["elementwise_affine"]), True),
-            **norm,
-        }
-        return f"nn.RMSNorm({_args(**kw)})", (
-            f"nnx.RMSNorm({_args(h['normalized_shape'][-1], **kw)}, rngs=rngs)"
-        )
-    if kind == "embedding":
-        emb = _args(h["num_embeddings"], h["features"], **norm)
-        return f"nn.Embed({emb})", f"nnx.Embed({emb}, rngs=rngs)"
+    return _CTORS.get(kind, _dropout)(h, extra, norm)
+
+
+_Kw = dict[str, tuple[Any, Any]]
+
+
+def _dense(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
+    bias = {"use_bias": (bool(h["use_bias"]), True), **extra}
+    return (
+        f"nn.Dense({_args(h['out_features'], **bias)})",
+        f"nnx.Linear({_args(h['in_features'], h['out_features'], **bias)}, rngs=rngs)",
+    )
+
+
+def _conv(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
+    k = tuple(h["kernel_size"])
+    pad = tuple(tuple(int(x) for x in pp) for pp in h["padding"])
+    kw = {
+        "strides": (_uniform(tuple(h["strides"])), 1),
+        "padding": (_padding(pad), None),
+        "kernel_dilation": (_uniform(tuple(h["dilations"])), 1),
+        "feature_group_count": (h["groups"], 1),
+        "use_bias": (bool(h["use_bias"]), True),
+        **extra,
+    }
+    return (
+        f"nn.Conv({_args(h['out_channels'], k, **kw)})",
+        f"nnx.Conv({_args(h['in_channels'], h['out_channels'], k, **kw)}, rngs=rngs)",
+    )
+
+
+def _batch_norm(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
+    aff = bool(h["affine"])
+    kw = {
+        "momentum": (_num(1.0 - float(h["momentum"])), _num(0.99)),
+        "epsilon": (_num(h["epsilon"]), _num(1e-5)),
+        "use_scale": (aff, True),
+        "use_bias": (aff, True),
+    }
+    # nnx's BatchNorm casts its running statistics to ``dtype`` before rsqrt: it is left
+    # float32 (the emitter rounds its result); linen's computes in float32 either way.
+    return f"nn.BatchNorm({_args(**kw, **norm)})", (
+        f"nnx.BatchNorm({_args(h['num_features'], **kw)}, rngs=rngs)"
+    )
+
+
+def _layer_norm(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
+    aff = bool(h["elementwise_affine"])
+    kw = {
+        "epsilon": (_num(h["epsilon"]), _num(1e-6)),
+        "use_scale": (aff, True),
+        "use_bias": (aff and bool(h["use_bias"]), True),
+        **norm,
+    }
+    return f"nn.LayerNorm({_args(**kw)})", (
+        f"nnx.LayerNorm({_args(h['normalized_shape'][0], **kw)}, rngs=rngs)"
+    )
+
+
+def _group_norm(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
+    aff = bool(h["affine"])
+    kw = {
+        "num_groups": (h["num_groups"], None),
+        "epsilon": (_num(h["epsilon"]), _num(1e-6)),
+        "use_scale": (aff, True),
+        "use_bias": (aff, True),
+        **norm,
+    }
+    return f"nn.GroupNorm({_args(**kw)})", (
+        f"nnx.GroupNorm({_args(h['num_channels'], **kw)}, rngs=rngs)"
+    )
+
+
+def _rms_norm(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
+    kw = {
+        "epsilon": (_num(h["epsilon"]), _num(1e-6)),
+        "use_scale": (bool(h["elementwise_affine"]), True),
+        **norm,
+    }
+    return f"nn.RMSNorm({_args(**kw)})", (
+        f"nnx.RMSNorm({_args(h['normalized_shape'][-1], **kw)}, rngs=rngs)"
+    )
+
+
+def _embedding(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
+    emb = _args(h["num_embeddings"], h["features"], **norm)
+    return f"nn.Embed({emb})", f"nnx.Embed({emb}, rngs=rngs)"
+
+
+def _dropout(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
     rate = _num(h["rate"])
     return f"nn.Dropout({rate})", f"nnx.Dropout({rate}, rngs=rngs)"
 
@@ -145,3 +164,17 @@ def _conv_transpose(h: dict[str, Any], extra: dict[str, tuple[Any, Any]]) -> tup
         f"nn.ConvTranspose({_args(h['out_channels'], k, **kw)})",
         f"nnx.ConvTranspose({_args(h['in_channels'], h['out_channels'], k, **kw)}, rngs=rngs)",
     )
+
+
+#: Layer kind (``xconv/ir/layers.py``) -> ``(h, extra, norm) -> (linen, nnx)`` constructors;
+#: any other kind is a dropout.
+_CTORS = {
+    "dense": _dense,
+    "conv": _conv,
+    "conv_transpose": lambda h, extra, norm: _conv_transpose(h, extra),
+    "batch_norm": _batch_norm,
+    "layer_norm": _layer_norm,
+    "group_norm": _group_norm,
+    "rms_norm": _rms_norm,
+    "embedding": _embedding,
+}
