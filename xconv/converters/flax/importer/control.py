@@ -1,4 +1,6 @@
-"""jaxpr handlers for control flow that needs a real loop: ``while`` -> ONNX ``Loop``.
+"""jaxpr handlers for control flow. Call-like primitives (``INLINE``) are translated inline,
+``cond`` evaluates every branch and selects, ``scan`` (static trip count) is unrolled; control
+flow that needs a real loop, ``while``, becomes an ONNX ``Loop``.
 
 ``lax.while_loop`` (and ``lax.fori_loop`` with a trip count known only at run time, which
 jax lowers to ``while``) becomes one ``Loop`` node with no trip count: the condition is
@@ -18,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.flax.importer.primitives import builtin
+from xconv.converters.flax.importer.primitives import INLINE, builtin, sub_jaxpr
 from xconv.converters.flax.importer.symbolic import ir_dim
 from xconv.errors import ConversionError
 
@@ -95,3 +97,63 @@ def _platform_index(ctx, eqn, inputs):
             f"platform_dependent has no default branch (platforms {platforms}); give it one"
         )
     return [ctx.const(np.asarray(index, np.dtype(eqn.outvars[0].aval.dtype)))]
+
+
+def _inline(ctx, eqn, inputs):
+    closed = sub_jaxpr(eqn)
+    n = len(getattr(closed, "jaxpr", closed).invars)
+    return ctx.inline(closed, inputs[len(inputs) - n :])
+
+
+for _name in INLINE:
+    builtin(_name)(_inline)
+
+
+@builtin("cond")
+def _cond(ctx, eqn, inputs):
+    # Branches are pure: evaluate each and select, which needs no subgraphs.
+    index, *ops = inputs
+    results = [ctx.inline(branch, ops) for branch in eqn.params["branches"]]
+    if len(results) == 1:
+        return results[0]
+    idtype = np.dtype(eqn.invars[0].aval.dtype)
+    outs = []
+    for k in range(len(results[0])):
+        out = results[0][k]
+        for i in range(1, len(results)):
+            hit = ctx.op("Equal", [index, ctx.const(np.array(i, idtype))])
+            out = ctx.op("Where", [hit, results[i][k], out])
+        outs.append(out)
+    return outs
+
+
+@builtin("scan")
+def _scan(ctx, eqn, inputs):
+    # The trip count is static: unroll.
+    p = eqn.params
+    length, nconst, ncarry = int(p["length"]), int(p["num_consts"]), int(p["num_carry"])
+    consts, carry, xs = inputs[:nconst], inputs[nconst : nconst + ncarry], inputs[nconst + ncarry :]
+    if length == 0:
+        raise ConversionError("scan of length 0 is not supported")
+    order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+    ys: list[list] = []
+    for i in order:
+        x_i = [
+            ctx.op(
+                "Squeeze",
+                [ctx.op("Slice", [x, ctx.i64([i]), ctx.i64([i + 1]), ctx.i64([0])]), ctx.i64([0])],
+            )
+            for x in xs
+        ]
+        outs = ctx.inline(p["jaxpr"], [*consts, *carry, *x_i])
+        carry = outs[:ncarry]
+        ys.append([ctx.op("Unsqueeze", [y, ctx.i64([0])]) for y in outs[ncarry:]])
+    if p["reverse"]:
+        ys.reverse()
+    stacked = [
+        ctx.op("Concat", [step[k] for step in ys], {"axis": 0})
+        if length > 1
+        else ctx.op("Identity", [ys[0][k]])
+        for k in range(len(ys[0]))
+    ]
+    return [*carry, *stacked]
