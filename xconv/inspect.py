@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.registry import iter_nodes
+from xconv.converters.registry import TemplateRegistry, iter_nodes
 from xconv.errors import MissingOp
 from xconv.ir.naming import split_path
 
@@ -52,9 +52,6 @@ TARGET_REGISTRIES: dict[str, tuple[tuple[str, str, str], ...]] = {
     ),
 }
 
-#: Registries of source templates: they see the top-level graph, Constant nodes excluded.
-_TEMPLATE_MODULES = ("xconv.converters.flax.source.", "xconv.converters.torch.source.")
-
 
 def available_backends() -> dict[str, str]:
     """Backends whose framework is installed: name -> registry module."""
@@ -74,11 +71,9 @@ def registry_missing(model: ir.Model, module: str) -> list[MissingOp]:
     # Importing the package registers its handlers (a templates module imports its families).
     importlib.import_module(module.rsplit(".", 1)[0])
     registry = importlib.import_module(module).registry
-    if module.startswith(_TEMPLATE_MODULES):
-        nodes = (
-            n for n in model.graph if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))
-        )
-        return registry.missing_in(nodes, model.opset_imports)
+    if isinstance(registry, TemplateRegistry):
+        # An emitter checks the top-level graph (If/Loop bodies have no template either).
+        return registry.missing_templates(model.graph, model.opset_imports)
     return registry.missing_ops(model.graph, model.opset_imports)
 
 

@@ -249,15 +249,21 @@ class TemplateRegistry(Registry):
 
     helpers: dict[str, str] = field(default_factory=dict)
 
+    def missing_templates(
+        self, nodes: Iterable[ir.Node], opsets: Mapping[str, int]
+    ) -> list[MissingOp]:
+        """:meth:`missing_in` less Constant nodes (an emitter writes them as literals)."""
+        todo = (n for n in nodes if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx")))
+        return self.missing_in(todo, opsets)
+
     def check_nodes(
         self,
         nodes: Iterable[ir.Node],
         opsets: Mapping[str, int],
         error: Callable[[list[MissingOp]], Exception] | None = None,
     ) -> None:
-        """Scan first, fail once over ``nodes`` (Constant needs no template)."""
-        todo = (n for n in nodes if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx")))
-        missing = self.missing_in(todo, opsets)
+        """Scan first, fail once over ``nodes``."""
+        missing = self.missing_templates(nodes, opsets)
         if missing:
             if error is not None:
                 raise error(missing)
