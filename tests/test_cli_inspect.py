@@ -26,9 +26,7 @@ def _model(tmp_path):
     x = h.make_tensor_value_info("x", T.FLOAT, [2, 3])
     y = h.make_tensor_value_info("y", T.FLOAT, [2, 3])
     nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node(_OP, ["r"], ["y"], alpha=1.0)]
-    proto = h.make_model(
-        h.make_graph(nodes, "g", [x], [y]), opset_imports=[h.make_opsetid("", 23)]
-    )
+    proto = h.make_model(h.make_graph(nodes, "g", [x], [y]), opset_imports=[h.make_opsetid("", 23)])
     path = tmp_path / "m.onnx"
     path.write_bytes(proto.SerializeToString())
     return path
@@ -46,9 +44,7 @@ def test_summary_lists_each_registry_of_each_target(tmp_path):
 @pytest.mark.parametrize(
     ("target", "label"), [("flax", "flax source templates"), ("torch", "torch source templates")]
 )
-def test_runtime_covers_templates_do_not_and_the_command_fails_on_that_op(
-    tmp_path, target, label
-):
+def test_runtime_covers_templates_do_not_and_the_command_fails_on_that_op(tmp_path, target, label):
     path = _model(tmp_path)
     r = CliRunner().invoke(main, ["inspect", str(path)], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
