@@ -24,6 +24,7 @@ import onnx_ir as ir
 from xconv.converters.codegen import Namespace, parse_attrs, write_dir_atomic
 from xconv.converters.flax.source import classes as flax_classes
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
+from xconv.converters.flax.source.attention import fold_head_transposes
 from xconv.converters.flax.source.layers import layer_ctor
 from xconv.converters.flax.source.render import (
     _class_doc,
@@ -938,7 +939,7 @@ class _Emitter:
         if self.low_dtype and not static:
             lowered = self._lower(node, args, consts, attrs, bare)
         rounds = lowered == "round"
-        call = OpCall(node, args, consts, shapes, attrs, xp=xp, perm=perm)
+        call = OpCall(node, args, consts, shapes, attrs, xp=xp, perm=perm, low=self.low_dtype)
         expr = tpl.fn(call)
         self._drop_unused_constants(stored, expr)
         self.src.helpers |= call.helpers
@@ -1127,7 +1128,7 @@ class EmittedVariable:
 def _run(model: ir.Model, api: str, options: FlaxOptions | None) -> _Emitter:
     if api not in ("linen", "nnx"):
         raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
-    model = canonicalize(_copy(model))
+    model = fold_head_transposes(canonicalize(_copy(model)))
     em = _Emitter(model, api, options)
     em.plan_layers()
     em.check_supported()

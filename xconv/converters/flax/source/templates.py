@@ -28,6 +28,7 @@ import onnx_ir as ir
 
 from xconv.converters import expressions as ex
 from xconv.converters.codegen import TemplateCall, int_tuple, scalar_literal
+from xconv.converters.flax.source.attention import dot_product_attention
 from xconv.converters.ops import formulation
 from xconv.converters.ops.rnn import COMMON_ATTRS
 from xconv.converters.registry import REQUIRED
@@ -47,6 +48,7 @@ class OpCall(TemplateCall):
     xp: str = "jnp"
     perm: tuple[int, ...] | None = None
     helpers: set[str] = field(default_factory=set)
+    low: bool = False  # the emitter computes in bfloat16
 
     emitter: ClassVar[str] = "Flax emitter"
 
@@ -598,11 +600,14 @@ def _attention(c: OpCall) -> str:
         raise c.fail("Attention qk_matmul_output_mode / softcap")
     # "reference" (xconv.converters.ops.formulation) writes the older einsum-softmax helper.
     name = "attention" if formulation.get("attention") == "auto" else "attention_reference"
-    c.helpers.add(name)
     mask = c.args[3] if c.has(3) else "None"
     causal = bool(c.attrs["is_causal"])
     if c.has(3) and _causal_mask(c.consts[3]):
         mask, causal = "None", True  # the mask a causal model builds: is_causal says it
+    direct = dot_product_attention(c, mask, causal)
+    if direct is not None and name == "attention":
+        return direct
+    c.helpers.add(name)
     # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
     args = [c.args[0], c.args[1], c.args[2]] + ([mask] if mask != "None" else [])
     if causal:
@@ -973,10 +978,9 @@ def _torch_batch_norm(bn, x, train):
     """Flax BatchNorm with torch's running-variance update (unbiased batch variance)."""
     y = bn(x, use_running_average=not train)
     if train and not bn.is_initializing():
-        n = x.size // x.shape[-1]
-        batch_var = jnp.var(x, axis=tuple(range(x.ndim - 1)))
-        var = bn.get_variable("batch_stats", "var")
-        bn.put_variable("batch_stats", "var", var + (1.0 - bn.momentum) * batch_var / (n - 1))
+        x = x.reshape(-1, x.shape[-1])
+        var = bn.get_variable("batch_stats", "var") + (1 - bn.momentum) * x.var(0) / (len(x) - 1)
+        bn.put_variable("batch_stats", "var", var)
     return y
 ''',
     "torch_batch_norm_nnx": '''
@@ -984,9 +988,8 @@ def _torch_batch_norm(bn, x, train):
     """Flax BatchNorm with torch's running-variance update (unbiased batch variance)."""
     y = bn(x, use_running_average=not train)
     if train:
-        n = x.size // x.shape[-1]
-        batch_var = jnp.var(x, axis=tuple(range(x.ndim - 1)))
-        bn.var.value = bn.var.value + (1.0 - bn.momentum) * batch_var / (n - 1)
+        x = x.reshape(-1, x.shape[-1])
+        bn.var.value += (1 - bn.momentum) * x.var(0) / (len(x) - 1)
     return y
 ''',
     "reshape": '''
