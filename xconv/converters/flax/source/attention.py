@@ -15,6 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.codegen import scalar_literal
+from xconv.converters.ops import formulation
 
 #: Node metadata: this ``Attention`` node's q, k, v and output are (B, S, H, D).
 BSHD = "xconv.flax.bshd"
@@ -50,9 +51,9 @@ def _foldable(node: ir.Node) -> list[ir.Node] | None:
         return None  # past key / value
     if len(ins) > 3 and ins[3] is not None and ins[3].name and not _causal_const(ins[3]):
         return None
-    for key in ("q_num_heads", "kv_num_heads", "qk_matmul_output_mode"):
+    for key in ("q_num_heads", "kv_num_heads", "qk_matmul_output_mode", "softcap"):
         attr = node.attributes.get(key)
-        if attr is not None and attr.as_int():
+        if attr is not None and attr.value:
             return None
     if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
         return None
@@ -74,10 +75,23 @@ def _foldable(node: ir.Node) -> list[ir.Node] | None:
     return [*found, users[0]]
 
 
-def fold_head_transposes(model: ir.Model) -> ir.Model:
-    """Drop the head transposes around 4-D ``Attention`` nodes of ``model`` (in place)."""
+def bhsd_operands(c) -> list[str]:
+    """q, k, v of an ``Attention`` call as the ``_attention`` helper takes them: (B, H, S, D)."""
+    if c.node.metadata_props.get(BSHD):
+        return [f"jnp.swapaxes({a}, 1, 2)" for a in c.args[:3]]
+    return list(c.args[:3])
+
+
+def fold_head_transposes(model: ir.Model, low: bool = False) -> ir.Model:
+    """Drop the head transposes around 4-D ``Attention`` nodes of ``model`` (in place) that
+    :func:`dot_product_attention` will write as one call (float32, not ``low`` = bfloat16
+    compute, the ``auto`` attention formulation)."""
+    if low or formulation.get("attention") != "auto":
+        return model
     graph = model.graph
     for node in [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
+        if any(v is None or v.dtype != ir.DataType.FLOAT for v in node.inputs[:3]):
+            continue
         around = _foldable(node)
         if around is None:
             continue

@@ -1128,7 +1128,8 @@ class EmittedVariable:
 def _run(model: ir.Model, api: str, options: FlaxOptions | None) -> _Emitter:
     if api not in ("linen", "nnx"):
         raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
-    model = fold_head_transposes(canonicalize(_copy(model)))
+    low = precision.resolve_dtype((options or FlaxOptions()).dtype)
+    model = fold_head_transposes(canonicalize(_copy(model)), low)
     em = _Emitter(model, api, options)
     em.plan_layers()
     em.check_supported()

@@ -28,7 +28,7 @@ import onnx_ir as ir
 
 from xconv.converters import expressions as ex
 from xconv.converters.codegen import TemplateCall, int_tuple, scalar_literal
-from xconv.converters.flax.source.attention import dot_product_attention
+from xconv.converters.flax.source.attention import BSHD, bhsd_operands, dot_product_attention
 from xconv.converters.ops import formulation
 from xconv.converters.ops.rnn import COMMON_ATTRS
 from xconv.converters.registry import REQUIRED
@@ -609,7 +609,7 @@ def _attention(c: OpCall) -> str:
         return direct
     c.helpers.add(name)
     # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
-    args = [c.args[0], c.args[1], c.args[2]] + ([mask] if mask != "None" else [])
+    args = bhsd_operands(c) + ([mask] if mask != "None" else [])
     if causal:
         args.append("is_causal=True")
     if c.attrs["scale"] is not None:
@@ -617,7 +617,8 @@ def _attention(c: OpCall) -> str:
     for key in ("q_num_heads", "kv_num_heads"):
         if c.attrs[key]:
             args.append(f"{key}={c.attrs[key]}")
-    return f"_{name}({', '.join(args)})"
+    out = f"_{name}({', '.join(args)})"
+    return f"jnp.swapaxes({out}, 1, 2)" if c.node.metadata_props.get(BSHD) else out
 
 
 # ---------------------------------------------------------------- reductions
