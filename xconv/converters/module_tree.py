@@ -181,6 +181,19 @@ def wrap_line(line: str, width: int = LINE_LENGTH) -> list[str]:
         if j is not None and re.fullmatch(r"(\.\w+)*", line[j + 1 :]):
             opened, close = i, j
             break
+    if opened is not None and opened + 1 > width:
+        # the head does not fit (``x = f(...) + b.reshape(``): split the first top-level
+        # call whose closing bracket leaves a tail that fits (``) + b.reshape((-1, 1, 1))``)
+        opened = close = None
+        depth = 0
+        for i, ch in enumerate(line):
+            if ch == "(" and depth == 0 and re.search(r"[\w\]]$", line[:i]):
+                j = _closing(line, i)
+                if j is not None and indent + len(line) - j <= width and "#" not in line[j:]:
+                    opened, close = i, j
+                break
+            depth += ch in "([{"
+            depth -= ch in ")]}"
     if opened is None or not line[indent:opened].strip():
         return [line]
     args = _split_args(line[opened + 1 : close])

@@ -91,3 +91,19 @@ def test_reshape_of_reshape_and_return():
     # a reshape read twice stays
     kept = ["t = jnp.reshape(x, (4,))", "y = jnp.reshape(t, (2, 2))", "return y + t"]
     assert fold_reshapes(kept) == kept
+
+
+def test_wrap_line_splits_the_call_before_a_binary_tail():
+    """``x = f(<long args>) + b.reshape(...)``: the call the statement starts with is split
+    (as ruff does), not the trailing ``reshape`` whose head would stay over the width."""
+    line = (
+        "        x = lax.conv_general_dilated(x, self.kernel[...], window_strides=(1, 1), "
+        "padding=[(0, 0), (0, 0)], rhs_dilation=(1, 1), dimension_numbers=('NCHW', 'OIHW', "
+        "'NCHW'), feature_group_count=1) + self.bias[...].reshape((-1, 1, 1))"
+    )
+    lines = wrap_line(line)
+    assert all(len(ln) <= 100 for ln in lines)
+    assert lines[0] == "        x = lax.conv_general_dilated("
+    assert lines[-1] == "        ) + self.bias[...].reshape((-1, 1, 1))"
+    one = ast.dump(ast.parse(line.strip()))
+    assert ast.dump(ast.parse("\n".join(ln[8:] for ln in lines))) == one
