@@ -12,7 +12,12 @@ import pytest
 pytest.importorskip("jax")
 
 from xconv.converters.flax.source.templates import _causal_mask, closed_form  # noqa: E402
-from xconv.converters.module_tree import fold_reshapes, inline_chains, wrap_line  # noqa: E402
+from xconv.converters.module_tree import (  # noqa: E402
+    fold_reshapes,
+    inline_chains,
+    unpack_splits,
+    wrap_line,
+)
 
 
 @pytest.mark.parametrize(
@@ -107,3 +112,21 @@ def test_wrap_line_splits_the_call_before_a_binary_tail():
     assert lines[-1] == "        ) + self.bias[...].reshape((-1, 1, 1))"
     one = ast.dump(ast.parse(line.strip()))
     assert ast.dump(ast.parse("\n".join(ln[8:] for ln in lines))) == one
+
+
+def test_split_parts_read_once_are_unpacked():
+    lines = [
+        "x = list(jnp.split(self.qkv(x), [32, 64], axis=-1))",
+        "h = x[0]",
+        "h_1 = x[1]",
+        "x = x[2]",
+        "return h + h_1 + x",
+    ]
+    assert unpack_splits(lines) == [
+        "h, h_1, x = jnp.split(self.qkv(x), [32, 64], axis=-1)",
+        "return h + h_1 + x",
+    ]
+    # two parts read of three: unpacking would fail at run time; the list is still read later
+    assert unpack_splits(lines[:3] + ["return h + h_1"]) == lines[:3] + ["return h + h_1"]
+    kept = ["y = list(jnp.split(x, [4], axis=0))", "a = y[0]", "b = y[1]", "return y"]
+    assert unpack_splits(kept) == kept
