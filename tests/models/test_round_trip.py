@@ -94,7 +94,8 @@ def test_state_dict_and_outputs_come_back(tmp, name, api):
                 "self.layer2 = [BasicBlock(16, strides=2, downsample=True), BasicBlock(16)]"
                 in flax_src
             )
-        assert "for block in self.layer1:" in flax_src
+        # consecutive stages with one loop body: one loop over both lists
+        assert "for block in (*self.layer1, *self.layer2):" in flax_src
 
 
 @pytest.mark.parametrize("api", ["linen", "nnx"])

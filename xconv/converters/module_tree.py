@@ -181,6 +181,19 @@ def wrap_line(line: str, width: int = LINE_LENGTH) -> list[str]:
         if j is not None and re.fullmatch(r"(\.\w+)*", line[j + 1 :]):
             opened, close = i, j
             break
+    if opened is not None and opened + 1 > width:
+        # the head does not fit (``x = f(...) + b.reshape(``): split the first top-level
+        # call whose closing bracket leaves a tail that fits (``) + b.reshape((-1, 1, 1))``)
+        opened = close = None
+        depth = 0
+        for i, ch in enumerate(line):
+            if ch == "(" and depth == 0 and re.search(r"[\w\]]$", line[:i]):
+                j = _closing(line, i)
+                if j is not None and indent + len(line) - j <= width and "#" not in line[j:]:
+                    opened, close = i, j
+                break
+            depth += ch in "([{"
+            depth -= ch in ")]}"
     if opened is None or not line[indent:opened].strip():
         return [line]
     args = _split_args(line[opened + 1 : close])
@@ -224,4 +237,41 @@ def fold_reshapes(lines: list[str]) -> list[str]:
             continue
         out[i + 1] = out[i + 1].replace(use, f"{xp}.reshape({m.group('e')}, ", 1)
         del out[i]
+    return out
+
+
+_SPLIT_LIST = re.compile(
+    r"^(?P<v>\w+) = list\((?P<e>(?:jnp|np)\.split\(.+, \[(?P<i>[\d, ]*)\].*\))\)$"
+)
+
+
+def unpack_splits(lines: list[str]) -> list[str]:
+    """``v = list(jnp.split(e, [32, 64], axis=-1))`` whose parts are then read once each into
+    locals (``a = v[0]``, ``b = v[1]``, ``c = v[2]``) becomes ``a, b, c = jnp.split(...)``, as
+    the source's ``q, k, v = x.split(d, dim=-1)``."""
+    out = list(lines)
+    i = 0
+    while i < len(out):
+        m = _SPLIT_LIST.match(out[i])
+        if m is None:
+            i += 1
+            continue
+        v, n = m.group("v"), len([p for p in m.group("i").split(",") if p.strip()]) + 1
+        reads = out[i + 1 : i + 1 + n]
+        names = []
+        for k, line in enumerate(reads):
+            r = re.fullmatch(rf"(\w+) = {v}\[{k}\]", line)
+            if r is None:
+                break
+            names.append(r.group(1))
+        later = "\n".join(out[i + 1 + n :])
+        free = v in names or _uses(v, later) == 0
+        if len(names) != n or len(set(names)) != n or not free:
+            i += 1
+            continue
+        if any(_uses(a, "\n".join(out[i : i + 1 + k])) for k, a in enumerate(names) if a != v):
+            i += 1  # a target read by an earlier line of the group
+            continue
+        out[i : i + 1 + n] = [f"{', '.join(names)} = {m.group('e')}"]
+        i += 1
     return out

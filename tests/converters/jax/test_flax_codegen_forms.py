@@ -13,7 +13,12 @@ pytest.importorskip("jax")
 
 from xconv.converters.flax.source.templates import closed_form  # noqa: E402
 from xconv.converters.flax.source.templates_nn import _causal_mask  # noqa: E402
-from xconv.converters.module_tree import fold_reshapes, inline_chains, wrap_line  # noqa: E402
+from xconv.converters.module_tree import (  # noqa: E402
+    fold_reshapes,
+    inline_chains,
+    unpack_splits,
+    wrap_line,
+)
 
 
 @pytest.mark.parametrize(
@@ -92,3 +97,37 @@ def test_reshape_of_reshape_and_return():
     # a reshape read twice stays
     kept = ["t = jnp.reshape(x, (4,))", "y = jnp.reshape(t, (2, 2))", "return y + t"]
     assert fold_reshapes(kept) == kept
+
+
+def test_wrap_line_splits_the_call_before_a_binary_tail():
+    """``x = f(<long args>) + b.reshape(...)``: the call the statement starts with is split
+    (as ruff does), not the trailing ``reshape`` whose head would stay over the width."""
+    line = (
+        "        x = lax.conv_general_dilated(x, self.kernel[...], window_strides=(1, 1), "
+        "padding=[(0, 0), (0, 0)], rhs_dilation=(1, 1), dimension_numbers=('NCHW', 'OIHW', "
+        "'NCHW'), feature_group_count=1) + self.bias[...].reshape((-1, 1, 1))"
+    )
+    lines = wrap_line(line)
+    assert all(len(ln) <= 100 for ln in lines)
+    assert lines[0] == "        x = lax.conv_general_dilated("
+    assert lines[-1] == "        ) + self.bias[...].reshape((-1, 1, 1))"
+    one = ast.dump(ast.parse(line.strip()))
+    assert ast.dump(ast.parse("\n".join(ln[8:] for ln in lines))) == one
+
+
+def test_split_parts_read_once_are_unpacked():
+    lines = [
+        "x = list(jnp.split(self.qkv(x), [32, 64], axis=-1))",
+        "h = x[0]",
+        "h_1 = x[1]",
+        "x = x[2]",
+        "return h + h_1 + x",
+    ]
+    assert unpack_splits(lines) == [
+        "h, h_1, x = jnp.split(self.qkv(x), [32, 64], axis=-1)",
+        "return h + h_1 + x",
+    ]
+    # two parts read of three: unpacking would fail at run time; the list is still read later
+    assert unpack_splits(lines[:3] + ["return h + h_1"]) == lines[:3] + ["return h + h_1"]
+    kept = ["y = list(jnp.split(x, [4], axis=0))", "a = y[0]", "b = y[1]", "return y"]
+    assert unpack_splits(kept) == kept

@@ -119,6 +119,11 @@ def _decl(name: str) -> str:
     return f"{name}: {_type(name)}{tail}"
 
 
+def _plain(name: str) -> str:
+    """``strides=1``: a defaulted parameter without its annotation."""
+    return f"{name}={_literal(_base(name), _DEFAULTS[_base(name)])}"
+
+
 def render_group(group: Group, api: str) -> str:
     """The class text, varying feature counts as fields."""
     names, by_pos = _fields(group)
@@ -141,6 +146,12 @@ def render_group(group: Group, api: str) -> str:
         return text[:doc_end] + "\n" + lines + text[doc_end:]
     args = ", ".join(_decl(n) for n in names)
     head = f"def __init__(self, {args}, *, rngs: nnx.Rngs):"
+    if len(head) + 4 > 100:  # a field with a default says its type by the default
+        args = ", ".join(_decl(n) if _DEFAULTS.get(_base(n)) is None else _plain(n) for n in names)
+        head = f"def __init__(self, {args}, *, rngs: nnx.Rngs):"
+    if len(head) + 4 > 100:  # then plain names rather than one parameter a line
+        args = ", ".join(n if _DEFAULTS.get(_base(n)) is None else _plain(n) for n in names)
+        head = f"def __init__(self, {args}, *, rngs: nnx.Rngs):"
     if len(head) + 4 > 100:  # as ruff formats it: one parameter a line
         params = ["self", *(_decl(n) for n in names), "*", "rngs: nnx.Rngs"]
         head = "def __init__(\n" + "".join(f"        {a},\n" for a in params) + "    ):"
@@ -427,3 +438,37 @@ def _merge(plain: Group, var: Group, api: str):
         return tuple(got)
 
     return "\n".join(out), slots, from_plain, from_var
+
+
+_FOR = re.compile(r"^for (?P<b>\w+) in (?P<seq>self\.\w+):$")
+
+
+def merge_loops(body: list[str]) -> list[str]:
+    """Consecutive loops with one body (``for block in self.layer1: x = block(x)`` then the
+    same over ``self.layer2``) as one loop over both lists: ``for block in (*self.layer1,
+    *self.layer2):``, as a person writes the stages of a ResNet."""
+
+    def single(k: int) -> re.Match | None:  # a one-statement loop at ``k``
+        m = _FOR.match(body[k]) if k + 1 < len(body) else None
+        if not m or not body[k + 1].startswith("    ") or body[k + 1].startswith("     "):
+            return None
+        return m if k + 2 >= len(body) or not body[k + 2].startswith("    ") else None
+
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        m = single(i)
+        if m is None:
+            out.append(body[i])
+            i += 1
+            continue
+        seqs, j = [m.group("seq")], i + 2
+        while (n := single(j) if j < len(body) else None) and body[j + 1] == body[i + 1]:
+            if n.group("b") != m.group("b"):
+                break
+            seqs.append(n.group("seq"))
+            j += 2
+        head = seqs[0] if len(seqs) == 1 else "(" + ", ".join(f"*{q}" for q in seqs) + ")"
+        out += [f"for {m.group('b')} in {head}:", body[i + 1]]
+        i = j
+    return out

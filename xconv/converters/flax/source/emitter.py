@@ -23,6 +23,7 @@ import onnx_ir as ir
 from xconv.converters.codegen import Namespace, write_dir_atomic
 from xconv.converters.flax.source import classes as flax_classes
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
+from xconv.converters.flax.source.attention import fold_head_transposes
 from xconv.converters.flax.source.layers import layer_ctor
 from xconv.converters.flax.source.nodes import _Nodes
 from xconv.converters.flax.source.planning import LayerPlan, _Planning
@@ -597,7 +598,8 @@ class EmittedVariable:
 def _run(model: ir.Model, api: str, options: FlaxOptions | None) -> _Emitter:
     if api not in ("linen", "nnx"):
         raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
-    model = canonicalize(_copy(model))
+    low = precision.resolve_dtype((options or FlaxOptions()).dtype)
+    model = fold_head_transposes(canonicalize(_copy(model)), low)
     em = _Emitter(model, api, options)
     em.plan_layers()
     em.check_supported()

@@ -16,10 +16,9 @@ def _torch_batch_norm(bn, x, train):
     """Flax BatchNorm with torch's running-variance update (unbiased batch variance)."""
     y = bn(x, use_running_average=not train)
     if train and not bn.is_initializing():
-        n = x.size // x.shape[-1]
-        batch_var = jnp.var(x, axis=tuple(range(x.ndim - 1)))
-        var = bn.get_variable("batch_stats", "var")
-        bn.put_variable("batch_stats", "var", var + (1.0 - bn.momentum) * batch_var / (n - 1))
+        x = x.reshape(-1, x.shape[-1])
+        var = bn.get_variable("batch_stats", "var") + (1 - bn.momentum) * x.var(0) / (len(x) - 1)
+        bn.put_variable("batch_stats", "var", var)
     return y
 ''',
     "torch_batch_norm_nnx": '''
@@ -27,9 +26,8 @@ def _torch_batch_norm(bn, x, train):
     """Flax BatchNorm with torch's running-variance update (unbiased batch variance)."""
     y = bn(x, use_running_average=not train)
     if train:
-        n = x.size // x.shape[-1]
-        batch_var = jnp.var(x, axis=tuple(range(x.ndim - 1)))
-        bn.var.value = bn.var.value + (1.0 - bn.momentum) * batch_var / (n - 1)
+        x = x.reshape(-1, x.shape[-1])
+        bn.var.value += (1 - bn.momentum) * x.var(0) / (len(x) - 1)
     return y
 ''',
     "reshape": '''

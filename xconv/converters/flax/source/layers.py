@@ -65,7 +65,8 @@ def _conv(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
     pad = tuple(tuple(int(x) for x in pp) for pp in h["padding"])
     kw = {
         "strides": (_uniform(tuple(h["strides"])), 1),
-        "padding": (_padding(pad), None),
+        # a 1x1 kernel pads nothing under Flax's default "SAME" either
+        "padding": (_padding(pad), '"VALID"' if set(k) == {1} else None),
         "kernel_dilation": (_uniform(tuple(h["dilations"])), 1),
         "feature_group_count": (h["groups"], 1),
         "use_bias": (bool(h["use_bias"]), True),

@@ -64,7 +64,7 @@ class _Nodes:
         if self.low_dtype and not static:
             lowered = self._lower(node, args, consts, attrs, bare)
         rounds = lowered == "round"
-        call = OpCall(node, args, consts, shapes, attrs, xp=xp, perm=perm)
+        call = OpCall(node, args, consts, shapes, attrs, xp=xp, perm=perm, low=self.low_dtype)
         expr = tpl.fn(call)
         self._drop_unused_constants(stored, expr)
         self.src.helpers |= call.helpers

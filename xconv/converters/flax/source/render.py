@@ -16,7 +16,13 @@ import numpy as np
 from xconv.converters.flax.source import classes as flax_classes
 from xconv.converters.flax.source.templates import HELPERS
 from xconv.converters.flax.source_names import predicted_name
-from xconv.converters.module_tree import LINE_LENGTH, fold_reshapes, inline_chains, wrap_lines
+from xconv.converters.module_tree import (
+    LINE_LENGTH,
+    fold_reshapes,
+    inline_chains,
+    unpack_splits,
+    wrap_lines,
+)
 from xconv.ir.metadata import MODULE
 
 if TYPE_CHECKING:
@@ -56,7 +62,7 @@ def render_class(em: _Emitter, name: str, doc: str, *, train: bool = False) -> s
         lines = [f"class {name}(nn.Module):", f'    """{doc}"""', "", "    def setup(self):"]
         setup, body = flax_classes.loop_lists([a for a, _ in em.src.setup], body)
         setup = setup or ["pass"]
-        body = inline_chains(fold_reshapes(body), LINE_LENGTH - 8)
+        body = unpack_splits(inline_chains(fold_reshapes(body), LINE_LENGTH - 8))
     else:
         lines = [
             f"class {name}(nnx.Module):",
@@ -65,7 +71,8 @@ def render_class(em: _Emitter, name: str, doc: str, *, train: bool = False) -> s
             "    def __init__(self, *, rngs: nnx.Rngs):",
         ]
         setup = [b for _, b in em.src.setup] or ["pass"]
-        body = inline_chains(fold_reshapes(body), LINE_LENGTH - 8)
+        body = unpack_splits(inline_chains(fold_reshapes(body), LINE_LENGTH - 8))
+    body = flax_classes.merge_loops(body)
     lines += _indent(setup, 8) + [""]
     lines += [f"    def __call__(self, {args}):"] + _indent(body, 8)
     return "\n".join(lines)
@@ -133,12 +140,16 @@ def render(em: _Emitter, name: str) -> str:
     helpers = [HELPERS[h].strip("\n") for h in sorted(em.src.helpers)]
     if em.low_dtype:  # softmax inside helpers (attention) accumulates in float32
         helpers = [_SOFTMAX.sub(_FLOAT32_SOFTMAX, h) for h in helpers]
-    code_parts = [*helpers, wrap_lines("\n".join(cls)), "\n".join(load), *_source_names(em)]
+    body = "\n".join(cls)
+    if api == "nnx":  # nnx exports linen's pooling functions: no linen import for them
+        body = _LINEN_POOL.sub(r"nnx.\1(", body)
+    code_parts = [*helpers, wrap_lines(body), "\n".join(load), *_source_names(em)]
     text = "\n\n\n".join(code_parts)
     imports = _imports(text, api)
     return doc + "\n\n" + "\n".join(imports) + "\n\n\n" + text + "\n"
 
 
+_LINEN_POOL = re.compile(r"(?<![\w.])nn\.(max_pool|avg_pool)\(")
 _SOFTMAX = re.compile(r"jax\.nn\.softmax\((\w+), axis=(-?\d+)\)")
 _FLOAT32_SOFTMAX = r"jax.nn.softmax(\1.astype(jnp.float32), axis=\2).astype(\1.dtype)"
 

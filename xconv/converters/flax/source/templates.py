@@ -45,6 +45,7 @@ class OpCall(TemplateCall):
     xp: str = "jnp"
     perm: tuple[int, ...] | None = None
     helpers: set[str] = field(default_factory=set)
+    low: bool = False  # the emitter computes in bfloat16
 
     emitter: ClassVar[str] = "Flax emitter"
 

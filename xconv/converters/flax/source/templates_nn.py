@@ -9,6 +9,7 @@ import numpy as np
 
 from xconv.converters import expressions as ex
 from xconv.converters.codegen import scalar_literal
+from xconv.converters.flax.source.attention import BSHD, bhsd_operands, dot_product_attention
 from xconv.converters.flax.source.templates import (
     OpCall,
     registry,
@@ -245,13 +246,16 @@ def _attention(c: OpCall) -> str:
         raise c.fail("Attention qk_matmul_output_mode / softcap")
     # "reference" (xconv.converters.ops.formulation) writes the older einsum-softmax helper.
     name = "attention" if formulation.get("attention") == "auto" else "attention_reference"
-    c.helpers.add(name)
     mask = c.args[3] if c.has(3) else "None"
     causal = bool(c.attrs["is_causal"])
     if c.has(3) and _causal_mask(c.consts[3]):
         mask, causal = "None", True  # the mask a causal model builds: is_causal says it
+    direct = dot_product_attention(c, mask, causal)
+    if direct is not None and name == "attention":
+        return direct
+    c.helpers.add(name)
     # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
-    args = [c.args[0], c.args[1], c.args[2]] + ([mask] if mask != "None" else [])
+    args = bhsd_operands(c) + ([mask] if mask != "None" else [])
     if causal:
         args.append("is_causal=True")
     if c.attrs["scale"] is not None:
@@ -259,7 +263,8 @@ def _attention(c: OpCall) -> str:
     for key in ("q_num_heads", "kv_num_heads"):
         if c.attrs[key]:
             args.append(f"{key}={c.attrs[key]}")
-    return f"_{name}({', '.join(args)})"
+    out = f"_{name}({', '.join(args)})"
+    return f"jnp.swapaxes({out}, 1, 2)" if c.node.metadata_props.get(BSHD) else out
 
 
 # ---------------------------------------------------------------- recurrent layers
