@@ -87,7 +87,7 @@ def main(dest: str) -> None:
     from xconv.sharding.flax import ORBAX_DIR  # noqa: F401  (import costs before the baseline)
     from xconv.sharding.rules import make_mesh
     from xconv.sharding.stream import OrbaxParts, stream_orbax_parts
-    from xconv.weights.convert import build_template, convert_weights
+    from xconv.weight_template import build_template, convert_weights
     from xconv.weights.shards import CheckpointIndex
     from xconv.weights.stream import Planned, Target
 

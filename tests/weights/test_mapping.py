@@ -15,7 +15,7 @@ from xconv.converters.flax.source.emitter import generate, to_flax
 from xconv.converters.torch.importer.trace import from_torch
 from xconv.errors import WeightsError
 from xconv.weights import io
-from xconv.weights.mapping import build_weight_map, flax_to_torch, torch_to_flax
+from xconv.weight_template import build_weight_map, flax_to_torch, torch_to_flax
 
 FIXTURES = ["mlp", "resnet", "conv_zoo", "norm_zoo", "transformer", "mha_weights", "seq_model"]
 
