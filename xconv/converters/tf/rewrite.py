@@ -4,8 +4,8 @@ GELU's ``x * 0.5 * (1 + erf(x / sqrt(2)))`` fused back into one ``Gelu``; reshap
 move size-1 axes written as the transposes they are; explicit ``Pad`` nodes folded into the
 convolution's pads; the NHWC<->NCHW transposes tf2onnx leaves around every convolution pushed
 through elementwise activations so consecutive convs meet without transposes
-(:func:`_canonicalize` runs them with the IR's canonical passes). Moved verbatim out of
-:mod:`xconv.converters.tf.importer`, which calls them.
+(:func:`_canonicalize` runs them with the IR's canonical passes). Called by
+:mod:`xconv.converters.tf.importer`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import onnx_ir as ir
 from xconv.ir.metadata import MODULE, SCOPE
 
 _BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min"})
-
-
 _UNARY = frozenset(
     {
         "Relu",

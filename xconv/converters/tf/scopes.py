@@ -4,8 +4,8 @@ Weights that entered the traced function as inputs become initializers named by 
 variable paths (``dense_1/kernel``); each node's ``xconv.scope`` is set from the tf2onnx node
 name's layer prefix (helper nodes inherit their consumers' scope); a SeparableConv's two
 convolutions and a layer's fused activation get scopes of their own; the decomposed
-BatchNormalization / LayerNormalization arithmetic is replaced by the single ONNX node. Moved
-verbatim out of :mod:`xconv.converters.tf.importer`, which calls them.
+BatchNormalization / LayerNormalization arithmetic is replaced by the single ONNX node. Called by
+:mod:`xconv.converters.tf.importer`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ logger = logging.getLogger(__name__)
 
 #: Keras layers recognised as one unit: their sublayers share the layer's scope.
 _ATOMIC = frozenset({"MultiHeadAttention", "SeparableConv2D", "SeparableConv1D"})
-
-
 _WEIGHT_PREFIX = "xconv_w"
 
 
