@@ -208,12 +208,14 @@ def stream_orbax_parts(
     import jax
     import orbax.checkpoint as ocp
 
+    from xconv.weights.stream import shard_groups
+
     if mesh is None:
         mesh = f"1x{len(jax.devices())}"
     mesh = make_mesh(mesh)
     pin_mmap_threshold()
     table = resolve_rules(rules)
-    groups = _part_groups(targets, index)
+    groups, _ = shard_groups(targets, index)
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     ckpt = ocp.PyTreeCheckpointer()
@@ -231,26 +233,6 @@ def stream_orbax_parts(
         out["bytes_written"] += nbytes
         out["largest_part_bytes"] = max(out["largest_part_bytes"], nbytes)
     return out
-
-
-def _part_groups(targets: Any, index: Any) -> list[tuple[Any, list]]:
-    """``(input shard, [(tensor ref, targets planned from it)])`` per part, in the index's
-    shard order; the computed targets (no source tensor) make one more part."""
-    by_source: dict[str, list] = {}
-    computed: list = []
-    for t in targets:
-        if t.planned is not None:
-            by_source.setdefault(t.planned.source, []).append(t)
-        else:
-            computed.append(t)
-    groups = []
-    for shard, refs in index.by_shard().items():
-        items = [(r, by_source[r.name]) for r in refs if r.name in by_source]
-        if items:
-            groups.append((shard, items))
-    if computed:
-        groups.append((None, [(None, computed)]))
-    return groups
 
 
 def _place_part(index, shard, items, axes, table, mesh, out) -> tuple[dict, int]:
