@@ -29,14 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._memory import rss_kib  # noqa: E402
+
 STRATEGIES = ("fsdp", "tp", "fsdp+tp")
-
-
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
 
 
 def _import(path: Path):
@@ -54,10 +49,10 @@ def child_load(folder: str, mesh: str | None) -> dict:
     gen = _import(Path(folder))
     jax.numpy.zeros(1).block_until_ready()  # backend up before the baseline
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak-RSS mark
-    base = _rss_kib("VmRSS")
+    base = rss_kib("VmRSS")
     _, variables = gen.load(folder) if mesh is None else gen.load(folder, mesh=mesh)
     jax.block_until_ready(variables)
-    peak = _rss_kib("VmHWM")
+    peak = rss_kib("VmHWM")
     n = sum(x.nbytes for x in jax.tree_util.tree_leaves(variables))
     return {"peak_above_base_mib": (peak - base) / 1024, "weights_mib": n / 2**20}
 

@@ -24,7 +24,6 @@ timings.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -35,25 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._memory import reset_peak, rss_kib, warm_mesh_orbax  # noqa: E402
+
 LLAMA = "transformers:LlamaForCausalLM"
-
-
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def _reset_peak() -> int:
-    import ctypes
-    import gc
-
-    gc.collect()
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")
-    return _rss_kib("VmRSS")
 
 
 def child_write(ckpt: str, out: str, sharded: bool) -> dict:
@@ -70,21 +53,12 @@ def child_write(ckpt: str, out: str, sharded: bool) -> dict:
     traced = from_checkpoint(LLAMA, ckpt, config=Path(ckpt) / "config.json")
     _, parent, stage = _staging(out)
     if sharded:  # fixed costs (imports, Orbax's thread pools) before the baseline
-        import jax
-        import numpy as np
-        import orbax.checkpoint as ocp
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        from xconv.sharding.rules import make_mesh
-
-        mesh = make_mesh("2x4")
-        warm = jax.device_put(np.zeros(8, np.float32), NamedSharding(mesh, PartitionSpec("model")))
-        ocp.PyTreeCheckpointer().save((parent / "warm").absolute(), {"w": warm})
-    base = _reset_peak()
+        warm_mesh_orbax(parent)
+    base = reset_peak()
     t = time.perf_counter()
     report, _ = _write_flax(traced, stage, options, lambda msg: None)
     seconds = time.perf_counter() - t
-    peak = _rss_kib("VmHWM")
+    peak = rss_kib("VmHWM")
     res = {"peak_above_base_mib": (peak - base) / 1024, "seconds": seconds, "stage": str(stage)}
     if report.sharding is not None:
         res["largest_part_mib"] = report.sharding["largest_part_bytes"] / 2**20
@@ -101,10 +75,10 @@ def child_load(folder: str) -> dict:
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     jax.numpy.zeros(1).block_until_ready()
-    base = _reset_peak()
+    base = reset_peak()
     _, variables = gen.load(folder, mesh="2x4")
     jax.block_until_ready(variables)
-    peak = _rss_kib("VmHWM")
+    peak = rss_kib("VmHWM")
     return {"peak_above_base_mib": (peak - base) / 1024}
 
 

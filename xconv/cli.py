@@ -227,7 +227,7 @@ def weights_torch_to_flax(
     partitioning: str | None,
 ) -> None:
     """Convert a torch state_dict CHECKPOINT into Flax variables for the generated model.py."""
-    from xconv.weights.convert import convert_weights
+    from xconv.weight_template import convert_weights
 
     if partitioning is not None and mesh is None:
         raise click.UsageError("--partitioning places the weights on a --mesh (e.g. --mesh 1x1)")
@@ -276,7 +276,7 @@ def weights_flax_to_torch(
     train_state: bool = False,
 ) -> None:
     """Convert Flax VARIABLES (msgpack, Orbax, safetensors) back into a torch state_dict."""
-    from xconv.weights.convert import convert_weights
+    from xconv.weight_template import convert_weights
 
     if train_state:
         from xconv.training.state import write_torch_train_checkpoint

@@ -392,7 +392,7 @@ def weights_stream(module, x, root: Path, out: dict) -> None:
     import jax
 
     from xconv.sharding.axes import leaves
-    from xconv.weights.convert import convert_weights
+    from xconv.weight_template import convert_weights
 
     ckpt = root / "state.pt"
     torch.save(module.state_dict(), ckpt)

@@ -13,9 +13,6 @@ and its largest part, and the written values read back.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import json
 import sys
 import tempfile
@@ -23,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from benchmarks._memory import peak_above_mib, reset_peak, warm_mesh_orbax
 
 LAYERS, WIDTH = 12, 1448  # 12 shards x 8 MiB float32 (1448 = 8 x 181)
 
@@ -38,25 +37,6 @@ class Stack(torch.nn.Module):
         for layer in self.layers:
             x = torch.relu(layer(x))
         return x
-
-
-def _kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def _baseline() -> int:
-    gc.collect()
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")
-    return _kib("VmRSS")
-
-
-def _peak_mib(base: int) -> float:
-    return (_kib("VmHWM") - base) / 1024
 
 
 def make_checkpoint(folder: Path) -> dict[str, np.ndarray]:
@@ -81,13 +61,10 @@ def make_checkpoint(folder: Path) -> dict[str, np.ndarray]:
 
 def main(dest: str) -> None:
     import jax
-    import orbax.checkpoint as ocp
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from xconv.sharding.flax import ORBAX_DIR  # noqa: F401  (import costs before the baseline)
-    from xconv.sharding.rules import make_mesh
     from xconv.sharding.stream import OrbaxParts, stream_orbax_parts
-    from xconv.weights.convert import build_template, convert_weights
+    from xconv.weight_template import build_template, convert_weights
     from xconv.weights.shards import CheckpointIndex
     from xconv.weights.stream import Planned, Target
 
@@ -100,10 +77,7 @@ def main(dest: str) -> None:
         out["total_mib"] = sum(p.stat().st_size for p in shards) / 2**20
         out["largest_shard_mib"] = max(p.stat().st_size for p in shards) / 2**20
         # Fixed costs before any baseline: jax on the mesh, Orbax's thread pools.
-        mesh = make_mesh("2x4")
-        warm = jax.device_put(np.zeros(8, np.float32), NamedSharding(mesh, PartitionSpec("model")))
-        ocp.PyTreeCheckpointer().save((root / "warm").absolute(), {"w": warm})
-        del warm
+        warm_mesh_orbax(root)
 
         # The meta-device route: Dense kernels (in, out), transposed from torch's (out, in).
         index = CheckpointIndex(str(ckpt / "model.safetensors.index.json"))
@@ -113,9 +87,9 @@ def main(dest: str) -> None:
             for i in range(LAYERS)
         ]  # fmt: skip
         axes = {t.name: ("embed", "mlp") for t in targets}
-        base = _baseline()
+        base = reset_peak()
         written = stream_orbax_parts(targets, index, root / "meta", axes, "2x4", "fsdp")
-        peak = _peak_mib(base)
+        peak = peak_above_mib(base)
         reader = OrbaxParts(root / "meta")
         out["meta"] = {
             "peak_mib": peak,
@@ -131,11 +105,11 @@ def main(dest: str) -> None:
 
         # The weights-only path: convert_weights(..., mesh="2x4").
         template = build_template(lambda: (Stack(), (torch.zeros(1, WIDTH),)), None, "linen")
-        base = _baseline()
+        base = reset_peak()
         convert_weights(ckpt / "model.safetensors.index.json", template,
                         out=root / "weights.orbax", format="orbax", mesh="2x4",
                         partitioning="fsdp")  # fmt: skip
-        peak = _peak_mib(base)
+        peak = peak_above_mib(base)
         parts = sorted(p.name for p in (root / "weights.orbax").iterdir())
         reader = OrbaxParts(root / "weights.orbax")
         name = next(n for n in reader._where if n.endswith("kernel"))

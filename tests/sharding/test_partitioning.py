@@ -238,7 +238,7 @@ def test_weights_streamed_for_nnx_load_like_to_flax_output(tmp_path):
     import torch
     from torch import nn
 
-    from xconv.weights.convert import convert_weights
+    from xconv.weight_template import convert_weights
 
     class Small(nn.Module):
         def __init__(self):

@@ -113,7 +113,7 @@ def test_resnet_float64_runs_agree_to_rounding(resnet):
 def test_resume_from_a_torch_checkpoint_continues_torchs_curve(resnet, resnet_report):
     """torch trains 50 steps and saves ``{"model", "optimizer", "scheduler", "step"}``; the
     checkpoint (weights_only load) is converted and trained 50 more steps on the Flax side."""
-    from xconv.weights.mapping import torch_to_flax
+    from xconv.weight_template import torch_to_flax
 
     module, model_ir, out = resnet
     batches = _resnet_batches()

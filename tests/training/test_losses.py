@@ -134,3 +134,9 @@ def test_unsupported_loss_and_option_are_clear_errors():
     loss.something_new = 3
     with pytest.raises(ConversionError, match="something_new"):
         from_torch_loss(loss)
+
+
+def test_every_supported_loss_has_a_builder_and_no_other():
+    from xconv.training import losses
+
+    assert sorted(losses.SUPPORTED) == sorted(losses._LOSSES)

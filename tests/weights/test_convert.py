@@ -15,8 +15,9 @@ from click.testing import CliRunner
 from fixtures import torch_models
 from xconv.cli import main
 from xconv.errors import WeightsError
+from xconv.weight_template import build_template, convert_weights
 from xconv.weights import io
-from xconv.weights.convert import SIDE_SUFFIX, build_template, convert_weights
+from xconv.weights.convert import SIDE_SUFFIX
 
 MLP = "fixtures.torch_models:make_mlp"
 

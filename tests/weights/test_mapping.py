@@ -14,8 +14,8 @@ from fixtures import torch_models
 from xconv.converters.flax.source.emitter import generate, to_flax
 from xconv.converters.torch.importer.trace import from_torch
 from xconv.errors import WeightsError
+from xconv.weight_template import build_weight_map, flax_to_torch, torch_to_flax
 from xconv.weights import io
-from xconv.weights.mapping import build_weight_map, flax_to_torch, torch_to_flax
 
 FIXTURES = ["mlp", "resnet", "conv_zoo", "norm_zoo", "transformer", "mha_weights", "seq_model"]
 
@@ -189,3 +189,19 @@ def test_nnx_parity(traced, tmp_path):
         ref = fresh.eval()(*inputs).numpy()
     got = np.asarray(model(*[np.asarray(x) for x in inputs]))
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_weights_layer_takes_a_map_and_names_where_to_build_one(traced):
+    """xconv.weights runs no converter: given the IR instead of a WeightMap it says to build
+    the map with xconv.weight_template; given the map it agrees with the IR-taking wrapper."""
+    from xconv.weights import mapping
+
+    module, _, model_ir = traced("mlp")
+    state = module.state_dict()
+    with pytest.raises(TypeError, match="xconv.weight_template.build_weight_map"):
+        mapping.torch_to_flax(state, model_ir)
+    wmap = build_weight_map(model_ir)
+    got, want = mapping.torch_to_flax(state, wmap), torch_to_flax(state, model_ir)
+    assert io.flatten(got).keys() == io.flatten(want).keys()
+    for k, v in io.flatten(want).items():
+        np.testing.assert_array_equal(io.flatten(got)[k], v)

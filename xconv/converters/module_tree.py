@@ -130,19 +130,30 @@ def inline_chains(lines: list[str], width: int, max_depth: int = 3) -> list[str]
     return out
 
 
-def _split_args(text: str) -> list[str]:
-    """``text`` split at its top-level commas (outside brackets and string literals)."""
-    parts, depth, quote, start = [], 0, "", 0
-    for i, ch in enumerate(text):
+def _outside_strings(text: str, start: int = 0):
+    """``(index, char, depth)`` for each character of ``text`` from ``start`` that lies outside
+    string literals; ``depth`` counts the open brackets after that character (an opening
+    bracket counts itself, a closing one does not)."""
+    depth, quote = 0, ""
+    for i in range(start, len(text)):
+        ch = text[i]
         if quote:
             quote = "" if ch == quote and text[i - 1] != "\\" else quote
         elif ch in "'\"":
             quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
+        else:
+            if ch in "([{":
+                depth += 1
+            elif ch in ")]}":
+                depth -= 1
+            yield i, ch, depth
+
+
+def _split_args(text: str) -> list[str]:
+    """``text`` split at its top-level commas (outside brackets and string literals)."""
+    parts, start = [], 0
+    for i, ch, depth in _outside_strings(text):
+        if ch == "," and depth == 0:
             parts.append(text[start:i].strip())
             start = i + 1
     last = text[start:].strip()
@@ -151,19 +162,9 @@ def _split_args(text: str) -> list[str]:
 
 def _closing(text: str, start: int) -> int | None:
     """Index of the bracket closing the one at ``start`` (string literals skipped)."""
-    depth, quote = 0, ""
-    for i in range(start, len(text)):
-        ch = text[i]
-        if quote:
-            quote = "" if ch == quote and text[i - 1] != "\\" else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i
+    for i, ch, depth in _outside_strings(text, start):
+        if ch in ")]}" and depth == 0:
+            return i
     return None
 
 

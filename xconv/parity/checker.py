@@ -271,13 +271,7 @@ def check_parity(
     Raises:
         ParityConfigError: Unknown devices, an invalid policy, or unusable inputs.
     """
-    pol = resolve_policy(policy, rtol=rtol, atol=atol, k=k)
-    if allow_constant is not None or allow_dtype is not None:
-        pol = replace(
-            pol,
-            allow_constant=pol.allow_constant if allow_constant is None else allow_constant,
-            allow_dtype=pol.allow_dtype if allow_dtype is None else allow_dtype,
-        )
+    pol = _policy(policy, rtol, atol, k, allow_constant, allow_dtype)
     if not (isinstance(n_random, int) and n_random >= 0):
         raise ParityConfigError(f"n_random must be an int >= 0, not {n_random!r}")
     ref, cand = wrap(reference), wrap(candidate)
@@ -301,11 +295,28 @@ def check_parity(
         report.grads = check_grads(*args, run.pol, seed, run.notes, grad_names)
         report.passed = report.passed and all(m.passed for m in report.grads)
     if intermediates and failing is not None and failing.error is None and run.blocks is None:
-        t = time.perf_counter()
-        xs = dict(run.sets)[failing.inputs]
-        _localize_into(report, ref, cand, run.oracle, xs, run.ref_dev, failing.device, run.pol)
-        run.timings["localize"] = time.perf_counter() - t
+        _localize_failing(report, run, failing)
     return report
+
+
+def _policy(policy, rtol, atol, k, allow_constant, allow_dtype) -> Policy:
+    """``check_parity``'s policy argument with its explicit overrides applied."""
+    pol = resolve_policy(policy, rtol=rtol, atol=atol, k=k)
+    if allow_constant is not None or allow_dtype is not None:
+        pol = replace(
+            pol,
+            allow_constant=pol.allow_constant if allow_constant is None else allow_constant,
+            allow_dtype=pol.allow_dtype if allow_dtype is None else allow_dtype,
+        )
+    return pol
+
+
+def _localize_failing(report: ParityReport, run: _Run, failing: Any) -> None:
+    """Name the first divergent scope on the failing input set and device."""
+    t = time.perf_counter()
+    xs = dict(run.sets)[failing.inputs]
+    _localize_into(report, run.ref, run.cand, run.oracle, xs, run.ref_dev, failing.device, run.pol)
+    run.timings["localize"] = time.perf_counter() - t
 
 
 def _candidate_devices(cand: Adapter, devices: Any) -> list[str]:

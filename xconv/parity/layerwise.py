@@ -245,6 +245,43 @@ def _build(program: Any, runs: Sequence[tuple[str, Sequence[Any]]]) -> list[Bloc
     return blocks
 
 
+def _cuttable_blocks(program: Any, cand: IRBlocks) -> tuple[list[Any], list[Any]]:
+    """The program's blocks, each one the candidate can be cut at (a block it cannot cut is
+    merged into the next), and the candidate's plan for each."""
+    blocks = split_program(program)
+    for _ in range(len(blocks)):
+        plans = [cand.plan(b) for b in blocks]
+        bad = {i for i, p in enumerate(plans) if isinstance(p, str)}
+        if not bad or len(blocks) == 1:
+            break
+        blocks = _merge_into_next(program, blocks, bad)
+    plans = [cand.plan(b) for b in blocks]
+    for b, p in zip(blocks, plans, strict=True):
+        if isinstance(p, str):
+            raise ValueError(f"cannot cut the candidate at block {b.name}: {p}")
+    return blocks, plans
+
+
+def _input_env(program: Any, inputs: Sequence[Any]) -> tuple[dict[str, np.ndarray], dict]:
+    """The user inputs by program input name (floats as float64), and their torch dtypes."""
+    import torch
+
+    from xconv.parity.adapters import to_numpy
+
+    user = _user_inputs(program)
+    if len(inputs) != len(user):
+        raise ValueError(f"the program takes {len(user)} input(s) {user}, got {len(inputs)}")
+    env64: dict[str, np.ndarray] = {}
+    dtypes: dict[str, Any] = {}
+    for name, x in zip(user, inputs, strict=True):
+        arr = to_numpy(x)
+        dtypes[name] = (
+            torch.from_numpy(np.zeros((), arr.dtype)).dtype if arr.dtype.kind != "V" else None
+        )
+        env64[name] = arr.astype(np.float64) if arr.dtype.kind == "f" else arr
+    return env64, dtypes
+
+
 def _merge_into_next(program: Any, blocks: Sequence[Block], bad: set[int]) -> list[Block]:
     """Blocks ``bad`` joined with their successors (a boundary the candidate cannot cut at)."""
     by_name = {n.name: n for n in program.graph.nodes}
@@ -518,38 +555,14 @@ def run_layerwise(
     """
     import time
 
-    import torch
-
-    from xconv.parity.adapters import to_numpy
-
     pol = resolve_policy(policy)
     weights = weights or program_weights(program)
     cand = IRBlocks(candidate_ir, program, placement)
-    blocks = split_program(program)
+    blocks, plans = _cuttable_blocks(program, cand)
     notes: list[str] = []
-    for _ in range(len(blocks)):
-        plans = [cand.plan(b) for b in blocks]
-        bad = {i for i, p in enumerate(plans) if isinstance(p, str)}
-        if not bad or len(blocks) == 1:
-            break
-        blocks = _merge_into_next(program, blocks, bad)
-    plans = [cand.plan(b) for b in blocks]
-    for b, p in zip(blocks, plans, strict=True):
-        if isinstance(p, str):
-            raise ValueError(f"cannot cut the candidate at block {b.name}: {p}")
 
     by_name = {n.name: n for n in program.graph.nodes}
-    user = _user_inputs(program)
-    if len(inputs) != len(user):
-        raise ValueError(f"the program takes {len(user)} input(s) {user}, got {len(inputs)}")
-    env64: dict[str, np.ndarray] = {}
-    dtypes: dict[str, Any] = {}
-    for name, x in zip(user, inputs, strict=True):
-        arr = to_numpy(x)
-        dtypes[name] = (
-            torch.from_numpy(np.zeros((), arr.dtype)).dtype if arr.dtype.kind != "V" else None
-        )
-        env64[name] = arr.astype(np.float64) if arr.dtype.kind == "f" else arr
+    env64, dtypes = _input_env(program, inputs)
     last_use: dict[str, int] = {}
     for i, b in enumerate(blocks):
         for n in b.inputs:

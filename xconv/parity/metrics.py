@@ -123,33 +123,13 @@ def compare(
     cand = np.asarray(cand)
     ref = np.asarray(ref)
     m = Metrics(name=name, passed=False, shape=tuple(cand.shape), dtype=dtype_name(cand.dtype))
-    if cand.shape != ref.shape:
-        m.ref_shape = tuple(ref.shape)
-        m.error = f"shape {tuple(cand.shape)} != reference shape {tuple(ref.shape)}"
-        return m
-    if _is_float(cand) != _is_float(ref):
-        m.error = (
-            f"dtype {dtype_name(cand.dtype)} != reference dtype {dtype_name(ref.dtype)} "
-            "(a float and a non-float output are never equal)"
-        )
-        return m
-    if check_dtype and not policy.allows(ref.dtype, cand.dtype):
-        r, c = dtype_name(ref.dtype), dtype_name(cand.dtype)
-        m.error = (
-            f"dtype {c} != reference dtype {r}; if the change is deliberate, pass "
-            f'Policy(allow_dtype={{"{r}": "{c}"}})'
-        )
+    m.error = _incomparable(cand, ref, policy, check_dtype)
+    if m.error is not None:
+        if cand.shape != ref.shape:
+            m.ref_shape = tuple(ref.shape)
         return m
     if not _is_float(cand):
-        if cand.dtype.kind == "b" or ref.dtype.kind == "b" or cand.dtype.kind in "OSU":
-            bad = cand != ref
-        else:
-            bad = cand.astype(np.int64) != ref.astype(np.int64)
-        diff = np.abs(cand.astype(np.float64) - ref.astype(np.float64)) if cand.size else bad
-        _fill_diff_stats(m, diff, ref.astype(np.float64), cand, ref)
-        _fill_mismatches(m, bad)
-        m.passed = m.mismatches == 0
-        return m
+        return _compare_exact(m, cand, ref)
 
     c64 = cand.astype(np.float64)
     r64 = ref.astype(np.float64)
@@ -169,40 +149,10 @@ def compare(
     rtol, atol = policy.tolerances(dt)
     dtype_bound = atol + rtol * np.abs(np.where(finite, r64, 0.0))
     if oracle is not None and (policy.kind == "noise" or policy.uses_oracle):
-        o64 = np.asarray(oracle).astype(np.float64)
-        if o64.shape != c64.shape:
-            m.error = f"oracle shape {o64.shape} != {c64.shape}"
+        if np.shape(oracle) != c64.shape:
+            m.error = f"oracle shape {np.shape(oracle)} != {c64.shape}"
             return m
-        judged = finite & np.isfinite(o64)
-        o0 = np.where(judged, o64, 0.0)
-        del o64  # full-size float64 temporaries go as soon as they are used: peak memory
-        o_abs = np.abs(o0)
-        s = float(np.sqrt(np.mean(o_abs[judged] ** 2))) if judged.any() else 0.0
-        s = max(s, float(np.finfo(np.float64).tiny))
-        if policy.kind == "noise":
-            # ``oracle`` is the candidate's float64 run: its distance to ``cand`` estimates
-            # the rounding error of either float32 side; the error judged is cand vs ref.
-            own = np.where(judged, np.abs(np.where(finite, c64, 0.0) - o0), 0.0)
-            err = np.where(finite, diff, 0.0)
-            k = 2.0 * policy.k
-        else:
-            own = np.where(judged, np.abs(np.where(finite, r64, 0.0) - o0), 0.0)
-            err = np.where(judged, np.abs(np.where(finite, c64, 0.0) - o0), 0.0)
-            k = policy.k
-        # The reference's own error per unit of magnitude: every element's bound is at
-        # least k times the reference's error there, and scales with the element.
-        per_unit = float(np.max(own / (o_abs + s))) if judged.any() else 0.0
-        m.ref_err = float(np.max(own)) if own.size else 0.0
-        del own, o0
-        bound = (k * per_unit + policy.floor_ulps * eps(dt)) * (o_abs + s)
-        if policy.kind == "noise":
-            bound = np.minimum(bound, dtype_bound)
-        # Elements the oracle cannot judge (it is non-finite there) fall back to the dtype
-        # policy against the reference.
-        unjudged = finite & ~judged
-        err = np.where(unjudged, diff, err)
-        bound = np.where(unjudged, dtype_bound, bound)
-        m.cand_err = float(np.max(err)) if err.size else 0.0
+        err, bound = _oracle_bound(m, c64, r64, oracle, diff, finite, policy, dt, dtype_bound)
     else:
         m.rtol, m.atol = rtol, atol
         err = np.where(finite, diff, 0.0)
@@ -212,6 +162,75 @@ def compare(
     _fill_worst(m, err, bound, special_bad, c64, r64, oracle)
     m.passed = m.mismatches == 0
     return m
+
+
+def _incomparable(cand: np.ndarray, ref: np.ndarray, policy: Policy, check_dtype: bool):
+    """Why ``cand`` cannot be compared with ``ref`` element by element (shape, float against
+    non-float, a dtype change the policy does not allow), or None."""
+    if cand.shape != ref.shape:
+        return f"shape {tuple(cand.shape)} != reference shape {tuple(ref.shape)}"
+    if _is_float(cand) != _is_float(ref):
+        return (
+            f"dtype {dtype_name(cand.dtype)} != reference dtype {dtype_name(ref.dtype)} "
+            "(a float and a non-float output are never equal)"
+        )
+    if check_dtype and not policy.allows(ref.dtype, cand.dtype):
+        r, c = dtype_name(ref.dtype), dtype_name(cand.dtype)
+        return (
+            f"dtype {c} != reference dtype {r}; if the change is deliberate, pass "
+            f'Policy(allow_dtype={{"{r}": "{c}"}})'
+        )
+    return None
+
+
+def _compare_exact(m: Metrics, cand: np.ndarray, ref: np.ndarray) -> Metrics:
+    """Non-float outputs: equal element by element."""
+    if cand.dtype.kind == "b" or ref.dtype.kind == "b" or cand.dtype.kind in "OSU":
+        bad = cand != ref
+    else:
+        bad = cand.astype(np.int64) != ref.astype(np.int64)
+    diff = np.abs(cand.astype(np.float64) - ref.astype(np.float64)) if cand.size else bad
+    _fill_diff_stats(m, diff, ref.astype(np.float64), cand, ref)
+    _fill_mismatches(m, bad)
+    m.passed = m.mismatches == 0
+    return m
+
+
+def _oracle_bound(m, c64, r64, oracle, diff, finite, policy: Policy, dt, dtype_bound):
+    """The error judged and its per-element bound under the oracle or noise policy (see
+    :func:`compare`); sets ``m.ref_err`` and ``m.cand_err``."""
+    o64 = np.asarray(oracle).astype(np.float64)
+    judged = finite & np.isfinite(o64)
+    o0 = np.where(judged, o64, 0.0)
+    del o64  # full-size float64 temporaries go as soon as they are used: peak memory
+    o_abs = np.abs(o0)
+    s = float(np.sqrt(np.mean(o_abs[judged] ** 2))) if judged.any() else 0.0
+    s = max(s, float(np.finfo(np.float64).tiny))
+    if policy.kind == "noise":
+        # ``oracle`` is the candidate's float64 run: its distance to ``cand`` estimates
+        # the rounding error of either float32 side; the error judged is cand vs ref.
+        own = np.where(judged, np.abs(np.where(finite, c64, 0.0) - o0), 0.0)
+        err = np.where(finite, diff, 0.0)
+        k = 2.0 * policy.k
+    else:
+        own = np.where(judged, np.abs(np.where(finite, r64, 0.0) - o0), 0.0)
+        err = np.where(judged, np.abs(np.where(finite, c64, 0.0) - o0), 0.0)
+        k = policy.k
+    # The reference's own error per unit of magnitude: every element's bound is at
+    # least k times the reference's error there, and scales with the element.
+    per_unit = float(np.max(own / (o_abs + s))) if judged.any() else 0.0
+    m.ref_err = float(np.max(own)) if own.size else 0.0
+    del own, o0
+    bound = (k * per_unit + policy.floor_ulps * eps(dt)) * (o_abs + s)
+    if policy.kind == "noise":
+        bound = np.minimum(bound, dtype_bound)
+    # Elements the oracle cannot judge (it is non-finite there) fall back to the dtype
+    # policy against the reference.
+    unjudged = finite & ~judged
+    err = np.where(unjudged, diff, err)
+    bound = np.where(unjudged, dtype_bound, bound)
+    m.cand_err = float(np.max(err)) if err.size else 0.0
+    return err, bound
 
 
 def _fill_worst(m, err, bound, special_bad, c64, r64, oracle, n: int = 5) -> None:

@@ -143,18 +143,53 @@ def check_streamed(
     for t in targets:
         if t.planned is not None:
             by_source.setdefault(t.planned.source, []).append(t)
+    written = _written(out_dir)
+    report = StreamedParity([], policy)
+    done: set[str] = set()
+    weights = _checking_weights(traced, by_source, written, report, done)
+    candidate = detached(traced.model, list(sources))
+    placement = None
+    if mesh is not None:
+        from xconv.sharding.parity import LayerwisePlacement
+
+        placement = LayerwisePlacement(candidate, list(sources), mesh, rules or "fsdp+tp")
+    inputs = [np.asarray(x) for x in traced.inputs]
+    result = run_layerwise(
+        traced.program,
+        candidate,
+        inputs,
+        policy=policy,
+        weights=weights,
+        progress=progress,
+        placement=placement,
+    )
+    report.blocks.extend(_block_row(b) for b in result.blocks)
+    report.notes.extend(getattr(result, "notes", []))
+    if placement is not None:
+        report.mesh = placement.report()
+        report.notes.extend(f"sharding: {n}" for n in placement.notes)
+    missing = sorted(set(by_source) - done)
+    if missing:
+        report.notes.append(f"{len(missing)} written weights no block reads: {missing[:5]}")
+    return report
+
+
+def _written(out_dir: Path) -> Any:
+    """The streamed output in ``out_dir``: Orbax parts (partitioning) or safetensors shards."""
     index_file = out_dir / INDEX_NAME
     if (out_dir / "variables.orbax").is_dir():  # streamed into Orbax parts (partitioning)
         from xconv.sharding.stream import OrbaxParts
 
-        written: Any = OrbaxParts(out_dir / "variables.orbax")
-    else:
-        written = CheckpointIndex(
-            index_file if index_file.is_file() else str(out_dir / "*.safetensors")
-        )
+        return OrbaxParts(out_dir / "variables.orbax")
+    return CheckpointIndex(index_file if index_file.is_file() else str(out_dir / "*.safetensors"))
+
+
+def _checking_weights(traced: Any, by_source, written: Any, report: StreamedParity, done: set):
+    """The layerwise check's weight provider: each block's weights read from the source
+    checkpoint, and, the first time a source key is read, every output tensor planned from it
+    compared bit for bit with what was written (into ``report``; ``done`` collects the keys)."""
+    sources = traced.sources  # initializer name -> checkpoint key
     index: CheckpointIndex = traced.index
-    report = StreamedParity([], policy)
-    done: set[str] = set()
     own, constants = traced.program.state_dict, traced.program.constants
 
     @contextlib.contextmanager
@@ -181,37 +216,17 @@ def check_streamed(
         finally:
             arrays.clear()
 
-    candidate = detached(traced.model, list(sources))
-    placement = None
-    if mesh is not None:
-        from xconv.sharding.parity import LayerwisePlacement
+    return weights
 
-        placement = LayerwisePlacement(candidate, list(sources), mesh, rules or "fsdp+tp")
-    inputs = [np.asarray(x) for x in traced.inputs]
-    result = run_layerwise(
-        traced.program,
-        candidate,
-        inputs,
-        policy=policy,
-        weights=weights,
-        progress=progress,
-        placement=placement,
-    )
-    for b in result.blocks:
-        row: dict[str, Any] = {"name": b.block.name, "passed": bool(b.passed), "seconds": b.seconds}
-        if b.error:
-            row["error"] = b.error
-        if b.outputs:
-            row["max_abs"] = max(float(getattr(m, "max_abs", 0.0) or 0.0) for m in b.outputs)
-        report.blocks.append(row)
-    report.notes.extend(getattr(result, "notes", []))
-    if placement is not None:
-        report.mesh = placement.report()
-        report.notes.extend(f"sharding: {n}" for n in placement.notes)
-    missing = sorted(set(by_source) - done)
-    if missing:
-        report.notes.append(f"{len(missing)} written weights no block reads: {missing[:5]}")
-    return report
+
+def _block_row(b: Any) -> dict[str, Any]:
+    """One block's row of the report."""
+    row: dict[str, Any] = {"name": b.block.name, "passed": bool(b.passed), "seconds": b.seconds}
+    if b.error:
+        row["error"] = b.error
+    if b.outputs:
+        row["max_abs"] = max(float(getattr(m, "max_abs", 0.0) or 0.0) for m in b.outputs)
+    return row
 
 
 __all__ = ["StreamedParity", "check_streamed", "detached"]

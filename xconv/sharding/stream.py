@@ -208,28 +208,14 @@ def stream_orbax_parts(
     import jax
     import orbax.checkpoint as ocp
 
-    from xconv.weights.shards import numpy_dtype
-    from xconv.weights.stream import _prefetched
+    from xconv.weights.stream import shard_groups
 
     if mesh is None:
         mesh = f"1x{len(jax.devices())}"
     mesh = make_mesh(mesh)
     pin_mmap_threshold()
     table = resolve_rules(rules)
-    by_source: dict[str, list] = {}
-    computed: list = []
-    for t in targets:
-        if t.planned is not None:
-            by_source.setdefault(t.planned.source, []).append(t)
-        else:
-            computed.append(t)
-    groups = []
-    for shard, refs in index.by_shard().items():
-        items = [(r, by_source[r.name]) for r in refs if r.name in by_source]
-        if items:
-            groups.append((shard, items))
-    if computed:
-        groups.append((None, [(None, computed)]))
+    groups, _ = shard_groups(targets, index)
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     ckpt = ocp.PyTreeCheckpointer()
@@ -238,24 +224,7 @@ def stream_orbax_parts(
     for k, (shard, items) in enumerate(groups, start=1):
         if progress:
             progress(f"weights part {k}/{len(groups)} onto the mesh")
-        placed: dict[tuple[str, ...], Any] = {}
-        nbytes = 0
-        handle = open(shard, "rb") if shard is not None else None  # noqa: SIM115
-        try:
-            for (_, ts), array in _prefetched(index, items, handle):
-                for t in ts:
-                    data = t.planned.replay(array) if t.planned is not None else t.value
-                    data = np.asarray(data, dtype=numpy_dtype(t.dtype))
-                    placed[tuple(t.name.split(SEP))], out["specs"][t.name] = _place(
-                        data, axes[t.name], table, mesh, out["notes"], t.name
-                    )
-                    nbytes += data.nbytes
-                    out["tensors"] += 1
-                    del data
-                del array
-        finally:
-            if handle is not None:
-                handle.close()
+        placed, nbytes = _place_part(index, shard, items, axes, table, mesh, out)
         part = root / PART.format(k)
         ckpt.save(part.absolute(), _nest(placed))
         del placed
@@ -264,6 +233,34 @@ def stream_orbax_parts(
         out["bytes_written"] += nbytes
         out["largest_part_bytes"] = max(out["largest_part_bytes"], nbytes)
     return out
+
+
+def _place_part(index, shard, items, axes, table, mesh, out) -> tuple[dict, int]:
+    """One part's variables read from ``shard`` tensor by tensor and placed on ``mesh``
+    (``{path: array}``) and their bytes; counts tensors and records specs and notes in
+    ``out``."""
+    from xconv.weights.shards import numpy_dtype
+    from xconv.weights.stream import _prefetched
+
+    placed: dict[tuple[str, ...], Any] = {}
+    nbytes = 0
+    handle = open(shard, "rb") if shard is not None else None  # noqa: SIM115
+    try:
+        for (_, ts), array in _prefetched(index, items, handle):
+            for t in ts:
+                data = t.planned.replay(array) if t.planned is not None else t.value
+                data = np.asarray(data, dtype=numpy_dtype(t.dtype))
+                placed[tuple(t.name.split(SEP))], out["specs"][t.name] = _place(
+                    data, axes[t.name], table, mesh, out["notes"], t.name
+                )
+                nbytes += data.nbytes
+                out["tensors"] += 1
+                del data
+            del array
+    finally:
+        if handle is not None:
+            handle.close()
+    return placed, nbytes
 
 
 class OrbaxParts:

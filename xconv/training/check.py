@@ -344,18 +344,113 @@ def check_training(
     import torch
 
     from xconv.training.losses import from_torch_loss
-    from xconv.training.optimizers import from_torch_optimizer, read_optimizer
 
+    batches, steps = _batches_and_steps(batches, steps)
+    module, opt, sched = copy.deepcopy((torch_module, optimizer, scheduler))
+    module.train()
+    batch_norm = _has_batch_norm(module)
+    notes = _train_mode_notes(module, batch_norm)
+
+    cand = _candidate(candidate, batch_norm=batch_norm)
+    leaves, spec, tx, opt_state = _optimizer_side(
+        module, opt, sched, cand, clip_grad_norm, clip_grad_value
+    )
+    params, prefix = cand.params, cand.prefix
+    jloss = from_torch_loss(loss_fn, channel_axis=channel_axis)
+    param_names = {n for n, _ in module.named_parameters()}
+
+    train_step = make_train_step(cand.apply, tx, jloss)
+    others = cand.others
+    report = TrainingReport(steps, tol, state_tol, [], [], [], notes=notes)
+    for i in range(steps):
+        inputs, target = batches[i % len(batches)]
+        t_inputs = tuple(torch.as_tensor(x) for x in _as_tuple(inputs))
+        t_target = torch.as_tensor(target)
+        loss = _torch_step(
+            module, opt, sched, loss_fn, t_inputs, t_target, clip_grad_norm, clip_grad_value
+        )
+        j_inputs = tuple(_np(x) for x in t_inputs)
+        params, others, opt_state, jl = train_step(
+            params, others, opt_state, j_inputs, _np(t_target)
+        )
+        _record_step(report, i + 1, float(loss.item()), float(jl))
+        _record_params(report, i + 1, _param_diffs(module, leaves, params, prefix))
+
+    # End state: optimizer buffers and running statistics.
+    report.optimizer_state = _optimizer_state_diffs(
+        opt, opt_state, module, leaves, prefix, spec.group_names
+    )
+    report.running_stats = _running_stat_diffs(module, others, leaves, param_names)
+    for what, table in (("optimizer_state", report.optimizer_state),
+                        ("running_stat", report.running_stats)):  # fmt: skip
+        _diverged(report, steps, what, table, state_tol)
+    return report
+
+
+def _batches_and_steps(batches: Iterable[tuple[Any, Any]], steps: int | None):
+    """The batches as a list and the number of steps (default: one per batch), both checked."""
     batches = list(batches)
     if not batches:
         raise ConversionError("check_training needs at least one (inputs, target) batch")
     steps = len(batches) if steps is None else int(steps)
     if steps < 1:
         raise ConversionError(f"steps must be >= 1, got {steps}")
-    module, opt, sched = copy.deepcopy((torch_module, optimizer, scheduler))
-    module.train()
+    return batches, steps
+
+
+def _optimizer_side(module, opt, sched, cand, clip_grad_norm, clip_grad_value):
+    """The candidate's leaf for each torch state entry, the optimizer's spec, and the optax
+    transform with its state converted from ``opt``'s."""
+    from xconv.training.optimizers import from_torch_optimizer, read_optimizer
+
+    state_entries = {
+        k: v for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")
+    }
+    leaves = match_leaves(state_entries, cand.variables, what="the candidate's variables")
+    spec = read_optimizer(opt, module)
+    tx, opt_state = from_torch_optimizer(
+        opt,
+        cand.variables if cand.prefix else cand.params,
+        scheduler=sched,
+        model=module,
+        clip_grad_norm=clip_grad_norm,
+        clip_grad_value=clip_grad_value,
+    )
+    return leaves, spec, tx, opt_state
+
+
+def _diverged(
+    report: TrainingReport, step: int, what: str, table: dict[str, float], tol: float
+) -> None:
+    """Name the first entry of ``table`` past ``tol`` as the first divergence, unless one is
+    already named."""
+    if report.first_divergence is None:
+        bad = [(k, v) for k, v in table.items() if not v <= tol]
+        if bad:
+            report.first_divergence = Divergence(step, what, bad[0][0], bad[0][1])
+
+
+def _record_step(report: TrainingReport, step: int, tl: float, cl: float) -> None:
+    """Record step ``step``'s torch and candidate losses and their relative difference."""
+    report.torch_losses.append(tl)
+    report.candidate_losses.append(cl)
+    d = abs(cl - tl) / abs(tl) if tl != 0 else abs(cl - tl)
+    report.loss_rel_diff.append(d if np.isfinite(d) else float("inf"))
+    if report.first_divergence is None and not d <= report.tol:
+        report.first_divergence = Divergence(step, "loss", "loss", d)
+
+
+def _record_params(report: TrainingReport, step: int, step_params: dict[str, float]) -> None:
+    """Record step ``step``'s parameter differences (the report keeps the last step's)."""
+    report.param_drift.append(max(step_params.values(), default=0.0))
+    _diverged(report, step, "param", step_params, report.state_tol)
+    report.params = step_params
+
+
+def _train_mode_notes(module, batch_norm: bool) -> list[str]:
+    """Switch the torch copy's dropout off (refused beside BatchNorm) and say how both sides
+    train."""
     notes = []
-    batch_norm = _has_batch_norm(module)
     dropped = _dropout_off(module)
     if dropped:
         if batch_norm:
@@ -372,72 +467,43 @@ def check_training(
         notes.append("no dropout modules (functional dropout in forward code is not switched off)")
     if batch_norm:
         notes.append("BatchNorm in train mode on both sides (batch statistics, running stats)")
+    return notes
 
-    cand = _candidate(candidate, batch_norm=batch_norm)
-    state_entries = {
-        k: v for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")
-    }
-    leaves = match_leaves(state_entries, cand.variables, what="the candidate's variables")
-    params, prefix = cand.params, cand.prefix
-    spec = read_optimizer(opt, module)
-    tx, opt_state = from_torch_optimizer(
-        opt,
-        cand.variables if prefix else params,
-        scheduler=sched,
-        model=module,
-        clip_grad_norm=clip_grad_norm,
-        clip_grad_value=clip_grad_value,
-    )
-    jloss = from_torch_loss(loss_fn, channel_axis=channel_axis)
-    param_names = {n for n, _ in module.named_parameters()}
 
-    train_step = make_train_step(cand.apply, tx, jloss)
-    others = cand.others
-    torch_losses, cand_losses, loss_diffs, drift = [], [], [], []
-    first: Divergence | None = None
-    report_params: dict[str, float] = {}
-    for i in range(steps):
-        inputs, target = batches[i % len(batches)]
-        t_inputs = tuple(torch.as_tensor(x) for x in _as_tuple(inputs))
-        t_target = torch.as_tensor(target)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(module(*t_inputs), t_target)
-        loss.backward()
-        if clip_grad_value is not None:
-            torch.nn.utils.clip_grad_value_(module.parameters(), clip_grad_value)
-        if clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), clip_grad_norm)
-        opt.step()
-        if sched is not None:
-            with warnings.catch_warnings():
-                # The deep copy re-wraps optimizer.step, which torch mistakes for a misuse.
-                warnings.filterwarnings("ignore", message=".*optimizer.step\\(\\)")
-                sched.step()
-        j_inputs = tuple(_np(x) for x in t_inputs)
-        params, others, opt_state, jl = train_step(
-            params, others, opt_state, j_inputs, _np(t_target)
-        )
-        tl, cl = float(loss.item()), float(jl)
-        torch_losses.append(tl)
-        cand_losses.append(cl)
-        d = abs(cl - tl) / abs(tl) if tl != 0 else abs(cl - tl)
-        loss_diffs.append(d if np.isfinite(d) else float("inf"))
-        if first is None and not d <= tol:
-            first = Divergence(i + 1, "loss", "loss", d)
-        flat = _flat(params)
-        step_params = {}
-        for name, t in module.named_parameters():
-            leaf = leaves[name]
-            step_params[name] = _rel(leaf.to_torch(flat[leaf.path[len(prefix) :]]), _np(t))
-        drift.append(max(step_params.values(), default=0.0))
-        if first is None:
-            bad = [(n, v) for n, v in step_params.items() if not v <= state_tol]
-            if bad:
-                first = Divergence(i + 1, "param", bad[0][0], bad[0][1])
-        report_params = step_params
+def _torch_step(module, opt, sched, loss_fn, t_inputs, t_target, clip_grad_norm, clip_grad_value):
+    """One torch training step (clipping, optimizer, scheduler); the loss tensor."""
+    import torch
 
-    # End state: optimizer buffers and running statistics.
-    slots = _slot_arrays(opt_state, leaves, prefix, spec.group_names)
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(module(*t_inputs), t_target)
+    loss.backward()
+    if clip_grad_value is not None:
+        torch.nn.utils.clip_grad_value_(module.parameters(), clip_grad_value)
+    if clip_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(module.parameters(), clip_grad_norm)
+    opt.step()
+    if sched is not None:
+        with warnings.catch_warnings():
+            # The deep copy re-wraps optimizer.step, which torch mistakes for a misuse.
+            warnings.filterwarnings("ignore", message=".*optimizer.step\\(\\)")
+            sched.step()
+    return loss
+
+
+def _param_diffs(module, leaves, params, prefix) -> dict[str, float]:
+    """Each torch parameter's relative difference from its converted leaf in ``params``."""
+    flat = _flat(params)
+    step_params = {}
+    for name, t in module.named_parameters():
+        leaf = leaves[name]
+        step_params[name] = _rel(leaf.to_torch(flat[leaf.path[len(prefix) :]]), _np(t))
+    return step_params
+
+
+def _optimizer_state_diffs(opt, opt_state, module, leaves, prefix, group_names):
+    """Each optimizer slot (``param/slot``) against torch's: relative difference (absolute
+    for the step count)."""
+    slots = _slot_arrays(opt_state, leaves, prefix, group_names)
     opt_diffs = {}
     by_param = dict(module.named_parameters())
     for key, got in slots.items():
@@ -449,6 +515,11 @@ def check_training(
             continue
         if st.get(slot) is not None:
             opt_diffs[key] = _rel(got, _np(st[slot]))
+    return opt_diffs
+
+
+def _running_stat_diffs(module, others, leaves, param_names) -> dict[str, float]:
+    """Each non-parameter state entry (running statistics) against its converted leaf."""
     stats = {}
     flat_others = _flat(others)
     for name, t in module.state_dict().items():
@@ -457,26 +528,7 @@ def check_training(
         got = flat_others.get(leaves[name].path)
         if got is not None:
             stats[name] = _rel(leaves[name].to_torch(got), _np(t))
-    if first is None:
-        for what, table in (("optimizer_state", opt_diffs), ("running_stat", stats)):
-            bad = [(k, v) for k, v in table.items() if not v <= state_tol]
-            if bad:
-                first = Divergence(steps, what, bad[0][0], bad[0][1])
-                break
-    return TrainingReport(
-        steps=steps,
-        tol=tol,
-        state_tol=state_tol,
-        torch_losses=torch_losses,
-        candidate_losses=cand_losses,
-        loss_rel_diff=loss_diffs,
-        params=report_params,
-        optimizer_state=opt_diffs,
-        running_stats=stats,
-        param_drift=drift,
-        first_divergence=first,
-        notes=notes,
-    )
+    return stats
 
 
 def _flat(tree) -> dict[tuple[str, ...], Any]:

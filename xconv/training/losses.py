@@ -118,129 +118,166 @@ def from_torch_loss(loss_module: Any, *, channel_axis: int = 1) -> Callable[...,
     Raises:
         UnsupportedAttributeError: another loss class, or an option not converted.
     """
+    kind = type(loss_module).__name__
+    reduction = getattr(loss_module, "reduction", "mean")
+    buffers = {n: _np(b) for n, b in loss_module.named_buffers()}
+    build = _LOSSES.get(kind)
+    if build is None:
+        raise UnsupportedAttributeError(
+            f"loss {kind} has no JAX conversion; supported: {', '.join(SUPPORTED)}"
+        )
+    return build(loss_module, reduction, buffers, channel_axis)
+
+
+# One builder per loss class: (module, reduction, buffers, channel_axis) -> the JAX function.
+
+
+def _cross_entropy(m, reduction, buffers, channel_axis):
     import jax
     import jax.numpy as jnp
 
-    kind = type(loss_module).__name__
-    m = loss_module
-    reduction = getattr(m, "reduction", "mean")
-    buffers = {n: _np(b) for n, b in m.named_buffers()}
-
-    if kind in ("CrossEntropyLoss", "NLLLoss"):
-        _check(m, {"reduction", "ignore_index", "label_smoothing"})
-        smoothing = float(getattr(m, "label_smoothing", 0.0))
-        opts = dict(
-            weight=buffers.get("weight"),
-            ignore_index=m.ignore_index,
-            label_smoothing=smoothing,
-            reduction=reduction,
-            axis=channel_axis,
-        )
-
-        def cross_entropy(input, target):
-            x = jnp.asarray(input)
-            logp = jax.nn.log_softmax(x, axis=channel_axis if x.ndim > 1 else 0)
-            return _nll(logp, jnp.asarray(target), **opts)
-
-        def nll_loss(input, target):
-            return _nll(jnp.asarray(input), jnp.asarray(target), **opts)
-
-        return cross_entropy if kind == "CrossEntropyLoss" else nll_loss
-
-    if kind in ("MSELoss", "L1Loss"):
-        _check(m, {"reduction"})
-        square = kind == "MSELoss"
-
-        def pointwise(input, target):
-            d = jnp.asarray(input) - jnp.asarray(target)
-            return _reduce(d * d if square else jnp.abs(d), reduction)
-
-        return pointwise
-
-    if kind in ("SmoothL1Loss", "HuberLoss"):
-        _check(m, {"reduction", "beta", "delta"})
-        beta = float(getattr(m, "beta", 1.0))
-        delta = float(getattr(m, "delta", 1.0))
-
-        def smooth_l1(input, target):
-            d = jnp.abs(jnp.asarray(input) - jnp.asarray(target))
-            if beta == 0:
-                return _reduce(d, reduction)
-            return _reduce(jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta), reduction)
-
-        def huber(input, target):
-            d = jnp.abs(jnp.asarray(input) - jnp.asarray(target))
-            out = jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta))
-            return _reduce(out, reduction)
-
-        return smooth_l1 if kind == "SmoothL1Loss" else huber
-
-    if kind == "BCELoss":
-        _check(m, {"reduction"})
-        weight = buffers.get("weight")
-
-        def bce(input, target):
-            x, y = jnp.asarray(input), jnp.asarray(target)
-            # torch clamps each log at -100 so that 0 and 1 give finite losses.
-            out = -(y * jnp.maximum(jnp.log(x), -100) + (1 - y) * jnp.maximum(jnp.log1p(-x), -100))
-            if weight is not None:
-                out = out * weight
-            return _reduce(out, reduction)
-
-        return bce
-
-    if kind == "BCEWithLogitsLoss":
-        _check(m, {"reduction"})
-        weight, pos_weight = buffers.get("weight"), buffers.get("pos_weight")
-
-        def bce_logits(input, target):
-            x, y = jnp.asarray(input), jnp.asarray(target)
-            # pos_weight broadcasts against the last axis, as in torch.
-            pw = pos_weight
-            softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(x))) + jnp.maximum(-x, 0)
-            if pw is not None:
-                out = (1 - y) * x + ((pw - 1) * y + 1) * softplus_neg
-            else:
-                out = (1 - y) * x + softplus_neg
-            if weight is not None:
-                out = out * weight
-            return _reduce(out, reduction)
-
-        return bce_logits
-
-    if kind == "KLDivLoss":
-        _check(m, {"reduction", "log_target"})
-        log_target = bool(m.log_target)
-
-        def kl_div(input, target):
-            x, y = jnp.asarray(input), jnp.asarray(target)
-            out = jnp.exp(y) * (y - x) if log_target else jax.scipy.special.xlogy(y, y) - y * x
-            if reduction == "batchmean":
-                return jnp.sum(out) / x.shape[0]
-            return _reduce(out, reduction)
-
-        return kl_div
-
-    if kind == "CosineEmbeddingLoss":
-        _check(m, {"reduction", "margin"})
-        margin = float(m.margin)
-
-        def cosine_embedding(x1, x2, y):
-            a, b, y = jnp.asarray(x1), jnp.asarray(x2), jnp.asarray(y)
-            eps = 1e-12
-            prod = jnp.sum(a * b, axis=-1)
-            mag = jnp.sqrt((jnp.sum(a * a, axis=-1) + eps) * (jnp.sum(b * b, axis=-1) + eps))
-            cos = prod / mag
-            out = jnp.where(y == 1, 1 - cos, 0) + jnp.where(
-                y == -1, jnp.maximum(cos - margin, 0), 0
-            )
-            return _reduce(out, reduction)
-
-        return cosine_embedding
-
-    raise UnsupportedAttributeError(
-        f"loss {kind} has no JAX conversion; supported: {', '.join(SUPPORTED)}"
+    _check(m, {"reduction", "ignore_index", "label_smoothing"})
+    smoothing = float(getattr(m, "label_smoothing", 0.0))
+    opts = dict(
+        weight=buffers.get("weight"),
+        ignore_index=m.ignore_index,
+        label_smoothing=smoothing,
+        reduction=reduction,
+        axis=channel_axis,
     )
+
+    def cross_entropy(input, target):
+        x = jnp.asarray(input)
+        logp = jax.nn.log_softmax(x, axis=channel_axis if x.ndim > 1 else 0)
+        return _nll(logp, jnp.asarray(target), **opts)
+
+    def nll_loss(input, target):
+        return _nll(jnp.asarray(input), jnp.asarray(target), **opts)
+
+    return cross_entropy if type(m).__name__ == "CrossEntropyLoss" else nll_loss
+
+
+def _pointwise(m, reduction, buffers, channel_axis):
+    import jax.numpy as jnp
+
+    _check(m, {"reduction"})
+    square = type(m).__name__ == "MSELoss"
+
+    def pointwise(input, target):
+        d = jnp.asarray(input) - jnp.asarray(target)
+        return _reduce(d * d if square else jnp.abs(d), reduction)
+
+    return pointwise
+
+
+def _smooth_l1(m, reduction, buffers, channel_axis):
+    import jax.numpy as jnp
+
+    _check(m, {"reduction", "beta", "delta"})
+    beta = float(getattr(m, "beta", 1.0))
+    delta = float(getattr(m, "delta", 1.0))
+
+    def smooth_l1(input, target):
+        d = jnp.abs(jnp.asarray(input) - jnp.asarray(target))
+        if beta == 0:
+            return _reduce(d, reduction)
+        return _reduce(jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta), reduction)
+
+    def huber(input, target):
+        d = jnp.abs(jnp.asarray(input) - jnp.asarray(target))
+        out = jnp.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta))
+        return _reduce(out, reduction)
+
+    return smooth_l1 if type(m).__name__ == "SmoothL1Loss" else huber
+
+
+def _bce(m, reduction, buffers, channel_axis):
+    import jax.numpy as jnp
+
+    _check(m, {"reduction"})
+    weight = buffers.get("weight")
+
+    def bce(input, target):
+        x, y = jnp.asarray(input), jnp.asarray(target)
+        # torch clamps each log at -100 so that 0 and 1 give finite losses.
+        out = -(y * jnp.maximum(jnp.log(x), -100) + (1 - y) * jnp.maximum(jnp.log1p(-x), -100))
+        if weight is not None:
+            out = out * weight
+        return _reduce(out, reduction)
+
+    return bce
+
+
+def _bce_logits(m, reduction, buffers, channel_axis):
+    import jax.numpy as jnp
+
+    _check(m, {"reduction"})
+    weight, pos_weight = buffers.get("weight"), buffers.get("pos_weight")
+
+    def bce_logits(input, target):
+        x, y = jnp.asarray(input), jnp.asarray(target)
+        # pos_weight broadcasts against the last axis, as in torch.
+        pw = pos_weight
+        softplus_neg = jnp.log1p(jnp.exp(-jnp.abs(x))) + jnp.maximum(-x, 0)
+        if pw is not None:
+            out = (1 - y) * x + ((pw - 1) * y + 1) * softplus_neg
+        else:
+            out = (1 - y) * x + softplus_neg
+        if weight is not None:
+            out = out * weight
+        return _reduce(out, reduction)
+
+    return bce_logits
+
+
+def _kl_div(m, reduction, buffers, channel_axis):
+    import jax
+    import jax.numpy as jnp
+
+    _check(m, {"reduction", "log_target"})
+    log_target = bool(m.log_target)
+
+    def kl_div(input, target):
+        x, y = jnp.asarray(input), jnp.asarray(target)
+        out = jnp.exp(y) * (y - x) if log_target else jax.scipy.special.xlogy(y, y) - y * x
+        if reduction == "batchmean":
+            return jnp.sum(out) / x.shape[0]
+        return _reduce(out, reduction)
+
+    return kl_div
+
+
+def _cosine_embedding(m, reduction, buffers, channel_axis):
+    import jax.numpy as jnp
+
+    _check(m, {"reduction", "margin"})
+    margin = float(m.margin)
+
+    def cosine_embedding(x1, x2, y):
+        a, b, y = jnp.asarray(x1), jnp.asarray(x2), jnp.asarray(y)
+        eps = 1e-12
+        prod = jnp.sum(a * b, axis=-1)
+        mag = jnp.sqrt((jnp.sum(a * a, axis=-1) + eps) * (jnp.sum(b * b, axis=-1) + eps))
+        cos = prod / mag
+        out = jnp.where(y == 1, 1 - cos, 0) + jnp.where(y == -1, jnp.maximum(cos - margin, 0), 0)
+        return _reduce(out, reduction)
+
+    return cosine_embedding
+
+
+#: torch loss class name -> its builder.
+_LOSSES: dict[str, Callable[..., Callable[..., Any]]] = {
+    "CrossEntropyLoss": _cross_entropy,
+    "NLLLoss": _cross_entropy,
+    "MSELoss": _pointwise,
+    "L1Loss": _pointwise,
+    "SmoothL1Loss": _smooth_l1,
+    "HuberLoss": _smooth_l1,
+    "BCELoss": _bce,
+    "BCEWithLogitsLoss": _bce_logits,
+    "KLDivLoss": _kl_div,
+    "CosineEmbeddingLoss": _cosine_embedding,
+}
 
 
 __all__ = ["SUPPORTED", "from_torch_loss"]

@@ -211,24 +211,11 @@ def from_torch_optimizer(
         then ``optax.apply_updates(params, updates)`` is torch's ``optimizer.step()``
         (then ``scheduler.step()``).
     """
-    import jax
-    import jax.numpy as jnp
-    import optax
-
     from xconv.training.schedules import momentum_for, schedule_for
-    from xconv.training.transforms import TorchState, slot_names
 
     spec = read_optimizer(optimizer, model)
     params, prefix = _params_of(variables)
-    named = dict(model.named_parameters())
-    wanted = {n: named[n] for names in spec.group_names for n in names}
-    leaves = match_leaves(wanted, variables, what="the variables")
-    for name, leaf in leaves.items():
-        if leaf.path[: len(prefix)] != prefix:
-            raise ConversionError(
-                f"torch parameter {name!r} maps to {'/'.join(leaf.path)}, outside the "
-                f"trainable {'/'.join(prefix) or 'tree'}"
-            )
+    leaves = _trainable_leaves(spec, variables, model, prefix)
     labels = _labels(params, spec, leaves, prefix)
     schedules = [
         schedule_for(scheduler, gi) if scheduler is not None else hp["lr"]
@@ -248,37 +235,36 @@ def from_torch_optimizer(
         accumulate_steps,
         momenta=momenta,
     )
-    state = tx.init(params)
-
-    # Fill each group's state from torch's.
-    torch_state = optimizer.state
     last_epoch = int(scheduler.last_epoch) if scheduler is not None else 0
+    state = _with_torch_state(tx.init(params), optimizer, spec, leaves, prefix, last_epoch)
+    tx = _torch_optax_class()(tx.init, tx.update)
+    tx.spec, tx.leaves, tx.prefix = spec, leaves, prefix
+    tx.schedules = (
+        [schedule_for(scheduler, gi) for gi in range(len(spec.groups))] if scheduler else None
+    )
+    tx.momenta = momenta if any(momenta) else None
+    return tx, state
 
-    def fill(gi: int, s):
-        group_params = optimizer.param_groups[gi]["params"]
-        steps = set()
-        slots = dict(s.slots)
-        for name, p in zip(spec.group_names[gi], group_params, strict=True):
-            st = torch_state.get(p, {})
-            if "step" in st:
-                steps.add(int(float(st["step"])))
-            else:  # SGD keeps no step; a momentum buffer means it has stepped
-                steps.add(1 if st.get("momentum_buffer") is not None else 0)
-            leaf = leaves[name]
-            rel = leaf.path[len(prefix) :]
-            for slot in slot_names(spec.kind, spec.groups[gi]):
-                if st.get(slot) is None:
-                    continue
-                value = st[slot].detach().cpu().numpy().copy()  # jax may alias numpy
-                value = value if value.ndim == 0 else leaf.to_flax(value)
-                slots[slot] = _replace(slots[slot], rel, value)
-        if len(steps) > 1:
+
+def _trainable_leaves(spec, variables: Mapping[str, Any], model, prefix) -> dict[str, Any]:
+    """Each torch parameter the optimizer trains -> its leaf in ``variables``, which must lie
+    under the trainable ``prefix``."""
+    named = dict(model.named_parameters())
+    wanted = {n: named[n] for names in spec.group_names for n in names}
+    leaves = match_leaves(wanted, variables, what="the variables")
+    for name, leaf in leaves.items():
+        if leaf.path[: len(prefix)] != prefix:
             raise ConversionError(
-                f"param group {gi} has parameters at different steps {sorted(steps)}; torch "
-                "updated only some of them (no gradient), which one optax state cannot hold"
+                f"torch parameter {name!r} maps to {'/'.join(leaf.path)}, outside the "
+                f"trainable {'/'.join(prefix) or 'tree'}"
             )
-        count = steps.pop() if steps else 0
-        return TorchState(jnp.asarray(count, jnp.int32), jnp.asarray(last_epoch, jnp.int32), slots)
+    return leaves
+
+
+def _with_torch_state(state, optimizer, spec, leaves, prefix, last_epoch: int):
+    """The optax state ``state`` with each param group's state filled from torch's."""
+    import jax
+    import optax
 
     def fill_groups(s):
         if not isinstance(s, optax.MultiTransformState):
@@ -287,19 +273,48 @@ def from_torch_optimizer(
         for label, masked in inner.items():
             if label.startswith("group_"):
                 gi = int(label.split("_")[1])
-                inner[label] = masked._replace(inner_state=fill(gi, masked.inner_state))
+                filled = _group_state(
+                    optimizer, spec, leaves, prefix, gi, masked.inner_state, last_epoch
+                )
+                inner[label] = masked._replace(inner_state=filled)
         return s._replace(inner_states=inner)
 
-    state = jax.tree_util.tree_map(
+    return jax.tree_util.tree_map(
         fill_groups, state, is_leaf=lambda x: isinstance(x, optax.MultiTransformState)
     )
-    tx = _torch_optax_class()(tx.init, tx.update)
-    tx.spec, tx.leaves, tx.prefix = spec, leaves, prefix
-    tx.schedules = (
-        [schedule_for(scheduler, gi) for gi in range(len(spec.groups))] if scheduler else None
-    )
-    tx.momenta = momenta if any(momenta) else None
-    return tx, state
+
+
+def _group_state(optimizer, spec, leaves, prefix, gi: int, s, last_epoch: int):
+    """Param group ``gi``'s ``TorchState`` ``s`` with torch's step count and slots."""
+    import jax.numpy as jnp
+
+    from xconv.training.transforms import TorchState, slot_names
+
+    torch_state = optimizer.state
+    group_params = optimizer.param_groups[gi]["params"]
+    steps = set()
+    slots = dict(s.slots)
+    for name, p in zip(spec.group_names[gi], group_params, strict=True):
+        st = torch_state.get(p, {})
+        if "step" in st:
+            steps.add(int(float(st["step"])))
+        else:  # SGD keeps no step; a momentum buffer means it has stepped
+            steps.add(1 if st.get("momentum_buffer") is not None else 0)
+        leaf = leaves[name]
+        rel = leaf.path[len(prefix) :]
+        for slot in slot_names(spec.kind, spec.groups[gi]):
+            if st.get(slot) is None:
+                continue
+            value = st[slot].detach().cpu().numpy().copy()  # jax may alias numpy
+            value = value if value.ndim == 0 else leaf.to_flax(value)
+            slots[slot] = _replace(slots[slot], rel, value)
+    if len(steps) > 1:
+        raise ConversionError(
+            f"param group {gi} has parameters at different steps {sorted(steps)}; torch "
+            "updated only some of them (no gradient), which one optax state cannot hold"
+        )
+    count = steps.pop() if steps else 0
+    return TorchState(jnp.asarray(count, jnp.int32), jnp.asarray(last_epoch, jnp.int32), slots)
 
 
 @functools.cache

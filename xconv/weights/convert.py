@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ import numpy as np
 
 from xconv.errors import ConversionError, WeightsError
 from xconv.weights import io
-from xconv.weights.mapping import KeyReport, WeightMap, build_weight_map, check_keys
+from xconv.weights.mapping import KeyReport, WeightMap, check_keys
 
 logger = logging.getLogger(__name__)
 
@@ -93,67 +93,32 @@ class Template:
     order: list[str]
 
 
-def build_template(
-    template_factory: Any, example_inputs: Sequence[Any] | None = None, api: str = "linen"
-) -> Template:
-    """Build the torch module, trace it, and map its weights."""
-    from xconv.converters.torch.importer.files import resolve_factory
-    from xconv.converters.torch.importer.trace import from_torch
-
-    built = resolve_factory(template_factory)()
-    inputs = None
-    if isinstance(built, tuple) and len(built) == 2:
-        built, inputs = built
-    if example_inputs is not None:
-        inputs = example_inputs
-    if inputs is None:
-        raise ConversionError(
-            "the template module needs example inputs to be traced: let the factory return "
-            "(module, inputs) or pass example_inputs / --input-shape"
-        )
-    if not isinstance(inputs, tuple | list):
-        inputs = (inputs,)
-    model_ir = from_torch(built, tuple(inputs))
-    state = built.state_dict()
-    keys = set(state)
-    wmap = build_weight_map(model_ir, api=api, state_keys=keys)
-    ptrs = {state[k].data_ptr(): k for k in wmap.entries if state[k].numel()}
-    aliases = {
-        k: ptrs[t.data_ptr()]
-        for k, t in state.items()
-        if k not in wmap.entries and k not in wmap.side and t.numel() and t.data_ptr() in ptrs
-    }
-    return Template(wmap, aliases, list(state))
-
-
 def convert_weights(
     checkpoint: str | os.PathLike,
-    template_factory: Any,
+    template: Template,
     *,
     direction: str = "torch-to-flax",
-    example_inputs: Sequence[Any] | None = None,
     out: str | os.PathLike | None = None,
     format: str | None = None,  # noqa: A002
-    api: str = "linen",
     strict: bool = True,
     trust_pickle: bool = False,
     max_shard_bytes: int | None = None,
     mesh: Any = None,
     partitioning: Any = None,
 ) -> WeightsReport:
-    """Convert a checkpoint between torch and Flax names and layouts, shard by shard.
+    """Convert a checkpoint between torch and Flax names and layouts, shard by shard (the
+    Flax API the variables are laid out for is the template's: ``template.wmap.api``).
 
     Args:
         checkpoint: Input file: a torch / safetensors (or sharded ``*.index.json``) /
             npz state_dict for torch-to-flax; a msgpack / Orbax / safetensors / npz of Flax
             variables for flax-to-torch.
-        template_factory: ``"pkg.mod:factory"`` or a callable building the torch module (or
-            ``(module, example_inputs)``), or a :class:`Template` from :func:`build_template`.
+        template: The :class:`Template` of the torch module the checkpoint belongs to
+            (:func:`xconv.weight_template.build_template`, which traces it; or call
+            :func:`xconv.weight_template.convert_weights` with a factory).
         direction: ``"torch-to-flax"`` or ``"flax-to-torch"``.
-        example_inputs: Inputs to trace the template with, when the factory gives none.
         out: Output path; None checks the keys only.
         format: Output format (``io.FORMATS``); default from ``out``'s suffix.
-        api: Flax API the variables are laid out for (``"linen"`` or ``"nnx"``).
         strict: Raise on any missing / unexpected / mis-shaped key.
         trust_pickle: Allow a torch checkpoint that needs a full unpickle.
         max_shard_bytes: Split a safetensors output into shards of about this size.
@@ -173,10 +138,12 @@ def convert_weights(
     if direction not in DIRECTIONS:
         raise ConversionError(f"unknown direction {direction!r}; choose one of {list(DIRECTIONS)}")
     checkpoint = Path(checkpoint)
-    if isinstance(template_factory, Template):
-        template = template_factory  # prebuilt: convert many checkpoints with one trace
-    else:
-        template = build_template(template_factory, example_inputs, api)
+    if not isinstance(template, Template):
+        raise TypeError(
+            f"expected a Template, got {type(template).__name__}: trace the module with "
+            "xconv.weight_template.build_template, or call xconv.weight_template.convert_weights "
+            "with the factory"
+        )
     report = WeightsReport(direction, checkpoint)
     if mesh is not None and (direction != "torch-to-flax" or format not in (None, "orbax")):
         raise ConversionError("mesh= writes a sharded Orbax checkpoint: torch-to-flax only")
@@ -361,6 +328,5 @@ __all__ = [
     "SIDE_SUFFIX",
     "Template",
     "WeightsReport",
-    "build_template",
     "convert_weights",
 ]

@@ -7,8 +7,8 @@ the kernel layout transform. A layer the Flax emitter cannot write natively beco
 submodule whose weights are raw parameters named after their role; a weight outside any layer
 is one raw top-level parameter. Blocks of the source's module tree nest these paths
 (``params/layer1_0/conv1/kernel``). Where each weight went is read off the emitter's own record
-for the template model (:func:`xconv.converters.flax.source.emitter.emitted_variables`, used by
-:func:`build_weight_map`), so the map always matches the ``model.py`` that
+for the template model (``xconv.converters.flax.source.emitter.generate_with_records``, run by
+:func:`xconv.weight_template.build_weight_map` and handed to :func:`map_weights`), so the map always matches the ``model.py`` that
 :func:`xconv.to_flax` writes; every entry is verified by value.
 
 torch keeps state Flax has no variable for (``xconv.role`` ``num_batches``, i.e. BatchNorm's
@@ -20,7 +20,7 @@ back, :func:`flax_to_torch` takes that side map; without it the template's value
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,25 +188,31 @@ def _candidates(
     return out
 
 
-def build_weight_map(
-    model_ir: ir.Model, *, api: str = "linen", state_keys: Collection[str] | None = None
+def map_weights(
+    model_ir: ir.Model,
+    variables: Mapping[str, Any],
+    records: Sequence[Any],
+    *,
+    api: str = "linen",
+    state_keys: Collection[str] | None = None,
 ) -> WeightMap:
-    """Map every weight of ``model_ir`` to the variable the Flax emitter gives it.
+    """Map every weight of ``model_ir`` to the variable the Flax emitter gave it.
 
-    The emitter is run on the template (``model_ir`` with its own weights); each weight's
-    predicted path (:mod:`xconv.weights.flax_names`) is accepted only when that variable holds
-    exactly the weight's (layout-transformed) values.
+    ``variables`` and ``records`` are what the Flax source emitter produced for the template
+    (``model_ir`` with its own weights): the caller runs the emitter
+    (:func:`xconv.weight_template.build_weight_map`), so this layer imports no converter. Each
+    weight's predicted path (:mod:`xconv.weights.flax_names`) is accepted only when that
+    variable holds exactly the weight's (layout-transformed) values.
 
     Args:
         model_ir: The IR from ``xconv.from_torch``.
+        variables: The emitter's variables for ``model_ir`` (nested).
+        records: The emitter's records (each with ``source`` and ``path``).
         api: ``"linen"`` or ``"nnx"``.
         state_keys: The source module's ``state_dict`` keys. Initializers outside it (a
             non-persistent buffer) are template constants, not expected in a checkpoint.
             Default: every initializer is a state_dict entry.
     """
-    from xconv.converters.flax.source.emitter import generate_with_records
-
-    _, variables, records = generate_with_records(model_ir, api=api)
     flat: dict[Path_, np.ndarray] = {tuple(k.split(SEP)): v for k, v in flatten(variables).items()}
     recorded: dict[str, list[Path_]] = {}
     for rec in records:
@@ -318,24 +324,29 @@ def check_keys(
     )
 
 
-def _weight_map(model: ir.Model | WeightMap, api: str) -> WeightMap:
-    return model if isinstance(model, WeightMap) else build_weight_map(model, api=api)
+def _weight_map(model: WeightMap) -> WeightMap:
+    if not isinstance(model, WeightMap):
+        raise TypeError(
+            f"expected a WeightMap, got {type(model).__name__}: build one from the IR with "
+            "xconv.weight_template.build_weight_map, or call xconv.weight_template."
+            "torch_to_flax / flax_to_torch, which take the IR"
+        )
+    return model
 
 
 def torch_to_flax(
     state_dict: Mapping[str, Any],
-    model_ir: ir.Model | WeightMap,
+    weight_map: WeightMap,
     *,
-    api: str = "linen",
     strict: bool = True,
 ) -> dict[str, Any]:
-    """A torch ``state_dict`` as the Flax variables the generated ``model.py`` expects.
+    """A torch ``state_dict`` as the Flax variables the generated ``model.py`` expects (laid out
+    for the map's ``api``: linen ``{"params": ..., "batch_stats": ...}`` or the nnx module tree).
 
     Args:
         state_dict: ``{key: tensor or array}`` with the source module's keys.
-        model_ir: The IR of the source module (``xconv.from_torch``), or its prebuilt
-            :class:`WeightMap`.
-        api: ``"linen"`` (``{"params": ..., "batch_stats": ...}``) or ``"nnx"`` (module tree).
+        weight_map: The source module's :class:`WeightMap` (from the IR:
+            :func:`xconv.weight_template.build_weight_map`).
         strict: Raise :class:`WeightsError` on missing / unexpected / mis-shaped keys;
             otherwise the template's values fill what is missing.
 
@@ -343,7 +354,7 @@ def torch_to_flax(
         A nested dict of numpy arrays. ``num_batches_tracked`` is not in it: see
         :meth:`WeightMap.side_state`.
     """
-    wmap = _weight_map(model_ir, api)
+    wmap = _weight_map(weight_map)
     report = check_keys({k: tuple(np.shape(v)) for k, v in state_dict.items()}, wmap.source_shapes)
     if strict and not report.ok:
         raise WeightsError(report.message("the state_dict"))
@@ -361,9 +372,8 @@ def torch_to_flax(
 
 def flax_to_torch(
     variables: Mapping[str, Any],
-    model_ir: ir.Model | WeightMap,
+    weight_map: WeightMap,
     *,
-    api: str = "linen",
     side_state: Mapping[str, Any] | None = None,
     strict: bool = True,
 ) -> dict[str, np.ndarray]:
@@ -372,8 +382,7 @@ def flax_to_torch(
     Args:
         variables: The nested variables (as from :func:`torch_to_flax` or ``model.py``'s
             ``load``), or their flat ``/``-joined form.
-        model_ir: The IR of the torch module, or its :class:`WeightMap`.
-        api: The Flax API the variables are laid out for.
+        weight_map: The torch module's :class:`WeightMap`.
         side_state: torch-only entries (``num_batches_tracked``) from
             :meth:`WeightMap.side_state`; without them the template's values are used.
         strict: Raise :class:`WeightsError` on missing / unexpected / mis-shaped variables.
@@ -381,7 +390,7 @@ def flax_to_torch(
     Returns:
         ``{state_dict key: np.ndarray}`` in the IR's initializer order.
     """
-    wmap = _weight_map(model_ir, api)
+    wmap = _weight_map(weight_map)
     flat = flatten(variables)
     report = check_keys({k: tuple(v.shape) for k, v in flat.items()}, wmap.flax_shapes)
     if strict and not report.ok:
@@ -403,8 +412,8 @@ __all__ = [
     "Entry",
     "KeyReport",
     "WeightMap",
-    "build_weight_map",
     "check_keys",
     "flax_to_torch",
+    "map_weights",
     "torch_to_flax",
 ]

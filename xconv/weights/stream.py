@@ -290,6 +290,30 @@ class StreamReport:
     sharding: dict[str, Any] | None = None
 
 
+def shard_groups(
+    targets: Sequence[Target], index: CheckpointIndex
+) -> tuple[list[tuple[Path | None, list[tuple[TensorRef | None, list[Target]]]]], dict]:
+    """``(input shard, [(tensor ref, targets planned from it)])`` per output part, in the
+    index's shard order (computed targets, with no source tensor, make one more part), and the
+    targets by source key. The one grouping of the streamed writers (:func:`stream_targets`,
+    ``xconv.sharding.stream.stream_orbax_parts``)."""
+    by_source: dict[str, list[Target]] = {}
+    computed: list[Target] = []
+    for t in targets:
+        if t.planned is not None:
+            by_source.setdefault(t.planned.source, []).append(t)
+        else:
+            computed.append(t)
+    groups: list[tuple[Path | None, list[tuple[TensorRef | None, list[Target]]]]] = []
+    for shard, refs in index.by_shard().items():
+        items = [(r, by_source[r.name]) for r in refs if r.name in by_source]
+        if items:
+            groups.append((shard, items))
+    if computed:
+        groups.append((None, [(None, computed)]))
+    return groups, by_source
+
+
 def stream_targets(
     targets: Sequence[Target],
     index: CheckpointIndex,
@@ -305,20 +329,7 @@ def stream_targets(
     order; computed values go in one more shard. Each input shard is opened once and each of
     its tensors read once, however many targets it feeds.
     """
-    by_source: dict[str, list[Target]] = {}
-    computed: list[Target] = []
-    for t in targets:
-        if t.planned is not None:
-            by_source.setdefault(t.planned.source, []).append(t)
-        else:
-            computed.append(t)
-    groups: list[tuple[Path | None, list[tuple[TensorRef | None, list[Target]]]]] = []
-    for shard, refs in index.by_shard().items():
-        items = [(r, by_source[r.name]) for r in refs if r.name in by_source]
-        if items:
-            groups.append((shard, items))
-    if computed:
-        groups.append((None, [(None, computed)]))
+    groups, by_source = shard_groups(targets, index)
     unknown = sorted(set(by_source) - set(index.tensors))
     if unknown:
         raise ConversionError(f"targets read tensors the checkpoint lacks: {unknown}")

@@ -82,17 +82,7 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
         attn_mask = attn_mask if isinstance(attn_mask, np.ndarray) else jnp.asarray(attn_mask)
         if attn_mask.ndim > 4 or attn_mask.shape[-1] > kv_len:
             return None
-        pad = kv_len - attn_mask.shape[-1]
-        if attn_mask.dtype == np.bool_:
-            if pad:
-                widths = [(0, 0)] * (attn_mask.ndim - 1) + [(0, pad)]
-                attn_mask = jnp.pad(attn_mask, widths, constant_values=False)
-            mask = attn_mask
-        else:
-            if pad:
-                widths = [(0, 0)] * (attn_mask.ndim - 1) + [(0, pad)]
-                attn_mask = jnp.pad(attn_mask, widths, constant_values=_NEG_INF)
-            bias = attn_mask.astype(dtype)
+        mask, bias = _mask_or_bias(attn_mask, kv_len, dtype)
     causal = None
     if is_causal:
         causal = ops_attention.frontier(KERNEL, q_len, kv_len, 0, q) >= 0
@@ -105,20 +95,9 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
         and q.shape[-1] % 8 == 0
         and q.shape[-1] <= 128
     ):
-        to_btnh = (lambda x: x) if rank == 3 else (lambda x: jnp.swapaxes(x, 1, 2))
-        try:
-            y = jax.nn.dot_product_attention(
-                to_btnh(q),
-                to_btnh(k),
-                to_btnh(v),
-                scale=float(scale),
-                is_causal=bool(is_causal),
-                implementation="cudnn",
-            )
-        except Exception:  # noqa: BLE001 - shapes/dtypes cuDNN rejects: the XLA form below
-            y = None
+        y = _cudnn_attention(q, k, v, scale, is_causal, rank)
         if y is not None:
-            return y.reshape(y.shape[0], y.shape[1], -1) if rank == 3 else jnp.swapaxes(y, 1, 2)
+            return y
     if dtype not in (jnp.float32, jnp.float64):
         return None
 
@@ -130,6 +109,50 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
     # producer fused into the dot's operand is the likely cause).
     spec = "bqhd,bkhd->bhqk" if rank == 3 else "bhqd,bhkd->bhqk"
     scores = jnp.einsum(spec, q, k) * jnp.asarray(scale, dtype)
+    probs = _masked_softmax(scores, mask, bias, causal, dtype)
+    if rank == 3:
+        y = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        return y.reshape(y.shape[0], y.shape[1], -1)
+    return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+
+
+def _mask_or_bias(attn_mask, kv_len: int, dtype):
+    """``(mask, bias)``: a boolean mask (padded with False to ``kv_len`` keys) or a float
+    bias in ``dtype`` (padded with -inf); the other is None."""
+    pad = kv_len - attn_mask.shape[-1]
+    if attn_mask.dtype == np.bool_:
+        if pad:
+            widths = [(0, 0)] * (attn_mask.ndim - 1) + [(0, pad)]
+            attn_mask = jnp.pad(attn_mask, widths, constant_values=False)
+        return attn_mask, None
+    if pad:
+        widths = [(0, 0)] * (attn_mask.ndim - 1) + [(0, pad)]
+        attn_mask = jnp.pad(attn_mask, widths, constant_values=_NEG_INF)
+    return None, attn_mask.astype(dtype)
+
+
+def _cudnn_attention(q, k, v, scale, is_causal, rank: int):
+    """cuDNN's fused attention in the inputs' layout, or None where cuDNN rejects the
+    shapes or dtypes (the XLA form runs instead)."""
+    to_btnh = (lambda x: x) if rank == 3 else (lambda x: jnp.swapaxes(x, 1, 2))
+    try:
+        y = jax.nn.dot_product_attention(
+            to_btnh(q),
+            to_btnh(k),
+            to_btnh(v),
+            scale=float(scale),
+            is_causal=bool(is_causal),
+            implementation="cudnn",
+        )
+    except Exception:  # noqa: BLE001 - shapes/dtypes cuDNN rejects: the XLA form below
+        return None
+    return y.reshape(y.shape[0], y.shape[1], -1) if rank == 3 else jnp.swapaxes(y, 1, 2)
+
+
+def _masked_softmax(scores, mask, bias, causal, dtype):
+    """Softmax over keys after the bias, the boolean mask and the causal frontier (one
+    ``where`` with the dtype's lowest finite value); a query row nothing may attend gives
+    zeros."""
     lowest = jnp.asarray(np.finfo(dtype).min, dtype)
     empty = None  # query rows nothing may attend (their output is zero)
     if bias is not None:
@@ -148,10 +171,7 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
     probs = jax.nn.softmax(scores, axis=-1)
     if empty is not None:
         probs = jnp.where(empty, jnp.zeros((), dtype), probs)
-    if rank == 3:
-        y = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
-        return y.reshape(y.shape[0], y.shape[1], -1)
-    return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+    return probs
 
 
 class JaxAttentionKernel:

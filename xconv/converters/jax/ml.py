@@ -69,6 +69,47 @@ _LABEL_ENCODER_ATTRS = {
 }
 
 
+def _encoder_values(
+    ctx, values_tensor, values_floats, values_int64s, values_strings,
+    default_tensor, default_float, default_int64, default_string,
+):  # fmt: skip
+    """LabelEncoder's values, the default for unknown keys, and the output dtype."""
+    if values_tensor is not None:
+        values = np.asarray(values_tensor)
+        if default_tensor is not None:
+            default = np.asarray(default_tensor).reshape(-1)[0]
+        elif values.dtype.kind in "OUS":
+            default = "_Unused"
+        elif values.dtype.kind == "f":
+            default = -0.0
+        else:
+            default = -1
+        out_dtype = np.dtype(object) if values.dtype.kind in "OUS" else values.dtype
+    elif values_floats is not None:
+        values, default, out_dtype = (
+            np.asarray(values_floats, np.float32),
+            default_float,
+            np.dtype(np.float32),
+        )
+    elif values_int64s is not None:
+        values, default, out_dtype = (
+            np.asarray(values_int64s, np.int64),
+            default_int64,
+            np.dtype(np.int64),
+        )
+    elif values_strings is not None:
+        values, default, out_dtype = (
+            np.array(values_strings, dtype=object),
+            default_string,
+            np.dtype(object),
+        )
+    else:
+        raise ctx.error(
+            "LabelEncoder needs one of values_floats, values_int64s, values_strings, values_tensor"
+        )
+    return values, default, out_dtype
+
+
 @builtin("LabelEncoder", domain=ML, since=1, attrs=_LABEL_ENCODER_ATTRS)
 def label_encoder(
     ctx,
@@ -109,39 +150,10 @@ def label_encoder(
         )
     if keys_strings is not None:
         keys = np.array(keys_strings, dtype=object)
-    if values_tensor is not None:
-        values = np.asarray(values_tensor)
-        if default_tensor is not None:
-            default = np.asarray(default_tensor).reshape(-1)[0]
-        elif values.dtype.kind in "OUS":
-            default = "_Unused"
-        elif values.dtype.kind == "f":
-            default = -0.0
-        else:
-            default = -1
-        out_dtype = np.dtype(object) if values.dtype.kind in "OUS" else values.dtype
-    elif values_floats is not None:
-        values, default, out_dtype = (
-            np.asarray(values_floats, np.float32),
-            default_float,
-            np.dtype(np.float32),
-        )
-    elif values_int64s is not None:
-        values, default, out_dtype = (
-            np.asarray(values_int64s, np.int64),
-            default_int64,
-            np.dtype(np.int64),
-        )
-    elif values_strings is not None:
-        values, default, out_dtype = (
-            np.array(values_strings, dtype=object),
-            default_string,
-            np.dtype(object),
-        )
-    else:
-        raise ctx.error(
-            "LabelEncoder needs one of values_floats, values_int64s, values_strings, values_tensor"
-        )
+    values, default, out_dtype = _encoder_values(
+        ctx, values_tensor, values_floats, values_int64s, values_strings,
+        default_tensor, default_float, default_int64, default_string,
+    )  # fmt: skip
     if len(keys) != len(values):
         raise ctx.error(f"{len(keys)} keys but {len(values)} values")
     if values.dtype.kind in "OUS":
@@ -258,36 +270,12 @@ def tree_ensemble(
     )
     if n_targets is None:
         n_targets = int(targets.max()) + 1 if targets.size else 1
-    # Set-membership nodes: their member values, NaN-separated, in node order.
-    members = np.full((n_nodes, 1), np.nan)
-    if (modes == _MEMBER).any():
-        if membership_values is None:
-            raise ctx.error("set-membership nodes need the membership_values attribute")
-        groups, current = [], []
-        for v in np.asarray(membership_values, dtype=np.float64).reshape(-1):
-            if np.isnan(v):
-                groups.append(current)
-                current = []
-            else:
-                current.append(v)
-        member_nodes = np.flatnonzero(modes == _MEMBER)
-        if len(groups) < len(member_nodes):
-            raise ctx.error("membership_values has fewer groups than set-membership nodes")
-        width = max((len(g) for g in groups), default=1) or 1
-        members = np.full((n_nodes, width), np.nan)
-        for node, group in zip(member_nodes, groups, strict=False):
-            members[node, : len(group)] = group
+    members = _membership_table(ctx, modes, membership_values)
     # Children in one index space: internal nodes 0..n-1, leaves n..n+L-1.
     true_child = np.where(true_leaf, true_ids + n_nodes, true_ids)
     false_child = np.where(false_leaf, false_ids + n_nodes, false_ids)
     roots = np.asarray(tree_roots, dtype=np.int64)
-    start = []
-    depth = 0
-    for r in roots:
-        degenerate = true_leaf[r] and false_leaf[r] and true_ids[r] == false_ids[r]
-        start.append(true_ids[r] + n_nodes if degenerate else r)
-        depth = max(depth, _tree_depth(r, degenerate, true_ids, false_ids, true_leaf, false_leaf))
-    start = jnp.asarray(np.asarray(start, dtype=np.int32))
+    start, depth = _tree_starts(roots, n_nodes, true_ids, false_ids, true_leaf, false_leaf)
 
     dtype = x.dtype
     pad = lambda a, fill: jnp.asarray(np.concatenate([a, np.full(1, fill, a.dtype)]))  # noqa: E731
@@ -306,18 +294,7 @@ def tree_ensemble(
             value = jnp.take_along_axis(x, j_feat[node], axis=1)  # [N, T]
             split, mode = j_split[node], j_mode[node]
             member = (value[..., None] == j_members[node]).any(-1)
-            outcome = jnp.select(
-                [mode == _LEQ, mode == _LT, mode == _GTE, mode == _GT, mode == _EQ, mode == _NEQ],
-                [
-                    value <= split,
-                    value < split,
-                    value >= split,
-                    value > split,
-                    value == split,
-                    value != split,
-                ],
-                member,
-            )
+            outcome = _split_outcome(mode, value, split, member)
             outcome = outcome | (j_tracks[node] & jnp.isnan(value))
             nxt = jnp.where(outcome, j_true[node], j_false[node])
             return jnp.where(internal, nxt, idx), None
@@ -327,22 +304,81 @@ def tree_ensemble(
         leaf = idx - n_nodes
         w = jnp.asarray(weights).astype(dtype)[leaf]  # [N, T]
         onehot = jnp.asarray(targets)[leaf][..., None] == jnp.arange(n_targets)  # [N, T, K]
-        if aggregate_function in (0, 1):
-            out = jnp.where(onehot, w[..., None], 0).sum(1)
-            if aggregate_function == 0:
-                out = out / len(roots)
-        elif aggregate_function == 2:
-            out = jnp.where(onehot, w[..., None], jnp.finfo(dtype).max).min(1)
-        elif aggregate_function == 3:
-            out = jnp.where(onehot, w[..., None], jnp.finfo(dtype).min).max(1)
-        else:
-            raise ctx.error(
-                f"aggregate_function must be 0..3 (AVERAGE, SUM, MIN, MAX), got {aggregate_function}"
-            )
+        out = _aggregate(ctx, aggregate_function, onehot, w, len(roots), dtype)
         return _post_transform(ctx, out.astype(dtype), post_transform)
 
     # One compiled computation instead of many eagerly dispatched small ops.
     return jax.jit(evaluate)(x)
+
+
+def _membership_table(ctx, modes: np.ndarray, membership_values) -> np.ndarray:
+    """Set-membership nodes: their member values, NaN-separated, in node order
+    (``[nodes, width]``, NaN-padded)."""
+    n_nodes = len(modes)
+    members = np.full((n_nodes, 1), np.nan)
+    if (modes == _MEMBER).any():
+        if membership_values is None:
+            raise ctx.error("set-membership nodes need the membership_values attribute")
+        groups, current = [], []
+        for v in np.asarray(membership_values, dtype=np.float64).reshape(-1):
+            if np.isnan(v):
+                groups.append(current)
+                current = []
+            else:
+                current.append(v)
+        member_nodes = np.flatnonzero(modes == _MEMBER)
+        if len(groups) < len(member_nodes):
+            raise ctx.error("membership_values has fewer groups than set-membership nodes")
+        width = max((len(g) for g in groups), default=1) or 1
+        members = np.full((n_nodes, width), np.nan)
+        for node, group in zip(member_nodes, groups, strict=False):
+            members[node, : len(group)] = group
+    return members
+
+
+def _tree_starts(roots, n_nodes, true_ids, false_ids, true_leaf, false_leaf):
+    """Each tree's starting index (a degenerate root, both branches the same leaf, starts at
+    that leaf) and the deepest tree's depth."""
+    start = []
+    depth = 0
+    for r in roots:
+        degenerate = true_leaf[r] and false_leaf[r] and true_ids[r] == false_ids[r]
+        start.append(true_ids[r] + n_nodes if degenerate else r)
+        depth = max(depth, _tree_depth(r, degenerate, true_ids, false_ids, true_leaf, false_leaf))
+    return jnp.asarray(np.asarray(start, dtype=np.int32)), depth
+
+
+def _split_outcome(mode, value, split, member):
+    """A node's test by its mode (BRANCH_LEQ .. BRANCH_NEQ, else set membership)."""
+    return jnp.select(
+        [mode == _LEQ, mode == _LT, mode == _GTE, mode == _GT, mode == _EQ, mode == _NEQ],
+        [
+            value <= split,
+            value < split,
+            value >= split,
+            value > split,
+            value == split,
+            value != split,
+        ],
+        member,
+    )
+
+
+def _aggregate(ctx, aggregate_function: int, onehot, w, n_trees: int, dtype):
+    """The trees' leaf weights per target: AVERAGE, SUM, MIN or MAX (0..3)."""
+    if aggregate_function in (0, 1):
+        out = jnp.where(onehot, w[..., None], 0).sum(1)
+        if aggregate_function == 0:
+            out = out / n_trees
+    elif aggregate_function == 2:
+        out = jnp.where(onehot, w[..., None], jnp.finfo(dtype).max).min(1)
+    elif aggregate_function == 3:
+        out = jnp.where(onehot, w[..., None], jnp.finfo(dtype).min).max(1)
+    else:
+        raise ctx.error(
+            f"aggregate_function must be 0..3 (AVERAGE, SUM, MIN, MAX), got {aggregate_function}"
+        )
+    return out
 
 
 def _post_transform(ctx, y, kind: int):

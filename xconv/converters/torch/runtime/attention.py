@@ -44,8 +44,9 @@ def _write_rows(cache, pos, update):
     return cache
 
 
-class TorchAttentionKernel:
-    """The torch side of :mod:`xconv.converters.ops.attention`."""
+class TorchAttentionKernel(xp.TensorConstructors):
+    """The torch side of :mod:`xconv.converters.ops.attention` (``asarray``, ``scalar``,
+    ``zeros``: :class:`~xconv.converters.torch.runtime.xp.TensorConstructors`)."""
 
     xp = xp
     sigmoid = staticmethod(torch.sigmoid)
@@ -53,18 +54,6 @@ class TorchAttentionKernel:
     dtype = staticmethod(_onnx_dtype)
     scan = staticmethod(_scan)
     write_rows = staticmethod(_write_rows)
-
-    @staticmethod
-    def asarray(x):
-        return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
-
-    @staticmethod
-    def scalar(value, dtype, like):
-        return torch.tensor(value, dtype=dtype, device=like.device)
-
-    @staticmethod
-    def zeros(shape, dtype, like):
-        return torch.zeros(shape, dtype=dtype, device=like.device)
 
     @staticmethod
     def arange(n, like):

@@ -208,21 +208,14 @@ def _gather_points(data, coords, dims):
     return torch.where(valid[:, None, :], vals, torch.zeros((), dtype=data.dtype))
 
 
-class TorchNnKernel:
-    """The torch side of :mod:`xconv.converters.ops.nn`."""
+class TorchNnKernel(xp.TensorConstructors):
+    """The torch side of :mod:`xconv.converters.ops.nn` (``asarray``, ``constant``:
+    :class:`~xconv.converters.torch.runtime.xp.TensorConstructors`)."""
 
     xp = xp
     conv = staticmethod(_conv)
     pool = staticmethod(_pool)
     gather_points = staticmethod(_gather_points)
-
-    @staticmethod
-    def asarray(x):
-        return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
-
-    @staticmethod
-    def constant(a, dtype, like):
-        return torch.as_tensor(a, dtype=dtype, device=like.device)
 
     @staticmethod
     def index(x):

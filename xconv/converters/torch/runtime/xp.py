@@ -263,6 +263,27 @@ def take_along_axis(x, indices, axis):
     return torch.gather(x, axis, indices)
 
 
+class TensorConstructors:
+    """The tensor constructors every torch kernel shares (a kernel class derives from this
+    one): an input as a tensor, and new tensors in a dtype on ``like``'s device."""
+
+    @staticmethod
+    def asarray(x):
+        return x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+
+    @staticmethod
+    def constant(a, dtype, like):
+        return torch.as_tensor(a, dtype=dtype, device=like.device)
+
+    @staticmethod
+    def scalar(value, dtype, like):
+        return torch.tensor(value, dtype=dtype, device=like.device)
+
+    @staticmethod
+    def zeros(shape, dtype, like):
+        return torch.zeros(shape, dtype=dtype, device=like.device)
+
+
 class TorchKernel:
     """The torch side of the shared op semantics: this namespace, numpy for what torch cannot
     hold."""

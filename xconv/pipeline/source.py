@@ -1,0 +1,190 @@
+"""The public source emitters ``to_flax`` and ``to_torch_source``, each checked against the
+IR's runtime on example inputs (``to_jax`` / ``to_torch``): the differential check, which the
+pipeline's check (:mod:`xconv.pipeline.checks`) runs too.
+
+:mod:`xconv.pipeline` re-exports them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from xconv.pipeline.targets import _load_generated
+
+#: Generated source and the IR's runtime run the same graph in the same framework: they may
+#: differ by float reassociation, never by more.
+DIFFERENTIAL_RTOL, DIFFERENTIAL_ATOL = 1e-4, 1e-5
+
+
+def to_flax(
+    model: ir.Model,
+    out_dir: str | os.PathLike,
+    *,
+    api: str = "linen",
+    options: Any = None,
+    example_inputs: Any = None,
+    partitioning: Any = None,
+    format: str | None = None,
+    dtype: Any = None,
+) -> Path:
+    """Write Flax source for ``model`` (see ``flax_emitter.to_flax``; ``partitioning`` and
+    ``format`` as in ``xconv.sharding.flax.to_flax``); with ``example_inputs`` (an array or a
+    tuple of arrays), run the written ``model.py`` and check it against ``xconv.to_jax`` of
+    the same IR before returning.
+
+    ``dtype="bfloat16"`` writes a model computing in bfloat16 with float32 parameters (layers
+    get ``dtype=jnp.bfloat16``; norms and softmax run in float32); it is checked against
+    ``xconv.to_jax(model, dtype="bfloat16")`` within :func:`bf16_differential_bound`.
+
+    Raises:
+        ParityError: the generated module disagrees with the runtime; names the first differing
+            output. ``out_dir`` is removed: nothing wrong is left behind.
+    """
+    from xconv.converters.ops.precision import resolve_dtype
+    from xconv.sharding.flax import to_flax as emit
+
+    low = resolve_dtype(dtype)
+    if low is not None:
+        from dataclasses import replace
+
+        from xconv.converters.flax.source.emitter import FlaxOptions
+
+        options = replace(options or FlaxOptions(), dtype=low)
+    out = emit(model, out_dir, api=api, options=options, partitioning=partitioning, format=format)
+    if example_inputs is None:
+        return out
+    try:
+        inputs = _as_input_tuple(example_inputs)
+        generated = _load_generated(out / "model.py")
+        if api == "linen":
+            module, variables = generated.load(out)
+            got = module.apply(variables, *inputs)
+        else:
+            got = generated.load(out)(*inputs)
+        from xconv.converters.jax.interpreter import to_jax
+
+        fn, params = to_jax(model) if low is None else to_jax(model, dtype=low)
+        bound = None if low is None else bf16_differential_bound(model)
+        what = f"generated Flax ({api}{', bfloat16' if low else ''})"
+        _differential(model, what, "to_jax", got, fn(params, *inputs), bound)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return out
+
+
+def to_torch_source(model: ir.Model, example_inputs: Any = None) -> tuple[str, dict[str, Any]]:
+    """Readable torch source and its state_dict (see ``source_emitter.to_torch_source``); with
+    ``example_inputs``, run the source and check it against ``xconv.to_torch`` of the same IR.
+
+    Raises:
+        ParityError: the generated module disagrees with the runtime; names the first differing
+            output.
+    """
+    from xconv.converters.torch.emitter import to_torch
+    from xconv.converters.torch.emitter import to_torch_source as emit
+
+    source, state = emit(model)
+    if example_inputs is None:
+        return source, state
+    import torch
+
+    inputs = tuple(torch.as_tensor(np.asarray(x)) for x in _as_input_tuple(example_inputs))
+    namespace: dict[str, Any] = {"__name__": "xconv_generated_torch_source"}
+    exec(compile(source, "<xconv generated torch source>", "exec"), namespace)  # noqa: S102
+    generated = namespace["Model"]().eval()
+    generated.load_state_dict(state)
+    runtime, _ = to_torch(model)
+    with torch.no_grad():
+        got, want = generated(*inputs), runtime(*inputs)
+    _differential(model, "generated torch source", "to_torch", got, want)
+    return source, state
+
+
+def _as_input_tuple(example_inputs: Any) -> tuple[Any, ...]:
+    items = example_inputs if isinstance(example_inputs, tuple | list) else (example_inputs,)
+    return tuple(x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x) for x in items)
+
+
+def bf16_differential_bound(model: ir.Model) -> float:
+    """Generated bfloat16 Flax vs bfloat16 ``to_jax``: the same ops, rounded to bfloat16 in
+    different places (inside a Flax layer vs after an ONNX op): per element, within
+    ``4 * 2**-8 * sqrt(L) * (|want| + max|want|)``, L the matmul/conv depth
+    (:func:`xconv.converters.ops.precision.rounding_depth`)."""
+    from xconv.converters.ops.precision import rounding_depth
+
+    return 4 * 2.0**-8 * float(np.sqrt(rounding_depth(model)))
+
+
+def _differential(
+    model: ir.Model, what: str, runtime: str, got: Any, want: Any, bf16: float | None = None
+) -> None:
+    """Raise ParityError at the first output where ``got`` and ``want`` disagree (within
+    ``bf16`` relative to the element and the output's largest magnitude, when given)."""
+    from xconv.errors import ParityError
+
+    got = list(got) if isinstance(got, tuple | list) else [got]
+    want = list(want) if isinstance(want, tuple | list) else [want]
+    names = [v.name for v in model.graph.outputs]
+    if len(got) != len(want):
+        raise ParityError(f"{what} returned {len(got)} outputs, {runtime} {len(want)}")
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        g, w = _numpy(g), _numpy(w)
+        name = names[i] if i < len(names) else str(i)
+        if g.shape != w.shape:
+            raise ParityError(
+                f"{what} disagrees with {runtime} first at output {i} ({name!r}): shape "
+                f"{g.shape} vs {w.shape}"
+            )
+        if not (_is_float(w.dtype) or _is_float(g.dtype)):
+            bad = g != w
+        else:
+            g64, w64 = g.astype(np.float64), w.astype(np.float64)
+            finite = np.isfinite(w64)
+            scale = float(np.abs(w64[finite]).max()) if finite.any() else 0.0
+            # Half-precision outputs: a few ulps of their own dtype (reassociation in fp16
+            # moves the last bit at any magnitude).
+            tiny = 4 * _eps(w.dtype)
+            rtol, atol = max(DIFFERENTIAL_RTOL, tiny), max(DIFFERENTIAL_ATOL, tiny)
+            bound = atol * max(1.0, scale) + rtol * np.abs(w64)
+            if bf16 is not None:
+                bound = bf16 * (scale + np.abs(w64))
+            with np.errstate(invalid="ignore"):
+                close = np.abs(g64 - w64) <= bound
+                same = np.isclose(g64, w64, equal_nan=True)  # inf / nan by position
+                bad = ~np.where(finite, close, same)
+        if bad.any():
+            where = tuple(int(j) for j in np.argwhere(bad)[0])
+            raise ParityError(
+                f"{what} disagrees with {runtime} first at output {i} ({name!r}): "
+                f"{int(bad.sum())} of {bad.size} elements, first at index {where}: "
+                f"{g[where]!r} vs {w[where]!r}. The source emitter and the IR runtime differ "
+                "on this graph: please report it."
+            )
+
+
+def _numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor; bfloat16 has no numpy dtype
+        x = x.detach().cpu()
+        return (x.float() if x.dtype.is_floating_point and x.element_size() < 4 else x).numpy()
+    return np.asarray(x)
+
+
+def _eps(dtype: np.dtype) -> float:
+    try:
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(dtype).eps)
+    except (ImportError, ValueError, TypeError):
+        return float(np.finfo(np.float32).eps)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    """numpy's floats and ml_dtypes' (bfloat16, float8 ...: numpy kind 'V')."""
+    return dtype.kind in "fc" or dtype.name.startswith(("bfloat", "float"))
