@@ -287,6 +287,8 @@ class StreamReport:
     bytes_read: dict[str, int] = field(default_factory=dict)
     tensors: int = 0
     early: bool = False  # written by an EarlyStream, side by side with the trace
+    #: Peak RSS (KiB) of the EarlyStream's child process, not in the caller's own peak.
+    helper_peak_kib: int = 0
     #: Streamed into Orbax parts placed on a mesh (``xconv.sharding.stream``): its summary.
     sharding: dict[str, Any] | None = None
 
@@ -522,6 +524,7 @@ class EarlyStream:
         report.files.append(self.stage / index_name)
         report.bytes_read = dict(self.index.log.bytes_read)
         report.early = True
+        report.helper_peak_kib = self.helper_peak_kib
         return report
 
     def _mismatch(self, targets: Sequence[Target]) -> str:
