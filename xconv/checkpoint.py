@@ -14,7 +14,7 @@
    safetensors shards + index read by the generated ``load(out_dir)``; ONNX (and JAX) get the
    checkpoint's shards copied beside ``model.onnx`` as its external data. (The Flax folder has
    no ``model.onnx``: its IR is what ``torch-to-onnx --weights`` writes.) For Flax the stream
-   starts on a thread as soon as step 1 is done, beside the trace, on a layout guessed from
+   starts in a child process as soon as step 1 is done, beside the trace, on a layout guessed from
    the module (:class:`~xconv.weights.stream.EarlyStream`); the emitter's plan is then checked
    against the guess, and a difference streams the weights again.
 4. ``parity="layerwise"`` checks the result block by block against torch with a float64 oracle,
@@ -409,7 +409,7 @@ def convert_checkpoint(
     """Convert a checkpoint larger than memory to ``target`` (``flax``, ``jax``, ``onnx``).
 
     See the module docstring for the steps. For Flax (``options.early``, the default) the
-    weights stream on a thread while the module is traced (:class:`EarlyStream`), on the
+    weights stream in a child process while the module is traced (:class:`EarlyStream`), on the
     layout guessed from the module's ``nn.Linear`` layers; the emitter's real plan is checked
     against that guess, and any difference streams the weights again. Returns a
     :class:`CheckpointResult`; ``parity`` is the layerwise report (None with
