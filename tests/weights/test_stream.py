@@ -307,6 +307,10 @@ def test_failed_trace_stops_the_early_stream_and_leaves_nothing(checkpoint, tmp_
         mp.undo()
     assert list(tmp_path.iterdir()) == []
     assert not [t for t in threading.enumerate() if t.name == "xconv-early-stream"]
+    import psutil  # the early stream's child process was stopped, not left running
+
+    children = psutil.Process().children(recursive=True)
+    assert not [c for c in children if "_early_child" in " ".join(c.cmdline())]
 
 
 def _rewrite(ckpt: Path, dst: Path, edit) -> None:
