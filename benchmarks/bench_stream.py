@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> None:
         default=",".join(PARTS),
         help="Comma list of the steps to run (default all: %(default)s). The others are kept "
         "from the stored row of the same label (scale_stream.json), each part with the commit "
-        "and load it was measured at: a 7 B run split over several holds of the heavy-job lock.",
+        "and load it was measured at: a 7 B run split over several holds of the heavy-job lock; "
+        "'none' rewrites the table from the stored rows.",
     )
     ap.add_argument(
         "--keep-output",
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     kept = json.loads(store.read_text()) if store.is_file() else {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
-    parts = set(a.parts.split(","))
+    parts = set(a.parts.split(",")) - {"none"}  # none: rewrite the table from the stored rows
     parts -= {"forward"} if a.no_forward else set()
     parts -= {"sequential"} if a.no_sequential else set()
     if parts - set(PARTS):
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
             row.pop(part, None)
             runs[part] = run
         row.update(new)
-        row["runs"] = {p: r for p, r in runs.items() if p in row}
+        row["runs"] = {p: r for p, r in runs.items() if row.get(p) is not None}
         print(label, json.dumps(row), flush=True)
         # Rows are kept by label and the table rewritten after every checkpoint, so a later one
         # that fails or runs out of time leaves the rows measured so far.
@@ -330,7 +331,7 @@ def _run_notes(rows: list[tuple[str, dict]]) -> list[str]:
     """One line per row: the trace route, and the commit and load each part was measured at."""
     notes = []
     for label, r in rows:
-        runs = r.get("runs") or {p: r["run"] for p in PARTS if p in r and "run" in r}
+        runs = r.get("runs") or {p: r["run"] for p in PARTS if r.get(p) is not None and "run" in r}
         groups: dict[tuple, list[str]] = {}
         for part in PARTS:
             if part in runs:
