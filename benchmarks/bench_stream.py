@@ -69,6 +69,7 @@ import xconv.weights.shards as sh
 index = sh.CheckpointIndex({ckpt!r})
 print(json.dumps({{"trace_s": marks["writing"] - t0, "write_s": t2 - marks["writing"],
     "total_s": t2 - t0, "early": r.stream.early, "route": r.route,
+    "helper_peak_gib": r.stream.helper_peak_kib / 2**20,
     "wait_s": t2 - marks.get("waiting", t2),
     "bytes_written": r.stream.bytes_written, "largest_shard": index.largest_shard_bytes(),
     "read_once": all(n == sum(x.nbytes for x in index.tensors.values()
@@ -140,47 +141,52 @@ def evict(ckpt: Path) -> None:
             os.close(fd)
 
 
-def measure(ckpt: Path, work: Path, forward: bool = True, sequential: bool = True) -> dict:
+PARTS = ("floor", "sequential", "convert", "parity", "forward")
+
+
+def measure(ckpt: Path, work: Path, parts: set[str], out: Path) -> dict:
+    """The ``parts`` asked for; ``parity`` and ``forward`` read the Flax output at ``out``
+    (written by ``convert`` in this run or kept from an earlier one)."""
     cfg = str(ckpt / "config.json")
     vocab = json.loads(Path(cfg).read_text())["vocab_size"]
-    floor_out = work / "floor"
-    floor_out.mkdir()
-    evict(ckpt)
-    floor, floor_s, floor_peak = _child(
-        _FLOOR.format(root=str(ROOT), ckpt=str(ckpt), out=str(floor_out))
-    )
-    shutil.rmtree(floor_out)
+    row: dict = {}
+    if "floor" in parts:
+        floor_out = work / "floor"
+        floor_out.mkdir()
+        evict(ckpt)
+        floor, floor_s, floor_peak = _child(
+            _FLOOR.format(root=str(ROOT), ckpt=str(ckpt), out=str(floor_out))
+        )
+        shutil.rmtree(floor_out)
+        row["bytes"], row["params"] = floor["bytes"], floor["bytes"] / 2
+        row["floor"] = {"s": floor_s, "peak_gib": floor_peak, "copy_s": floor["s"]}
     # One output on disk at a time (a 7 B one is 13 GiB).
-    seq_out = work / "sequential"
-    seq = None
-    if sequential:
+    if "sequential" in parts:
+        seq_out = work / "sequential"
         evict(ckpt)
         seq_row, seq_s, seq_peak = _child(
             _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(seq_out), early=False)
         )
-        seq = {"s": seq_s, "peak_gib": seq_peak, **seq_row}
+        row["sequential"] = {"s": seq_s, "peak_gib": seq_peak, **seq_row}
         shutil.rmtree(seq_out, ignore_errors=True)
-    out = work / "flax"
-    evict(ckpt)
-    conv, conv_s, conv_peak = _child(
-        _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(out), early=True)
-    )
-    par, par_s, par_peak = _child(
-        _PARITY.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(out))
-    )
-    row = {
-        "bytes": floor["bytes"],
-        "params": floor["bytes"] / 2,
-        "largest_shard": conv["largest_shard"],
-        "floor": {"s": floor_s, "peak_gib": floor_peak, "copy_s": floor["s"]},
-        "convert": {"s": conv_s, "peak_gib": conv_peak, **conv},
-        "sequential": seq,
-        "parity": {"wall_s": par_s, "peak_gib": par_peak, **par},
-    }
-    if forward:
+    if "convert" in parts:
+        shutil.rmtree(out, ignore_errors=True)
+        evict(ckpt)
+        conv, conv_s, conv_peak = _child(
+            _CONVERT.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(out), early=True)
+        )
+        row["largest_shard"] = conv["largest_shard"]
+        # The early stream's child process runs beside the conversion: its peak is added (an
+        # upper bound of the two processes' peak together).
+        row["convert"] = {"s": conv_s, "peak_gib": conv_peak + conv["helper_peak_gib"], **conv}
+    if "parity" in parts:
+        par, par_s, par_peak = _child(
+            _PARITY.format(root=str(ROOT), ckpt=str(ckpt), cfg=cfg, out=str(out))
+        )
+        row["parity"] = {"wall_s": par_s, "peak_gib": par_peak, **par}
+    if "forward" in parts:
         fwd, fwd_s, fwd_peak = _child(_FORWARD.format(root=str(ROOT), out=str(out), vocab=vocab))
         row["forward"] = {"wall_s": fwd_s, "peak_gib": fwd_peak, **fwd}
-    shutil.rmtree(out, ignore_errors=True)
     return row
 
 
@@ -193,9 +199,9 @@ def render(rows: list[tuple[str, dict]], note: str) -> str:
     ]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, r in rows:
-        c, f, p, q = r["convert"], r["floor"], r["parity"], r.get("sequential")
+        c, f, p, q = r["convert"], r["floor"], r.get("parity"), r.get("sequential")
         budget = r["largest_shard"] / 2**30 + 2
-        verdict = "passed" if p["passed"] else f"FAILED ({p['first']})"
+        verdict = "-" if p is None else "passed" if p["passed"] else f"FAILED ({p['first']})"
         fwd = r.get("forward")
         fcell = (
             f"{fwd['s']:.0f} s, {fwd['peak_gib']:.1f} GiB, logits {fwd['shape']}"
@@ -217,7 +223,8 @@ def render(rows: list[tuple[str, dict]], note: str) -> str:
                 f"{budget:.2f}"
                 + (" ok" if max(c["peak_gib"], (q or c)["peak_gib"]) <= budget else " EXCEEDED"),
                 f"{verdict}: {p['blocks_passed']}/{p['blocks']} blocks, {p['weights_checked']} "
-                f"written weights bit-equal; {p['wall_s']:.0f} s, peak {p['peak_gib']:.1f} GiB",
+                f"written weights bit-equal; {p['wall_s']:.0f} s, peak {p['peak_gib']:.1f} GiB"
+                if p else "not run",
                 fcell,
             ]) + " |"
         )  # fmt: skip
@@ -229,12 +236,14 @@ def render(rows: list[tuple[str, dict]], note: str) -> str:
         "Llama-shape checkpoint from `benchmarks/make_checkpoint.py`, converted with the",
         "checkpoint route (`xconv torch-to-flax --module transformers:LlamaForCausalLM --config",
         "--weights`): traced on fake weights, weights streamed shard by shard. Each timed cell is",
-        "one child process (wall s including Python start and imports; its peak RSS). The floor",
+        "one child process (wall s including Python start and imports; its peak RSS, plus the",
+        "peak of the process the early stream runs in). The floor",
         "is the same bytes read and written through numpy, tensor by tensor, in the same run.",
         "The checkpoint's shards are dropped from the page cache before the floor and before",
         "each conversion (`POSIX_FADV_DONTNEED` on those files), so all three read it cold.",
-        "xconv streams the weights on a thread while it traces (layout guessed from the module's",
-        "nn.Linear layers, checked against the emitter's plan afterwards; \"after it\" is the plan",
+        "xconv streams the weights in a second process while it traces (layout guessed from the",
+        "module's nn.Linear layers, checked against the emitter's plan afterwards; \"after it\" is",
+        "the plan",
         "and the rest of the stream); \"trace, then stream\" is the same conversion with",
         "`CheckpointOptions(early=False)`, run before it. The budget is the largest shard + 2 GiB.",
         "Parity (on the streamed-beside-trace output) retraces, then checks block by block.",
@@ -262,6 +271,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--no-forward", action="store_true")
     ap.add_argument("--no-sequential", action="store_true", help="Skip the trace-then-stream run.")
+    ap.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help="Comma list of the steps to run (default all: %(default)s). The others are kept "
+        "from the stored row of the same label (scale_stream.json), each part with the commit "
+        "and load it was measured at: a 7 B run split over several holds of the heavy-job lock; "
+        "'none' rewrites the table from the stored rows.",
+    )
+    ap.add_argument(
+        "--keep-output",
+        type=Path,
+        default=None,
+        help="The Flax output folder, kept after the run (parity/forward of a later run with "
+        "--parts read it); default: a temporary folder deleted at the end.",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale.md")
     ap.add_argument("--note", action="append", default=[], help="A line added under the table.")
     a = ap.parse_args(argv)
@@ -269,16 +293,29 @@ def main(argv: list[str] | None = None) -> None:
     kept = json.loads(store.read_text()) if store.is_file() else {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
+    parts = set(a.parts.split(",")) - {"none"}  # none: rewrite the table from the stored rows
+    parts -= {"forward"} if a.no_forward else set()
+    parts -= {"sequential"} if a.no_sequential else set()
+    if parts - set(PARTS):
+        ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; choose from {PARTS}")
     for ckpt, label in zip(a.checkpoint, a.label, strict=True):
         work = Path(tempfile.mkdtemp(prefix="xconv-stream-", dir=a.work))
         load = os.getloadavg()
         try:
-            row = measure(ckpt, work, forward=not a.no_forward, sequential=not a.no_sequential)
+            new = measure(ckpt, work, parts, a.keep_output or work / "flax")
         finally:
             shutil.rmtree(work, ignore_errors=True)
         after = os.getloadavg()
-        row["run"] = {"load_before": load[0], "load_after": after[0], "commit": commit,
-                      "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}  # fmt: skip
+        run = {"load_before": load[0], "load_after": after[0], "commit": commit,
+               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}  # fmt: skip
+        row = {} if parts == set(PARTS) else dict(kept.get(label, {}))
+        runs = dict(row.get("runs") or {p: row["run"] for p in PARTS if "run" in row})
+        row.pop("run", None)
+        for part in parts:
+            row.pop(part, None)
+            runs[part] = run
+        row.update(new)
+        row["runs"] = {p: r for p, r in runs.items() if row.get(p) is not None}
         print(label, json.dumps(row), flush=True)
         # Rows are kept by label and the table rewritten after every checkpoint, so a later one
         # that fails or runs out of time leaves the rows measured so far.
@@ -291,17 +328,23 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run_notes(rows: list[tuple[str, dict]]) -> list[str]:
-    """One line per row: the trace route, the commit and the load it was measured under."""
+    """One line per row: the trace route, and the commit and load each part was measured at."""
     notes = []
     for label, r in rows:
-        run = r.get("run", {})
-        route = r["convert"].get("route") or "full trace"
-        notes.append(
-            f"- {label}: {route}. Measured at {run.get('commit', '?')} on "
-            f"{run.get('machine', '?')}, load average {run.get('load_before', float('nan')):.1f} "
-            f"before, {run.get('load_after', float('nan')):.1f} after (a shared machine: wall "
-            "times are noisy)."
+        runs = r.get("runs") or {p: r["run"] for p in PARTS if r.get(p) is not None and "run" in r}
+        groups: dict[tuple, list[str]] = {}
+        for part in PARTS:
+            if part in runs:
+                run = runs[part]
+                key = (run.get("commit", "?"), run.get("machine", "?"), run.get("load_before"),
+                       run.get("load_after"))  # fmt: skip
+                groups.setdefault(key, []).append(part)
+        when = "; ".join(
+            f"{', '.join(ps)} measured at {c} on {m}, load average {b:.1f} before, {e:.1f} after"
+            for (c, m, b, e), ps in groups.items()
         )
+        route = r["convert"].get("route") or "full trace"
+        notes.append(f"- {label}: {route}. {when} (a shared machine: wall times are noisy).")
     return notes
 
 

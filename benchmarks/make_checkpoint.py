@@ -2,8 +2,10 @@
 
     python benchmarks/make_checkpoint.py --params 7e9 --dtype bfloat16 --shard-size 2GB -o DIR
 
-The shape follows the Llama family for the size asked (hidden size, MLP width, heads, vocab
-from the nearest standard shape; the layer count fills the budget). Memory stays bounded:
+The shape follows the Llama family for the size asked: a standard size (7e9, 13e9, 70e9, within
+5 %) gets that Llama-2 model's shape exactly (7e9: 32 layers of hidden 4096, MLP 11008, 32
+heads, vocab 32000 = 6.74 B parameters); any other size gets the hidden size, MLP width, heads
+and vocab of the nearest family shape and the most layers that stay within the budget. Memory stays bounded:
 each shard's header is written first and its tensors are generated and written one at a time.
 Values are random and small (|w| in [2^-7, 2^-5) for matrices, [1, 1 + 2^-5) for norm scales), so
 the model runs a finite forward pass; they are drawn as bits, which is fast enough for 7 B.
@@ -35,18 +37,29 @@ SHAPES = (
 )
 
 
+#: Llama-2's sizes: {nominal parameters: ((hidden, intermediate, heads, kv heads, vocab), layers)}.
+STANDARD = {
+    7e9: ((4096, 11008, 32, 32, 32000), 32),
+    13e9: ((5120, 13824, 40, 40, 32000), 40),
+    70e9: ((8192, 28672, 64, 8, 32000), 80),
+}
+
+
 def llama_config(params: float, dtype: str, layers: int | None = None) -> dict:
-    """A LlamaConfig dict whose parameter count is close to ``params``."""
-    # The widest shape that still gets Llama's depth (about hidden / 128 layers: 4096 -> 32).
-    best = SHAPES[0]
-    for shape in SHAPES:
-        h, f, heads, kv, vocab = shape
-        per_layer = _layer_params(h, f, heads, kv)
-        if (params - 2 * vocab * h) / per_layer >= h / 128:
-            best = shape
-    h, f, heads, kv, vocab = best
-    per_layer = _layer_params(h, f, heads, kv)
-    n = layers or max(1, round((params - 2 * vocab * h - h) / per_layer))
+    """A LlamaConfig dict: a standard size's own shape, else at most ``params`` parameters."""
+    standard = [v for size, v in STANDARD.items() if abs(params / size - 1) <= 0.05]
+    if standard:
+        (h, f, heads, kv, vocab), n = standard[0]
+    else:
+        # The widest shape that still gets Llama's depth (about hidden / 128 layers).
+        best = SHAPES[0]
+        for shape in SHAPES:
+            h, f, heads, kv, vocab = shape
+            if (params - 2 * vocab * h) / _layer_params(h, f, heads, kv) >= h / 128:
+                best = shape
+        h, f, heads, kv, vocab = best
+        n = max(1, int((params - 2 * vocab * h - h) // _layer_params(h, f, heads, kv)))
+    n = layers or n
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -168,7 +181,14 @@ def make_checkpoint(
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", type=float, required=True, help="Target parameter count (7e9).")
+    ap.add_argument(
+        "--params",
+        type=float,
+        required=True,
+        help="Parameter count: 7e9, 13e9 and 70e9 (within 5 %%) give that Llama-2 "
+        "model's shape (7e9: 32 layers, 6.74 B); other counts the nearest family shape with "
+        "the most layers within the count.",
+    )
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--shard-size", default="2GB", help="Largest shard (2GB, 500MB).")
     ap.add_argument("--layers", type=int, default=None, help="Override the layer count.")

@@ -14,7 +14,7 @@
    safetensors shards + index read by the generated ``load(out_dir)``; ONNX (and JAX) get the
    checkpoint's shards copied beside ``model.onnx`` as its external data. (The Flax folder has
    no ``model.onnx``: its IR is what ``torch-to-onnx --weights`` writes.) For Flax the stream
-   starts on a thread as soon as step 1 is done, beside the trace, on a layout guessed from
+   starts in a child process as soon as step 1 is done, beside the trace, on a layout guessed from
    the module (:class:`~xconv.weights.stream.EarlyStream`); the emitter's plan is then checked
    against the guess, and a difference streams the weights again.
 4. ``parity="layerwise"`` checks the result block by block against torch with a float64 oracle,
@@ -119,10 +119,8 @@ def from_checkpoint(
     Raises:
         WeightsError: The checkpoint does not fit the module (every problem listed).
     """
-    import torch
-
-    from xconv.converters.torch.importer.meta import build_meta_module, default_inputs, load_config
-    from xconv.converters.torch.importer.trace import _export, annotate
+    from xconv.converters.torch.importer.meta import build_meta_module, load_config
+    from xconv.converters.torch.importer.trace import annotate
     from xconv.factories import resolve_factory
     from xconv.weights.stream import attach
 
@@ -136,27 +134,8 @@ def from_checkpoint(
     index.check(meta.expected, tied=meta.tied)
     if on_checked is not None:
         on_checked(index, meta)
-    inputs = tuple(example_inputs) if example_inputs is not None else None
-    if inputs is None:
-        inputs = default_inputs(cfg, input_shapes)
-    if inputs is None:
-        raise ConversionError("no example inputs: give --input-shape (e.g. 1,16:int64)")
-    inputs = tuple(
-        torch.as_tensor(np.asarray(x)) if isinstance(x, np.ndarray) else x for x in inputs
-    )
-    route = "full trace"
-    repeated = None
-    if repeat:
-        from xconv.converters.torch.importer.repeat import trace_repeated
-
-        repeated, why = trace_repeated(
-            meta.module, lambda m: _to_ir_and_program(_export(m, inputs, dynamic_batch))
-        )
-        route = repeated.note if repeated is not None else f"full trace ({why})"
-    if repeated is not None:
-        model, program = repeated.model, repeated.program
-    else:
-        model, program = _to_ir_and_program(_export(meta.module, inputs, dynamic_batch))
+    inputs = _example_inputs(cfg, example_inputs, input_shapes)
+    model, program, route = _trace(meta.module, inputs, dynamic_batch, repeat)
     logger.info("trace route: %s", route)
     names = set(model.graph.initializers)
     state = {k: v for k, v in meta.module.state_dict().items() if k in names}
@@ -179,6 +158,36 @@ def from_checkpoint(
     if fake:
         raise ConversionError(f"weights with no checkpoint entry and no value: {fake[:10]}")
     return Traced(model, index, meta, inputs, program, route)
+
+
+def _example_inputs(cfg: Any, given: Sequence[Any] | None, shapes: tuple[str, ...]) -> tuple:
+    """The inputs to trace with: ``given`` (numpy arrays as tensors), else the default ones."""
+    import torch
+
+    from xconv.converters.torch.importer.meta import default_inputs
+
+    inputs = tuple(given) if given is not None else default_inputs(cfg, shapes)
+    if inputs is None:
+        raise ConversionError("no example inputs: give --input-shape (e.g. 1,16:int64)")
+    return tuple(torch.as_tensor(np.asarray(x)) if isinstance(x, np.ndarray) else x for x in inputs)
+
+
+def _trace(module: Any, inputs: tuple, dynamic_batch: bool, repeat: bool) -> tuple:
+    """``(IR, program, route)``: the repeated block list traced with two entries when
+    ``repeat`` and its preconditions hold, else the full trace (``route`` says which)."""
+    from xconv.converters.torch.importer.trace import _export
+
+    def trace(m: Any) -> tuple[ir.Model, Any]:
+        return _to_ir_and_program(_export(m, inputs, dynamic_batch))
+
+    if not repeat:
+        return (*trace(module), "full trace")
+    from xconv.converters.torch.importer.repeat import trace_repeated
+
+    repeated, why = trace_repeated(module, trace)
+    if repeated is None:
+        return (*trace(module), f"full trace ({why})")
+    return repeated.model, repeated.program, repeated.note
 
 
 def _to_ir_and_program(program: Any) -> tuple[ir.Model, Any]:
@@ -409,7 +418,7 @@ def convert_checkpoint(
     """Convert a checkpoint larger than memory to ``target`` (``flax``, ``jax``, ``onnx``).
 
     See the module docstring for the steps. For Flax (``options.early``, the default) the
-    weights stream on a thread while the module is traced (:class:`EarlyStream`), on the
+    weights stream in a child process while the module is traced (:class:`EarlyStream`), on the
     layout guessed from the module's ``nn.Linear`` layers; the emitter's real plan is checked
     against that guess, and any difference streams the weights again. Returns a
     :class:`CheckpointResult`; ``parity`` is the layerwise report (None with

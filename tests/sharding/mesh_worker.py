@@ -331,7 +331,7 @@ def meta_route(root: Path, out: dict, check: bool = True) -> None:
     from xconv.sharding.axes import leaves
 
     ckpt, dest = root / "llama", root / "llama_flax"
-    make_checkpoint(ckpt, 3e5, dtype="float32", shard_size=150_000)  # hidden 64, 6 layers
+    make_checkpoint(ckpt, 3.2e5, dtype="float32", shard_size=150_000)  # hidden 64, 6 layers
     args = ["torch-to-flax", "--module", "transformers:LlamaForCausalLM", "--config",
             str(ckpt / "config.json"), "--weights", str(ckpt / "model-*.safetensors"),
             "--partitioning", "fsdp", "--mesh", "2x4", "-o", str(dest)]  # fmt: skip

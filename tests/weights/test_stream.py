@@ -307,6 +307,10 @@ def test_failed_trace_stops_the_early_stream_and_leaves_nothing(checkpoint, tmp_
         mp.undo()
     assert list(tmp_path.iterdir()) == []
     assert not [t for t in threading.enumerate() if t.name == "xconv-early-stream"]
+    import psutil  # the early stream's child process was stopped, not left running
+
+    children = psutil.Process().children(recursive=True)
+    assert not [c for c in children if "_early_child" in " ".join(c.cmdline())]
 
 
 def _rewrite(ckpt: Path, dst: Path, edit) -> None:
@@ -366,7 +370,7 @@ def test_bad_checkpoint_is_one_error_listing_every_problem(checkpoint, tmp_path)
 
 def test_cli_bfloat16_checkpoint_with_layerwise_parity_and_exit_6(tmp_path):
     ckpt = tmp_path / "bf16"
-    make_checkpoint(ckpt, 3e5, dtype="bfloat16", shard_size=150_000)  # hidden 64, 6 layers
+    make_checkpoint(ckpt, 3.2e5, dtype="bfloat16", shard_size=150_000)  # hidden 64, 6 layers
     out = tmp_path / "o"
     args = ["torch-to-flax", "--module", LLAMA, "--config", str(ckpt / "config.json"),
             "--weights", str(ckpt / "model-*.safetensors"), "-o", str(out)]  # fmt: skip

@@ -36,6 +36,7 @@ import onnx_ir as ir
 from xconv.errors import ConversionError
 from xconv.weights.shards import (
     CheckpointIndex,
+    ReadLog,
     ShardWriter,
     TensorRef,
     header_bytes,
@@ -286,6 +287,8 @@ class StreamReport:
     bytes_read: dict[str, int] = field(default_factory=dict)
     tensors: int = 0
     early: bool = False  # written by an EarlyStream, side by side with the trace
+    #: Peak RSS (KiB) of the EarlyStream's child process, not in the caller's own peak.
+    helper_peak_kib: int = 0
     #: Streamed into Orbax parts placed on a mesh (``xconv.sharding.stream``): its summary.
     sharding: dict[str, Any] | None = None
 
@@ -348,7 +351,7 @@ def stream_targets(
         try:
             handle = open(shard, "rb") if shard is not None else None  # noqa: SIM115
             try:
-                for (_, ts), array in _prefetched(index, items, handle):
+                for (_, ts), array in _prefetched(index.log, items, handle):
                     for t in ts:
                         data = (
                             t.planned.replay(array, scratch) if t.planned is not None else t.value
@@ -373,7 +376,7 @@ def stream_targets(
     return report
 
 
-def _prefetched(index: CheckpointIndex, items: Sequence[tuple[Any, Any]], handle: Any):
+def _prefetched(log: ReadLog, items: Sequence[tuple[Any, Any]], handle: Any):
     """``(item, array)`` in order, reading the next tensor on a thread while the caller
     transforms and writes this one (file reads and torch's copies release the GIL). At most
     two source tensors are in memory."""
@@ -382,7 +385,7 @@ def _prefetched(index: CheckpointIndex, items: Sequence[tuple[Any, Any]], handle
     from xconv.weights.shards import read_tensor
 
     def read(ref: TensorRef | None) -> np.ndarray | None:
-        return read_tensor(ref, index.log, handle) if ref is not None else None
+        return read_tensor(ref, log, handle) if ref is not None else None
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(read, items[0][0]) if items else None
@@ -396,72 +399,108 @@ def _prefetched(index: CheckpointIndex, items: Sequence[tuple[Any, Any]], handle
 class EarlyStream:
     """Stream the weights while the module is still being traced, on a guessed layout.
 
-    Tracing costs a fixed half a minute and streaming a 7 B checkpoint as long again; both
-    mostly wait on different things (the tracer on one core in Python, the stream on the disk
-    and on copies that release the GIL), so they run side by side: a thread writes each input
-    shard's tensors, in file order, with the layout ``guesses`` names (``{checkpoint key:
-    Planned}``, e.g. every ``nn.Linear`` weight transposed), into a temporary file whose header
-    space is reserved. Once the emitter has planned the real targets, :meth:`finish` checks
-    that every target is one streamed tensor with exactly the guessed operations, shape and
-    dtype; only then are the headers (the emitter's names) written and the files renamed.
-    Any disagreement, a header that does not fit, or an error in the thread returns None: the
-    files are deleted and the caller streams again the ordinary way. Never wrong weights.
+    Tracing a 7 B Llama costs most of a minute and streaming it as long again, so they run
+    side by side: a child Python process (not a thread: the tracer holds the GIL, and a
+    stream thread that waits for it at every file read and copy ran 2-3x slower, 11-15 s ->
+    30-49 s for a 1.5 B checkpoint beside a busy Python loop) writes each input shard's
+    tensors, in file order, with the layout ``guesses`` names (``{checkpoint key: Planned}``,
+    e.g. every ``nn.Linear`` weight transposed), into a temporary file whose header space is
+    reserved. Once the emitter has planned the real targets, :meth:`finish` checks that every
+    target is one streamed tensor with exactly the guessed operations, shape and dtype; only
+    then are the headers (the emitter's names) written and the files renamed. Any
+    disagreement, a header that does not fit, or an error in the child returns None: the files
+    are deleted and the caller streams again the ordinary way. Never wrong weights.
+
+    ``helper_peak_kib`` is the child's peak RSS (a caller measuring its own peak adds it).
     """
 
     def __init__(self, index: CheckpointIndex, guesses: Mapping[str, Planned], stage: Path):
-        import threading
-
         self.index = index
         self.guesses = dict(guesses)
         self.stage = Path(stage)
         self.parts: list[_Part] = []
-        self.error: BaseException | None = None
+        self.error: str | None = None
         self.reason = ""
         self.seconds = 0.0
-        self._cancel = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="xconv-early-stream", daemon=True)
+        self.helper_peak_kib = 0
+        self._proc: Any = None
+        self._stderr: Any = None
+        self._done = False
 
     def start(self) -> EarlyStream:
-        self._thread.start()
+        import pickle
+        import subprocess
+        import tempfile
+
+        jobs = []
+        for shard, refs in self.index.by_shard().items():
+            items = [(r, self.guesses[r.name]) for r in refs if r.name in self.guesses]
+            if items:
+                part = _Part(self.stage, items)
+                part.flush()  # the child writes the data after the reserved header space
+                self.parts.append(part)
+                jobs.append((str(shard), str(part.tmp), part.reserve, items))
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        )
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by _wait)
+        code = "from xconv.weights.stream import _early_child; _early_child()"
+        self._proc = subprocess.Popen(  # noqa: S603 (this interpreter, fixed code)
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+        )
+        try:
+            self._proc.stdin.write(pickle.dumps(jobs))
+            self._proc.stdin.close()
+        except OSError:
+            pass  # the child died at start: _wait reports it
         return self
 
-    def _run(self) -> None:
-        import time
+    def _wait(self) -> None:
+        """Wait for the child; its sizes go to the parts, its reads to the index's log."""
+        import pickle
 
-        t0 = time.perf_counter()
-        scratch = Scratch()
+        if self._done or self._proc is None:
+            return
+        self._done = True
+        out = self._proc.stdout.read()
+        rc = self._proc.wait()
+        self._proc.stdout.close()
         try:
-            for shard, refs in self.index.by_shard().items():
-                items = [(r, self.guesses[r.name]) for r in refs if r.name in self.guesses]
-                if not items:
-                    continue
-                part = _Part(self.stage, items)
-                self.parts.append(part)
-                with open(shard, "rb") as handle:
-                    for (_, guess), array in _prefetched(self.index, items, handle):
-                        if self._cancel.is_set():
-                            return
-                        part.write(guess.replay(array, scratch))
-                        del array
-                part.flush()
-        except BaseException as e:  # reported by finish(); the caller streams again
-            self.error = e
+            result = pickle.loads(out)
+        except Exception:
+            self._stderr.seek(0)
+            tail = self._stderr.read()[-2000:].decode(errors="replace")
+            result = {"error": f"the stream process exited {rc}: {tail}"}
         finally:
-            self.seconds = time.perf_counter() - t0
+            self._stderr.close()
+        self.error = result.get("error")
+        self.seconds = result.get("seconds", 0.0)
+        self.helper_peak_kib = result.get("peak_kib", 0)
+        for part, n in zip(self.parts, result.get("sizes", []), strict=False):
+            part.nbytes = n
+        for shard, n in result.get("bytes_read", {}).items():
+            self.index.log.add(Path(shard), n)
 
     def cancel(self) -> None:
-        """Stop the thread and delete what it wrote."""
-        self._cancel.set()
-        self._thread.join()
+        """Stop the child and delete what it wrote."""
+        if self._proc is not None and not self._done:
+            self._proc.kill()
+            self._wait()
         for part in self.parts:
             part.abort()
 
     def finish(
         self, targets: Sequence[Target], *, stem: str = "variables", index_name: str = INDEX_NAME
     ) -> StreamReport | None:
-        """Wait for the thread; the report of the files made final, or None (files deleted,
+        """Wait for the child; the report of the files made final, or None (files deleted,
         ``reason`` says why) when the guess was not exactly what ``targets`` need."""
-        self._thread.join()
+        self._wait()
         self.reason = self._mismatch(targets)
         if self.reason:
             self.cancel()
@@ -496,12 +535,13 @@ class EarlyStream:
         report.files.append(self.stage / index_name)
         report.bytes_read = dict(self.index.log.bytes_read)
         report.early = True
+        report.helper_peak_kib = self.helper_peak_kib
         return report
 
     def _mismatch(self, targets: Sequence[Target]) -> str:
         """Why the streamed tensors are not exactly ``targets``' sources ('' when they are)."""
         if self.error is not None:
-            return f"the early stream failed: {type(self.error).__name__}: {self.error}"
+            return f"the early stream failed: {self.error}"
         streamed = {ref.name: guess for part in self.parts for ref, guess in part.items}
         seen: set[str] = set()
         for t in targets:
@@ -565,6 +605,52 @@ class _Part:
         if not self._f.closed:
             self._f.close()
         self.tmp.unlink(missing_ok=True)
+
+
+def _stream_parts(jobs: Sequence[tuple], log: ReadLog) -> list[int]:
+    """Write each job's tensors (``(shard, part file, header room, [(ref, Planned)])``) after
+    the header room of its part file; the bytes written per part."""
+    scratch = Scratch()
+    sizes = []
+    for shard, tmp, reserve, items in jobs:
+        n = 0
+        with open(shard, "rb") as handle, open(tmp, "r+b") as out:
+            out.seek(reserve)
+            for (_, guess), array in _prefetched(log, items, handle):
+                data = guess.replay(array, scratch)
+                out.write(memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8)))
+                n += data.nbytes
+                del array, data
+        sizes.append(n)
+    return sizes
+
+
+def _early_child() -> None:
+    """The :class:`EarlyStream` process: jobs pickled on stdin, a result pickled on stdout."""
+    import pickle
+    import resource
+    import time
+
+    t0 = time.perf_counter()
+    jobs = pickle.load(sys.stdin.buffer)
+    result: dict[str, Any] = {}
+    out, sys.stdout = sys.stdout, sys.stderr  # nothing but the result on stdout
+    log = ReadLog()
+    try:
+        import torch  # its blocked copy for the transposes (see _transpose)
+
+        torch.set_num_threads(1)  # the other core traces
+    except ImportError:
+        pass
+    try:
+        result["sizes"] = _stream_parts(jobs, log)
+    except BaseException as e:  # reported by finish(); the caller streams again
+        result["error"] = f"{type(e).__name__}: {e}"
+    result["bytes_read"] = log.bytes_read
+    result["seconds"] = time.perf_counter() - t0
+    result["peak_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out.buffer.write(pickle.dumps(result))
+    out.flush()
 
 
 def read_flat(out_dir: str | os.PathLike, index_name: str = INDEX_NAME) -> dict[str, np.ndarray]:

@@ -411,14 +411,7 @@ def _renamer(container: str, k: int) -> Callable[[str], str]:
 
 
 def _replicate_program(program: Any, plan: _Plan, tensors: Mapping[str, torch.Tensor]) -> Any:
-    from torch.export.exported_program import ExportedProgram
-    from torch.export.graph_signature import (
-        ExportGraphSignature,
-        InputKind,
-        InputSpec,
-        OutputSpec,
-        TensorArgument,
-    )
+    from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
 
     old = program.graph
     by_name = {n.name: n for n in old.nodes}
@@ -482,8 +475,25 @@ def _replicate_program(program: Any, plan: _Plan, tensors: Mapping[str, torch.Te
                 prev = _copy_block(g, env, plan, k, tpl_nodes, tpl_set, copies[k], prev, renamed)
             for o, new in zip(outs, prev, strict=True):
                 env[o] = new  # code after the list reads the last copy
+    return _program_of(program, g, env, new_specs, state)
+
+
+def _program_of(
+    program: Any,
+    g: fx.Graph,
+    env: Mapping[fx.Node, fx.Node],
+    new_specs: Mapping[str, list[Any]],
+    state: dict[str, Any],
+) -> Any:
+    """The ``ExportedProgram`` of the copied graph ``g``: ``program``'s input specs with the
+    copies' placeholders (``new_specs``, after the placeholder they follow), its outputs
+    renamed through ``env``, ``state`` as its state dict."""
+    from torch.export.exported_program import ExportedProgram
+    from torch.export.graph_signature import ExportGraphSignature, OutputSpec, TensorArgument
+
+    by_name = {n.name: n for n in program.graph.nodes}
     specs_out = []
-    for s in specs:
+    for s in program.graph_signature.input_specs:
         specs_out.append(s)
         specs_out.extend(new_specs.get(s.arg.name, []))
     outputs = []
