@@ -292,10 +292,15 @@ def keras_row(name: str, where: Path) -> tuple[list[Cell], float]:
 
 
 def keras_rows(
-    names: list[str], heavy_lock: str | None, on_row: Callable | None = None
+    names: list[str],
+    heavy_lock: str | None,
+    on_row: Callable | None = None,
+    timeout: float = KERAS_TIMEOUT,
 ) -> list[tuple[str, list[Cell], float]]:
-    """Each keras row in a process of its own (``--keras-child``), with :data:`KERAS_TIMEOUT`;
-    the rows of :data:`KERAS_HEAVY` under ``flock heavy_lock`` when given."""
+    """Each keras row in a process of its own (``--keras-child``), with ``timeout`` seconds;
+    the rows of :data:`KERAS_HEAVY` under ``flock heavy_lock`` when given. A row that runs out
+    of time, or whose process is killed (SIGKILL: the kernel's out-of-memory killer on this
+    machine), reads "not run" with that reason: it says nothing about the converters."""
     import json
     import subprocess
 
@@ -306,24 +311,33 @@ def keras_rows(
             cmd = ["flock", heavy_lock, *cmd]
         try:
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=KERAS_TIMEOUT)  # fmt: skip
+                                  timeout=timeout)  # fmt: skip
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
             if lines:
                 got = json.loads(lines[-1])
                 cells = [Cell(v, e, t, c) for v, e, t, c in got["cells"]]
                 import_s = got["import_s"]
+            elif proc.returncode == -9:
+                why = (f"killed (SIGKILL, out of memory?) on this machine "
+                       f"({_ram_gib():.0f} GiB RAM, {os.cpu_count()} cores)")  # fmt: skip
+                cells, import_s = [Cell("not run", None, None, why)] * 3, 0.0
             else:
                 tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 crash = f"process exited {proc.returncode}: {tail}"[:160]
                 cells, import_s = [Cell("error", None, None, crash)] * 3, 0.0
         except subprocess.TimeoutExpired:
-            cells = [Cell("error", None, None, f"timed out after {KERAS_TIMEOUT} s")] * 3
+            why = f"over {timeout:g} s on this machine ({os.cpu_count()} cores)"
+            cells = [Cell("not run", None, None, why)] * 3
             import_s = 0.0
         out.append((name, cells, import_s))
         print(name, [c.text() for c in cells], [c.cause for c in cells if c.cause], flush=True)
         if on_row is not None:
             on_row(out[-1])
     return out
+
+
+def _ram_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
 def _keras_child(name: str) -> int:
@@ -504,8 +518,9 @@ def _commit() -> str:
                          capture_output=True, text=True)  # fmt: skip
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    doc = str(DOC.relative_to(ROOT))  # the script's own output is not a code change
-    changed = [ln for ln in run.stdout.splitlines() if ln.strip() and not ln.endswith(doc)]
+    # the script's own output (the doc, the keras rows' store) is not a code change
+    outputs = (str(DOC.relative_to(ROOT)), str(KERAS_JSON.relative_to(ROOT)))
+    changed = [ln for ln in run.stdout.splitlines() if ln.strip() and not ln.endswith(outputs)]
     return head + (" plus uncommitted changes" if changed else "")
 
 
@@ -525,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keras-rows", action="store_true", help="the keras rows (their block)")
     parser.add_argument("--heavy-lock", default=None,
                         help="flock this file around each row of KERAS_HEAVY")  # fmt: skip
+    parser.add_argument("--keras-timeout", type=float, default=KERAS_TIMEOUT,
+                        help="seconds a keras row may run; past it the row reads not run")  # fmt: skip
     parser.add_argument("--keras-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--render-keras", action="store_true",
                         help="rewrite the keras block from benchmarks/zoo_keras.json, run nothing")  # fmt: skip
@@ -555,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
             if not opts.no_write:
                 _merge_keras([row], {"commit": commit, "date": date, "load": os.getloadavg()[0]})
 
-        keras_new = keras_rows(keras_names, opts.heavy_lock, stored)
+        keras_new = keras_rows(keras_names, opts.heavy_lock, stored, opts.keras_timeout)
         results += [(n, KERAS_KIND, c, s) for n, c, s in keras_new]
     with tempfile.TemporaryDirectory() as tmp:
         for name, kind, runner in rows():

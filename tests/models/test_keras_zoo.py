@@ -41,3 +41,15 @@ def test_keras_family_sample(name, tmp_path):
     cells, _ = zoo.keras_row(name, tmp_path)
     for direction, cell in zip(zoo.KERAS_DIRECTIONS, cells, strict=True):
         assert cell.verdict == "pass", (direction, cell)
+
+
+def test_keras_row_past_its_time_reads_not_run(monkeypatch):
+    """A row past ``--keras-timeout`` reads "not run" with the reason (this machine's limit),
+    not an error of the converters; its rows are still handed to ``on_row`` to be stored."""
+    seen = []
+    out = zoo.keras_rows(["MobileNet"], None, seen.append, timeout=0.5)
+    assert seen == out
+    ((name, cells, _),) = out
+    assert name == "MobileNet"
+    assert [c.verdict for c in cells] == ["not run"] * len(zoo.KERAS_DIRECTIONS)
+    assert "over 0.5 s on this machine" in cells[0].cause
