@@ -422,6 +422,13 @@ def _directions(results) -> list[str]:
     return [d for _, kind, _, _ in results for d in by_kind[kind]]
 
 
+def _cause_key(cause: str) -> str:
+    """``cause`` as one group: objects' addresses dropped, and a call's arguments (a peer's
+    "Unhandled function call: torch.gather(*(<...>, ...)" names the function that is missing)."""
+    key = re.sub(r"<([\w.]+) object at 0x[0-9a-f]+>", r"<\1>", cause)
+    return key.split("(*(")[0]
+
+
 def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
     lines = []
     causes: dict[str, set[str]] = {}
@@ -432,7 +439,7 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
         for i, cell in enumerate(cells):
             if cell.verdict != "pass" and cell.cause:
                 mine = causes if i < width[kind] else peer_causes
-                mine.setdefault(cell.cause, set()).add(name)
+                mine.setdefault(_cause_key(cell.cause), set()).add(name)
     passed = sum(all(c.verdict == "pass" for c in cells[: width[k]]) for _, k, cells, _ in results)
     lines.append(f"{passed} of {len(results)} models pass in every direction.")
     lines.append("")
@@ -441,7 +448,7 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
         got = [c for k, c in peered if k == kind]
         if got:
             ok = sum(c.verdict == "pass" for c in got)
-            lines.append(f"Peer, {title}: passes {ok} of the {len(got)} rows it ran on.")
+            lines.append(f"Column {title}: passes {ok} of the {len(got)} rows it ran on.")
             lines.append("")
     cells = [c for _, k, row, _ in results for c in row[: width[k]]]
     disagree = sum(bool(c.cause and "disagrees with to_" in c.cause) for c in cells)

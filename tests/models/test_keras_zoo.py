@@ -76,3 +76,20 @@ def test_peer_column_is_beside_ours_and_not_counted_as_ours():
     assert "- 1: `NotImplementedError: Gelu` (A)" in peers
     assert "- 1: `TypeError: t` (C)" in ours
     assert "Gelu" not in ours
+
+
+def test_causes_group_without_addresses_or_arguments():
+    """One missing function of a peer blocks many rows: the group is the function, not each
+    row's object addresses."""
+    ok = zoo.Cell("pass", 1e-6, 1.0)
+
+    def unhandled(addr):
+        cause = (
+            f"NotImplementedError: Unhandled function call: torch.gather(*(<t.T object at {addr}>,"
+        )
+        return zoo.Cell("error", None, 0.0, cause)
+
+    rows_ = [(n, "transformers", [ok, ok, ok, unhandled(a)], 1.0)
+             for n, a in (("x", "0x7fad6518d350"), ("y", "0x7fad664a9590"))]  # fmt: skip
+    text = zoo.render(rows_)
+    assert "- 2: `NotImplementedError: Unhandled function call: torch.gather` (x, y)" in text
