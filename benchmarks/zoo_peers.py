@@ -23,6 +23,7 @@ Install (tried on this machine, torch 2.13 / jax 0.10, neither changes /work/ven
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import sys
@@ -31,7 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 #: onnx2torch 1.5.15 converts opsets up to 17 (``Constant`` of opset 23 is "not implemented"):
-#: the ONNX is first taken down to it with ``onnx.version_converter``, as a user would.
+#: the ONNX is first taken down to it with ``onnx.version_converter``, as a user would (where
+#: onnx has no adapter, e.g. Pad, onnx2torch is given the file as written).
 OPSET = 17
 
 
@@ -115,7 +117,9 @@ def onnx2torch_run(model, inputs: tuple, where: Path) -> Callable[[], object]:
 
         proto = onnx.load(str(xconv.save(model, where / "peer.onnx")))
         if max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) > OPSET:
-            proto = onnx.version_converter.convert_version(proto, OPSET)
+            # no adapter down to OPSET (Pad): onnx2torch gets the file as written
+            with contextlib.suppress(RuntimeError):
+                proto = onnx.version_converter.convert_version(proto, OPSET)
         module = onnx2torch.convert(proto).eval()
         with torch.no_grad():
             return module(*(torch.from_numpy(x) for x in inputs))
