@@ -82,11 +82,19 @@ KERAS_SIZE = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71}
 #: Rows run under ``--heavy-lock`` (several GiB while converting).
 KERAS_HEAVY = {"ConvNeXtXLarge", "ConvNeXtLarge", "EfficientNetV2L", "NASNetLarge",
                "EfficientNetB7"}  # fmt: skip
+#: Column title of each kind's peer (``--peers``).
+PEER_TITLES = {
+    "transformers": "peer torch2jax: torch-to-jax",
+    "keras.applications": "peer onnx2torch: onnx-to-torch",
+}
 #: Seconds a keras row's process may run.
 KERAS_TIMEOUT = 1200
 #: The keras rows' results, merged across runs of ``--only`` (the keras block is rendered
 #: from it).
 KERAS_JSON = ROOT / "benchmarks" / "zoo_keras.json"
+#: Folder of the peers (``--peers``; ``benchmarks/zoo_peers.py``), and the ones found in it.
+PEERS_ENV = "XCONV_ZOO_PEERS"
+PEERS: list[str] = []
 #: More text architectures, built by ``AutoModel.from_config`` from the model type's default
 #: config shrunk by :data:`SHRINK` (only the fields a config has are set).
 AUTO_TEXT = (
@@ -232,6 +240,10 @@ def torch_row(name: str, where: Path) -> tuple[list[Cell], float]:
         _cell(_flax_run(model, inputs, where / f"{name}_flax"), want),
         _cell(source_run, want),
     ]
+    if "torch2jax" in PEERS:
+        from benchmarks.zoo_peers import torch2jax_run
+
+        cells.append(_cell(torch2jax_run(module, args), want[:1]))
     return cells, import_s
 
 
@@ -288,14 +300,23 @@ def keras_row(name: str, where: Path) -> tuple[list[Cell], float]:
         _cell(_flax_run(model, (x,), where / f"{name}_flax"), want),
         _cell(torch_run, want),
     ]
+    if "onnx2torch" in PEERS:
+        from benchmarks.zoo_peers import onnx2torch_run
+
+        cells.append(_cell(onnx2torch_run(model, (x,), where), want))
     return cells, import_s
 
 
 def keras_rows(
-    names: list[str], heavy_lock: str | None, on_row: Callable | None = None
+    names: list[str],
+    heavy_lock: str | None,
+    on_row: Callable | None = None,
+    timeout: float = KERAS_TIMEOUT,
 ) -> list[tuple[str, list[Cell], float]]:
-    """Each keras row in a process of its own (``--keras-child``), with :data:`KERAS_TIMEOUT`;
-    the rows of :data:`KERAS_HEAVY` under ``flock heavy_lock`` when given."""
+    """Each keras row in a process of its own (``--keras-child``), with ``timeout`` seconds;
+    the rows of :data:`KERAS_HEAVY` under ``flock heavy_lock`` when given. A row that runs out
+    of time, or whose process is killed (SIGKILL: the kernel's out-of-memory killer on this
+    machine), reads "not run" with that reason: it says nothing about the converters."""
     import json
     import subprocess
 
@@ -306,18 +327,23 @@ def keras_rows(
             cmd = ["flock", heavy_lock, *cmd]
         try:
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=KERAS_TIMEOUT)  # fmt: skip
+                                  timeout=timeout)  # fmt: skip
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
             if lines:
                 got = json.loads(lines[-1])
                 cells = [Cell(v, e, t, c) for v, e, t, c in got["cells"]]
                 import_s = got["import_s"]
+            elif proc.returncode == -9:
+                why = (f"killed (SIGKILL, out of memory?) on this machine "
+                       f"({_ram_gib():.0f} GiB RAM, {os.cpu_count()} cores)")  # fmt: skip
+                cells, import_s = [Cell("not run", None, None, why)] * 3, 0.0
             else:
                 tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
                 crash = f"process exited {proc.returncode}: {tail}"[:160]
                 cells, import_s = [Cell("error", None, None, crash)] * 3, 0.0
         except subprocess.TimeoutExpired:
-            cells = [Cell("error", None, None, f"timed out after {KERAS_TIMEOUT} s")] * 3
+            why = f"over {timeout:g} s on this machine ({os.cpu_count()} cores)"
+            cells = [Cell("not run", None, None, why)] * 3
             import_s = 0.0
         out.append((name, cells, import_s))
         print(name, [c.text() for c in cells], [c.cause for c in cells if c.cause], flush=True)
@@ -326,8 +352,16 @@ def keras_rows(
     return out
 
 
+def _ram_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
 def _keras_child(name: str) -> int:
     import json
+
+    from benchmarks.zoo_peers import use
+
+    PEERS[:] = use(os.environ.get(PEERS_ENV))
 
     with tempfile.TemporaryDirectory() as tmp:
         cells, import_s = keras_row(name, Path(tmp))
@@ -388,17 +422,35 @@ def _directions(results) -> list[str]:
     return [d for _, kind, _, _ in results for d in by_kind[kind]]
 
 
+def _cause_key(cause: str) -> str:
+    """``cause`` as one group: objects' addresses dropped, and a call's arguments (a peer's
+    "Unhandled function call: torch.gather(*(<...>, ...)" names the function that is missing)."""
+    key = re.sub(r"<([\w.]+) object at 0x[0-9a-f]+>", r"<\1>", cause)
+    return key.split("(*(")[0]
+
+
 def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
     lines = []
     causes: dict[str, set[str]] = {}
-    for name, _, cells, _ in results:
-        for cell in cells:
+    peer_causes: dict[str, set[str]] = {}
+    width = {"transformers": len(TORCH_DIRECTIONS), "keras.applications": len(KERAS_DIRECTIONS),
+             FLAX_KIND: len(FLAX_DIRECTIONS)}  # fmt: skip
+    for name, kind, cells, _ in results:  # xconv's cells, then a peer's (--peers)
+        for i, cell in enumerate(cells):
             if cell.verdict != "pass" and cell.cause:
-                causes.setdefault(cell.cause, set()).add(name)
-    passed = sum(all(c.verdict == "pass" for c in cells) for _, _, cells, _ in results)
+                mine = causes if i < width[kind] else peer_causes
+                mine.setdefault(_cause_key(cell.cause), set()).add(name)
+    passed = sum(all(c.verdict == "pass" for c in cells[: width[k]]) for _, k, cells, _ in results)
     lines.append(f"{passed} of {len(results)} models pass in every direction.")
     lines.append("")
-    cells = [c for _, _, row, _ in results for c in row]
+    peered = [(k, cells[width[k]]) for _, k, cells, _ in results if len(cells) > width[k]]
+    for kind, title in PEER_TITLES.items():
+        got = [c for k, c in peered if k == kind]
+        if got:
+            ok = sum(c.verdict == "pass" for c in got)
+            lines.append(f"Column {title}: passes {ok} of the {len(got)} rows it ran on.")
+            lines.append("")
+    cells = [c for _, k, row, _ in results for c in row[: width[k]]]
     disagree = sum(bool(c.cause and "disagrees with to_" in c.cause) for c in cells)
     checked = sum(d.endswith(("-flax", "-torch-source")) for d in _directions(results))
     lines.append(
@@ -407,10 +459,13 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
         f"{checked} generated-source cells."
     )
     lines.append("")
-    if causes:
-        lines.append("Failures by cause (models blocked):")
+    for title, found in (("Failures by cause (models blocked):", causes),
+                         ("Peer failures by cause (models):", peer_causes)):  # fmt: skip
+        if not found:
+            continue
+        lines.append(title)
         lines.append("")
-        for cause, names in sorted(causes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        for cause, names in sorted(found.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             lines.append(f"- {len(names)}: `{cause}` ({', '.join(sorted(names))})")
         lines.append("")
     for kind, directions in (
@@ -421,12 +476,18 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
         mine = [r for r in results if r[1] == kind]
         if not mine:
             continue
+        n = len(directions)
+        if any(len(cells) > n for _, _, cells, _ in mine):
+            directions = (*directions, PEER_TITLES[kind])
         lines += [
             f"| {kind} model | " + " | ".join(directions) + " | import s |",
             "| --- | " + " | ".join("---" for _ in directions) + " | ---: |",
         ]
         for name, _, cells, import_s in mine:
-            text = " | ".join(c.text() for c in cells)
+            shown = [c.text() for c in cells[:n]]
+            if len(directions) > n:
+                shown.append(cells[n].text() if len(cells) > n else "-")
+            text = " | ".join(shown)
             secs = f"{import_s:.1f}" if TIMES[0] else "-"
             lines.append(f"| {name} | {text} | {secs} |")
         lines.append("")
@@ -504,8 +565,9 @@ def _commit() -> str:
                          capture_output=True, text=True)  # fmt: skip
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    doc = str(DOC.relative_to(ROOT))  # the script's own output is not a code change
-    changed = [ln for ln in run.stdout.splitlines() if ln.strip() and not ln.endswith(doc)]
+    # the script's own output (the doc, the keras rows' store) is not a code change
+    outputs = (str(DOC.relative_to(ROOT)), str(KERAS_JSON.relative_to(ROOT)))
+    changed = [ln for ln in run.stdout.splitlines() if ln.strip() and not ln.endswith(outputs)]
     return head + (" plus uncommitted changes" if changed else "")
 
 
@@ -525,6 +587,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keras-rows", action="store_true", help="the keras rows (their block)")
     parser.add_argument("--heavy-lock", default=None,
                         help="flock this file around each row of KERAS_HEAVY")  # fmt: skip
+    parser.add_argument("--keras-timeout", type=float, default=KERAS_TIMEOUT,
+                        help="seconds a keras row may run; past it the row reads not run")  # fmt: skip
+    parser.add_argument("--peers", default=os.environ.get(PEERS_ENV),
+                        help="folder holding peers (torch2jax, onnx2torch) installed with pip "
+                        f"--target: their verdict beside each row (default ${PEERS_ENV})")  # fmt: skip
     parser.add_argument("--keras-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--render-keras", action="store_true",
                         help="rewrite the keras block from benchmarks/zoo_keras.json, run nothing")  # fmt: skip
@@ -537,6 +604,12 @@ def main(argv: list[str] | None = None) -> int:
               kind=KERAS_KIND)  # fmt: skip
         return 0
     TIMES[0] = not opts.no_times
+    if opts.peers:
+        from benchmarks.zoo_peers import use
+
+        PEERS[:] = use(opts.peers)
+        os.environ[PEERS_ENV] = opts.peers  # the keras rows' processes
+        print("peers:", PEERS or "none found in " + opts.peers, flush=True)
     commit = _commit()  # at the start: the code that ran, whatever is committed meanwhile
     wanted = {n for n in opts.only.split(",") if n}
     if opts.flax_rows:
@@ -555,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
             if not opts.no_write:
                 _merge_keras([row], {"commit": commit, "date": date, "load": os.getloadavg()[0]})
 
-        keras_new = keras_rows(keras_names, opts.heavy_lock, stored)
+        keras_new = keras_rows(keras_names, opts.heavy_lock, stored, opts.keras_timeout)
         results += [(n, KERAS_KIND, c, s) for n, c, s in keras_new]
     with tempfile.TemporaryDirectory() as tmp:
         for name, kind, runner in rows():
@@ -591,6 +664,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{platform.machine()}, load average {os.getloadavg()[0]:.1f} at the end). Errors "
             f"are relative to the reference's largest magnitude; pass means <= {RTOL:g}."
             + ("" if TIMES[0] else " Times not recorded (run with --no-times).")
+            + (
+                f" Peer column: {', '.join(PEERS)} from `--peers` (`benchmarks/zoo_peers.py`)."
+                if PEERS and kind is None
+                else ""
+            )  # fmt: skip
         )
         write(text, stamp, kind=kind)
     return 0

@@ -41,3 +41,55 @@ def test_keras_family_sample(name, tmp_path):
     cells, _ = zoo.keras_row(name, tmp_path)
     for direction, cell in zip(zoo.KERAS_DIRECTIONS, cells, strict=True):
         assert cell.verdict == "pass", (direction, cell)
+
+
+def test_keras_row_past_its_time_reads_not_run():
+    """A row past ``--keras-timeout`` reads "not run" with the reason (this machine's limit),
+    not an error of the converters; its rows are still handed to ``on_row`` to be stored."""
+    seen = []
+    out = zoo.keras_rows(["MobileNet"], None, seen.append, timeout=0.5)
+    assert seen == out
+    ((name, cells, _),) = out
+    assert name == "MobileNet"
+    assert [c.verdict for c in cells] == ["not run"] * len(zoo.KERAS_DIRECTIONS)
+    assert "over 0.5 s on this machine" in cells[0].cause
+
+
+def test_peer_column_is_beside_ours_and_not_counted_as_ours():
+    """With ``--peers`` a row carries one more cell, the peer's: the table shows it in a column
+    of its own ("-" on a row run without the peer), its failures are listed apart, and it does
+    not change how many models pass in xconv's directions."""
+    ok, bad = zoo.Cell("pass", 1e-6, 1.0), zoo.Cell("error", None, 1.0, "NotImplementedError: Gelu")
+    rows_ = [
+        ("A", zoo.KERAS_KIND, [ok, ok, ok, bad], 1.0),
+        ("B", zoo.KERAS_KIND, [ok, ok, ok], 1.0),
+        ("C", zoo.KERAS_KIND, [ok, ok, zoo.Cell("error", None, 1.0, "TypeError: t"), ok], 1.0),
+    ]
+    text = zoo.render(rows_)
+    assert "2 of 3 models pass in every direction." in text
+    assert "passes 1 of the 2 rows it ran on" in text
+    head = next(ln for ln in text.splitlines() if ln.startswith("| keras.applications model"))
+    assert head.endswith(f"| {zoo.PEER_TITLES[zoo.KERAS_KIND]} | import s |")
+    row_b = next(ln for ln in text.splitlines() if ln.startswith("| B |"))
+    assert row_b.count("|") == head.count("|") and "| - |" in row_b
+    ours, _, peers = text.partition("Peer failures by cause")
+    assert "- 1: `NotImplementedError: Gelu` (A)" in peers
+    assert "- 1: `TypeError: t` (C)" in ours
+    assert "Gelu" not in ours
+
+
+def test_causes_group_without_addresses_or_arguments():
+    """One missing function of a peer blocks many rows: the group is the function, not each
+    row's object addresses."""
+    ok = zoo.Cell("pass", 1e-6, 1.0)
+
+    def unhandled(addr):
+        cause = (
+            f"NotImplementedError: Unhandled function call: torch.gather(*(<t.T object at {addr}>,"
+        )
+        return zoo.Cell("error", None, 0.0, cause)
+
+    rows_ = [(n, "transformers", [ok, ok, ok, unhandled(a)], 1.0)
+             for n, a in (("x", "0x7fad6518d350"), ("y", "0x7fad664a9590"))]  # fmt: skip
+    text = zoo.render(rows_)
+    assert "- 2: `NotImplementedError: Unhandled function call: torch.gather` (x, y)" in text
