@@ -653,7 +653,10 @@ class Bench:
             else:
                 try:
                     start = time.perf_counter()
-                    fn, params = xconv.to_jax(model, **kw)
+                    layout = getattr(self.args, "kernel_layout", "onnx")
+                    if layout != "onnx":
+                        row.note = f"kernel_layout={layout!r}"
+                    fn, params = xconv.to_jax(model, **kw, kernel_layout=layout)
                     row.conversion_s = self.meta["from_torch_s"] + time.perf_counter() - start
                     # Train what torch trains: params named like the module's parameters
                     # (state_dict keys); batch-norm statistics stay fixed as on every path.
@@ -1022,6 +1025,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--out", type=Path, default=OUT_MD)
     parser.add_argument("--no-write", action="store_true", help="print the table, write nothing")
+    parser.add_argument(
+        "--kernel-layout",
+        default="onnx",
+        choices=("onnx", "HWIO"),
+        help="xconv.to_jax's kernel_layout (HWIO: conv kernels stored as XLA's CPU conv reads)",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -124,7 +124,11 @@ class JaxAdapter(Adapter):
 
             try:
                 model64 = cast_model_to_double(self.ir_model)
-                fn64, _ = to_jax(model64, registry=self.fn.registry)
+                fn64, _ = to_jax(  # the same param layout: it runs on self.params
+                    model64,
+                    registry=self.fn.registry,
+                    kernel_layout=getattr(self.fn, "kernel_layout", "onnx"),
+                )
             except Exception as e:
                 return None, f"jax: cannot cast the IR to float64 ({type(e).__name__}: {e})"
             return JaxAdapter(fn64, self.params, x64=True), "jax: IR cast to float64, run with x64"

@@ -205,6 +205,11 @@ class JaxFunction:
     output_names: tuple[str, ...]
     #: Compute dtype: None (float32) or ``"bfloat16"`` (float32 params, bfloat16 compute).
     dtype: str | None = None
+    #: ``"onnx"`` (params in the IR's layouts) or ``"HWIO"``: the convolution kernels named
+    #: in ``kernel_perms`` are stored permuted (see :func:`to_jax`'s ``kernel_layout``).
+    kernel_layout: str = "onnx"
+    #: weight name -> the permutation from its IR (OIHW) layout to the stored one.
+    kernel_perms: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> tuple:
         return tuple(_to_jax(o) for o in self._run(params, inputs, rng, None))
@@ -234,6 +239,12 @@ class JaxFunction:
         env: dict[ir.Value, Any] = {}
         by_name = graph.initializers
         for name, x in flat.items():
+            perm = self.kernel_perms.get(name)
+            if perm is not None:
+                # Back to the IR's layout inside the trace: XLA lays the convolution's kernel
+                # out spatial-first itself, so this transpose of a (*k, I, O) kernel is a free
+                # relabelling, where a stored OIHW kernel costs a copy on every call.
+                x = jnp.transpose(x, tuple(int(i) for i in np.argsort(perm)))
             env[by_name[name]] = x
         interp = Interpreter(self.model, self.registry, capture=capture, dtype=self.dtype)
         real_inputs = [v for v in graph.inputs if not v.is_initializer()]
@@ -250,6 +261,7 @@ def to_jax(
     mesh: Any = None,
     rules: Any = None,
     dtype: Any = None,
+    kernel_layout: str = "onnx",
 ) -> tuple[JaxFunction, dict]:
     """Convert an IR model to a pure JAX function and its parameters.
 
@@ -264,6 +276,13 @@ def to_jax(
             float32, matmuls / convolutions / attention run on bfloat16 operands, norms and
             softmax in float32, outputs come back bfloat16 (see
             :mod:`xconv.converters.ops.precision`).
+        kernel_layout: ``"onnx"`` (default): every param in the IR's layout, a convolution
+            kernel ``(O, I, *k)`` as the source stores it. ``"HWIO"``: a kernel used only as
+            ``Conv``'s weight is stored ``(*k, I, O)``, the layout XLA's CPU convolution
+            reads, and a ``Gemm`` ``transB=1`` weight ``(I, O)``; with OIHW params every jitted
+            call copies each kernel to that layout (ResNet-50 batch 1 on CPU: 53 copies,
+            ~130 ms of a ~230 ms call). The names and the computed function are the same;
+            ``fn.kernel_perms`` lists the permuted weights and their permutations.
 
     Returns:
         ``(fn, params)``: call ``fn(params, *inputs)`` to get a tuple of outputs. ``params``
@@ -285,6 +304,14 @@ def to_jax(
         if v.const_value is not None and is_weight(v, annotated)
     }
     input_names = tuple(v.name for v in graph.inputs if not v.is_initializer())
+    perms = _kernel_perms(graph, weights, kernel_layout)
+    if perms and mesh is not None:
+        raise ConversionError(
+            f"to_jax: kernel_layout={kernel_layout!r} with a mesh: the sharding rules read the "
+            "IR's layouts; use the default kernel_layout='onnx'"
+        )
+    for name, perm in perms.items():
+        weights[name] = np.ascontiguousarray(np.transpose(weights[name], perm))
     fn = JaxFunction(
         model=model,
         registry=reg,
@@ -292,6 +319,8 @@ def to_jax(
         input_names=input_names,
         output_names=tuple(v.name for v in graph.outputs),
         dtype=low,
+        kernel_layout=kernel_layout,
+        kernel_perms=perms,
     )
     if mesh is not None:  # rules without a mesh are inert
         from xconv.sharding.place import to_jax_sharded
@@ -299,3 +328,41 @@ def to_jax(
         return to_jax_sharded(model, fn, nest(weights), mesh, rules)
     params = jax.tree_util.tree_map(jnp.asarray, nest(weights))
     return fn, params
+
+
+#: ``to_jax``'s ``kernel_layout`` values.
+KERNEL_LAYOUTS = ("onnx", "HWIO")
+
+
+def _kernel_perms(
+    graph: ir.Graph, weights: Mapping[str, np.ndarray], kernel_layout: str
+) -> dict[str, tuple[int, ...]]:
+    """The weights stored permuted for ``kernel_layout``: for ``"HWIO"``, each weight of rank
+    >= 3 whose every use is ``Conv``'s weight input, ``(O, I, *k)`` -> ``(*k, I, O)``, and
+    each 2-D weight whose every use is ``Gemm``'s ``transB=1`` B, ``(O, I)`` -> ``(I, O)``."""
+    if kernel_layout not in KERNEL_LAYOUTS:
+        raise ConversionError(
+            f"to_jax: kernel_layout={kernel_layout!r}: expected one of {list(KERNEL_LAYOUTS)}"
+        )
+    if kernel_layout == "onnx":
+        return {}
+    perms: dict[str, tuple[int, ...]] = {}
+    for name, arr in weights.items():
+        value = graph.initializers[name]
+        uses = list(value.uses())
+        if (
+            value.is_graph_output()
+            or not uses
+            or any(i != 1 or n.domain not in ("", "ai.onnx") for n, i in uses)
+        ):
+            continue
+        if arr.ndim >= 3 and all(n.op_type == "Conv" for n, _ in uses):
+            perms[name] = (*range(2, arr.ndim), 1, 0)
+        elif arr.ndim == 2 and all(n.op_type == "Gemm" and _trans_b(n) for n, _ in uses):
+            perms[name] = (1, 0)
+    return perms
+
+
+def _trans_b(node: ir.Node) -> bool:
+    attr = node.attributes.get("transB")
+    return attr is not None and bool(attr.value)

@@ -54,6 +54,13 @@ class _Nodes:
                 args.append(self.get(v, None))
             else:
                 args.append(self.get(v, perm if tpl.layout != "plain" else None))
+        if static and any(
+            c is not None and a is not None and a.startswith("self.")
+            for a, c in zip(args, consts, strict=True)
+        ):
+            # A constant stored as a variable is a traced array under jit, not a numpy one:
+            # an op taking one computes with jnp (BERT's mask Expand of a (1, 1, 128, 1) table).
+            static, xp = False, "jnp"
         shapes = [
             None
             if v is None or v.shape is None
