@@ -291,8 +291,12 @@ def _render(g: _Group) -> str:
     parts = g.skeleton.split(_SLOT)
     out = [parts[0]]
     for pos, rest in enumerate(parts[1:]):
+        if g.roles[pos] == "stride" and not by_pos.get(pos) and g.instances[0][pos] == 1:
+            out[-1] = out[-1].removesuffix(", stride=")  # a merged stride slot at its default
+            out.append(rest)
+            continue
         out += [by_pos.get(pos) or _literal(g.roles[pos], g.instances[0][pos]), rest]
-    text = re.sub(r", stride=1(?=[,)])", "", "".join(out))
+    text = "".join(out)
     if names:
         args = ", ".join(_decl(n) for n in _ordered(names))
         head = f"    def __init__(self, {args}):"
