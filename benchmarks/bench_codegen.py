@@ -6,7 +6,7 @@ locals still carrying an exporter name (``getitem_3``, ``conv2d_1``; target 0), 
 line, and parity (max abs difference against torch). The ``before`` columns are the flat
 emitter (``FlaxOptions(share_blocks=False)``), measured in the same run. A second table: the
 PyTorch source ``xconv.to_torch_source`` writes for Flax sources (a BERT-shaped fixture, the
-CNN fixture, flaxmodels' ResNet-18), beside the Flax classes' own length.
+CNN fixture, a ResNet-shaped fixture, flaxmodels' ResNet-18), beside the Flax classes' own length.
 
 Run: ``python benchmarks/bench_codegen.py [--hf] [--write]``.
 """
@@ -196,6 +196,15 @@ def _torch_cases():
     )
     m, v, x = flax_models.linen_cnn()
     yield "cnn (flax fixture)", m, v, x, None, [flax_models.LinenCNN]
+    m, v, x = flax_models.linen_resnet()
+    yield (
+        "resnet-shaped (flax fixture)",
+        m,
+        v,
+        x,
+        None,
+        [flax_models.LinenResNet, flax_models.ResBlock],
+    )
     try:
         import flaxmodels
         from flaxmodels.resnet import ops, resnet

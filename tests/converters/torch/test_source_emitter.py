@@ -310,9 +310,9 @@ def test_flax_bert_shaped_source_reads_hand_written(tmp_path):
 @pytest.mark.slow
 def test_flaxmodels_resnet_blocks_share_classes_with_fields():
     """flaxmodels' ResNet-18 -> torch source: its own BatchNorm (raw parameters) at four
-    widths is one class with a ``features`` field, the basic blocks one class with a channel
-    field plus one downsampling variant, and the closing layout transpose stays in ``Model``;
-    outputs equal to Flax's (~60 s)."""
+    widths is one class with a ``features`` field, the basic blocks (with and without the
+    projection branch) one class with channel, ``stride`` and ``downsample`` fields, and the
+    closing layout transpose stays in ``Model``; outputs equal to Flax's (~60 s)."""
     jax = pytest.importorskip("jax")
     fm = pytest.importorskip("flaxmodels")
 
@@ -327,13 +327,14 @@ def test_flaxmodels_resnet_blocks_share_classes_with_fields():
     assert re.findall(r"^class (\w+)\(nn\.Module\)", source, flags=re.M) == [
         "BatchNorm",
         "BasicBlock",
-        "BasicBlockConv",
         "Model",
     ]
     assert "def __init__(self, features: int):" in source
-    assert "self.BasicBlock_3 = BasicBlock(128)" in source
-    assert "self.BasicBlock_4 = BasicBlockConv(128, 256)" in source
-    assert "self.BasicBlock_7 = BasicBlock(512)" in source
+    assert "self.BasicBlock_3 = BasicBlock(128, 128)" in source
+    assert "self.BasicBlock_4 = BasicBlock(128, 256, stride=2, downsample=True)" in source
+    assert "self.BasicBlock_7 = BasicBlock(512, 512)" in source
+    assert "residual = self.BatchNorm_2(self.Conv_2(x)) if self.downsample else x" in source
+    assert "BasicBlock_4.Conv_2.weight" in state and "BasicBlock_3.Conv_2.weight" not in state
     gen = _exec(source)()
     gen.load_state_dict(state)
     gen.eval()
@@ -341,3 +342,40 @@ def test_flaxmodels_resnet_blocks_share_classes_with_fields():
         got = gen(torch.from_numpy(x)).numpy()
     want = np.asarray(m.apply(variables, x, method=call))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_flax_resnet_shaped_blocks_are_one_class(tmp_path):
+    """A Flax block class used with and without its projection branch -> one torch class with
+    ``stride`` / ``downsample`` fields (the branch built and called under the flag), the
+    state_dict keys of the flat model, outputs equal to Flax's, ruff-clean and deterministic."""
+    jax = pytest.importorskip("jax")
+    from fixtures.flax_models import linen_resnet
+
+    m, variables, (x,) = linen_resnet()
+    model = xconv.from_flax(m, variables, (x,))
+    source, state = to_torch_source(model)
+    assert re.findall(r"^class (\w+)\(nn\.Module\)", source, flags=re.M) == ["ResBlock", "Model"]
+    assert (
+        "def __init__(self, in_channels: int, channels: int, stride: int = 1, "
+        "downsample: bool = False):" in source
+    )
+    assert "        if self.downsample:\n            self.Conv_2 = nn.Conv2d(" in source
+    assert "if self.downsample else x" in source
+    assert "self.ResBlock_0 = ResBlock(8, 8)" in source
+    assert "self.ResBlock_1 = ResBlock(8, 16, stride=2, downsample=True)" in source
+    assert "self.ResBlock_2 = ResBlock(16, 16)" in source
+    assert "ResBlock_1.Conv_2.weight" in state and "ResBlock_1.BatchNorm_2.running_var" in state
+    assert not any(k.startswith(("ResBlock_0.Conv_2", "ResBlock_2.Conv_2")) for k in state)
+    gen = _exec(source)()
+    gen.load_state_dict(state)
+    gen.eval()
+    with torch.no_grad():
+        got = gen(torch.from_numpy(x)).numpy()
+    want = np.asarray(m.apply(variables, x))
+    assert np.abs(want).max() > 0.1  # the ReLUs are not all off
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert to_torch_source(model)[0] == source
+    (tmp_path / "model.py").write_text(source)
+    result = _ruff(tmp_path / "model.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    del jax

@@ -187,6 +187,8 @@ class _Group:
     skeleton: str
     roles: list[str]
     instances: list[tuple[int, ...]] = field(default_factory=list)
+    alias: int | None = None  # merged into this group (see :func:`merge_optional`)
+    convert: Any = None  # a token's values -> the values of the (merged) group
 
 
 def _abstract(text: str, groups: list[_Group]) -> tuple[str, list[str], tuple[int, ...]]:
@@ -254,16 +256,54 @@ def _fields(g: _Group) -> tuple[list[str], dict[int, str]]:
     return names, {pos: column_name[c] for pos, c in slot_column.items()}
 
 
+#: Fields with a default: declared last, passed by keyword only when not the default.
+_DEFAULTS = {"stride": 1, "downsample": 0}
+
+
+def _literal(role: str, value: int | str) -> str:
+    """A slot's value as written: ``True`` for a flag, a field's name as is."""
+    if role == "downsample" and str(value) in ("0", "1"):
+        return str(value == 1 or value == "1")
+    return str(value)
+
+
+def _decl(name: str) -> str:
+    role = name.rstrip("0123456789")
+    if role not in _DEFAULTS:
+        return f"{name}: int"
+    kind = "bool" if role == "downsample" else "int"
+    return f"{name}: {kind} = {_literal(role, _DEFAULTS[role])}"
+
+
+def _ordered(names: list[str]) -> list[str]:
+    """Fields without a default first, then ``stride``, ``downsample``."""
+    order = list(_DEFAULTS)
+
+    def key(name: str) -> int:
+        role = name.rstrip("0123456789")
+        return order.index(role) + 1 if role in order else 0
+
+    return sorted(names, key=key)
+
+
 def _render(g: _Group) -> str:
     names, by_pos = _fields(g)
     parts = g.skeleton.split(_SLOT)
     out = [parts[0]]
     for pos, rest in enumerate(parts[1:]):
-        out += [by_pos.get(pos) or str(g.instances[0][pos]), rest]
+        if g.roles[pos] == "stride" and not by_pos.get(pos) and g.instances[0][pos] == 1:
+            out[-1] = out[-1].removesuffix(", stride=")  # a merged stride slot at its default
+            out.append(rest)
+            continue
+        out += [by_pos.get(pos) or _literal(g.roles[pos], g.instances[0][pos]), rest]
     text = "".join(out)
     if names:
-        args = ", ".join(f"{n}: int" for n in names)
-        text = text.replace("    def __init__(self):", f"    def __init__(self, {args}):", 1)
+        args = ", ".join(_decl(n) for n in _ordered(names))
+        head = f"    def __init__(self, {args}):"
+        if len(head) > LINE_LENGTH:  # as ruff formats it: one parameter a line
+            params = ["self", *(_decl(n) for n in _ordered(names))]
+            head = "    def __init__(\n" + "".join(f"        {a},\n" for a in params) + "    ):"
+        text = text.replace("    def __init__(self):", head, 1)
     doc = f'    """``{g.base}`` of the source model."""'
     # A class whose children are numbered (a Flax layer collection) reads them as self[0].
     base = "Scope" if re.search(r"\bself\[", text) else "nn.Module"
@@ -273,9 +313,20 @@ def _render(g: _Group) -> str:
 def _resolve(text: str, groups: list[_Group]) -> str:
     def sub(m: re.Match) -> str:
         g = groups[int(m.group(1))]
-        values = [v for v in m.group(2).split(",") if v]
+        values = tuple(v for v in m.group(2).split(",") if v)
+        if g.convert is not None:  # values or, inside a class, its field names
+            values = tuple(map(str, g.convert(values)))
+        if g.alias is not None:
+            g = groups[g.alias]
         names, by_pos = _fields(g)
-        args = [values[min(p for p, f in by_pos.items() if f == n)] for n in names]
+        args = []
+        for n in _ordered(names):
+            pos = min(p for p, f in by_pos.items() if f == n)
+            default = _DEFAULTS.get(n.rstrip("0123456789"))
+            if default is None:
+                args.append(_literal(g.roles[pos], values[pos]))
+            elif values[pos] != str(default):
+                args.append(f"{n}={_literal(g.roles[pos], values[pos])}")
         return f"{g.name}({', '.join(args)})"
 
     return _TOKEN.sub(sub, text)
@@ -311,7 +362,11 @@ def build(tree: Tree, classes: dict[tuple[str, ...], str]) -> None:
         tree.kinds[path] = groups[gid].name
         tok = f"{{inst:{gid}:{','.join(map(str, values))}}}"
         tree.init = [(_instantiate(ln, tok) if p == path else ln, p) for ln, p in tree.init]
-    tree.classes = [_resolve(_render(g), groups) for g in groups]
+    merge_optional(groups)
+    renamed = {g.name: groups[g.alias].name for g in groups if g.alias is not None}
+    renamed.update({g.name: g.name for g in groups if g.alias is None})
+    tree.kinds = {p: renamed.get(k, k) for p, k in tree.kinds.items()}
+    tree.classes = [_resolve(_render(g), groups) for g in groups if g.alias is None]
     tree.init = [(_resolve(ln, groups), p) for ln, p in tree.init]
 
 
@@ -523,10 +578,201 @@ def loop_chains(lines: list[str], kinds: dict[str, str]) -> list[str]:
                 j += 1
         if m and j - i >= 2:
             ind, v = m.group("ind"), m.group("v")
-            items = "(" + ", ".join(f"self.{_item(m, k)}" for k in range(j - i)) + ")"
-            out += [f"{ind}for block in {items}:", f"{ind}    {v} = block({v})"]
+            names = [f"self.{_item(m, k)}" for k in range(j - i)]
+            head = f"{ind}for block in ({', '.join(names)}):"
+            if len(head) > LINE_LENGTH - 8:  # as ruff formats it: one item a line
+                out += [f"{ind}for block in (", *(f"{ind}    {n}," for n in names), f"{ind}):"]
+            else:
+                out.append(head)
+            out.append(f"{ind}    {v} = block({v})")
             i = j
         else:
             out.append(lines[i])
             i += 1
     return out
+
+
+# ------------------------------------------------------------------ optional branches
+
+_ATTR = re.compile(r'^ {8}self\.(?P<a>\w+) = |^ {8}self\.register_buffer\("(?P<b>\w+)"')
+_STRIDE_ARG = re.compile(r", stride=(\d+)")
+_FWD_LINE = re.compile(r"^ {8}(?:(?P<v>\w+) = |return )(?P<rhs>.*)$")
+_HEAD = ["    def __init__(self):", "        super().__init__()"]
+
+
+def merge_optional(groups: list[_Group]) -> None:
+    """Fold a variant that only adds an optional branch into its plain class, in place (the
+    Flax emitter's rule of the same name, see ``xconv/converters/flax/source/classes.py``).
+
+    ``BasicBlockConv`` (``self.Conv_2`` and ``self.BatchNorm_2`` more, ``h2 = <branch>(x)``
+    added to the residual, ``stride=2``) and ``BasicBlock`` (the same layers, the block input
+    as the residual) become one ``BasicBlock`` with ``stride: int = 1`` and ``downsample: bool
+    = False`` fields; the branch is built and called under ``if self.downsample``. Attribute
+    names are unchanged, so are the state_dict keys. The variant's group then points at the
+    merged one (``alias``); placeholders of either are converted when resolved."""
+    for vi, var in enumerate(groups):
+        if var.alias is not None or var.convert is not None:
+            continue
+        for pi, plain in enumerate(groups):
+            if pi == vi or plain.base != var.base or plain.alias is not None:
+                continue
+            if plain.convert is not None:
+                continue
+            merged = _merge(plain, var)
+            if merged is not None:
+                skeleton, roles, from_plain, from_var = merged
+                plain.instances = [from_plain(v) for v in plain.instances] + [
+                    from_var(v) for v in var.instances
+                ]
+                plain.skeleton, plain.roles = skeleton, roles
+                plain.convert, var.convert, var.alias = from_plain, from_var, pi
+                break
+
+
+def _split(skeleton: str):
+    lines = skeleton.split("\n")
+    fwd = next((i for i, ln in enumerate(lines) if ln.startswith("    def forward(")), None)
+    if fwd is None or lines[:2] != _HEAD or _SLOT in "".join(lines[fwd:]):
+        return None
+    init = [ln for ln in lines[2:fwd] if ln]
+    body = lines[fwd + 1 :]
+    if not all(_FWD_LINE.match(ln) for ln in body):
+        return None
+    attrs = []
+    for ln in init:
+        m = _ATTR.match(ln)
+        if m is None:
+            return None
+        attrs.append(m.group("a") or m.group("b"))
+    return init, attrs, lines[fwd], body
+
+
+def _offsets(lines: list[str]) -> list[int]:
+    out, n = [], 0
+    for ln in lines:
+        out.append(n)
+        n += ln.count(_SLOT)
+    return out
+
+
+def _merge(plain: _Group, var: _Group):
+    """``(skeleton, roles, plain values -> merged, variant values -> merged)`` or None."""
+    ps, vs = _split(plain.skeleton), _split(var.skeleton)
+    if ps is None or vs is None:
+        return None
+    pinit, pattrs, psig, pbody = ps
+    vinit, vattrs, vsig, vbody = vs
+    extra = [i for i, a in enumerate(vattrs) if a not in set(pattrs)]
+    if not extra or extra != list(range(extra[0], extra[-1] + 1)) or psig != vsig:
+        return None
+    if set(pattrs) - set(vattrs) or "downsample" in vattrs or "downsample" in vsig:
+        return None
+    rest = [i for i in range(len(vinit)) if i not in extra]
+    if [_STRIDE_ARG.sub("", vinit[i]) for i in rest] != [_STRIDE_ARG.sub("", ln) for ln in pinit]:
+        return None
+    # the forward: one line computes the branch's value from one value ``y``; with ``y`` in
+    # its place (and without the line) the variant's forward is the plain one
+    own = re.compile(r"self\.(?:" + "|".join(vattrs[i] for i in extra) + r")\b")
+    uses = [i for i, ln in enumerate(vbody) if own.search(ln)]
+    if len(uses) != 1:
+        return None
+    u = uses[0]
+    head = _FWD_LINE.match(vbody[u])
+    if not head.group("v"):
+        return None
+    r, rhs = head.group("v"), head.group("rhs")
+    params = re.findall(r"\w+", vsig.split("(", 1)[1])[1:]
+    known = set(params) | {_FWD_LINE.match(ln).group("v") for ln in vbody[:u]} - {None}
+    reads = {t for t in _IDENT.findall(rhs) if t in known}
+    if len(reads) != 1:
+        return None
+    y = reads.pop()
+    defs = [_FWD_LINE.match(ln).group("v") for ln in vbody]
+    if defs.count(r) != 1 or y in defs[u:]:
+        return None
+    word = re.compile(rf"(?<![\w.]){re.escape(r)}(?!\w)")
+    without = [word.sub(y, ln) for i, ln in enumerate(vbody) if i != u]
+    if without != pbody:
+        return None
+    name = "residual" if not any(re.search(r"\bresidual\b", ln) for ln in vbody) else r
+    line = f"        {name} = {rhs} if self.downsample else {y}"
+    if len(line) <= LINE_LENGTH:
+        branch = [line]
+    else:
+        branch = [
+            f"        {name} = {y}",
+            "        if self.downsample:",
+            f"            {name} = {rhs}",
+        ]
+    rename = re.compile(rf"(?<![\w.]){re.escape(r)}(?!\w)")
+    body = [*vbody[:u], *branch, *(rename.sub(name, ln) for ln in vbody[u + 1 :])]
+    # the constructor: slots in the order of the merged text, each with its source
+    voff, poff = _offsets(vinit), _offsets(pinit)
+    pline = {i: k for k, i in enumerate(rest)}
+    roles: list[str] = ["downsample"]
+    srcs: list[tuple[Any, Any]] = [(lambda p: 0, lambda v: 1)]
+    init = [*_HEAD, f"        self.downsample = {_SLOT}"]
+    fills: list[int] = []  # merged slots of the branch: plain values filled from a like slot
+    for i, ln in enumerate(vinit):
+        if i == extra[0]:
+            init.append("        if self.downsample:")
+        j = pline.get(i)
+        pstr = [int(s) for s in _STRIDE_ARG.findall(pinit[j])] if j is not None else []
+        vstr = [int(s) for s in _STRIDE_ARG.findall(ln)]
+        if j is not None and pstr and len(pstr) != len(vstr):
+            return None
+        k = s = 0
+        text = []
+        for piece in re.split(rf"({_SLOT}|, stride=\d+)", ln):
+            if piece == _SLOT:
+                vpos = voff[i] + k
+                ppos = poff[j] + k if j is not None else None
+                roles.append(var.roles[vpos])
+                srcs.append((ppos, vpos))
+                k += 1
+                text.append(_SLOT)
+            elif piece.startswith(", stride="):
+                roles.append("stride")
+                pv = (pstr[s] if pstr else 1) if j is not None else None
+                srcs.append((("const", pv), ("stride", vstr[s])))
+                s += 1
+                text.append(f", stride={_SLOT}")
+            else:
+                text.append(piece)
+            if j is None and piece and (piece == _SLOT or piece.startswith(", stride=")):
+                fills.append(len(srcs) - 1)
+        line = "".join(text)
+        init.append(("    " + line) if j is None else line)
+        if len(init[-1]) > LINE_LENGTH:
+            return None
+
+    def value(src, inst):
+        if isinstance(src, int):
+            return inst[src]
+        return src[1]
+
+    def vcol(m: int) -> tuple[int, ...]:
+        return tuple(value(srcs[m][1], inst) for inst in var.instances)
+
+    for m in fills:  # the plain instances' value of a branch slot: a like slot's
+        like = [
+            n
+            for n in range(1, len(srcs))
+            if n not in fills and vcol(n) == vcol(m) and srcs[n][0] is not None
+        ]
+        like.sort(key=lambda n: roles[n] != roles[m])
+        if like:
+            srcs[m] = (srcs[like[0]][0], srcs[m][1])
+        elif roles[m] == "stride":
+            srcs[m] = (("const", 1), srcs[m][1])
+        else:
+            return None
+
+    def from_plain(vals: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(value(p, vals) if not callable(p) else p(vals) for p, _ in srcs)
+
+    def from_var(vals: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(value(v, vals) if not callable(v) else v(vals) for _, v in srcs)
+
+    sig = [vsig, *body]
+    return "\n".join([*init, "", *sig]), roles, from_plain, from_var
