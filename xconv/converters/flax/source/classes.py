@@ -325,8 +325,11 @@ def _ssa(lines: list[str], env: dict[str, str]) -> list[str] | None:
     return out
 
 
-def _merge(plain: Group, var: Group, api: str):
-    """``(skeleton, slots, plain values -> merged, variant values -> merged)`` or None."""
+def _merge_setup(plain: Group, var: Group):
+    """``(stem, plain lines, variant lines, call line, branch lines, rest lines)`` or None.
+
+    The variant adds attributes of one boolean role (``stem``); its setup less those lines
+    equals the plain setup (but for strides), and both ``__call__`` signatures are equal."""
     extra = [a for a in _attrs(var.skeleton) if a not in set(_attrs(plain.skeleton))]
     stems = {a.split("_")[0] for a in extra}
     if not extra or len(stems) != 1 or set(_attrs(plain.skeleton)) - set(_attrs(var.skeleton)):
@@ -351,8 +354,15 @@ def _merge(plain: Group, var: Group, api: str):
         _STRIDES.sub("", ln).replace(", ,", ",") for ln in pl[:call_p]
     ]:
         return None
-    # the call: one line computes the branch's value from the input; without it (the value
-    # being the input) the variant's body is the plain body
+    return stem, pl, vl, call_p, call_v, branch, rest
+
+
+def _merge_call(pl: list[str], vl: list[str], call_p: int, call_v: int, stem: str):
+    """``(variant line of the branch, input name, branch value name)`` or None.
+
+    One line of the variant's call computes the branch's value from the input; without it
+    (the value being the input) the variant's body is the plain body."""
+    own = re.compile(rf"self\.{stem}_\w+\b")
     arg = re.match(r"    def __call__\(self, (\w+)", pl[call_p])
     uses = [i for i in range(call_v + 1, len(vl)) if own.search(vl[i])]
     if arg is None or len(uses) != 1:
@@ -368,16 +378,19 @@ def _merge(plain: Group, var: Group, api: str):
     )
     if want is None or want != got or any(re.search(rf"\b{res}\b", ln) for ln in vl[: uses[0]]):
         return None
-    # the merged text, from the variant's: each slot's source in the variant's values
-    slot_of: list[int] = []  # variant line index -> first slot index
-    n = 0
-    for ln in vl:
-        slot_of.append(n)
-        n += ln.count(_SLOT)
-    rest_slots = [slot_of[i] + k for i in rest for k in range(vl[i].count(_SLOT))]
+    return uses[0], x, res
+
+
+def _merge_text(var: Group, vl: list[str], call_v: int, branch: list[int], use: int, names):
+    """The merged text, from the variant's: ``(lines, slot roles, slot sources)``.
+
+    Each slot's source is ``("v", variant slot)``, ``("flag",)`` or ``("strides", value)``;
+    ``names`` is ``(stem, input name, branch value name)``."""
+    stem, x, res = names
+    slot_of = _slot_offsets(vl)
     out: list[str] = []
     slots: list[str] = []
-    srcs: list[tuple] = []  # ("v", variant slot) | ("flag",) | ("strides", value)
+    srcs: list[tuple] = []
 
     def emit(line: str, i: int, indent: str = "") -> None:
         pieces = re.split(rf"({_SLOT}|strides=\d+)", line)
@@ -408,12 +421,38 @@ def _merge(plain: Group, var: Group, api: str):
         emit(vl[i], i, "    " if i in branch else "")
     out.append(vl[call_v])
     for i in range(call_v + 1, len(vl)):
-        if i == uses[0]:
+        if i == use:
             out.append(f"        {res} = {x}")
             flag(" " * 8)
             emit(vl[i], i, "    ")
         else:
             emit(vl[i], i)
+    return out, slots, srcs
+
+
+def _slot_offsets(lines: list[str]) -> list[int]:
+    """Line index -> index of its first slot."""
+    slot_of: list[int] = []
+    n = 0
+    for ln in lines:
+        slot_of.append(n)
+        n += ln.count(_SLOT)
+    return slot_of
+
+
+def _merge(plain: Group, var: Group, api: str):
+    """``(skeleton, slots, plain values -> merged, variant values -> merged)`` or None."""
+    setup = _merge_setup(plain, var)
+    if setup is None:
+        return None
+    stem, pl, vl, call_p, call_v, branch, rest = setup
+    call = _merge_call(pl, vl, call_p, call_v, stem)
+    if call is None:
+        return None
+    use, x, res = call
+    slot_of = _slot_offsets(vl)
+    rest_slots = [slot_of[i] + k for i in rest for k in range(vl[i].count(_SLOT))]
+    out, slots, srcs = _merge_text(var, vl, call_v, branch, use, (stem, x, res))
 
     # a branch slot takes, for the plain instances, the value of a rest slot with its role
     # and the variant's value (the branch's in/out features are the block's)
