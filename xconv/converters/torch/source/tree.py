@@ -655,23 +655,11 @@ def _offsets(lines: list[str]) -> list[int]:
     return out
 
 
-def _merge(plain: _Group, var: _Group):
-    """``(skeleton, roles, plain values -> merged, variant values -> merged)`` or None."""
-    ps, vs = _split(plain.skeleton), _split(var.skeleton)
-    if ps is None or vs is None:
-        return None
-    pinit, pattrs, psig, pbody = ps
-    vinit, vattrs, vsig, vbody = vs
-    extra = [i for i, a in enumerate(vattrs) if a not in set(pattrs)]
-    if not extra or extra != list(range(extra[0], extra[-1] + 1)) or psig != vsig:
-        return None
-    if set(pattrs) - set(vattrs) or "downsample" in vattrs or "downsample" in vsig:
-        return None
-    rest = [i for i in range(len(vinit)) if i not in extra]
-    if [_STRIDE_ARG.sub("", vinit[i]) for i in rest] != [_STRIDE_ARG.sub("", ln) for ln in pinit]:
-        return None
-    # the forward: one line computes the branch's value from one value ``y``; with ``y`` in
-    # its place (and without the line) the variant's forward is the plain one
+def _merge_forward(vattrs: list[str], extra: list[int], vsig: str, vbody: list[str], pbody):
+    """``(branch line, its value, its expression, the value it reads)`` or None.
+
+    One line of the variant's forward computes the branch's value from one value ``y``; with
+    ``y`` in its place (and without the line) the variant's forward is the plain one."""
     own = re.compile(r"self\.(?:" + "|".join(vattrs[i] for i in extra) + r")\b")
     uses = [i for i, ln in enumerate(vbody) if own.search(ln)]
     if len(uses) != 1:
@@ -694,6 +682,11 @@ def _merge(plain: _Group, var: _Group):
     without = [word.sub(y, ln) for i, ln in enumerate(vbody) if i != u]
     if without != pbody:
         return None
+    return u, r, rhs, y
+
+
+def _merge_body(vbody: list[str], u: int, r: str, rhs: str, y: str) -> list[str]:
+    """The variant's forward body with its branch line under ``self.downsample``."""
     name = "residual" if not any(re.search(r"\bresidual\b", ln) for ln in vbody) else r
     line = f"        {name} = {rhs} if self.downsample else {y}"
     if len(line) <= LINE_LENGTH:
@@ -705,8 +698,15 @@ def _merge(plain: _Group, var: _Group):
             f"            {name} = {rhs}",
         ]
     rename = re.compile(rf"(?<![\w.]){re.escape(r)}(?!\w)")
-    body = [*vbody[:u], *branch, *(rename.sub(name, ln) for ln in vbody[u + 1 :])]
-    # the constructor: slots in the order of the merged text, each with its source
+    return [*vbody[:u], *branch, *(rename.sub(name, ln) for ln in vbody[u + 1 :])]
+
+
+def _merge_init(var: _Group, pinit: list[str], vinit: list[str], extra: list[int], rest):
+    """The merged constructor: ``(lines, roles, sources, branch slots)`` or None.
+
+    Slots are in the order of the merged text, each with its ``(plain, variant)`` source: a
+    slot index, ``("const", value)``, ``("stride", value)`` or a function of the values; the
+    branch slots' plain sources (None) are filled by :func:`_merge_fill`."""
     voff, poff = _offsets(vinit), _offsets(pinit)
     pline = {i: k for k, i in enumerate(rest)}
     roles: list[str] = ["downsample"]
@@ -745,16 +745,22 @@ def _merge(plain: _Group, var: _Group):
         init.append(("    " + line) if j is None else line)
         if len(init[-1]) > LINE_LENGTH:
             return None
+    return init, roles, srcs, fills
 
-    def value(src, inst):
-        if isinstance(src, int):
-            return inst[src]
-        return src[1]
+
+def _src_value(src, inst):
+    if isinstance(src, int):
+        return inst[src]
+    return src[1]
+
+
+def _merge_fill(var: _Group, roles: list[str], srcs: list, fills: list[int]) -> bool:
+    """Give each branch slot, for the plain instances, a like slot's value (in place)."""
 
     def vcol(m: int) -> tuple[int, ...]:
-        return tuple(value(srcs[m][1], inst) for inst in var.instances)
+        return tuple(_src_value(srcs[m][1], inst) for inst in var.instances)
 
-    for m in fills:  # the plain instances' value of a branch slot: a like slot's
+    for m in fills:
         like = [
             n
             for n in range(1, len(srcs))
@@ -766,13 +772,41 @@ def _merge(plain: _Group, var: _Group):
         elif roles[m] == "stride":
             srcs[m] = (("const", 1), srcs[m][1])
         else:
-            return None
+            return False
+    return True
+
+
+def _merge(plain: _Group, var: _Group):
+    """``(skeleton, roles, plain values -> merged, variant values -> merged)`` or None."""
+    ps, vs = _split(plain.skeleton), _split(var.skeleton)
+    if ps is None or vs is None:
+        return None
+    pinit, pattrs, psig, pbody = ps
+    vinit, vattrs, vsig, vbody = vs
+    extra = [i for i, a in enumerate(vattrs) if a not in set(pattrs)]
+    if not extra or extra != list(range(extra[0], extra[-1] + 1)) or psig != vsig:
+        return None
+    if set(pattrs) - set(vattrs) or "downsample" in vattrs or "downsample" in vsig:
+        return None
+    rest = [i for i in range(len(vinit)) if i not in extra]
+    if [_STRIDE_ARG.sub("", vinit[i]) for i in rest] != [_STRIDE_ARG.sub("", ln) for ln in pinit]:
+        return None
+    fwd = _merge_forward(vattrs, extra, vsig, vbody, pbody)
+    if fwd is None:
+        return None
+    body = _merge_body(vbody, *fwd)
+    ctor = _merge_init(var, pinit, vinit, extra, rest)
+    if ctor is None:
+        return None
+    init, roles, srcs, fills = ctor
+    if not _merge_fill(var, roles, srcs, fills):
+        return None
 
     def from_plain(vals: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(value(p, vals) if not callable(p) else p(vals) for p, _ in srcs)
+        return tuple(_src_value(p, vals) if not callable(p) else p(vals) for p, _ in srcs)
 
     def from_var(vals: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(value(v, vals) if not callable(v) else v(vals) for _, v in srcs)
+        return tuple(_src_value(v, vals) if not callable(v) else v(vals) for _, v in srcs)
 
     sig = [vsig, *body]
     return "\n".join([*init, "", *sig]), roles, from_plain, from_var
