@@ -246,7 +246,7 @@ def _place_part(index, shard, items, axes, table, mesh, out) -> tuple[dict, int]
     nbytes = 0
     handle = open(shard, "rb") if shard is not None else None  # noqa: SIM115
     try:
-        for (_, ts), array in _prefetched(index, items, handle):
+        for (_, ts), array in _prefetched(index.log, items, handle):
             for t in ts:
                 data = t.planned.replay(array) if t.planned is not None else t.value
                 data = np.asarray(data, dtype=numpy_dtype(t.dtype))
