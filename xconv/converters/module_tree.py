@@ -149,7 +149,7 @@ def _outside_strings(text: str, start: int = 0):
             yield i, ch, depth
 
 
-def _split_args(text: str) -> list[str]:
+def split_args(text: str) -> list[str]:
     """``text`` split at its top-level commas (outside brackets and string literals)."""
     parts, start = [], 0
     for i, ch, depth in _outside_strings(text):
@@ -197,7 +197,7 @@ def wrap_line(line: str, width: int = LINE_LENGTH) -> list[str]:
             depth -= ch in ")]}"
     if opened is None or not line[indent:opened].strip():
         return [line]
-    args = _split_args(line[opened + 1 : close])
+    args = split_args(line[opened + 1 : close])
     if not args:
         return [line]
     pad, head, end = " " * (indent + 4), line[: opened + 1], " " * indent + line[close:]
@@ -206,7 +206,7 @@ def wrap_line(line: str, width: int = LINE_LENGTH) -> list[str]:
         return [head, pad + joined, end]
     one = args[0]
     if len(args) == 1 and one[:1] == "[" and _closing(one, 0) == len(one) - 1:
-        items = _split_args(one[1:-1])  # a sole list argument: its items one per line
+        items = split_args(one[1:-1])  # a sole list argument: its items one per line
         return [head, pad + "[", *(pad + "    " + a + "," for a in items), pad + "]", end]
     return [head, *(pad + a + "," for a in args), end]
 

@@ -5,6 +5,7 @@ constant causal mask recognised (pure functions; no conversion)."""
 from __future__ import annotations
 
 import ast
+import textwrap
 
 import numpy as np
 import pytest
@@ -131,3 +132,27 @@ def test_split_parts_read_once_are_unpacked():
     assert unpack_splits(lines[:3] + ["return h + h_1"]) == lines[:3] + ["return h + h_1"]
     kept = ["y = list(jnp.split(x, [4], axis=0))", "a = y[0]", "b = y[1]", "return y"]
     assert unpack_splits(kept) == kept
+
+
+def test_long_nnx_list_is_built_a_run_at_a_time():
+    from xconv.converters.flax.source.classes import split_nnx_lists
+
+    a = "Block(8, 16, strides=2, downsample=True, rngs=rngs)"
+    b = "Block(16, 16, rngs=rngs)"
+    line = f"        self.layer2 = nnx.List([{a}, {b}, {b}, {b}])"
+    assert len(line) > 100
+    got = split_nnx_lists(line)
+    assert got.split("\n") == [
+        f"        self.layer2 = nnx.List([{a}])",
+        f"        self.layer2.extend({b} for _ in range(3))",
+    ]
+    # the same elements in the same order
+    ns = {"nnx": type("nnx", (), {"List": list}), "Block": lambda *a, **k: (a, k), "rngs": 0}
+    ns["self"] = type("Self", (), {})()
+    exec(textwrap.dedent(got), ns)
+    assert ns["self"].layer2 == eval(f"[{a}, {b}, {b}, {b}]", ns)
+    # a short list, or a comprehension however long, stays as it is
+    short = f"        self.layer1 = nnx.List([{b}, {b}])"
+    assert split_nnx_lists(short) == short
+    many = f"        self.layer1 = nnx.List([{a.replace('8', '8' * 30)} for _ in range(2)])"
+    assert len(many) > 100 and split_nnx_lists(many) == many

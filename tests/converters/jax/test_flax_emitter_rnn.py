@@ -319,7 +319,10 @@ def test_resnet_blocks_become_shared_classes(tmp_path, api):
         assert head in src
         # nnx: the Sequential is an nnx.List built and called in a loop
         assert "self.layer1 = nnx.List([BasicBlock(8, 8, rngs=rngs) for _ in range(2)])" in src
-        assert "BasicBlock(8, 16, strides=2, downsample=True, rngs=rngs)," in src
+        # too long for one line: one line per distinct block, not a list nested in a call
+        first = "BasicBlock(8, 16, strides=2, downsample=True, rngs=rngs)"
+        assert f"self.layer2 = nnx.List([{first}])\n" in src
+        assert "self.layer2.append(BasicBlock(16, 16, rngs=rngs))\n" in src
         assert "for block in (*self.layer1, *self.layer2):" in src
     # Defaults left out, role-named locals, no exporter names.
     for spelled in ("kernel_dilation", "feature_group_count", "use_scale", "epsilon"):

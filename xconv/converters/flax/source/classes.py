@@ -19,8 +19,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from xconv.converters.module_tree import (
+    LINE_LENGTH,
+    split_args,
+    variant_name,  # noqa: F401 (re-export)
+)
 from xconv.converters.module_tree import class_attrs as _attrs  # noqa: F401 (re-export)
-from xconv.converters.module_tree import variant_name  # noqa: F401 (re-export)
 
 #: Leading positional ints of a layer constructor: its feature counts.
 _CTOR = re.compile(
@@ -270,6 +274,40 @@ def nnx_lists(setup: list[str], body: list[str]) -> tuple[list[str], list[str], 
     """The root's loops for nnx: ``(setup, body, list attribute names)``."""
     setup, body = loop_lists(setup, body, "nnx")
     return setup, body, {m.group("p") for ln in setup if (m := _NNX_LIST.match(ln))}
+
+
+_LIST_LINE = re.compile(r"^(?P<ind> *)self\.(?P<p>\w+) = nnx\.List\(\[(?P<items>.*)\]\)$")
+
+
+def split_nnx_lists(text: str, width: int = LINE_LENGTH) -> str:
+    """An ``nnx.List`` of differing blocks too long for one line, built a run at a time.
+
+    ``self.layer2 = nnx.List([BasicBlock(8, 16, strides=2, ...), BasicBlock(16, 16, ...)])``
+    becomes ``self.layer2 = nnx.List([BasicBlock(8, 16, strides=2, ...)])`` and
+    ``self.layer2.append(BasicBlock(16, 16, ...))`` (``.extend(... for _ in range(n))`` for a
+    run of identical blocks): one line per distinct block rather than ruff's six-line
+    nesting of a list inside a call. The elements and their order are the same."""
+    out = []
+    for line in text.split("\n"):
+        m = _LIST_LINE.match(line)
+        items = split_args(m.group("items")) if m and len(line) > width else []
+        if len(items) < 2 or any(" for _ in range(" in a for a in items):
+            out.append(line)
+            continue
+        runs: list[list[str]] = []
+        for item in items:
+            if runs and runs[-1][0] == item:
+                runs[-1].append(item)
+            else:
+                runs.append([item])
+        ind, attr = m.group("ind"), f"self.{m.group('p')}"
+        for i, run in enumerate(runs):
+            many = f"{run[0]} for _ in range({len(run)})" if len(run) > 1 else run[0]
+            if i == 0:
+                out.append(f"{ind}{attr} = nnx.List([{many}])")
+            else:
+                out.append(f"{ind}{attr}.{'extend' if len(run) > 1 else 'append'}({many})")
+    return "\n".join(out)
 
 
 _STRIDES = re.compile(r"strides=(\d+)")

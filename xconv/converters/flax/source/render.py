@@ -142,7 +142,7 @@ def render(em: _Emitter, name: str) -> str:
         helpers = [_SOFTMAX.sub(_FLOAT32_SOFTMAX, h) for h in helpers]
     body = "\n".join(cls)
     if api == "nnx":  # nnx exports linen's pooling functions: no linen import for them
-        body = _LINEN_POOL.sub(r"nnx.\1(", body)
+        body = flax_classes.split_nnx_lists(_LINEN_POOL.sub(r"nnx.\1(", body))
     code_parts = [*helpers, wrap_lines(body), "\n".join(load), *_source_names(em)]
     text = "\n\n\n".join(code_parts)
     imports = _imports(text, api)
