@@ -27,6 +27,21 @@ def variant_name(base: str, skeleton: str, others: list[Any]) -> str:
     return base + stem[:1].upper() + stem[1:] if stem.isidentifier() else base
 
 
+def optional_merge_pairs(groups: list[Any]):
+    """``(plain index, plain, variant)`` candidate pairs for the emitters' ``merge_optional``:
+    each group not yet merged (``alias`` / ``convert`` unset) against every other unmerged
+    group of the same source class. A variant merged into one plain (its ``alias`` set by the
+    caller) is offered no further plain."""
+    for vi, var in enumerate(groups):
+        for pi, plain in enumerate(groups):
+            if var.alias is not None or var.convert is not None:
+                break
+            if pi == vi or plain.base != var.base or plain.alias is not None:
+                continue
+            if plain.convert is None:
+                yield pi, plain, var
+
+
 _ASSIGN = re.compile(r"^(?P<v>[A-Za-z_]\w*) = (?P<rhs>[^#]*)$")
 _GENERIC = re.compile(r"(h|x)\d*")
 _CALL = re.compile(r"(?<![\w.])self\.[\w.\[\]]+\(")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from xconv.converters.module_tree import (
     LINE_LENGTH,
+    optional_merge_pairs,
     split_args,
     variant_name,  # noqa: F401 (re-export)
 )
@@ -322,25 +323,17 @@ def merge_optional(groups: list[Group], api: str) -> None:
     residual) become one ``BasicBlock`` with ``strides: int = 1`` and ``downsample: bool =
     False`` fields. The variant's group then points at the merged one (``alias``); placeholders
     of either are converted to the merged group's values when resolved."""
-    for vi, var in enumerate(groups):
-        if var.alias is not None or var.convert is not None:
-            continue
-        for pi, plain in enumerate(groups):
-            if pi == vi or plain.base != var.base or plain.alias is not None:
-                continue
-            if plain.convert is not None:
-                continue
-            merged = _merge(plain, var, api)
-            if merged is not None:
-                skeleton, slots, from_plain, from_var = merged
-                plain.instances = [from_plain(v) for v in plain.instances] + [
-                    from_var(v) for v in var.instances
-                ]
-                plain.skeleton, plain.slots = skeleton, slots
-                plain.convert, var.convert, var.alias = from_plain, from_var, pi
-                if var.name == var.base:
-                    plain.name = var.name
-                break
+    for pi, plain, var in optional_merge_pairs(groups):
+        merged = _merge(plain, var, api)
+        if merged is not None:
+            skeleton, slots, from_plain, from_var = merged
+            plain.instances = [from_plain(v) for v in plain.instances] + [
+                from_var(v) for v in var.instances
+            ]
+            plain.skeleton, plain.slots = skeleton, slots
+            plain.convert, var.convert, var.alias = from_plain, from_var, pi
+            if var.name == var.base:
+                plain.name = var.name
 
 
 def _ssa(lines: list[str], env: dict[str, str]) -> list[str] | None:

@@ -19,7 +19,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from xconv.converters.module_tree import LINE_LENGTH, inline_chains, variant_name
+from xconv.converters.module_tree import (
+    LINE_LENGTH,
+    inline_chains,
+    optional_merge_pairs,
+    variant_name,
+)
 from xconv.ir.metadata import MODULE, SCOPE
 from xconv.ir.naming import split_path
 
@@ -610,23 +615,15 @@ def merge_optional(groups: list[_Group]) -> None:
     = False`` fields; the branch is built and called under ``if self.downsample``. Attribute
     names are unchanged, so are the state_dict keys. The variant's group then points at the
     merged one (``alias``); placeholders of either are converted when resolved."""
-    for vi, var in enumerate(groups):
-        if var.alias is not None or var.convert is not None:
-            continue
-        for pi, plain in enumerate(groups):
-            if pi == vi or plain.base != var.base or plain.alias is not None:
-                continue
-            if plain.convert is not None:
-                continue
-            merged = _merge(plain, var)
-            if merged is not None:
-                skeleton, roles, from_plain, from_var = merged
-                plain.instances = [from_plain(v) for v in plain.instances] + [
-                    from_var(v) for v in var.instances
-                ]
-                plain.skeleton, plain.roles = skeleton, roles
-                plain.convert, var.convert, var.alias = from_plain, from_var, pi
-                break
+    for pi, plain, var in optional_merge_pairs(groups):
+        merged = _merge(plain, var)
+        if merged is not None:
+            skeleton, roles, from_plain, from_var = merged
+            plain.instances = [from_plain(v) for v in plain.instances] + [
+                from_var(v) for v in var.instances
+            ]
+            plain.skeleton, plain.roles = skeleton, roles
+            plain.convert, var.convert, var.alias = from_plain, from_var, pi
 
 
 def _split(skeleton: str):
