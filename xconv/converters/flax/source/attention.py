@@ -126,3 +126,49 @@ def dot_product_attention(c, mask: str, causal: bool) -> str | None:
         return f"jax.nn.dot_product_attention({c.args[0]}, {c.args[1]}, {c.args[2]}{kw})"
     qkv = ", ".join(c.args[:3])
     return f"jax.nn.dot_product_attention(*(t.swapaxes(1, 2) for t in ({qkv})){kw}).swapaxes(1, 2)"
+
+
+_PACKED = frozenset({"in_proj_kernel", "in_proj_bias", "out_proj_kernel", "out_proj_bias"})
+_PACKED_OPS = frozenset(
+    {"Transpose", "MatMul", "Gemm", "Add", "Reshape", "Unsqueeze", "Squeeze", "Gather"}
+    | {"Split", "Slice", "Attention", "Constant", "Identity"}
+)
+
+
+def packed_self_attention(p) -> bool:
+    """Whether a torch ``nn.MultiheadAttention`` layer plan (a ``LayerPlan`` of kind
+    ``attention``) is what the ``_torch_mha`` helper computes: self-attention (one input,
+    batch first, (B, T, E)), packed q/k/v weights with biases, no dropout, one output, and a
+    body of one unmasked, non-causal ``Attention`` at the default scale plus projections and
+    layout ops, each ``Add`` (or ``Gemm``) adding one of the layer's own biases."""
+    h = p.hyper
+    e = h.get("embed_dim")
+    if p.kind != "attention" or set(p.weights) != _PACKED or not h.get("use_bias"):
+        return False
+    if not h.get("batch_first") or h.get("dropout") or h.get("kdim") != e or h.get("vdim") != e:
+        return False
+    if len(p.inputs) != 1 or len(p.outputs) != 1:
+        return False
+    shape = p.inputs[0].shape
+    if shape is None or len(shape) != 3 or shape[-1] != e:
+        return False
+    if any(n.op_type not in _PACKED_OPS or n.domain not in ("", "ai.onnx") for n in p.body):
+        return False
+    att = [n for n in p.body if n.op_type == "Attention"]
+    if len(att) != 1 or any(v is not None and v.name for v in att[0].inputs[3:]):
+        return False
+    for key in ("is_causal", "q_num_heads", "kv_num_heads", "softcap", "qk_matmul_output_mode"):
+        attr = att[0].attributes.get(key)
+        if attr is not None and attr.value:
+            return False
+    scale = att[0].attributes.get("scale")
+    d = e // h["num_heads"]
+    if scale is not None and not np.isclose(scale.value, 1 / np.sqrt(d), rtol=1e-6):
+        return False
+    biases = {p.weights["in_proj_bias"], p.weights["out_proj_bias"]}
+    adds = [n for n in p.body if n.op_type in ("Add", "Gemm")]
+    for n in adds:
+        scaled = [n.attributes.get(k) for k in ("alpha", "beta")]
+        if any(a is not None and a.value != 1 for a in scaled):
+            return False
+    return len(adds) == 2 and all(set(n.inputs) & biases for n in adds)

@@ -23,7 +23,7 @@ import onnx_ir as ir
 from xconv.converters.codegen import Namespace, write_dir_atomic
 from xconv.converters.flax.source import classes as flax_classes
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
-from xconv.converters.flax.source.attention import fold_head_transposes
+from xconv.converters.flax.source.attention import fold_head_transposes, packed_self_attention
 from xconv.converters.flax.source.layers import layer_ctor
 from xconv.converters.flax.source.nodes import _Nodes
 from xconv.converters.flax.source.planning import LayerPlan, _Planning
@@ -521,6 +521,10 @@ class _Emitter(_Planning, _Values, _Nodes):
                 sub.done.add(node)
                 sub.emit_node(node)
         sub.outputs = [sub.get(v, None) for v in p.outputs]
+        if not self.low_dtype and not sub.has_constants and packed_self_attention(p):
+            # the same variables, the body one call (the source's ``self.attn(x, x, x)``)
+            sub.src.body, sub.src.helpers = [], {"torch_mha"}
+            sub.outputs = [f"_torch_mha(self, {sub.inputs[0]}, heads={p.hyper['num_heads']})"]
         self.src.helpers |= sub.src.helpers
         text = render_class(sub, "{cls}", _class_doc(p))
         cls = self.classes.get(text)

@@ -30,6 +30,16 @@ def _torch_batch_norm(bn, x, train):
         bn.var.value += (1 - bn.momentum) * x.var(0) / (len(x) - 1)
     return y
 ''',
+    # torch's nn.MultiheadAttention as one call on its packed weights (torch layout): the
+    # variables stay the source's in_proj / out_proj, so the weights mapping is unchanged.
+    "torch_mha": '''
+def _torch_mha(m, x, heads):
+    """torch's nn.MultiheadAttention: self-attention on (B, T, E), no mask, packed q/k/v."""
+    b, t, e = x.shape
+    qkv = (x @ m.in_proj_kernel[...].T + m.in_proj_bias[...]).reshape(b, t, 3, heads, -1)
+    h = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+    return h.reshape(b, t, e) @ m.out_proj_kernel[...].T + m.out_proj_bias[...]
+''',
     "reshape": '''
 def _reshape(x, shape):
     """ONNX Reshape: 0 copies the input dimension, -1 is inferred."""
