@@ -376,6 +376,9 @@ def test_transformer_layers_become_block_classes(tmp_path):
     assert src.count("class MultiheadAttention(") == 1
     assert "def __init__(self, approximate: bool, *, rngs: nnx.Rngs):" in src
     assert "jax.nn.gelu(self.ff1(self.ln3(x)), approximate=self.approximate)" in src
+    # torch's self-attention on its packed weights: one helper call, the variables its own
+    assert "        return _torch_mha(self, x, heads=4)\n" in src
+    assert "self.in_proj_kernel = nnx.Param(jnp.zeros((96, 32), jnp.float32))" in src
     want = "nnx.List([EncoderLayer(False, rngs=rngs), EncoderLayer(True, rngs=rngs)])"
     assert f"self.layers = {want}" in src
     got, handle = run_generated(out, "nnx", *xs)
@@ -384,3 +387,35 @@ def test_transformer_layers_become_block_classes(tmp_path):
     ok, msg = ruff_ok(out / "model.py")
     assert ok, msg
     assert check_grads("nnx", handle, *xs) == 42
+
+
+@pytest.mark.parametrize("kind", ["masked", "sequence_first", "cross"])
+def test_multihead_attention_outside_the_helper_keeps_its_ops(tmp_path, kind):
+    """Only unmasked batch-first self-attention is the ``_torch_mha`` call; a causal mask,
+    (T, B, E) inputs or separate keys keep the op-by-op body, and still match torch."""
+    torch = pytest.importorskip("torch")
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=kind != "sequence_first")
+
+        def forward(self, x, y):
+            kv = y if kind == "cross" else x
+            mask = torch.triu(torch.ones(6, 6, dtype=torch.bool), 1) if kind == "masked" else None
+            return self.attn(x, kv, kv, attn_mask=mask, need_weights=False)[0]
+
+    def make():
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(1)
+        return Attn().eval(), (
+            torch.randn(6, 6, 16, generator=g),
+            torch.randn(6, 6, 16, generator=g),
+        )
+
+    model, xs, expected = _from_torch(make)
+    out = xconv.to_flax(model, tmp_path / "out", api="linen")
+    src = (out / "model.py").read_text()
+    assert "_torch_mha" not in src
+    got, _ = run_generated(out, "linen", *xs)
+    np.testing.assert_allclose(np.asarray(got), expected[0], rtol=1e-4, atol=1e-5)

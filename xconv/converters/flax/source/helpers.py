@@ -34,7 +34,7 @@ def _torch_batch_norm(bn, x, train):
     # variables stay the source's in_proj / out_proj, so the weights mapping is unchanged.
     "torch_mha": '''
 def _torch_mha(m, x, heads):
-    """torch's nn.MultiheadAttention: self-attention on (B, T, E), no mask, packed q/k/v."""
+    """torch's MultiheadAttention: self-attention on (B, T, E), no mask, packed q, k, v."""
     b, t, e = x.shape
     qkv = (x @ m.in_proj_kernel[...].T + m.in_proj_bias[...]).reshape(b, t, 3, heads, -1)
     h = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
