@@ -70,7 +70,8 @@ index = sh.CheckpointIndex({ckpt!r})
 print(json.dumps({{"trace_s": marks["writing"] - t0, "write_s": t2 - marks["writing"],
     "total_s": t2 - t0, "early": r.stream.early, "route": r.route,
     "helper_peak_gib": r.stream.helper_peak_kib / 2**20,
-    "wait_s": t2 - marks.get("waiting", t2),
+    "wait_s": t2 - marks.get("waiting", t2), "plan_s": marks.get("waiting", t2) - marks["writing"],
+    "helper": r.stream.helper_stats,
     "bytes_written": r.stream.bytes_written, "largest_shard": index.largest_shard_bytes(),
     "read_once": all(n == sum(x.nbytes for x in index.tensors.values()
                               if str(x.shard) == k) for k, n in r.stream.bytes_read.items())}}))
