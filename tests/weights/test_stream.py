@@ -619,3 +619,26 @@ def test_direct_reader_reports_a_truncated_shard(tmp_path):
             reader.read(index.tensors["b"])
     finally:
         reader.close()
+
+
+def test_appender_write_error_is_raised_and_abort_releases_the_file(tmp_path, monkeypatch):
+    """A failed write on the writer thread (disk full) is raised to the stream at its next
+    tensor; abort() after it closes the file once (no second error hiding the first)."""
+    import errno
+
+    from xconv.weights import stream
+
+    path = tmp_path / "part"
+    path.write_bytes(b"")
+    out = stream._Appender(path, 0)
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(stream.os, "pwrite", full)
+    out.put(np.zeros(3000, np.float32))  # 8192 whole bytes go to the writer thread
+    with pytest.raises(OSError, match="No space left"):
+        out.put(np.zeros(3000, np.float32))
+    out.abort()
+    assert out.fd == -1
+    out.abort()  # a second abort is a no-op

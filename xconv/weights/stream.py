@@ -840,17 +840,22 @@ class _Appender:
                 self._write(last, self.pos)
             os.ftruncate(self.fd, self.end)
         finally:
-            self._pool.shutdown(wait=True)
-            os.close(self.fd)
+            self._release()
 
     def abort(self) -> None:
+        """Stop writing (the caller deletes the file); a write's error was already raised."""
         try:
             self._wait()
-        except BaseException:
+        except BaseException:  # noqa: S110 (the error that made the caller abort matters)
             pass
         finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self.fd >= 0:
             self._pool.shutdown(wait=True)
             os.close(self.fd)
+            self.fd = -1
 
 
 def _stream_parts(
