@@ -550,6 +550,7 @@ def test_child_stream_pipeline_with_direct_io_equals_buffered_bytes(tmp_path):
     rng = np.random.default_rng(1)
     bf16 = numpy_dtype("bfloat16")
     arrays = {
+        "f.w": rng.standard_normal((384, 200)).astype(bf16),  # transposed, then float32
         "a.odd": rng.integers(0, 255, size=(3, 7), dtype=np.uint8),
         "b.w": rng.standard_normal((300, 257)).astype(np.float32),
         "c.w": rng.integers(-(2**15), 2**15, size=(513, 129), dtype=np.int16).view(bf16),
@@ -566,13 +567,13 @@ def test_child_stream_pipeline_with_direct_io_equals_buffered_bytes(tmp_path):
     items = []
     for ref in index.by_shard()[shard]:
         planned = Planned(ref.name, ref.shape, numpy_dtype(ref.dtype))
+        if ref.name == "f.w":
+            planned = planned.transpose().astype(np.float32)
         items.append((ref, planned.transpose() if ref.name in transposed else planned))
+    expect = dict(arrays, **{k: arrays[k].T for k in transposed}, **{"f.w": arrays["f.w"].T})
+    expect["f.w"] = expect["f.w"].astype(np.float32)
     want = b"".join(
-        np.ascontiguousarray(arrays[r.name].T if r.name in transposed else arrays[r.name])
-        .reshape(-1)
-        .view(np.uint8)
-        .tobytes()
-        for r, _ in items
+        np.ascontiguousarray(expect[r.name]).reshape(-1).view(np.uint8).tobytes() for r, _ in items
     )
     direct_ok = _direct_io_works(tmp_path)
     files = {}

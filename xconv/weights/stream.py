@@ -788,9 +788,15 @@ class _Appender:
         if planned is None:
             data = np.ascontiguousarray(array)
         else:
+            # The transpose lands in the region when it makes the final bytes: one transpose,
+            # no dtype change, the region aligned for the dtype (else a copy into it).
             into = None
-            transposes = sum(op == "transpose" for op, _ in planned.ops)
-            if transposes == 1 and (region.ctypes.data % np.dtype(out_dtype).itemsize) == 0:
+            ops = [op for op, _ in planned.ops]
+            if (
+                ops.count("transpose") == 1
+                and "astype" not in ops
+                and region.ctypes.data % np.dtype(out_dtype).itemsize == 0
+            ):
                 into = _Region(region)
             data = planned.replay(array, into or scratch)
         if nbytes and data.__array_interface__["data"][0] != region.ctypes.data:
