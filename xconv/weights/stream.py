@@ -13,7 +13,12 @@ offset, dtype, shape). Writing a target then takes two steps:
    is one tensor (and its transposed copy), not the model.
 
 :class:`EarlyStream` does step 2 before step 1, beside the trace, on a guessed layout that
-step 1's plan must then match exactly (else it is discarded and step 2 runs as above).
+step 1's plan must then match exactly (else it is discarded and step 2 runs as above). Its
+process reads each shard with ``O_DIRECT`` (when not page-cached) a tensor ahead on a thread,
+transposes into an aligned output buffer and writes whole blocks with ``O_DIRECT`` on another
+thread: two source and two output buffers of the largest tensor (1.0 GiB for a 7 B Llama's
+262 MB embedding), and none of the page-cache fill, reclaim and dirty-page waits that made a
+buffered 7 B stream 76 s of mostly kernel time (now ~14-21 s).
 
 Output shards are safetensors files written to a temporary name and renamed when complete,
 inside the caller's staging folder (the folder is moved into place only when everything was
