@@ -70,7 +70,8 @@ index = sh.CheckpointIndex({ckpt!r})
 print(json.dumps({{"trace_s": marks["writing"] - t0, "write_s": t2 - marks["writing"],
     "total_s": t2 - t0, "early": r.stream.early, "route": r.route,
     "helper_peak_gib": r.stream.helper_peak_kib / 2**20,
-    "wait_s": t2 - marks.get("waiting", t2),
+    "wait_s": t2 - marks.get("waiting", t2), "plan_s": marks.get("waiting", t2) - marks["writing"],
+    "helper": r.stream.helper_stats,
     "bytes_written": r.stream.bytes_written, "largest_shard": index.largest_shard_bytes(),
     "read_once": all(n == sum(x.nbytes for x in index.tensors.values()
                               if str(x.shard) == k) for k, n in r.stream.bytes_read.items())}}))
@@ -243,8 +244,9 @@ def render(rows: list[tuple[str, dict]], note: str) -> str:
         "each conversion (`POSIX_FADV_DONTNEED` on those files), so all three read it cold.",
         "xconv streams the weights in a second process while it traces (layout guessed from the",
         "module's nn.Linear layers, checked against the emitter's plan afterwards; \"after it\" is",
-        "the plan",
-        "and the rest of the stream); \"trace, then stream\" is the same conversion with",
+        "the plan and the rest of the stream; that process reads and writes with `O_DIRECT`,",
+        "not through the page cache, reading ahead and writing behind on threads);",
+        "\"trace, then stream\" is the same conversion with",
         "`CheckpointOptions(early=False)`, run before it. The budget is the largest shard + 2 GiB.",
         "Parity (on the streamed-beside-trace output) retraces, then checks block by block.",
         "",

@@ -515,3 +515,131 @@ def test_replayed_transposes_share_one_scratch_buffer_and_stay_exact():
     assert np.shares_memory(results[1], results[2])
     fresh = Planned("w", (384, 256), bf16).transpose().replay(np.zeros((384, 256), bf16))
     assert not np.shares_memory(fresh, results[2])
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _direct_io_works(folder: Path) -> bool:
+    probe = folder / "o_direct_probe"
+    probe.write_bytes(b"\0" * 4096)
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except (OSError, AttributeError):
+        return False
+    finally:
+        probe.unlink()
+
+
+def test_child_stream_pipeline_with_direct_io_equals_buffered_bytes(tmp_path):
+    """The early stream's pipeline (read ahead with O_DIRECT into reused aligned buffers, the
+    transpose written straight into an aligned output buffer, O_DIRECT writes of whole
+    blocks on a thread, the unaligned tail carried over and the file cut to its length)
+    writes exactly the bytes of the buffered path and of numpy's transposes, for tensors
+    whose sizes and offsets are not multiples of 4096 or of each other's item sizes."""
+    from xconv.weights.shards import ReadLog
+    from xconv.weights.stream import _Part, _stream_parts
+
+    rng = np.random.default_rng(1)
+    bf16 = numpy_dtype("bfloat16")
+    arrays = {
+        "f.w": rng.standard_normal((384, 200)).astype(bf16),  # transposed, then float32
+        "a.odd": rng.integers(0, 255, size=(3, 7), dtype=np.uint8),
+        "b.w": rng.standard_normal((300, 257)).astype(np.float32),
+        "c.w": rng.integers(-(2**15), 2**15, size=(513, 129), dtype=np.int16).view(bf16),
+        "d.norm": rng.standard_normal((5,)).astype(np.float32),
+        "e.w": rng.integers(-(2**15), 2**15, size=(256, 4096), dtype=np.int16).view(bf16),
+    }
+    shard = tmp_path / "model-00001-of-00001.safetensors"
+    writer = ShardWriter(shard, [(k, v.shape, v.dtype) for k, v in arrays.items()])
+    for k, v in arrays.items():
+        writer.write(k, v)
+    writer.close()
+    index = CheckpointIndex(shard)
+    transposed = {"b.w", "c.w", "e.w"}
+    items = []
+    for ref in index.by_shard()[shard]:
+        planned = Planned(ref.name, ref.shape, numpy_dtype(ref.dtype))
+        if ref.name == "f.w":
+            planned = planned.transpose().astype(np.float32)
+        items.append((ref, planned.transpose() if ref.name in transposed else planned))
+    expect = dict(arrays, **{k: arrays[k].T for k in transposed}, **{"f.w": arrays["f.w"].T})
+    expect["f.w"] = expect["f.w"].astype(np.float32)
+    want = b"".join(
+        np.ascontiguousarray(expect[r.name]).reshape(-1).view(np.uint8).tobytes() for r, _ in items
+    )
+    direct_ok = _direct_io_works(tmp_path)
+    files = {}
+    for direct in (True, False):
+        _evict(shard)
+        part = _Part(tmp_path, items)
+        part.flush()
+        stats: dict = {}
+        log = ReadLog()
+        sizes = _stream_parts(
+            [(str(shard), str(part.tmp), part.reserve, items)], log, direct, stats
+        )
+        data = part.tmp.read_bytes()
+        assert sizes == [len(want)] and len(data) == part.reserve + len(want)
+        assert data[part.reserve :] == want, f"direct={direct}"
+        assert log.bytes_read[str(shard)] == sum(r.nbytes for r, _ in items)
+        if direct and direct_ok:  # the tmp folder's file system takes O_DIRECT: it was used
+            assert stats["direct_reads"] == 1 and stats["direct_writes"] == 1, stats
+        if not direct:
+            assert stats["direct_reads"] == 0 and stats["direct_writes"] == 0, stats
+        files[direct] = data
+        part.abort()
+    assert files[True] == files[False]
+
+
+def test_direct_reader_reports_a_truncated_shard(tmp_path):
+    """A shard cut short is a WeightsError naming the tensor, with O_DIRECT reads too."""
+    from xconv.weights.shards import ReadLog
+    from xconv.weights.stream import _ShardReader
+
+    shard = tmp_path / "model.safetensors"
+    arrays = {"a": np.arange(3000, dtype=np.float32), "b": np.arange(5000, dtype=np.float32)}
+    writer = ShardWriter(shard, [(k, v.shape, v.dtype) for k, v in arrays.items()])
+    for k, v in arrays.items():
+        writer.write(k, v)
+    writer.close()
+    index = CheckpointIndex(shard)
+    os.truncate(shard, shard.stat().st_size - 10)
+    _evict(shard)
+    reader = _ShardReader(shard, ReadLog())
+    try:
+        np.testing.assert_array_equal(reader.read(index.tensors["a"]), arrays["a"])
+        with pytest.raises(WeightsError, match="truncated shard .*: b is cut short"):
+            reader.read(index.tensors["b"])
+    finally:
+        reader.close()
+
+
+def test_appender_write_error_is_raised_and_abort_releases_the_file(tmp_path, monkeypatch):
+    """A failed write on the writer thread (disk full) is raised to the stream at its next
+    tensor; abort() after it closes the file once (no second error hiding the first)."""
+    import errno
+
+    from xconv.weights import stream
+
+    path = tmp_path / "part"
+    path.write_bytes(b"")
+    out = stream._Appender(path, 0)
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(stream.os, "pwrite", full)
+    out.put(np.zeros(3000, np.float32))  # 8192 whole bytes go to the writer thread
+    with pytest.raises(OSError, match="No space left"):
+        out.put(np.zeros(3000, np.float32))
+    out.abort()
+    assert out.fd == -1
+    out.abort()  # a second abort is a no-op
