@@ -101,6 +101,46 @@ def test_state_dict_and_outputs_come_back(tmp, name, api):
         assert "for block in (*self.layer1, *self.layer2):" in flax_src
 
 
+def _at_batch(inputs, batch: int):
+    """Inputs like ``inputs`` with ``batch`` rows (ids within the example's range)."""
+    g = torch.Generator().manual_seed(batch)
+    out = []
+    for x in inputs:
+        shape = (batch, *x.shape[1:])
+        if x.dtype.is_floating_point:
+            out.append(torch.randn(shape, generator=g, dtype=x.dtype))
+        else:
+            out.append(torch.randint(0, int(x.max()) + 1, shape, generator=g, dtype=x.dtype))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+@pytest.mark.parametrize("name", ["transformer", "resnet"])
+def test_generated_flax_runs_at_another_batch(tmp, name, api):
+    """The generated model is not tied to the example's batch (2): its reshapes read the
+    leading dims from their input (``jnp.reshape(q, (*q.shape[:2], 4, 8))``), so at batch 3
+    it matches the torch module at batch 3; attention inputs are named q, k, v."""
+    module, inputs, _, _ = _round_trip(name, api, tmp)
+    assert all(x.shape[0] == 2 for x in inputs)  # the example batch this test moves off
+    out = Path(tmp) / f"{name}_{api}"
+    src = (out / "model.py").read_text()
+    reshapes = [ln for ln in src.splitlines() if "reshape(" in ln]
+    assert reshapes and not [ln for ln in reshapes if "(2, " in ln]
+    if name == "transformer":
+        assert "q, k, v = jnp.split(self.qkv(x), [32, 64], axis=-1)" in src
+        assert "jnp.reshape(q, (*q.shape[:2], 4, 8))" in src
+        assert "jax.nn.dot_product_attention(q, k, v, is_causal=True)" in src
+    loaded = _exec_file(out / "model.py").load(out)
+    xs = _at_batch(inputs, 3)
+    args = [x.numpy() for x in xs]
+    got = loaded[0].apply(loaded[1], *args) if api == "linen" else loaded(*args)
+    got = got if isinstance(got, tuple | list) else (got,)
+    want = _outputs(module, xs)
+    assert got[0].shape[0] == 3
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("api", ["linen", "nnx"])
 def test_train_mode_after_round_trip(tmp, api):
     """BatchNorm is torch's again (unbiased running-variance update), momentum 0.1."""

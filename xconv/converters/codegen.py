@@ -245,6 +245,36 @@ def int_tuple(values: Any) -> str:
     return "(" + ", ".join(map(str, items)) + ("," if len(items) == 1 else "") + ")"
 
 
+def reshape_dims(
+    arg: str, in_shape: Iterable[int | None] | None, target: Iterable[int], allowzero: bool
+) -> list[str]:
+    """The dimensions of a Reshape of ``arg`` to the constant ``target`` as source text.
+
+    The leading dimensions the target shares with the input's static shape (``in_shape``),
+    and any ``0`` (copy the input's dimension), are read from ``arg.shape`` rather than
+    written as the traced example's numbers, so the generated model runs at another batch
+    (and sequence) length: ``["*h.shape[:2]", "4", "8"]`` for ``(2, 10, 32) -> (2, 10, 4, 8)``,
+    ``["h.shape[0]", "16"]`` for ``(2, 16, 1, 1) -> (2, 16)``. Identical on the traced shapes.
+    The rest stay literal; so does everything when ``arg`` is not a plain name (a weight, a
+    literal) or the input's shape is unknown.
+    """
+    dims = [int(t) for t in target]
+    shape = list(in_shape) if in_shape is not None else []
+    copy = [d == 0 and not allowzero for d in dims]
+    named, k = arg.isidentifier(), 0
+    while named and k < min(len(dims), len(shape)) and (copy[k] or dims[k] == shape[k]):
+        k += 1
+    out = [] if k == 0 else [f"{arg}.shape[0]"] if k == 1 else [f"*{arg}.shape[:{k}]"]
+    for i in range(k, len(dims)):
+        if not copy[i]:
+            out.append(str(dims[i]))
+        elif not named and i < len(shape) and shape[i] is not None:
+            out.append(str(shape[i]))
+        else:
+            out.append(f"{arg}.shape[{i}]")
+    return out
+
+
 @dataclass
 class TemplateCall:
     """What a source template sees for one node (each emitter's ``OpCall`` extends it)."""

@@ -232,12 +232,59 @@ def wrap_lines(text: str, width: int = LINE_LENGTH) -> str:
 
 
 _RESHAPE = re.compile(r"^(?P<v>\w+) = (?P<xp>j?np)\.reshape\((?P<e>.+), (?P<s>\([^()]*\))\)$")
+_SHAPE_READ = r"(?P<star>\*?)(?<![\w.]){v}\.shape\[(?P<colon>:?)(?P<n>\d+)\]"
+
+
+def _tuple_dims(shape: str) -> list[str]:
+    """``"(*h.shape[:2], 4, 8)"`` -> ``["h.shape[0]", "h.shape[1]", "4", "8"]``."""
+    dims = []
+    for part in split_args(shape[1:-1]):
+        m = re.fullmatch(r"\*(\w+)\.shape\[:(\d+)\]", part)
+        dims += [f"{m.group(1)}.shape[{j}]" for j in range(int(m.group(2)))] if m else [part]
+    return dims
+
+
+def _join_dims(dims: list[str]) -> str:
+    """Dimension texts joined, a leading ``e.shape[0], e.shape[1]`` as ``*e.shape[:2]``."""
+    m = re.fullmatch(r"(\w+)\.shape\[0\]", dims[0]) if dims else None
+    k = 1
+    while m and k < len(dims) and dims[k] == f"{m.group(1)}.shape[{k}]":
+        k += 1
+    head = [f"*{m.group(1)}.shape[:{k}]"] if m and k > 1 else dims[:k]
+    return ", ".join(head + dims[k:])
+
+
+def _read_through(v: str, shape: str, line: str) -> str | None:
+    """``line`` with its reads of ``v.shape`` (``v.shape[0]``, ``*v.shape[:2]``) written from
+    ``shape``, the tuple ``v`` was reshaped to; None when one reads an inferred (-1) one."""
+    dims = _tuple_dims(shape)
+    bad = False
+
+    def sub(m: re.Match) -> str:
+        nonlocal bad
+        n = int(m.group("n"))
+        if not m.group("colon"):
+            if n >= len(dims) or dims[n] == "-1":
+                bad = True
+            return m.group("star") + (dims[n] if n < len(dims) else "")
+        if n > len(dims) or "-1" in dims[:n]:
+            bad = True
+        joined = _join_dims(dims[:n])
+        if m.group("star"):
+            return joined
+        if joined.startswith("*") and "," not in joined:
+            return joined[1:]  # ``v.shape[:2]`` -> ``e.shape[:2]``
+        return f"({joined}{',' if n == 1 else ''})"
+
+    out = re.sub(_SHAPE_READ.format(v=re.escape(v)), sub, line)
+    return None if bad else out
 
 
 def fold_reshapes(lines: list[str]) -> list[str]:
     """``t = jnp.reshape(e, s1)`` read only by the next statement's ``jnp.reshape(t, s2)``
     becomes ``jnp.reshape(e, s2)`` (a reshape of a reshape is one reshape): the layout
-    bookkeeping's unit-axis reshape before a flatten disappears."""
+    bookkeeping's unit-axis reshape before a flatten disappears. ``s2``'s reads of
+    ``t.shape`` are written from ``s1``."""
     out = list(lines)
     i = 0
     while i < len(out) - 1:
@@ -247,11 +294,14 @@ def fold_reshapes(lines: list[str]) -> list[str]:
             continue
         v, xp = m.group("v"), m.group("xp")
         use = f"{xp}.reshape({v}, "
-        rest = "\n".join(out[i + 1 :])
-        if use not in out[i + 1] or _uses(v, rest) != 1:
+        nxt = out[i + 1]
+        if use in nxt and ".shape[" in nxt:
+            nxt = _read_through(v, m.group("s"), nxt) or nxt
+        rest = "\n".join([nxt, *out[i + 2 :]])
+        if use not in nxt or _uses(v, rest) != 1:
             i += 1
             continue
-        out[i + 1] = out[i + 1].replace(use, f"{xp}.reshape({m.group('e')}, ", 1)
+        out[i + 1] = nxt.replace(use, f"{xp}.reshape({m.group('e')}, ", 1)
         del out[i]
     return out
 

@@ -12,6 +12,7 @@ import pytest
 
 pytest.importorskip("jax")
 
+from xconv.converters.codegen import reshape_dims  # noqa: E402
 from xconv.converters.flax.source.templates import closed_form  # noqa: E402
 from xconv.converters.flax.source.templates_nn import _causal_mask  # noqa: E402
 from xconv.converters.module_tree import (  # noqa: E402
@@ -98,6 +99,44 @@ def test_reshape_of_reshape_and_return():
     # a reshape read twice stays
     kept = ["t = jnp.reshape(x, (4,))", "y = jnp.reshape(t, (2, 2))", "return y + t"]
     assert fold_reshapes(kept) == kept
+
+
+def test_reshape_of_reshape_reads_the_batch_through():
+    """The second reshape's reads of the first's result shape (``t.shape[0]``,
+    ``*t.shape[:2]``) are written from the first's target, so the two still fold."""
+    body = [
+        "x = jnp.mean(x, axis=(1, 2), keepdims=True)",
+        "x_nchw = jnp.reshape(x, (x.shape[0], 16, 1, 1))",
+        "x = jnp.reshape(x_nchw, (x_nchw.shape[0], 16))",
+        "return self.fc(x)",
+    ]
+    assert fold_reshapes(body)[1:] == ["x = jnp.reshape(x, (x.shape[0], 16))", "return self.fc(x)"]
+    whole = ["t = jnp.reshape(h, (*h.shape[:2], 1))", "y = jnp.reshape(t, t.shape[:2])"]
+    assert fold_reshapes(whole) == ["y = jnp.reshape(h, h.shape[:2])"]
+    split = ["t = jnp.reshape(h, (*h.shape[:2], 4, 8))", "y = jnp.reshape(t, (*t.shape[:3], 8))"]
+    assert fold_reshapes(split) == ["y = jnp.reshape(h, (*h.shape[:2], 4, 8))"]
+    # an inferred (-1) dimension cannot be read through: both reshapes stay
+    kept = ["t = jnp.reshape(h, (-1, 16))", "y = jnp.reshape(t, (t.shape[0], 4, 4))"]
+    assert fold_reshapes(kept) == kept
+
+
+@pytest.mark.parametrize(
+    ("arg", "shape", "target", "want"),
+    [
+        ("h", (2, 10, 32), [2, 10, 4, 8], ["*h.shape[:2]", "4", "8"]),
+        ("h", (2, 10, 4, 8), [2, 10, 32], ["*h.shape[:2]", "32"]),
+        ("x", (2, 16, 1, 1), [2, 16], ["*x.shape[:2]"]),
+        ("x", (2, 16, 1, 1), [2, -1], ["x.shape[0]", "-1"]),
+        ("x", (2, 16), [0, 4, 4], ["x.shape[0]", "4", "4"]),
+        ("x", (None, 16), [-1, 4, 4], ["-1", "4", "4"]),  # a symbolic batch: nothing shared
+        ("x", (2, 10, 32), [20, 32], ["20", "32"]),
+        ("x", (6, 4, 5), [3, 8, 0], ["3", "8", "x.shape[2]"]),  # a copied dim after others
+        ("self.w[...]", (2, 16), [2, 0], ["2", "16"]),  # not a name: numbers
+        ("x", None, [2, 0], ["2", "x.shape[1]"]),
+    ],
+)
+def test_reshape_dims_read_the_shared_leading_dims(arg, shape, target, want):
+    assert reshape_dims(arg, shape, target, allowzero=False) == want
 
 
 def test_wrap_line_splits_the_call_before_a_binary_tail():

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.codegen import scalar_literal
+from xconv.converters.codegen import reshape_dims, scalar_literal
 from xconv.converters.flax.source.templates import (
     INT64_MAX,
     OpCall,
@@ -96,16 +96,10 @@ def _size(c: OpCall) -> str:
 def _reshape(c: OpCall) -> str:
     target = c.consts[1]
     if target is not None:
-        dims = [int(t) for t in target]
-        parts = []
-        for i, t in enumerate(dims):
-            if t == 0 and not c.attrs["allowzero"]:
-                in_shape = c.shapes[0]
-                known = in_shape[i] if in_shape is not None and i < len(in_shape) else None
-                parts.append(str(known) if known is not None else f"{c.args[0]}.shape[{i}]")
-            else:
-                parts.append(str(t))
-        return f"{c.xp}.reshape({c.args[0]}, ({', '.join(parts)}{',' if len(parts) == 1 else ''}))"
+        dims = reshape_dims(c.args[0], c.shapes[0], target, c.attrs["allowzero"])
+        if len(dims) == 1 and dims[0].startswith("*"):
+            return f"{c.xp}.reshape({c.args[0]}, {dims[0][1:]})"  # the input's leading dims
+        return f"{c.xp}.reshape({c.args[0]}, ({', '.join(dims)}{',' if len(dims) == 1 else ''}))"
     c.helpers.add("reshape")
     return f"_reshape({c.args[0]}, {c.args[1]})"
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.codegen import reshape_dims
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
 from xconv.converters.flax.source.templates import (
     array_literal,
@@ -40,6 +41,42 @@ def _feeds_softmax(value: ir.Value, depth: int = 3) -> bool:
         if depth and elementwise and any(_feeds_softmax(o, depth - 1) for o in use.node.outputs):
             return True
     return False
+
+
+#: Ops an attention operand passes through on its way in (head split, layout, dtype).
+_LAYOUT_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast"})
+
+
+def _from_softmax(value: ir.Value | None, depth: int = 3) -> bool:
+    """Whether ``value`` is a Softmax's output, through at most ``depth`` layout ops."""
+    producer = value.producer() if value is not None else None
+    if producer is None:
+        return False
+    if producer.op_type == "Softmax":
+        return True
+    layout_op = producer.op_type in _LAYOUT_OPS or producer.op_type == "Dropout"
+    return bool(depth and layout_op and _from_softmax(producer.inputs[0], depth - 1))
+
+
+def _attention_operand(value: ir.Value, depth: int = 4) -> str | None:
+    """``q``, ``k`` or ``v``: the attention operand ``value`` is, read only by an attention
+    (an ``Attention`` node's query / key / value, or a ``MatMul`` computing the scores or
+    weighting the values) through at most ``depth`` layout ops (head split, transposes)."""
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    node, i = uses[0]
+    op = node.op_type
+    if op == "Attention" and i < 3:
+        return "qkv"[i]
+    if op in _LAYOUT_OPS and i == 0:
+        return _attention_operand(node.outputs[0], depth - 1) if depth else None
+    if op == "MatMul":
+        if _feeds_softmax(node.outputs[0]):
+            return "qk"[i]
+        if i == 1 and _from_softmax(node.inputs[0]):
+            return "v"
+    return None
 
 
 _FLOAT = ir.DataType.FLOAT
@@ -107,10 +144,16 @@ class _Values:
         shape = _dims(value)
         target = shape and tuple(shape[a] for a in (perm or range(rank)))
         if target and layout.moves_only_unit_axes(t, [shape[a] for a in (src or range(rank))]):
-            # Only size-1 axes move (a pooled N,1,1,C): a reshape, which costs nothing.
+            # Only size-1 axes move (a pooled N,1,1,C): a reshape, which costs nothing. The
+            # leading axes that stay put are read from the array (its batch size), the rest
+            # written as numbers where known.
+            k = next((i for i, a in enumerate(t) if a != i), len(t))
             dims = ", ".join(
-                str(d) if d is not None else f"{names[src]}.shape[{t[i]}]"
-                for i, d in enumerate(target)
+                reshape_dims(names[src], target[:k], [0] * k, False)
+                + [
+                    str(d) if d is not None else f"{names[src]}.shape[{t[i]}]"
+                    for i, d in enumerate(target[k:], start=k)
+                ]
             )
             self.src.body.append(f"{name} = {xp}.reshape({names[src]}, ({dims}))")
         else:
@@ -147,8 +190,9 @@ class _Values:
         return self.ns.new(role)
 
     def role(self, value: ir.Value, scope: str | None = None) -> str:
-        """A readable name for what a value is: ``q``/``k``/``v``, ``scores``, ``attn``,
-        ``mask``, ``residual``, ``shape``, else ``h``."""
+        """A readable name for what a value is: ``q``/``k``/``v`` (by its layer's name, or
+        the attention input it feeds), ``scores``, ``attn``, ``mask``, ``residual``,
+        ``shape``, else ``h``."""
         if value.dtype == ir.DataType.BOOL:
             return "mask"
         producer = value.producer()
@@ -165,6 +209,9 @@ class _Values:
         leaf = scope.rsplit(".", 1)[-1]
         if leaf in _QKV:
             return _QKV[leaf]
+        operand = _attention_operand(value)
+        if operand is not None:
+            return operand
         if {"downsample", "shortcut"} & set(scope.split(".")):
             return "residual"
         return "h"

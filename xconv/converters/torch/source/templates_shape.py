@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.codegen import int_tuple, scalar_literal
+from xconv.converters.codegen import int_tuple, reshape_dims, scalar_literal
 from xconv.converters.registry import REQUIRED
 from xconv.converters.torch.source.templates import (
     INT64_MAX,
@@ -102,21 +102,13 @@ def _size(c: OpCall) -> str:
 def _reshape(c: OpCall) -> str:
     if c.consts[1] is None:
         return f"{c.args[0]}.reshape({c.args[1]}.tolist())"
-    dims = [int(d) for d in np.asarray(c.consts[1]).reshape(-1)]
-    if not c.attrs["allowzero"] and 0 in dims:
-        shape = c.shapes[0]
-        out = []
-        for i, d in enumerate(dims):
-            if d != 0:
-                out.append(str(d))
-            elif shape is not None and isinstance(shape[i], int):
-                out.append(str(shape[i]))
-            else:
-                out.append(f"{c.args[0]}.shape[{i}]")
-        return f"{c.args[0]}.reshape({', '.join(out)})"
-    if not dims:  # to a scalar: reshape() takes no empty argument list
+    target = np.asarray(c.consts[1]).reshape(-1)
+    if not target.size:  # to a scalar: reshape() takes no empty argument list
         return f"{c.args[0]}.reshape(())"
-    return f"{c.args[0]}.reshape({', '.join(map(str, dims))})"
+    dims = reshape_dims(c.args[0], c.shapes[0], target, c.attrs["allowzero"])
+    if len(dims) == 1 and dims[0].startswith("*"):
+        return f"{c.args[0]}.reshape({dims[0][1:]})"  # the input's leading dims
+    return f"{c.args[0]}.reshape({', '.join(dims)})"
 
 
 @template("Flatten", axis=1)
