@@ -1,7 +1,15 @@
 """Throughput of converted models vs every other way to run them: the seed's ResNet-50 table.
 
     python benchmarks/bench_throughput.py                       # every model; writes throughput.md
+    python benchmarks/bench_throughput.py --models cnn --dtypes bf16   # refresh a part of it
+    python benchmarks/bench_throughput.py --render              # rewrite the doc, run nothing
     python benchmarks/bench_throughput.py --models cnn --quick --no-write   # smoke run
+
+Rows are kept in ``throughput.json`` beside the doc (``benchmarks/throughput_store.py``): a run
+merges the rows it measured (by path, dtype, mode and batch) and rewrites the doc, whose
+model sections list the runs their rows come from (commit, load average, arguments). From a
+tree with uncommitted changes the script refuses to write the default doc (``--allow-dirty``
+writes it with the rows' commit marked ``plus uncommitted changes``).
 
 Models (random weights, ``torch.manual_seed(0)``): ResNet-50 (transformers ``ResNetConfig()``
 defaults, 1000 classes, 3x224x224), BERT-base (``BertConfig()`` defaults, no pooler, seq 128,
@@ -17,7 +25,8 @@ Each model runs in one fresh process, every path in it, on the same weights and 
   ``--peers`` (default ``/work/peers``; ``pip install --target /work/peers --no-deps torch2jax
   torchax``) and only there; a peer that is missing or fails says why in its row;
 * the hand-written Flax models of ``benchmarks/flax_models.py`` (NHWC images, fed NHWC);
-* xconv ``to_jax`` and the Flax code ``xconv.to_flax`` writes (its ``model.py`` imported).
+* xconv ``to_jax`` at its default ``kernel_layout`` and at the other one, and the Flax code
+  ``xconv.to_flax`` writes (its ``model.py`` imported).
 
 Inference: the output of one call. Training: one SGD step on ``0.5 * mean(out**2)`` with the
 model in eval mode (batch norm on running statistics, dropout off) on every path, so each
@@ -55,6 +64,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import throughput_store as store  # noqa: E402
+
 OUT_MD = ROOT / "benchmarks" / "throughput.md"
 PEERS = "/work/peers"
 #: bf16 outputs vs torch's fp32 outputs: max |diff| over the reference's max |value|.
@@ -82,6 +93,8 @@ BF16_BATCHES = {"resnet50": (1,), "bert": (1,)}
 #: torch.compile runs for these models by default (--compile-models): compiling the full
 #: ResNet-50 / BERT-base graphs, forward and backward, takes minutes on 2 shared cores.
 COMPILE_MODELS = "cnn"
+#: The doc's section order.
+MODEL_ORDER = ["resnet50", "bert", "cnn", "transformer"]
 UNIT = {"cnn": "img/s", "transformer": "seq/s", "resnet50": "img/s", "bert": "seq/s"}
 
 # Paths, in table order. Kinds: torch, ort, jax (peer), hand (hand-written Flax), xconv.
@@ -94,6 +107,8 @@ PATHS = [
     ("torchax + jit", "jax"),
     ("hand-written Flax + jit", "hand"),
     ("xconv to_jax + jit", "xconv"),
+    ('xconv to_jax(kernel_layout="HWIO") + jit', "xconv"),
+    ('xconv to_jax(kernel_layout="onnx") + jit', "xconv"),
     ("xconv generated Flax + jit", "xconv"),
 ]
 
@@ -645,30 +660,8 @@ class Bench:
             kw: dict[str, Any] = {}
             if dtype == "bf16":
                 kw = {"dtype": "bfloat16"}
-            # to_jax
-            row = Row("xconv to_jax + jit", dtype)
-            if kw and "dtype" not in inspect.signature(xconv.to_jax).parameters:
-                row.note = "not available at this commit (to_jax takes no dtype=)"
-                self.jax_row(row, None)
-            else:
-                try:
-                    start = time.perf_counter()
-                    layout = getattr(self.args, "kernel_layout", "onnx")
-                    if layout != "onnx":
-                        row.note = f"kernel_layout={layout!r}"
-                    fn, params = xconv.to_jax(model, **kw, kernel_layout=layout)
-                    row.conversion_s = self.meta["from_torch_s"] + time.perf_counter() - start
-                    # Train what torch trains: params named like the module's parameters
-                    # (state_dict keys); batch-norm statistics stay fixed as on every path.
-                    trainable, fixed = _split(
-                        params, {n for n, _ in self.module.named_parameters()}
-                    )
-                    apply = lambda p, f, x, fn=fn: fn(_nest({**p, **f}), x)[0]  # noqa: E731
-                    path = JaxPath(apply, trainable, fixed)
-                    self.jax_row(row, path, (fn, params), bf16=bool(kw))
-                except Exception as e:  # noqa: BLE001
-                    row.note = f"does not run: {_short(e)}"
-                    self.jax_row(row, None)
+            for layout in (None, _other_layout()):
+                self._to_jax_row(model, dtype, kw, layout)
             # generated Flax
             row = Row("xconv generated Flax + jit", dtype)
             if kw and "dtype" not in inspect.signature(xconv.to_flax).parameters:
@@ -688,6 +681,35 @@ class Bench:
             except Exception as e:  # noqa: BLE001
                 row.note = f"does not run: {_short(e)}"
                 self.jax_row(row, None)
+
+    def _to_jax_row(self, model, dtype: str, kw: dict, layout: str | None) -> None:
+        """``to_jax`` at its default kernel layout (``layout`` None) or at ``layout``."""
+        import xconv
+
+        if layout is None:
+            row = Row("xconv to_jax + jit", dtype)
+        else:
+            row = Row(f'xconv to_jax(kernel_layout="{layout}") + jit', dtype)
+            kw = {**kw, "kernel_layout": layout}
+        missing = [k for k in kw if k not in inspect.signature(xconv.to_jax).parameters]
+        if missing:
+            row.note = f"not available at this commit (to_jax takes no {missing[0]}=)"
+            return self.jax_row(row, None)
+        try:
+            start = time.perf_counter()
+            fn, params = xconv.to_jax(model, **kw)
+            row.conversion_s = self.meta["from_torch_s"] + time.perf_counter() - start
+            if layout is None:
+                row.note = f"kernel_layout={getattr(fn, 'kernel_layout', 'onnx')!r} (default)"
+            # Train what torch trains: params named like the module's parameters (state_dict
+            # keys); batch-norm statistics stay fixed as on every path.
+            trainable, fixed = _split(params, {n for n, _ in self.module.named_parameters()})
+            apply = lambda p, f, x, fn=fn: fn(_nest({**p, **f}), x)[0]  # noqa: E731
+            path = JaxPath(apply, trainable, fixed)
+        except Exception as e:  # noqa: BLE001
+            row.note = f"does not run: {_short(e)}"
+            return self.jax_row(row, None)
+        self.jax_row(row, path, (fn, params), bf16="dtype" in kw)
 
     def run(self) -> dict:
         import torch
@@ -721,6 +743,14 @@ class Bench:
             "meta": self.meta,
             "rows": [asdict(r) for r in self.rows],
         }
+
+
+def _other_layout() -> str:
+    """The ``kernel_layout`` that ``to_jax``'s default is not (its second row)."""
+    import xconv
+
+    param = inspect.signature(xconv.to_jax).parameters.get("kernel_layout")
+    return "onnx" if param is not None and param.default == "HWIO" else "HWIO"
 
 
 def _bf16_policy(model):
@@ -811,6 +841,14 @@ def render_model(result: dict) -> list[str]:
             r[key] = {int(k): v for k, v in r[key].items()}
     unit = UNIT[name]
     lines = [f"### {MODELS[name]}", ""]
+    if result.get("runs") or result.get("last_error"):
+        lines += [
+            "Measured in these runs (the `run` column: which run measured each batch; rows "
+            "merge across runs in `benchmarks/throughput.json`):",
+            "",
+            *store.run_lines(result),
+            "",
+        ]
     lines.append(
         f"from_torch (dynamic batch): {result['meta'].get('from_torch_s', float('nan')):.1f} s. "
         "Conversion s includes it for xconv's rows."
@@ -829,15 +867,21 @@ def render_model(result: dict) -> list[str]:
             "conversion s",
             "parity vs torch (b=1)",
             "note",
+            "run",
         ]
         lines += [
             f"**{title}**",
             "",
             "| " + " | ".join(head) + " |",
-            "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head) - 2)) + "|---|---|",
+            "|"
+            + "|".join("---" if i < 2 else "---:" for i in range(len(head) - 3))
+            + "|---|---|---|",
         ]
         for dtype in ("fp32", "bf16"):
-            drows = [r for r in rows if r["dtype"] == dtype]
+            order = [p for p, _ in PATHS]
+            drows = sorted(
+                (r for r in rows if r["dtype"] == dtype), key=lambda r: order.index(r["path"])
+            )
             if not drows:
                 continue
             best: dict[int, float | None] = {}
@@ -862,7 +906,9 @@ def render_model(result: dict) -> list[str]:
                     for b in batches
                 )
                 conv = f"{r['conversion_s']:.1f}" if r["conversion_s"] is not None else "—"
-                cells += [compile_s, conv, r["parity"] or "—", r["note"] or ""]
+                runs = r.get("run", {}).get(mode, {})
+                run = "/".join(str(runs[b]) if b in runs else "—" for b in batches)
+                cells += [compile_s, conv, r["parity"] or "—", r["note"] or "", run]
                 lines.append("| " + " | ".join(cells) + " |")
                 misses += _targets(r, rows, mode, batches, best, hand)
         lines.append("")
@@ -900,25 +946,33 @@ def _targets(r, rows, mode, batches, best, hand) -> list[str]:
     return out
 
 
-def render(results: list[dict], header: dict) -> str:
+def render(sections: dict[str, list[dict]], header: dict) -> str:
+    """The doc: ``sections`` maps a backend (``cpu``, ``gpu``) to its models' results."""
     lines = [
         "# Throughput: converted models vs every other way to run them",
         "",
-        "Written by `python benchmarks/bench_throughput.py "
-        + " ".join(header["argv"])
-        + "` — do not edit by hand.",
+        "Written by `python benchmarks/bench_throughput.py` — do not edit by hand. Runs of "
+        "`--models` / `--dtypes` / `--batches` merge their rows into "
+        "`benchmarks/throughput.json` and rewrite this doc from it (`--render`: rewrite only); "
+        "each model section lists the runs its rows come from, with commit, load average and "
+        "arguments (`--threads 1`: one intra-op thread for torch, onnxruntime and XLA). "
+        "The script refuses to write this doc from a tree with uncommitted changes.",
         "",
-        f"- machine: {header['machine']}; load average before / after: {header['load_before']} / "
-        f"{header['load_after']} (shared machine: treat ratios as ±15 %)",
-        f"- versions: {header['versions']}",
-        f"- backend: {header['backend']}; repeats: median of {header['repeat']} calls after the compile "
-        "call and one warm-up (no extra warm-up after a first call over 1 s); total wall time {:.0f} s".format(
-            header["wall_s"]
-        ),
-        f"- batches run: {header['scope']}",
-        f"- threads: {header['threads']}",
+        f"- machine: {header['machine']} (shared machine: treat ratios as ±15 %)",
+        f"- versions at the last write: {header['versions']}",
+        "- repeats: median of `--repeat` (default 3) calls after the compile call and one "
+        "warm-up (no extra warm-up after a first call over 1 s)",
+        "- default batches: "
+        + "; ".join(f"{m} b={'/'.join(map(str, b))}" for m, b in DEFAULT_BATCHES.items())
+        + "; bf16 rows of "
+        + ", ".join(f"{m} at b={'/'.join(map(str, b))}" for m, b in BF16_BATCHES.items())
+        + " only (`--bf16-all-batches`); training of "
+        + ", ".join(f"{m} at b={'/'.join(map(str, b))}" for m, b in TRAIN_BATCHES.items())
+        + f" only (`--train-all-batches`); torch.compile for {COMPILE_MODELS} (`--compile-models`)",
         "- throughput in items/s (higher is better); ×best JAX = time / fastest of t2j, torchax and "
         "the hand-written Flax in the same dtype; ×hand Flax = time / hand-written Flax (< 1: faster)",
+        "- `xconv to_jax + jit`: `to_jax`'s default `kernel_layout`; "
+        '`xconv to_jax(kernel_layout="HWIO") + jit`: convolution kernels stored (*k, I, O)',
         "- training step: forward, 0.5·mean(out²), backward, SGD update; eval-mode model on every "
         "path (frozen batch-norm statistics), so every path computes the same function",
         "- parity: `xconv.check_parity(torch module, path, b=1 input, intermediates=False, n_random=0, "
@@ -927,27 +981,29 @@ def render(results: list[dict], header: dict) -> str:
         f"else, and for torch autocast, max |err| / max |torch fp32| ≤ {BF16_BOUND:.0e}",
         "",
     ]
-    if header["backend"] == "cpu":
-        lines += ["## CPU", ""]
-    for result in results:
-        if "error" in result:
+    for backend, title in (("cpu", "CPU"), ("gpu", "GPU")):
+        results = sections.get(backend) or []
+        lines += [f"## {title}", ""]
+        if not results and backend == "gpu":
             lines += [
-                f"### {MODELS[result['model']]}",
-                "",
-                f"Did not finish: {result['error']}",
+                "Not measured (no device lent): no GPU rows were run (`jax.devices()` at the "
+                f"last write: {header['devices']}). On a machine with a GPU the same script "
+                "writes the same tables, every path on the GPU (torch on CUDA when torch sees it).",
                 "",
             ]
-            continue
-        lines += render_model(result)
-    if header["backend"] == "cpu":
-        lines += [
-            "## GPU",
-            "",
-            "No GPU rows: no device machine was lent to this task (`jax.devices()` showed only "
-            f"{header['devices']}). On a machine with a GPU the same script writes the same tables, "
-            "every path on the GPU (torch on CUDA when torch sees it).",
-            "",
-        ]
+        for result in results:
+            if "error" in result and "rows" not in result:
+                lines += [
+                    f"### {MODELS[result['model']]}",
+                    "",
+                    f"Did not finish: {result['error']}",
+                    "",
+                ]
+                continue
+            lines += render_model(result)
+        missing = [MODELS[m] for m in MODEL_ORDER if m not in {r["model"] for r in results}]
+        if results and missing:
+            lines += [f"Not measured yet on {title}: {'; '.join(missing)}.", ""]
     return "\n".join(lines)
 
 
@@ -1026,10 +1082,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=OUT_MD)
     parser.add_argument("--no-write", action="store_true", help="print the table, write nothing")
     parser.add_argument(
-        "--kernel-layout",
-        default="onnx",
-        choices=("onnx", "HWIO"),
-        help="xconv.to_jax's kernel_layout (HWIO: conv kernels stored as XLA's CPU conv reads)",
+        "--render", action="store_true", help="rewrite the doc from its .json store, run nothing"
+    )
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="write the default doc from a tree with uncommitted changes (rows marked so)",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
@@ -1042,10 +1100,29 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(result))
         return 0
 
-    start, load_before = time.perf_counter(), _load()
-    results = []
-    names = args.models.split(",")
-    for i, name in enumerate(names):
+    stored_path = args.out.with_suffix(".json")
+    if args.render:
+        _write(args, store.load(stored_path))
+        return 0
+    commit = store.commit((args.out, stored_path))  # at the start: the code that runs
+    if (
+        store.DIRTY in commit
+        and not args.no_write
+        and args.out.resolve() == OUT_MD.resolve()
+        and not args.allow_dirty
+    ):
+        print(
+            f"bench_throughput: the tree has uncommitted changes ({commit}); commit them first "
+            f"(rows of {OUT_MD.name} are measured at a commit), or pass --out elsewhere, "
+            "--no-write or --allow-dirty",
+            file=sys.stderr,
+        )
+        return 2
+    backend = _backend()
+    failed = False
+    new = []
+    for name in args.models.split(","):
+        load_before = _load()
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "result.json"
             cmd = [
@@ -1059,61 +1136,49 @@ def main(argv=None) -> int:
             ]
             proc = subprocess.run(cmd, check=False)
             if proc.returncode != 0 or not out.exists():
-                results.append({"model": name, "error": f"worker exited with {proc.returncode}"})
+                result = {"model": name, "error": f"worker exited with {proc.returncode}"}
+                failed = True
             else:
-                results.append(json.loads(out.read_text()))
-        # The table so far, so a stopped run still leaves what it measured.
-        _write(args, results, names[i + 1 :], load_before, start)
-    return 0 if all("error" not in r for r in results) else 1
+                result = json.loads(out.read_text())
+        new.append(result)
+        if args.no_write:
+            continue
+        stamp = {
+            "commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_before": load_before,
+            "load_after": _load(),
+            "argv": ["--models", name, *_strip_models(argv)],
+        }
+        # Merged and written after each model, so a stopped run keeps what it measured.
+        stored = store.merge(store.load(stored_path), backend, result, stamp)
+        store.save(stored_path, stored)
+        _write(args, stored)
+    if args.no_write:
+        print(render({backend: new}, _header()))
+    return 1 if failed else 0
 
 
-def _write(args, results, pending, load_before, start) -> None:
+def _backend() -> str:
     import jax
 
-    devices = jax.devices()
-    header = {
-        "argv": args.argv_list,
+    return jax.devices()[0].platform
+
+
+def _header() -> dict:
+    import jax
+
+    return {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}",
-        "load_before": load_before,
-        "load_after": _load(),
         "versions": _versions(),
-        "backend": devices[0].platform,
-        "devices": ", ".join(str(d) for d in devices),
-        "repeat": args.repeat,
-        "threads": (
-            f"{args.threads} intra-op thread(s) for torch, onnxruntime and XLA (`--threads`)"
-            if args.threads
-            else "each framework's default"
-        ),
-        "scope": "; ".join(
-            f"{r['model']} b="
-            + "/".join(map(str, r.get("batches", ())))
-            + (
-                f" (bf16 b={'/'.join(map(str, BF16_BATCHES[r['model']]))})"
-                if r["model"] in BF16_BATCHES
-                and not args.bf16_all_batches
-                and "bf16" in args.dtypes
-                else ""
-            )
-            for r in results
-        )
-        + "".join(
-            f"; {m} training b={'/'.join(map(str, tb))} only"
-            for m, tb in TRAIN_BATCHES.items()
-            if not args.train_all_batches and any(r["model"] == m for r in results)
-        )
-        + f"; torch.compile for: {'none' if args.no_compile else args.compile_models}",
-        "wall_s": time.perf_counter() - start,
+        "devices": ", ".join(str(d) for d in jax.devices()),
     }
-    text = render(results, header)
-    if pending:
-        text += "\nStill to run when this was written: " + ", ".join(pending) + "\n"
-    if args.no_write:
-        if not pending:
-            print(text)
-    else:
-        args.out.write_text(text + "\n")
-        print(f"wrote {args.out}", file=sys.stderr)
+
+
+def _write(args, stored: dict) -> None:
+    sections = {backend: store.results(stored, backend, MODEL_ORDER) for backend in stored}
+    args.out.write_text(render(sections, _header()) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
 
 
 def _strip_models(argv) -> list[str]:

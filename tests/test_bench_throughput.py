@@ -3,6 +3,7 @@ and target verdicts follow the timings, and a --quick run of the small CNN compl
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,63 @@ def test_quick_run_on_the_small_cnn(tmp_path):
         assert float(cells[3].replace(",", "")) > 0, line  # b=1 throughput measured
         assert "pass" in line, line  # parity verdict vs torch
     assert "## GPU" in text
+
+
+def _result(rows, batches=(1,)):
+    return {"model": "cnn", "batches": list(batches), "meta": {"from_torch_s": 1.0}, "rows": rows}
+
+
+def _stamp(commit, load="1.00 1.00 1.00"):
+    return {"commit": commit, "date": "d", "load_before": load, "load_after": load, "argv": []}
+
+
+def test_runs_merge_into_the_store_and_each_section_names_its_runs():
+    from benchmarks import bench_throughput as bt
+    from benchmarks import throughput_store as store
+
+    stored: dict = {}
+    fp32 = [
+        _row("hand-written Flax + jit", "fp32", {1: 1.0}),
+        _row("xconv to_jax + jit", "fp32", {1: 2.0}),
+    ]
+    store.merge(stored, "cpu", _result(fp32), _stamp("aaa"))
+    # a bf16 run, then an fp32 run of b=8 only: the older rows and batches stay
+    store.merge(
+        stored, "cpu", _result([_row("xconv to_jax + jit", "bf16", {1: 3.0})]), _stamp("bbb")
+    )
+    b8 = [
+        _row("xconv to_jax + jit", "fp32", {8: 4.0}),
+        _row("torch.compile", "fp32", {}, note="not run"),
+    ]
+    store.merge(stored, "cpu", _result(b8, batches=(8,)), _stamp("ccc"))
+    # a path measured nothing this time: its stored timings stay
+    store.merge(
+        stored,
+        "cpu",
+        _result([_row("hand-written Flax + jit", "fp32", {}, note="x")]),
+        _stamp("ddd"),
+    )
+    stored = json.loads(json.dumps(stored))  # through the .json file's types
+    (result,) = store.results(stored, "cpu", ["cnn"])
+    rows = {(r["path"], r["dtype"]): r for r in result["rows"]}
+    assert result["batches"] == [1, 8]
+    assert rows["xconv to_jax + jit", "fp32"]["infer"] == {1: 2.0, 8: 4.0}
+    assert rows["xconv to_jax + jit", "bf16"]["infer"] == {1: 3.0}
+    assert rows["hand-written Flax + jit", "fp32"]["infer"] == {1: 1.0}
+    assert [r["commit"] for r in result["runs"]] == ["aaa", "bbb", "ccc"]  # ddd measured nothing
+    text = "\n".join(bt.render_model(result))
+    to_jax = next(x for x in text.splitlines() if x.startswith("| xconv to_jax + jit | fp32"))
+    assert to_jax.endswith("| 1/3 |")  # b=1 from run 1, b=8 from run 3
+    assert "- run 2: commit `bbb`" in text and "bf16 b=1" in text
+    assert "- run 3: commit `ccc`" in text and "fp32 b=8" in text
+
+
+def test_the_default_doc_is_not_written_from_uncommitted_code(monkeypatch):
+    from benchmarks import bench_throughput as bt
+    from benchmarks import throughput_store as store
+
+    monkeypatch.setattr(store, "commit", lambda outputs=(): "abc" + store.DIRTY)
+    ran = []
+    monkeypatch.setattr(bt.subprocess, "run", lambda *a, **k: ran.append(a))
+    assert bt.main(["--models", "cnn"]) == 2
+    assert not ran  # refused before measuring anything

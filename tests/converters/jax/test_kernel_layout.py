@@ -110,3 +110,14 @@ def test_kernel_layout_is_checked(converted):
     _, _, model = converted
     with pytest.raises(ConversionError, match="kernel_layout"):
         xconv.to_jax(model, kernel_layout="NHWC")
+
+
+def test_pooling_runs_channels_last_without_activation_copies_on_cpu(converted):
+    if jax.default_backend() != "cpu":
+        pytest.skip("XLA's CPU convolution layout (the GPU picks its own)")
+    _, x, model = converted
+    fn, params = xconv.to_jax(model, kernel_layout="HWIO")
+    # the input's NCHW -> NHWC is the only copy: the max pool between the convolutions
+    # reduces over the channels-last map the convolution wrote (it copied it to NCHW and
+    # back when the window ran over the NCHW view)
+    assert _transposes(fn, params, x[:1].numpy()) <= 1

@@ -282,7 +282,12 @@ def to_jax(
             reads, and a ``Gemm`` ``transB=1`` weight ``(I, O)``; with OIHW params every jitted
             call copies each kernel to that layout (ResNet-50 batch 1 on CPU: 53 copies,
             ~130 ms of a ~230 ms call). The names and the computed function are the same;
-            ``fn.kernel_perms`` lists the permuted weights and their permutations.
+            ``fn.kernel_perms`` lists the permuted weights and their permutations. The
+            default stays ``"onnx"`` on every backend: params keep the source's shapes,
+            which the sharding rules (a mesh refuses ``"HWIO"``), ``torch2jax``'s params,
+            the JAX target's stored ``params.msgpack`` (loaded by a later ``to_jax``) and
+            the training name maps rely on; a backend-dependent default would make a
+            checkpoint saved on one machine fail to load on another.
 
     Returns:
         ``(fn, params)``: call ``fn(params, *inputs)`` to get a tuple of outputs. ``params``

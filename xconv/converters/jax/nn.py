@@ -142,20 +142,30 @@ def _deform_conv_impl(x, w, offset, b, mask, *, s, d, p, og, g):
 
 
 def _window(x, init, op, kernel, strides, dilations, lo_hi, extra, out):
-    padding = ((0, 0), (0, 0)) + tuple(
-        (lo, hi + e) for (lo, hi), e in zip(lo_hi, extra, strict=True)
+    """A window reduction over the spatial axes of ``(N, C, *spatial)`` operands, run
+    channels-last: XLA:CPU lays a convolution's output out channels-last, and a window
+    over the channels-first view made it copy the activation to NCHW and back around each
+    pooling (ResNet-50's stem: 2 transposes of the 64x112x112 map per call); the moves
+    here are the inverse of that layout, so XLA drops them."""
+    xs = x if isinstance(x, tuple | list) else (x,)
+    last = tuple(jnp.moveaxis(v, 1, -1) for v in xs)
+    padding = (
+        ((0, 0),)
+        + tuple((lo, hi + e) for (lo, hi), e in zip(lo_hi, extra, strict=True))
+        + ((0, 0),)
     )
     y = lax.reduce_window(
-        x,
+        last if isinstance(x, tuple | list) else last[0],
         init,
         op,
-        (1, 1) + tuple(kernel),
-        (1, 1) + tuple(strides),
+        (1, *kernel, 1),
+        (1, *strides, 1),
         padding,
-        window_dilation=(1, 1) + tuple(dilations),
+        window_dilation=(1, *dilations, 1),
     )
-    crop = (slice(None), slice(None)) + tuple(slice(0, o) for o in out)
-    return tuple(v[crop] for v in y) if isinstance(y, tuple | list) else y[crop]
+    crop = (slice(None), *(slice(0, o) for o in out), slice(None))
+    back = tuple(jnp.moveaxis(v[crop], -1, 1) for v in (y if isinstance(y, tuple | list) else (y,)))
+    return back if isinstance(y, tuple | list) else back[0]
 
 
 def _dilated_max(x, kernel, strides, dilations, lo_hi, extra, out):

@@ -1,0 +1,167 @@
+"""The rows of ``benchmarks/throughput.md``, kept in ``throughput.json`` beside it.
+
+``bench_throughput.py`` runs a model (or a dtype, or some batches of it) and merges the new
+rows into the store, then rewrites the whole doc from the store: the table can be refreshed
+in parts (one model per hold of the heavy-job lock) and every timing keeps the run it came
+from. A run is a stamp: the commit it measured, the date, the load average before and after
+and the arguments. Each row records, per mode and batch, which run measured it; each model
+section lists its runs.
+
+Rows measured from a tree with uncommitted changes carry ``plus uncommitted changes`` in
+their commit; ``bench_throughput.py`` refuses to write the default doc from such a tree.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("infer", "train")
+DIRTY = " plus uncommitted changes"
+
+
+def commit(outputs: tuple[Path, ...] = ()) -> str:
+    """``HEAD``'s short hash, plus :data:`DIRTY` when tracked files differ from it (the
+    script's own ``outputs`` aside: rewriting the doc is not a code change)."""
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    mine = tuple(str(p.resolve().relative_to(ROOT)) for p in outputs if _inside(p))
+    changed = [ln for ln in status.stdout.splitlines() if ln.strip() and not ln.endswith(mine)]
+    return (head or "unknown") + (DIRTY if changed else "")
+
+
+def _inside(path: Path) -> bool:
+    try:
+        path.resolve().relative_to(ROOT)
+    except ValueError:
+        return False
+    return True
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def save(path: Path, store: dict) -> None:
+    path.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
+
+
+def _key(row: dict) -> tuple[str, str]:
+    return row["path"], row["dtype"]
+
+
+def _ints(d: dict) -> dict:
+    return {int(k): v for k, v in d.items()}
+
+
+def merge(store: dict, backend: str, result: dict, stamp: dict) -> dict:
+    """Merge one worker ``result`` (a model's rows) measured under ``stamp`` into ``store``
+    (in place; returned). A new row replaces the stored row's timings at the batches it
+    measured and its parity, note and conversion time; a new row that measured nothing (a
+    path not run this time) leaves a stored row that has timings as it was."""
+    models = store.setdefault(backend, {})
+    name = result["model"]
+    entry = models.setdefault(name, {"batches": [], "meta": {}, "rows": [], "runs": []})
+    if "error" in result:
+        entry["last_error"] = {**stamp, "error": result["error"]}
+        return store
+    entry.pop("last_error", None)
+    runs = entry["runs"]
+    if stamp not in runs:
+        runs.append(stamp)
+    run_id = runs.index(stamp) + 1
+    entry["meta"] = result.get("meta", {})
+    entry["batches"] = sorted(set(entry["batches"]) | set(result["batches"]))
+    stored = {_key(r): r for r in entry["rows"]}
+    for new in result["rows"]:
+        new = {**new, **{k: _ints(new[k]) for k in _timing_keys()}}
+        measured = {m: sorted(new[m]) for m in MODES if new[m]}
+        old = stored.get(_key(new))
+        if old is not None and not measured and any(old[m] for m in MODES):
+            continue
+        row = dict(new)
+        row["run"] = {m: {} for m in MODES}
+        if old is not None:
+            for k in _timing_keys():
+                row[k] = {**_ints(old[k]), **new[k]}
+            for m in MODES:
+                row["run"][m] = _ints(old.get("run", {}).get(m, {}))
+        for m, batches in measured.items():
+            row["run"][m].update({b: run_id for b in batches})
+        stored[_key(new)] = row
+    entry["rows"] = list(stored.values())
+    _compact(entry)
+    return store
+
+
+def _timing_keys() -> tuple[str, ...]:
+    return ("infer", "train", "infer_compile", "train_compile")
+
+
+def _compact(entry: dict) -> None:
+    """Drop the runs no row refers to any more and renumber the rest in order."""
+    used = sorted({i for r in entry["rows"] for m in MODES for i in _ints(r["run"][m]).values()})
+    renumber = {old: new for new, old in enumerate(used, 1)}
+    entry["runs"] = [entry["runs"][i - 1] for i in used]
+    for r in entry["rows"]:
+        r["run"] = {m: {b: renumber[i] for b, i in _ints(r["run"][m]).items()} for m in MODES}
+
+
+def results(store: dict, backend: str, order: list[str]) -> list[dict]:
+    """The stored models of ``backend`` as ``render_model`` inputs, in ``order``."""
+    models = store.get(backend, {})
+    out = []
+    for name in order:
+        if name not in models:
+            continue
+        entry = models[name]
+        rows = [
+            {
+                **r,
+                **{k: _ints(r[k]) for k in _timing_keys()},
+                "run": {m: _ints(r.get("run", {}).get(m, {})) for m in MODES},
+            }
+            for r in entry["rows"]
+        ]
+        out.append({"model": name, **entry, "rows": rows})
+    return out
+
+
+def run_lines(entry: dict) -> list[str]:
+    """One line per run of a model: what it measured and at which commit and load."""
+    lines = []
+    for i, run in enumerate(entry.get("runs", []), 1):
+        covered: dict[str, set[int]] = {}
+        for r in entry["rows"]:
+            for m in MODES:
+                for b, j in r["run"][m].items():
+                    if j == i:
+                        covered.setdefault(r["dtype"], set()).add(int(b))
+        what = "; ".join(
+            f"{d} b={'/'.join(map(str, sorted(bs)))}" for d, bs in sorted(covered.items())
+        )
+        lines.append(f"- run {i}: {describe(run)}: {what or 'no timings'}")
+    if entry.get("last_error"):
+        e = entry["last_error"]
+        lines.append(f"- a later run did not finish ({describe(e)}): {e['error']}")
+    return lines
+
+
+def describe(run: dict[str, Any]) -> str:
+    argv = " ".join(run.get("argv", []))
+    return (
+        f"commit `{run.get('commit', '?')}`, {run.get('date', '?')}, load average "
+        f"{run.get('load_before', '?')} before / {run.get('load_after', '?')} after"
+        + (f", `{argv}`" if argv else "")
+    )
