@@ -209,7 +209,11 @@ def _mean_then_reshape(target: list[int], axes: list[int]) -> ir.Model:
     head = ir.Node("", "Relu", [reshape.outputs[0]], name="relu")
     head.outputs[0].name = "y"
     graph = ir.Graph(
-        [x], head.outputs, nodes=[mean, reshape, head], initializers=[ax, shp], opset_imports={"": 18}
+        [x],
+        head.outputs,
+        nodes=[mean, reshape, head],
+        initializers=[ax, shp],
+        opset_imports={"": 18},
     )
     return ir.Model(graph, ir_version=10)
 
