@@ -335,6 +335,35 @@ def fold_reduce_reshapes(model: ir.Model) -> ir.Model:
     return model
 
 
+def drop_noop_attention_masks(model: ir.Model) -> ir.Model:
+    """Drop the mask of ``Attention`` nodes (in place) where it is a constant that masks
+    nothing: a bool mask all True, or an additive float mask all 0.0 (transformers' BERT run
+    without an ``attention_mask`` builds one). Written out, such a constant fixes the batch
+    and sequence length of the traced example; without it the attention is the same numbers.
+    A Constant node left unread goes too.
+    """
+    graph = model.graph
+    annotated = is_annotated(graph)
+    for node in [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
+        if len(node.inputs) < 4 or node.inputs[3] is None or not node.inputs[3].name:
+            continue
+        mask = node.inputs[3]
+        value = constant_of(mask, annotated)
+        if value is None or mask.is_graph_input() or mask.is_graph_output():
+            continue
+        if value.dtype == np.bool_:
+            noop = bool(np.all(value))
+        else:
+            noop = value.dtype.kind == "f" and not np.any(value)
+        if not noop:
+            continue
+        node.replace_input_with(3, None)
+        producer = mask.producer()
+        if producer is not None and not mask.uses():
+            graph.remove(producer, safe=True)
+    return model
+
+
 @dataclass
 class TemplateCall:
     """What a source template sees for one node (each emitter's ``OpCall`` extends it)."""

@@ -14,7 +14,11 @@ pytest.importorskip("jax")
 
 import onnx_ir as ir  # noqa: E402
 
-from xconv.converters.codegen import fold_reduce_reshapes, reshape_dims  # noqa: E402
+from xconv.converters.codegen import (  # noqa: E402
+    drop_noop_attention_masks,
+    fold_reduce_reshapes,
+    reshape_dims,
+)
 from xconv.converters.flax.source.templates import closed_form  # noqa: E402
 from xconv.converters.flax.source.templates_nn import _causal_mask  # noqa: E402
 from xconv.converters.module_tree import (  # noqa: E402
@@ -240,3 +244,32 @@ def test_reduce_then_reshape_dropping_its_unit_axes_is_one_reduce(target, axes, 
     else:
         assert ops == ["ReduceMean", "Reshape", "Relu"]
         assert mean.attributes["keepdims"].value == 1
+
+
+@pytest.mark.parametrize(
+    ("mask", "dropped"),
+    [
+        (np.ones((2, 1, 4, 4), dtype=bool), True),
+        (np.zeros((1, 1, 4, 4), dtype=np.float32), True),
+        (np.tril(np.ones((4, 4), dtype=bool)), False),
+        (np.where(np.tril(np.ones((4, 4))), 0.0, -np.inf).astype(np.float32), False),
+        (np.full((4, 4), 0.5, dtype=np.float32), False),
+    ],
+)
+def test_attention_mask_that_masks_nothing_is_dropped(mask, dropped):
+    def value(name):
+        t = ir.TensorType(ir.DataType.FLOAT)
+        return ir.Value(name=name, shape=ir.Shape([2, 2, 4, 8]), type=t)
+
+    q, k, v = value("q"), value("k"), value("v")
+    const = ir.Node("", "Constant", [], [ir.AttrTensor("value", ir.tensor(mask))], name="c")
+    const.outputs[0].name = "mask"
+    att = ir.Node("", "Attention", [q, k, v, const.outputs[0]], name="att")
+    att.outputs[0].name = "y"
+    graph = ir.Graph([q, k, v], att.outputs, nodes=[const, att], opset_imports={"": 23})
+    model = drop_noop_attention_masks(ir.Model(graph, ir_version=10))
+    ops = [n.op_type for n in model.graph]
+    if dropped:
+        assert ops == ["Attention"] and att.inputs[3] is None
+    else:
+        assert ops == ["Constant", "Attention"] and att.inputs[3] is const.outputs[0]
