@@ -24,7 +24,7 @@ from xconv.errors import (
     UnsupportedAttributeError,
 )
 from xconv.ir.metadata import ROLE, get_layer, get_scope
-from xconv.ir.passes._utils import constant_of, is_weight
+from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
 
 
 class Namespace:
@@ -273,6 +273,95 @@ def reshape_dims(
         else:
             out.append(f"{arg}.shape[{i}]")
     return out
+
+
+_REDUCES = frozenset(
+    {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2"}
+)
+
+
+def _static_shape(v: ir.Value) -> list[int] | None:
+    if v.shape is None or not all(isinstance(d, int) for d in v.shape):
+        return None
+    return [int(d) for d in v.shape]
+
+
+def fold_reduce_reshapes(model: ir.Model) -> ir.Model:
+    """A reduction with ``keepdims=1`` read only by a Reshape that just drops its reduced unit
+    axes becomes one reduction with ``keepdims=0`` (in place): ``jnp.mean(x, axis=(1, 2))``,
+    not a keepdims mean then a reshape (a global average pool before the classifier).
+
+    Only on static shapes: the Reshape's constant target equals the reduction's input shape
+    with exactly the reduced axes removed; anything else is left as it is.
+    """
+    graph = model.graph
+    annotated = is_annotated(graph)
+    for node in [n for n in graph if n.op_type in _REDUCES and n.domain in ("", "ai.onnx")]:
+        keep = node.attributes.get("keepdims")
+        if keep is not None and not keep.value:
+            continue
+        if any(k not in ("axes", "keepdims", "noop_with_empty_axes") for k in node.attributes):
+            continue
+        out = node.outputs[0]
+        users = [u for u, _ in out.uses()]
+        if out.is_graph_output() or len(users) != 1 or users[0].op_type != "Reshape":
+            continue
+        reshape = users[0]
+        if reshape.inputs[0] is not out or reshape.outputs[0].is_graph_output():
+            continue
+        if any(k != "allowzero" for k in reshape.attributes):
+            continue
+        shape = _static_shape(node.inputs[0])
+        target = constant_of(reshape.inputs[1], annotated)
+        if shape is None or target is None:
+            continue
+        if len(node.inputs) > 1 and node.inputs[1] is not None and node.inputs[1].name:
+            axes = constant_of(node.inputs[1], annotated)
+        else:
+            attr = node.attributes.get("axes")
+            axes = None if attr is None else np.asarray(attr.value)
+        if axes is None or np.asarray(axes).size == 0:
+            continue
+        rank = len(shape)
+        reduced = {int(a) % rank for a in np.asarray(axes).reshape(-1)}
+        kept = [d for i, d in enumerate(shape) if i not in reduced]
+        if [int(t) for t in np.asarray(target).reshape(-1)] != kept:
+            continue
+        node.attributes["keepdims"] = ir.AttrInt64("keepdims", 0)
+        old = reshape.outputs[0]
+        out.shape, out.dtype = old.shape, old.dtype
+        ir.convenience.replace_all_uses_with(old, out)
+        graph.remove(reshape, safe=True)
+    return model
+
+
+def drop_noop_attention_masks(model: ir.Model) -> ir.Model:
+    """Drop the mask of ``Attention`` nodes (in place) where it is a constant that masks
+    nothing: a bool mask all True, or an additive float mask all 0.0 (transformers' BERT run
+    without an ``attention_mask`` builds one). Written out, such a constant fixes the batch
+    and sequence length of the traced example; without it the attention is the same numbers.
+    A Constant node left unread goes too.
+    """
+    graph = model.graph
+    annotated = is_annotated(graph)
+    for node in [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
+        if len(node.inputs) < 4 or node.inputs[3] is None or not node.inputs[3].name:
+            continue
+        mask = node.inputs[3]
+        value = constant_of(mask, annotated)
+        if value is None or mask.is_graph_input() or mask.is_graph_output():
+            continue
+        if value.dtype == np.bool_:
+            noop = bool(np.all(value))
+        else:
+            noop = value.dtype.kind == "f" and not np.any(value)
+        if not noop:
+            continue
+        node.replace_input_with(3, None)
+        producer = mask.producer()
+        if producer is not None and not mask.uses():
+            graph.remove(producer, safe=True)
+    return model
 
 
 @dataclass

@@ -12,7 +12,13 @@ import pytest
 
 pytest.importorskip("jax")
 
-from xconv.converters.codegen import reshape_dims  # noqa: E402
+import onnx_ir as ir  # noqa: E402
+
+from xconv.converters.codegen import (  # noqa: E402
+    drop_noop_attention_masks,
+    fold_reduce_reshapes,
+    reshape_dims,
+)
 from xconv.converters.flax.source.templates import closed_form  # noqa: E402
 from xconv.converters.flax.source.templates_nn import _causal_mask  # noqa: E402
 from xconv.converters.module_tree import (  # noqa: E402
@@ -195,3 +201,75 @@ def test_long_nnx_list_is_built_a_run_at_a_time():
     assert split_nnx_lists(short) == short
     many = f"        self.layer1 = nnx.List([{a.replace('8', '8' * 30)} for _ in range(2)])"
     assert len(many) > 100 and split_nnx_lists(many) == many
+
+
+def _mean_then_reshape(target: list[int], axes: list[int]) -> ir.Model:
+    x = ir.Value(name="x", shape=ir.Shape([2, 16, 3, 3]), type=ir.TensorType(ir.DataType.FLOAT))
+    ax = ir.Value(name="axes", const_value=ir.tensor(np.array(axes, dtype=np.int64)))
+    shp = ir.Value(name="shp", const_value=ir.tensor(np.array(target, dtype=np.int64)))
+    mean = ir.Node("", "ReduceMean", [x, ax], [ir.AttrInt64("keepdims", 1)], name="mean")
+    reshape = ir.Node("", "Reshape", [mean.outputs[0], shp], name="reshape")
+    reshape.outputs[0].shape = ir.Shape(target)
+    head = ir.Node("", "Relu", [reshape.outputs[0]], name="relu")
+    head.outputs[0].name = "y"
+    graph = ir.Graph(
+        [x],
+        head.outputs,
+        nodes=[mean, reshape, head],
+        initializers=[ax, shp],
+        opset_imports={"": 18},
+    )
+    return ir.Model(graph, ir_version=10)
+
+
+@pytest.mark.parametrize(
+    ("target", "axes", "folds"),
+    [
+        ([2, 16], [2, 3], True),
+        ([2, 16], [-1, -2], True),
+        ([2, 16, 1], [2, 3], False),  # keeps a unit axis
+        ([32, 1], [2, 3], False),  # not just the unit axes dropped
+        ([2, 3], [1, 2], True),  # (2, 1, 1, 3) -> (2, 3)
+        ([3, 2], [1, 2], False),  # the same count, other dims
+    ],
+)
+def test_reduce_then_reshape_dropping_its_unit_axes_is_one_reduce(target, axes, folds):
+    model = fold_reduce_reshapes(_mean_then_reshape(target, axes))
+    ops = [n.op_type for n in model.graph]
+    mean = next(n for n in model.graph if n.op_type == "ReduceMean")
+    if folds:
+        assert ops == ["ReduceMean", "Relu"]
+        assert mean.attributes["keepdims"].value == 0
+        assert list(mean.outputs[0].shape) == target
+    else:
+        assert ops == ["ReduceMean", "Reshape", "Relu"]
+        assert mean.attributes["keepdims"].value == 1
+
+
+@pytest.mark.parametrize(
+    ("mask", "dropped"),
+    [
+        (np.ones((2, 1, 4, 4), dtype=bool), True),
+        (np.zeros((1, 1, 4, 4), dtype=np.float32), True),
+        (np.tril(np.ones((4, 4), dtype=bool)), False),
+        (np.where(np.tril(np.ones((4, 4))), 0.0, -np.inf).astype(np.float32), False),
+        (np.full((4, 4), 0.5, dtype=np.float32), False),
+    ],
+)
+def test_attention_mask_that_masks_nothing_is_dropped(mask, dropped):
+    def value(name):
+        t = ir.TensorType(ir.DataType.FLOAT)
+        return ir.Value(name=name, shape=ir.Shape([2, 2, 4, 8]), type=t)
+
+    q, k, v = value("q"), value("k"), value("v")
+    const = ir.Node("", "Constant", [], [ir.AttrTensor("value", ir.tensor(mask))], name="c")
+    const.outputs[0].name = "mask"
+    att = ir.Node("", "Attention", [q, k, v, const.outputs[0]], name="att")
+    att.outputs[0].name = "y"
+    graph = ir.Graph([q, k, v], att.outputs, nodes=[const, att], opset_imports={"": 23})
+    model = drop_noop_attention_masks(ir.Model(graph, ir_version=10))
+    ops = [n.op_type for n in model.graph]
+    if dropped:
+        assert ops == ["Attention"] and att.inputs[3] is None
+    else:
+        assert ops == ["Constant", "Attention"] and att.inputs[3] is const.outputs[0]

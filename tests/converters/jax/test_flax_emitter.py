@@ -462,6 +462,9 @@ def test_torch_importer_fixtures(tmp_path, name, n_params):
     if name == "resnet":
         assert "nn.Conv(" in src and "nn.BatchNorm(" in src and "nn.Dense(" in src
         assert src.count("jnp.transpose(") == 1  # NHWC from the stem to the head
+        # the global average pool and the flatten before the classifier: one mean
+        assert "return self.fc(jnp.mean(" in src and ", axis=(1, 2)))\n" in src
+        assert "keepdims" not in src and "jnp.reshape(" not in src
     else:
         assert src.count("class MultiheadAttention(") == 1  # one class for every layer
     xs = [i.numpy() for i in inputs]

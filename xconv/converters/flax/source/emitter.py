@@ -20,7 +20,12 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.codegen import Namespace, write_dir_atomic
+from xconv.converters.codegen import (
+    Namespace,
+    drop_noop_attention_masks,
+    fold_reduce_reshapes,
+    write_dir_atomic,
+)
 from xconv.converters.flax.source import classes as flax_classes
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
 from xconv.converters.flax.source.attention import fold_head_transposes, packed_self_attention
@@ -603,7 +608,8 @@ def _run(model: ir.Model, api: str, options: FlaxOptions | None) -> _Emitter:
     if api not in ("linen", "nnx"):
         raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
     low = precision.resolve_dtype((options or FlaxOptions()).dtype)
-    model = fold_head_transposes(canonicalize(_copy(model)), low)
+    model = canonicalize(_copy(model))
+    model = fold_head_transposes(drop_noop_attention_masks(fold_reduce_reshapes(model)), low)
     em = _Emitter(model, api, options)
     em.plan_layers()
     em.check_supported()

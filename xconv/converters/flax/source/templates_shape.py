@@ -28,14 +28,14 @@ def _reduce(fn: str, pre: str = "{0}", post: str = "{0}") -> Callable[[OpCall], 
         axes = c.attrs.get("axes")
         if c.has(1):
             axes = c.const(1, "axes")
-        keep = bool(c.attrs["keepdims"])
+        keep = ", keepdims=True" if c.attrs["keepdims"] else ""  # numpy's default: False
         x = pre.format(c.args[0])
         if axes is None or len(np.asarray(axes).reshape(-1)) == 0:
             if c.attrs["noop_with_empty_axes"]:
                 return c.args[0]
-            return post.format(f"{c.xp}.{fn}({x}, keepdims={keep})")
+            return post.format(f"{c.xp}.{fn}({x}{keep})")
         phys = tuple(sorted(c.axis(int(a)) for a in np.asarray(axes).reshape(-1)))
-        return post.format(f"{c.xp}.{fn}({x}, axis={phys}, keepdims={keep})")
+        return post.format(f"{c.xp}.{fn}({x}, axis={phys}{keep})")
 
     return emit
 
