@@ -518,15 +518,24 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
     lines = []
     causes: dict[str, set[str]] = {}
     peer_causes: dict[str, set[str]] = {}
+    skipped: dict[str, set[str]] = {}
     width = {"transformers": len(TORCH_DIRECTIONS), "keras.applications": len(KERAS_DIRECTIONS),
              FLAX_KIND: len(FLAX_DIRECTIONS)}  # fmt: skip
     for name, kind, cells, _ in results:  # xconv's cells, then a peer's (--peers)
         for i, cell in enumerate(cells):
             if cell.verdict != "pass" and cell.cause:
                 mine = causes if i < width[kind] else peer_causes
+                if cell.verdict == "not run" and i < width[kind]:
+                    mine = skipped
                 mine.setdefault(_cause_key(cell.cause), set()).add(name)
     passed = sum(all(c.verdict == "pass" for c in cells[: width[k]]) for _, k, cells, _ in results)
-    lines.append(f"{passed} of {len(results)} models pass in every direction.")
+    # a row none of whose directions ran (its reference does not run, or it ran out of time
+    # or memory on this machine) says nothing about the converters: counted apart
+    idle = [
+        n for n, k, cells, _ in results if all(c.verdict == "not run" for c in cells[: width[k]])
+    ]
+    gap = f" Not run, not counted: {len(idle)} (reasons below)." if idle else ""
+    lines.append(f"{passed} of {len(results) - len(idle)} models pass in every direction.{gap}")
     lines.append("")
     peered = [(k, cells[width[k]]) for _, k, cells, _ in results if len(cells) > width[k]]
     for kind, title in PEER_TITLES.items():
@@ -545,6 +554,7 @@ def render(results: list[tuple[str, str, list[Cell], float]]) -> str:
     )
     lines.append("")
     for title, found in (("Failures by cause (models blocked):", causes),
+                         ("Not run, by reason (models):", skipped),
                          ("Peer failures by cause (models):", peer_causes)):  # fmt: skip
         if not found:
             continue

@@ -153,3 +153,23 @@ def test_float64_twin_runs_the_same_weights_in_float64():
     assert out.dtype == np.float64 and out.shape == want.shape
     assert np.abs(out - want).max() <= 1e-5 * np.abs(out).max()
     assert keras.config.dtype_policy().name == "float32" and keras.config.floatx() == "float32"
+
+
+def test_rows_that_did_not_run_are_counted_apart_from_failures():
+    """A row none of whose directions ran (the reference's own library code does not run,
+    the row ran out of time or memory) is listed with its reason, not counted as a model
+    that passes or as a failure of the converters; a failure still counts."""
+    ok = zoo.Cell("pass", 1e-6, 1.0)
+    idle = zoo.Cell("not run", None, None, "reference: transformers 4.46.3 on jax 0.10: x")
+    bad = zoo.Cell("FAIL", 1e-2, 1.0, "output 0: 3 elements over the bound")
+    rows_ = [
+        ("A", zoo.KERAS_KIND, [ok, ok, ok], 1.0),
+        ("B", zoo.KERAS_KIND, [idle, idle, idle], 0.0),
+        ("C", zoo.KERAS_KIND, [ok, bad, ok], 1.0),
+    ]
+    text = zoo.render(rows_)
+    assert "1 of 2 models pass in every direction. Not run, not counted: 1" in text
+    fails, _, idle_part = text.partition("Not run, by reason (models):")
+    assert "- 1: `output 0: 3 elements over the bound` (C)" in fails
+    assert "- 1: `reference: transformers 4.46.3 on jax 0.10: x` (B)" in idle_part
+    assert "(B)" not in fails
