@@ -23,11 +23,13 @@ Directions, through the Python API on the in-memory model:
   its path; without it those rows read "not installed"): ``from_flax`` then ``to_jax``,
   ``to_torch`` and ``to_torch_source`` (checked against ``to_torch``), compared with Flax.
 
-A cell is ``pass`` when every output is within ``RTOL`` of the reference's largest magnitude,
-``FAIL`` (parity) or ``error`` with the first line of the error; a reference whose largest
-magnitude is under ``MIN_SCALE`` proves nothing and the cell reads ``not run``. Failures are
-grouped by cause above the table with the number of rows each cause blocks. No peer
-converter is installed in this environment, so there is no peer column yet.
+A cell is ``pass`` when every output is within ``RTOL`` of the reference's largest magnitude
+(keras rows: by the parity checker's oracle policy against a float64 run of the same Keras
+model, :func:`_judge_oracle`), ``FAIL`` (parity) or ``error`` with the first line of the
+error; a reference whose largest magnitude is under ``MIN_SCALE`` proves nothing and the cell
+reads ``not run``. Failures are grouped by cause above the table with the number of rows each
+cause blocks; rows that did not run are counted apart. With ``--peers DIR`` an installed
+peer's verdict on the same row is a column of its own (``benchmarks/zoo_peers.py``).
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ KERAS_APPS = (
 #: Input side of each keras.applications row: the smallest the model accepts (32 unless set).
 KERAS_SIZE = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71}
 #: Rows run under ``--heavy-lock`` (several GiB while converting).
-KERAS_HEAVY = {"ConvNeXtXLarge", "ConvNeXtLarge", "EfficientNetV2L", "NASNetLarge",
-               "EfficientNetB7"}  # fmt: skip
+KERAS_HEAVY = {"ConvNeXtXLarge", "ConvNeXtLarge", "EfficientNetV2L", "EfficientNetV2M",
+               "NASNetLarge", "EfficientNetB7"}  # fmt: skip
 #: Column title of each kind's peer (``--peers``).
 PEER_TITLES = {
     "transformers": "peer torch2jax: torch-to-jax",
@@ -399,7 +401,8 @@ def keras_rows(
     timeout: float = KERAS_TIMEOUT,
 ) -> list[tuple[str, list[Cell], float]]:
     """Each keras row in a process of its own (``--keras-child``), with ``timeout`` seconds;
-    the rows of :data:`KERAS_HEAVY` under ``flock heavy_lock`` when given. A row that runs out
+    the rows of :data:`KERAS_HEAVY` under ``flock heavy_lock`` when given, one row per hold
+    (the time waiting for the lock does not count against ``timeout``). A row that runs out
     of time, or whose process is killed (SIGKILL: the kernel's out-of-memory killer on this
     machine), reads "not run" with that reason: it says nothing about the converters."""
     import json
@@ -408,11 +411,11 @@ def keras_rows(
     out = []
     for name in names:
         cmd = [sys.executable, str(ROOT / "benchmarks" / "zoo.py"), "--keras-child", name]
-        if heavy_lock and name in KERAS_HEAVY:
-            cmd = ["flock", heavy_lock, *cmd]
+        lock = heavy_lock if heavy_lock and name in KERAS_HEAVY else None
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                                  timeout=timeout)  # fmt: skip
+            with _held(lock):
+                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                      timeout=timeout)  # fmt: skip
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
             if lines:
                 got = json.loads(lines[-1])
@@ -435,6 +438,22 @@ def keras_rows(
         if on_row is not None:
             on_row(out[-1])
     return out
+
+
+@contextlib.contextmanager
+def _held(path: str | None):
+    """``flock`` on ``path`` (as flock(1) takes it) for the block; nothing when None."""
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _ram_gib() -> float:
