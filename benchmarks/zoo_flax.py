@@ -191,6 +191,39 @@ def _jax_compat() -> None:
     jnp.clip = clip
 
 
+class _Splittable:
+    """An array with the ``.split(n, axis=)`` method jax arrays had (``jnp.split``)."""
+
+    def __init__(self, a) -> None:
+        self.a, self.shape = a, a.shape
+
+    def split(self, n, axis=-1):
+        import jax.numpy as jnp
+
+        return jnp.split(self.a, n, axis=axis)
+
+
+def _roformer_compat() -> None:
+    """transformers 4.46.3's Flax RoFormer calls ``sinusoidal_pos.split(2, axis=-1)``, a
+    method jax arrays no longer have (jax 0.10: "'ArrayImpl' object has no attribute
+    'split'"); its rotary embedding is given an array that has it, the rest of the library's
+    code runs as it is."""
+    try:
+        from transformers.models.roformer import modeling_flax_roformer as m
+    except ImportError:
+        return
+    cls = m.FlaxRoFormerSelfAttention
+    real = cls.apply_rotary_position_embeddings
+    if getattr(real, "_zoo_compat", False):
+        return
+
+    def rotary(sinusoidal_pos, *layers):
+        return real(_Splittable(sinusoidal_pos), *layers)
+
+    rotary._zoo_compat = True
+    cls.apply_rotary_position_embeddings = staticmethod(rotary)
+
+
 def build(name: str):
     """``(module, variables, call, inputs)`` for row ``name``."""
     import jax
@@ -198,6 +231,7 @@ def build(name: str):
     import transformers
 
     _jax_compat()
+    _roformer_compat()
     cls_name, cfg_name, kwargs, kind = MODELS[name]
     cfg = getattr(transformers, cfg_name)(**kwargs)
     model = getattr(transformers, cls_name)(cfg, seed=0)
