@@ -301,3 +301,27 @@ def test_weights_partitioning_without_a_mesh_is_a_usage_error(tmp_path):
     r = CliRunner().invoke(main, ["weights", "torch-to-flax", str(ckpt), "--template", "m:f",
                                   "--partitioning", "fsdp"])  # fmt: skip
     assert r.exit_code == 2 and "--partitioning places the weights on a --mesh" in r.output
+
+
+def test_to_jax_kernels_stored_permuted_keep_their_logical_axes():
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+            self.fc = torch.nn.Linear(8, 8)  # square: its shape cannot tell the layout
+
+        def forward(self, x):
+            return self.fc(self.conv(x).mean((2, 3)))
+
+    model = xconv.from_torch(Net().eval(), torch.randn(2, 8, 6, 6))
+    fn0, p0 = xconv.to_jax(model, kernel_layout="onnx")
+    fn1, p1 = xconv.to_jax(model)  # HWIO: conv (3, 3, I, O), fc (I, O)
+    assert {"conv.weight", "fc.weight"} <= set(fn1.kernel_perms)
+    a0, _ = logical_axes(p0, model=model)
+    a1, _ = logical_axes(p1, model=model, perms=fn1.kernel_perms)
+    for name, perm in fn1.kernel_perms.items():
+        path = tuple(name.split("."))
+        assert a1[path] == tuple(a0[path][i] for i in perm), name
+    assert a1[("fc", "weight")] != a0[("fc", "weight")]  # the square kernel's axes swapped

@@ -118,7 +118,7 @@ def torch2jax(
             f"torch2jax takes an nn.Module or a function, got {type(fn_or_module).__name__}"
         )
     model = from_torch(module, example_inputs, dynamic_batch=dynamic_batch)
-    jax_fn, nested = to_jax(model)
+    jax_fn, nested = to_jax(model, kernel_layout="onnx")  # params as torch stores them
     weights = flatten(nested, jax_fn.weight_names) if jax_fn.weight_names else {}
     params = {k: v for k, v in weights.items() if _is_float(v)}
     constants = {k: v for k, v in weights.items() if k not in params}

@@ -171,6 +171,7 @@ def logical_axes(
     model: Any = None,
     source_names: Mapping[str, str] | None = None,
     strip_collection: bool = False,
+    perms: Mapping[str, tuple[int, ...]] | None = None,
 ) -> tuple[dict[Path, Axes], list[str]]:
     """Logical axis names for every leaf of ``tree``.
 
@@ -180,6 +181,8 @@ def logical_axes(
         source_names: Leaf path ("/"-joined, without the collection) -> IR initializer name,
             as generated Flax records it in ``SOURCE_NAMES``; else the path joined by ".".
         strip_collection: The tree's first level is a Flax collection (``params``...).
+        perms: IR initializer name -> the permutation its leaf is stored in (``to_jax``'s
+            ``kernel_perms``): known, so a square kernel is not taken for unpermuted.
 
     Returns:
         ``({path: axes}, notes)``.
@@ -201,7 +204,10 @@ def logical_axes(
             axes = None  # named after its layer's kernel, below
         elif info is not None:
             ir_axes = _ir_axes(src, info, width, vocab)
-            if ir_axes is not None:
+            perm = (perms or {}).get(src)
+            if ir_axes is not None and perm is not None and len(perm) == len(ir_axes):
+                axes = tuple(ir_axes[p] for p in perm)
+            elif ir_axes is not None:
                 axes = _permute(ir_axes, info, shape)
                 if axes is None:
                     notes.append(

@@ -61,13 +61,18 @@ def plan(
     model: Any = None,
     source_names: Mapping[str, str] | None = None,
     strip_collection: bool = False,
+    perms: Mapping[str, tuple[int, ...]] | None = None,
 ) -> Plan:
     """Logical axes (from ``model``'s metadata and the tree) resolved against ``rules`` on
     ``mesh`` (a Mesh or ``"2x4"``)."""
     mesh = make_mesh(mesh)
     table = resolve_rules(rules)
     axes, notes = logical_axes(
-        tree, model=model, source_names=source_names, strip_collection=strip_collection
+        tree,
+        model=model,
+        source_names=source_names,
+        strip_collection=strip_collection,
+        perms=perms,
     )
     specs = {}
     for path, leaf in leaves(tree).items():
@@ -130,7 +135,7 @@ class ShardedFunction:
 
 def to_jax_sharded(model: Any, fn: Any, params: Any, mesh: Any, rules: Any = None):
     """``(ShardedFunction, params placed on mesh)`` for ``xconv.to_jax(model, mesh=, rules=)``."""
-    p = plan(params, mesh, rules, model=model)
+    p = plan(params, mesh, rules, model=model, perms=getattr(fn, "kernel_perms", None))
     try:
         placed = place(params, p)
     except ShardingError:

@@ -1,6 +1,7 @@
-"""``to_jax(kernel_layout="HWIO")``: convolution kernels stored ``(*k, I, O)`` (and ``Gemm``
-``transB=1`` weights ``(I, O)``), the layout XLA's CPU convolution reads, so a jitted call
-does not copy every kernel out of OIHW on each call. Same names, same function."""
+"""``to_jax``'s ``kernel_layout``: ``"HWIO"`` (the default) stores convolution kernels
+``(*k, I, O)`` (and ``Gemm`` ``transB=1`` weights ``(I, O)``), the layout XLA's CPU convolution
+reads, so a jitted call does not copy every kernel out of OIHW on each call; ``"onnx"`` keeps
+the IR's (the source's) shapes. Same names, same function."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def _transposes(fn, params, x) -> int:
 
 def test_hwio_params_match_the_ir_layout_permuted(converted):
     net, x, model = converted
-    fn0, p0 = xconv.to_jax(model)
+    fn0, p0 = xconv.to_jax(model, kernel_layout="onnx")
     fn1, p1 = xconv.to_jax(model, kernel_layout="HWIO")
     a, b = _leaves(p0), _leaves(p1)
     assert a.keys() == b.keys()
@@ -78,7 +79,7 @@ def test_hwio_computes_the_same_function_jitted_and_differentiated(converted):
     xs = x[:1].numpy()  # batch 1: not the traced batch size
     with torch.no_grad():
         want = net(x[:1]).numpy()
-    fn0, p0 = xconv.to_jax(model)
+    fn0, p0 = xconv.to_jax(model, kernel_layout="onnx")
     fn1, p1 = xconv.to_jax(model, kernel_layout="HWIO")
     got = jax.jit(lambda p, x: fn1(p, x)[0])(p1, xs)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
@@ -100,10 +101,17 @@ def test_hwio_drops_the_per_call_kernel_copies_on_cpu(converted):
         pytest.skip("XLA's CPU convolution layout (the GPU picks its own)")
     _, x, model = converted
     xs = x[:1].numpy()
-    fn0, p0 = xconv.to_jax(model)
+    fn0, p0 = xconv.to_jax(model, kernel_layout="onnx")
     fn1, p1 = xconv.to_jax(model, kernel_layout="HWIO")
     # each OIHW kernel (and the transposed Gemm B) is copied per call; HWIO ones are not
     assert _transposes(fn1, p1, xs) <= _transposes(fn0, p0, xs) - 2
+
+
+def test_the_default_is_hwio(converted):
+    _, _, model = converted
+    fn, params = xconv.to_jax(model)
+    assert fn.kernel_layout == "HWIO" and "conv1.weight" in fn.kernel_perms
+    assert params["conv1"]["weight"].shape == (3, 3, 3, 8)
 
 
 def test_kernel_layout_is_checked(converted):
