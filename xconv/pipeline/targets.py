@@ -53,7 +53,8 @@ def _emit_flax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
 
 _JAX_LOADER = '''"""JAX function converted by xconv: ``fn(params, *inputs) -> tuple of outputs``.
 
-Load with ``fn, params = load()``; ``params`` nests the weights by source scope path.
+Load with ``fn, params = load()``; ``params`` nests the weights by source scope path,
+convolution kernels stored (*k, I, O) (``fn.kernel_perms`` names them).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ import xconv
 
 def load(out_dir=None):
     out_dir = Path(out_dir) if out_dir is not None else Path(__file__).parent
-    fn, _ = xconv.to_jax(xconv.load(out_dir / "model.onnx"))
+    model = xconv.load(out_dir / "model.onnx")
+    fn, _ = xconv.to_jax(model, kernel_layout="HWIO")
     params = serialization.msgpack_restore((out_dir / "params.msgpack").read_bytes())
     return fn, params
 '''
@@ -78,16 +80,17 @@ def _emit_jax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
 
     from xconv.converters.jax.interpreter import to_jax
 
-    _fn, params = to_jax(model)  # float32 params whatever the compute dtype
+    # float32 params whatever the compute dtype, in the layout the loader asks for
+    _fn, params = to_jax(model, kernel_layout="HWIO")
     stage.mkdir(parents=True, exist_ok=True)
     (stage / "params.msgpack").write_bytes(serialization.msgpack_serialize(params))
     loader = _JAX_LOADER
     if options.dtype:
         loader = loader.replace(
-            '"model.onnx"))', f'"model.onnx"), dtype="{options.dtype}")'
+            'kernel_layout="HWIO")', f'kernel_layout="HWIO", dtype="{options.dtype}")'
         ).replace(
-            "the weights by source scope path.",
-            f"the weights by source scope path.\nComputes in {options.dtype} (params float32).",
+            "names them).",
+            f"names them).\nComputes in {options.dtype} (params float32).",
         )
     (stage / "model.py").write_text(loader)
     return lambda where: _load_generated(where / "model.py").load(where)
