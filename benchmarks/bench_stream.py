@@ -133,13 +133,10 @@ def evict(ckpt: Path) -> None:
     ``POSIX_FADV_DONTNEED``; only these files, nothing else on the machine), so the floor and
     each conversion start from the same cold cache instead of whatever the previous step or
     ``make_checkpoint.py`` left there."""
+    from xconv.weights.stream import drop_page_cache
+
     for shard in sorted(ckpt.glob("*.safetensors")):
-        fd = os.open(shard, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_page_cache(shard)
 
 
 PARTS = ("floor", "sequential", "convert", "parity", "forward")

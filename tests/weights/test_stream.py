@@ -16,7 +16,7 @@ from xconv.checkpoint import CheckpointOptions, convert_checkpoint, from_checkpo
 from xconv.cli import main
 from xconv.errors import WeightsError
 from xconv.weights.shards import CheckpointIndex, ShardWriter, numpy_dtype, write_index
-from xconv.weights.stream import LazyWeight, Planned, read_flat
+from xconv.weights.stream import LazyWeight, Planned, drop_page_cache, read_flat
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -517,15 +517,6 @@ def test_replayed_transposes_share_one_scratch_buffer_and_stay_exact():
     assert not np.shares_memory(fresh, results[2])
 
 
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _direct_io_works(folder: Path) -> bool:
     probe = folder / "o_direct_probe"
     probe.write_bytes(b"\0" * 4096)
@@ -578,7 +569,7 @@ def test_child_stream_pipeline_with_direct_io_equals_buffered_bytes(tmp_path):
     direct_ok = _direct_io_works(tmp_path)
     files = {}
     for direct in (True, False):
-        _evict(shard)
+        drop_page_cache(shard)
         part = _Part(tmp_path, items)
         part.flush()
         stats: dict = {}
@@ -612,7 +603,7 @@ def test_direct_reader_reports_a_truncated_shard(tmp_path):
     writer.close()
     index = CheckpointIndex(shard)
     os.truncate(shard, shard.stat().st_size - 10)
-    _evict(shard)
+    drop_page_cache(shard)
     reader = _ShardReader(shard, ReadLog())
     try:
         np.testing.assert_array_equal(reader.read(index.tensors["a"]), arrays["a"])

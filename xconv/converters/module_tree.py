@@ -42,6 +42,27 @@ def optional_merge_pairs(groups: list[Any]):
                 yield pi, plain, var
 
 
+def fold_optional(groups: list[Any], merge: Any, slots: str) -> list[tuple[Any, Any]]:
+    """The emitters' ``merge_optional`` loop: for each candidate pair that ``merge(plain,
+    variant)`` folds into ``(skeleton, slot records, from_plain, from_variant)``, the plain
+    group takes both groups' instances (converted), the skeleton and the records (its field
+    ``slots``), and the variant points at it (``alias``). Returns the folded pairs."""
+    folded = []
+    for pi, plain, var in optional_merge_pairs(groups):
+        merged = merge(plain, var)
+        if merged is None:
+            continue
+        skeleton, records, from_plain, from_var = merged
+        plain.instances = [from_plain(v) for v in plain.instances] + [
+            from_var(v) for v in var.instances
+        ]
+        plain.skeleton = skeleton
+        setattr(plain, slots, records)
+        plain.convert, var.convert, var.alias = from_plain, from_var, pi
+        folded.append((plain, var))
+    return folded
+
+
 _ASSIGN = re.compile(r"^(?P<v>[A-Za-z_]\w*) = (?P<rhs>[^#]*)$")
 _GENERIC = re.compile(r"(h|x)\d*")
 _CALL = re.compile(r"(?<![\w.])self\.[\w.\[\]]+\(")

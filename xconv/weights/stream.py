@@ -637,6 +637,18 @@ def _aligned(n: int) -> np.ndarray:
     return raw[skip : skip + n]
 
 
+def drop_page_cache(path: str | os.PathLike[str]) -> None:
+    """Drop one file from the page cache (``fsync``, then ``POSIX_FADV_DONTNEED``; nothing else
+    on the machine), so a read of it starts cold: how the tests reach the ``O_DIRECT`` path
+    and the benchmarks time a cold stream."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def _cached(fd: int, size: int, probes: int = 8) -> bool:
     """Whether the file looks page-cached: ``probes`` pages spread over it all read without
     waiting for the disk (``RWF_NOWAIT``); False where that flag is missing."""

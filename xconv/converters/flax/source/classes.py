@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from xconv.converters.module_tree import (
     LINE_LENGTH,
-    optional_merge_pairs,
+    fold_optional,
     split_args,
     variant_name,  # noqa: F401 (re-export)
 )
@@ -323,17 +323,9 @@ def merge_optional(groups: list[Group], api: str) -> None:
     residual) become one ``BasicBlock`` with ``strides: int = 1`` and ``downsample: bool =
     False`` fields. The variant's group then points at the merged one (``alias``); placeholders
     of either are converted to the merged group's values when resolved."""
-    for pi, plain, var in optional_merge_pairs(groups):
-        merged = _merge(plain, var, api)
-        if merged is not None:
-            skeleton, slots, from_plain, from_var = merged
-            plain.instances = [from_plain(v) for v in plain.instances] + [
-                from_var(v) for v in var.instances
-            ]
-            plain.skeleton, plain.slots = skeleton, slots
-            plain.convert, var.convert, var.alias = from_plain, from_var, pi
-            if var.name == var.base:
-                plain.name = var.name
+    for plain, var in fold_optional(groups, lambda p, v: _merge(p, v, api), "slots"):
+        if var.name == var.base:
+            plain.name = var.name
 
 
 def _ssa(lines: list[str], env: dict[str, str]) -> list[str] | None:

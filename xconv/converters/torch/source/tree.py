@@ -21,8 +21,8 @@ from typing import Any
 
 from xconv.converters.module_tree import (
     LINE_LENGTH,
+    fold_optional,
     inline_chains,
-    optional_merge_pairs,
     variant_name,
 )
 from xconv.ir.metadata import MODULE, SCOPE
@@ -615,15 +615,7 @@ def merge_optional(groups: list[_Group]) -> None:
     = False`` fields; the branch is built and called under ``if self.downsample``. Attribute
     names are unchanged, so are the state_dict keys. The variant's group then points at the
     merged one (``alias``); placeholders of either are converted when resolved."""
-    for pi, plain, var in optional_merge_pairs(groups):
-        merged = _merge(plain, var)
-        if merged is not None:
-            skeleton, roles, from_plain, from_var = merged
-            plain.instances = [from_plain(v) for v in plain.instances] + [
-                from_var(v) for v in var.instances
-            ]
-            plain.skeleton, plain.roles = skeleton, roles
-            plain.convert, var.convert, var.alias = from_plain, from_var, pi
+    fold_optional(groups, _merge, "roles")
 
 
 def _split(skeleton: str):
