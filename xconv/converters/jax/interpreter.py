@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.jax.channels_last import NATIVE, ChannelsLast
 from xconv.converters.jax.context import JaxContext
 from xconv.converters.ops import precision
 from xconv.converters.ops.arrays import is_static
@@ -73,6 +74,8 @@ class Interpreter:
     capture: Callable[[ir.Node, tuple[Any, ...]], None] | None = None
     #: Compute dtype: None (float32, as the graph says) or ``"bfloat16"`` (see ``precision``).
     dtype: str | None = None
+    #: Activation layouts of this run (None: every value in the IR's layout).
+    layout: ChannelsLast | None = None
 
     @property
     def opset(self) -> int:
@@ -92,7 +95,7 @@ class Interpreter:
             for value, out in zip(node.outputs, outputs, strict=False):
                 env[value] = out
         try:
-            return [env[v] for v in graph.outputs]
+            return [self._source(v, env[v]) for v in graph.outputs]
         except KeyError as e:
             raise ConversionError(f"graph output {e.args[0].name!r} is never computed") from None
 
@@ -129,6 +132,9 @@ class Interpreter:
         static = (
             node.op_type not in _STATEFUL and not has_subgraph and all(is_static(a) for a in args)
         )
+        perm = None
+        if self.layout is not None and not static:
+            args, perm = self.layout.prepare(node, args)
         lowered = None
         if self.dtype is not None and not static:
             args, attrs, lowered = _lower(node, args, attrs)
@@ -140,12 +146,24 @@ class Interpreter:
                     outputs = as_tuple(handler.fn(ctx, *args, **attrs))
                 outputs = tuple(_to_static(o) for o in outputs)
             else:
-                outputs = as_tuple(handler.fn(ctx, *args, **attrs))
+                native = None
+                if perm is not None and node.op_type in NATIVE:
+                    native = self.layout.native(node, args, attrs, perm)  # type: ignore[union-attr]
+                outputs = native or as_tuple(handler.fn(ctx, *args, **attrs))
         if lowered is True:  # a float32 op (norm, softmax): its result in bfloat16
             outputs = tuple(_as_low(o) if _is_f32(o) else o for o in outputs)
+        if self.layout is not None:
+            outputs = self.layout.finish(node, outputs, perm)
         if self.capture is not None:
-            self.capture(node, outputs)
+            self.capture(
+                node,
+                tuple(self._source(v, o) for v, o in zip(node.outputs, outputs, strict=False)),
+            )
         return outputs
+
+    def _source(self, value: ir.Value, a: Any) -> Any:
+        """``value`` as computed (``a``) in the IR's layout."""
+        return a if self.layout is None else self.layout.source(value, a)
 
 
 def _is_f32(a: Any) -> bool:
@@ -211,6 +229,10 @@ class JaxFunction:
     kernel_layout: str = "onnx"
     #: weight name -> the permutation from its IR (OIHW) layout to the stored one.
     kernel_perms: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: Hold activations channels-last from the first convolution on (see
+    #: :mod:`~xconv.converters.jax.channels_last`); inputs, outputs and intermediates keep
+    #: the IR's layout either way.
+    channels_last: bool = True
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, rng: Any = None) -> tuple:
         return tuple(_to_jax(o) for o in self._run(params, inputs, rng, None))
@@ -247,7 +269,13 @@ class JaxFunction:
                 # relabelling, where a stored OIHW kernel costs a copy on every call.
                 x = jnp.transpose(x, tuple(int(i) for i in np.argsort(perm)))
             env[by_name[name]] = x
-        interp = Interpreter(self.model, self.registry, capture=capture, dtype=self.dtype)
+        interp = Interpreter(
+            self.model,
+            self.registry,
+            capture=capture,
+            dtype=self.dtype,
+            layout=ChannelsLast() if self.channels_last else None,
+        )
         real_inputs = [v for v in graph.inputs if not v.is_initializer()]
         for value, x in zip(real_inputs, inputs, strict=True):
             env[value] = _as_low(x) if self.dtype is not None and _is_f32(x) else x

@@ -1,0 +1,196 @@
+"""Channels-last execution for :func:`~xconv.converters.jax.interpreter.to_jax`.
+
+The IR is channels-first (ONNX's ``N, C, spatial``); XLA's convolutions and the channel
+broadcasts of batch norm run fastest channels-last. XLA's layout assignment recovers that
+layout for a forward pass, but not for its gradient: a ResNet-50 training step traced
+channels-first compiled to 260 transpose fusions around the convolutions' gradients. So the
+interpreter holds activations physically channels-last from the first convolution on, the
+way the Flax emitter writes its modules (:mod:`xconv.converters.ops.layout`):
+
+* ``Conv`` reads its input channels-last and writes channels-last (its dimension numbers say
+  so; the kernel stays the IR's ``(O, I, *k)``, XLA folds the stored layout in);
+* inference ``BatchNormalization`` and the elementwise ops keep the layout, their
+  lower-rank operands (biases, per-channel constants) broadcast as the IR broadcasts them;
+* pooling runs channels-last (the JAX pooling moves C last itself, so the transposes cancel);
+  ``GlobalAveragePool`` / ``GlobalMaxPool`` reduce the spatial axes where they are;
+* every other op, a graph output and a captured intermediate see the IR's layout: one
+  transpose where the layout truly changes.
+
+A value's physical array is ``source.transpose(perm)`` (``perm`` from :func:`held`), as in
+:mod:`xconv.converters.ops.layout`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import onnx_ir as ir
+from jax import lax
+
+from xconv.converters.ops import shapes
+from xconv.converters.ops.layout import channels_last, conversion
+from xconv.ir.passes.layout import ELEMENTWISE
+
+#: Ops run on channels-last operands as they are (their handler is layout-free).
+KEEP = ELEMENTWISE
+#: Ops whose JAX handler moves the channels last itself: called on the IR layout, their
+#: outputs put back channels-last, and XLA cancels the transposes.
+POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+#: Ops with a channels-last implementation here.
+NATIVE = frozenset({"Conv", "BatchNormalization", "GlobalAveragePool", "GlobalMaxPool"})
+
+Perm = tuple[int, ...]
+
+
+def _rank(a: Any) -> int:
+    return len(getattr(a, "shape", ()))
+
+
+def to_layout(a: Any, src: Perm | None, dst: Perm | None) -> Any:
+    """``a`` (held in ``src``) in layout ``dst``."""
+    if src == dst or a is None:
+        return a
+    return jnp.transpose(a, conversion(src, dst, _rank(a)))
+
+
+def _broadcast_operand(a: Any, rank: int, perm: Perm) -> Any:
+    """A lower-rank operand of an elementwise op (numpy broadcasting against the IR layout)
+    made to broadcast against a channels-last operand of ``rank``."""
+    r = _rank(a)
+    if r == 0:
+        return a
+    xp = np if isinstance(a, np.ndarray | np.generic) else jnp
+    full = xp.reshape(a, (1,) * (rank - r) + tuple(a.shape))
+    return xp.transpose(full, perm)
+
+
+class ChannelsLast:
+    """The layout state of one run: which values are held channels-last."""
+
+    def __init__(self) -> None:
+        self.held: dict[ir.Value, Perm] = {}
+
+    def perm_of(self, value: ir.Value | None) -> Perm | None:
+        return None if value is None else self.held.get(value)
+
+    def prepare(self, node: ir.Node, args: list[Any]) -> tuple[list[Any], Perm | None]:
+        """The node's operands for the layout it will run in, and that layout (None: the
+        IR's)."""
+        op = node.op_type if node.domain in ("", "ai.onnx") else None
+        perms = [self.perm_of(v) for v in node.inputs]
+        first = next((p for p in perms if p is not None), None)
+        x = args[0] if args else None
+        if op == "Conv" and _rank(x) >= 3 and not _static(x):
+            perm = channels_last(_rank(x))
+            return [to_layout(x, perms[0], perm), *self._source(args[1:], perms[1:])], perm
+        if first is None:
+            return args, None
+        if op in KEEP and _keeps(node, args, perms, first):
+            rank = len(first)
+            out = []
+            for a, p in zip(args, perms, strict=False):
+                if a is None or p is not None:
+                    out.append(to_layout(a, p, first))
+                elif _rank(a) == rank:
+                    out.append(to_layout(a, None, first))
+                else:
+                    out.append(_broadcast_operand(a, rank, first))
+            return out, first
+        if op == "BatchNormalization" and perms[0] is not None and _inference(node):
+            return [args[0], *self._source(args[1:], perms[1:])], perms[0]
+        if op in POOLS | {"GlobalAveragePool", "GlobalMaxPool"} and perms[0] is not None:
+            # pooling: the handler's own channels-last moves cancel these
+            keep = op not in POOLS
+            first_arg = args[0] if keep else to_layout(args[0], perms[0], None)
+            return [first_arg, *self._source(args[1:], perms[1:])], perms[0]
+        return self._source(args, perms), None
+
+    def _source(self, args: list[Any], perms: list[Perm | None]) -> list[Any]:
+        return [to_layout(a, p, None) for a, p in zip(args, perms, strict=False)]
+
+    def native(self, node: ir.Node, args: list[Any], attrs: dict[str, Any], perm: Perm):
+        """The channels-last implementation of ``node`` (None: run the handler)."""
+        op = node.op_type
+        if op == "Conv":
+            return (_conv(node, *args, **attrs),)
+        if op == "BatchNormalization":
+            return (_batch_norm(*args, epsilon=attrs["epsilon"]),)
+        if op == "GlobalAveragePool":
+            return (jnp.mean(args[0], axis=tuple(range(1, len(perm) - 1)), keepdims=True),)
+        if op == "GlobalMaxPool":
+            return (jnp.max(args[0], axis=tuple(range(1, len(perm) - 1)), keepdims=True),)
+        return None
+
+    def finish(self, node: ir.Node, outputs: tuple[Any, ...], perm: Perm | None) -> tuple:
+        """Record which outputs are held in ``perm``; returns the outputs as held."""
+        if perm is None:
+            return outputs
+        out = list(outputs)
+        if node.op_type in POOLS:  # computed on the IR layout: Y back channels-last
+            out[0] = to_layout(out[0], None, perm)
+        value = node.outputs[0] if node.outputs else None
+        if value is not None and _rank(out[0]) == len(perm):
+            self.held[value] = perm
+        else:  # not the rank it was held at: back to the IR's layout
+            out[0] = to_layout(out[0], perm, None)
+        return tuple(out)
+
+    def source(self, value: ir.Value | None, a: Any) -> Any:
+        """``a`` (the value as held) in the IR's layout."""
+        return to_layout(a, self.perm_of(value), None)
+
+
+def _static(a: Any) -> bool:
+    return isinstance(a, np.ndarray | np.generic)
+
+
+def _keeps(node: ir.Node, args: list[Any], perms: list[Perm | None], first: Perm) -> bool:
+    """Whether an elementwise node can run on ``first``-held operands: one output, every
+    operand at most the held rank, and no other channels-last layout among them."""
+    if len(node.outputs) != 1:
+        return False
+    rank = len(first)
+    return all(
+        (p is None or p == first) and _rank(a) <= rank
+        for a, p in zip(args, perms, strict=False)
+        if a is not None
+    )
+
+
+def _inference(node: ir.Node) -> bool:
+    """A BatchNormalization that normalises with its inputs' statistics (one output)."""
+    outputs = [v for v in node.outputs if v.name]
+    mode = node.attributes.get("training_mode")
+    return len(outputs) == 1 and not (mode is not None and mode.value)
+
+
+def _conv(node, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides):
+    """ONNX Conv on a channels-last ``x`` (``N, *spatial, C``), writing channels-last."""
+    n = x.ndim - 2
+    kernel = tuple(w.shape[2:])
+    s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
+    padding = shapes.conv_padding(node, auto_pad, tuple(x.shape[1:-1]), kernel, s, d, pads)
+    last = (0, n + 1, *range(1, n + 1))
+    dn = lax.ConvDimensionNumbers(lhs_spec=last, rhs_spec=tuple(range(n + 2)), out_spec=last)
+    y = lax.conv_general_dilated(
+        x,
+        jnp.asarray(w).astype(x.dtype),
+        tuple(s),
+        padding,
+        rhs_dilation=tuple(d),
+        dimension_numbers=dn,
+        feature_group_count=int(group),
+    )
+    return y if b is None else y + jnp.asarray(b).astype(y.dtype)
+
+
+def _batch_norm(x, scale, b, mean, var, *, epsilon):
+    """Inference BatchNormalization over the last axis, in the order of the IR handler's
+    formula (:mod:`xconv.converters.ops.normalization`)."""
+
+    def c(v):
+        return jnp.asarray(v).astype(x.dtype)
+
+    return (x - c(mean)) * lax.rsqrt(c(var) + epsilon) * c(scale) + c(b)
