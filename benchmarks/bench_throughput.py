@@ -259,15 +259,31 @@ def timed_first(fn) -> float:
     return time.perf_counter() - start
 
 
-def median_time(fn, repeat: int, first_s: float = 0.0) -> float:
-    if first_s < 1.0:  # one warm-up beyond the first call, unless that call was a long one
+def warm_up(fn, first_s: float) -> None:
+    """One warm-up call beyond the first, unless that call was a long one."""
+    if first_s < 1.0:
         fn()
-    times = []
+
+
+def interleaved_medians(calls: list, repeat: int) -> list[float | BaseException]:
+    """The median of ``repeat`` timed calls of each of ``calls``, taken round-robin (one call
+    of each in turn), so a slow spell of a shared machine falls on every path alike instead
+    of on whichever path was being timed; a call that raises gives its exception."""
+    times: list[list[float]] = [[] for _ in calls]
+    failed: list[BaseException | None] = [None] * len(calls)
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for i, fn in enumerate(calls):
+            if failed[i] is not None:
+                continue
+            try:
+                start = time.perf_counter()
+                fn()
+                times[i].append(time.perf_counter() - start)
+            except Exception as e:  # noqa: BLE001 - one broken path must not lose the others
+                failed[i] = e
+    return [
+        f if f is not None else statistics.median(t) for t, f in zip(times, failed, strict=True)
+    ]
 
 
 def _short(e: BaseException) -> str:
@@ -337,6 +353,8 @@ class Bench:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.module.to(self.device)
         self.rows: list[Row] = []
+        #: (row, "infer" | "train", batch, call): compiled and warm, timed by time_pending.
+        self.pending: list[tuple[Row, str, int, Any]] = []
         self.meta: dict[str, Any] = {}
         self.tmp = Path(tempfile.mkdtemp(prefix=f"xconv_tp_{name}_"))
         self.bf16_policy = None
@@ -385,7 +403,9 @@ class Bench:
         return f"{'pass' if report.passed else 'FAIL'} ({what}{err})"
 
     def measure(self, row: Row, infer, train=None) -> None:
-        """``infer(batch)`` / ``train(batch)`` give a zero-argument call for that batch."""
+        """``infer(batch)`` / ``train(batch)`` give a zero-argument call for that batch: its
+        first (compile) call is timed now, the rest with every other path's in
+        :meth:`time_pending`."""
         batches = self.batches
         if row.dtype == "bf16" and not self.args.bf16_all_batches and self.name in BF16_BATCHES:
             batches = [b for b in batches if b in BF16_BATCHES[self.name]] or batches[:1]
@@ -393,20 +413,40 @@ class Bench:
             with _note_errors(row, f"inference b={b}"):
                 call = infer(b)
                 row.infer_compile[b] = timed_first(call)
-                row.infer[b] = median_time(call, self.repeat, row.infer_compile[b])
+                warm_up(call, row.infer_compile[b])
+                self.pending.append((row, "infer", b, call))
             train_ok = self.args.train_all_batches or b in TRAIN_BATCHES.get(self.name, (b,))
             if train is not None and not self.args.no_train and train_ok:
                 with _note_errors(row, f"training b={b}"):
                     call = train(b)
                     row.train_compile[b] = timed_first(call)
-                    row.train[b] = median_time(call, self.repeat, row.train_compile[b])
+                    warm_up(call, row.train_compile[b])
+                    self.pending.append((row, "train", b, call))
         self.rows.append(row)
-        print(
-            f"[{self.name}] {row.path} {row.dtype}: infer {row.infer} train {row.train} "
-            f"{row.parity} {row.note}",
-            file=sys.stderr,
-            flush=True,
-        )
+
+    def time_pending(self) -> None:
+        """Time the registered calls: per mode and batch, every path's calls interleaved."""
+        groups: dict[tuple[str, int], list[tuple[Row, Any]]] = {}
+        for row, mode, b, call in self.pending:
+            groups.setdefault((mode, b), []).append((row, call))
+        for (mode, b), entries in groups.items():
+            results = interleaved_medians([call for _, call in entries], self.repeat)
+            for (row, _), got in zip(entries, results, strict=True):
+                if isinstance(got, BaseException):
+                    what = "inference" if mode == "infer" else "training"
+                    row.note = (row.note + "; " if row.note else "") + (
+                        f"{what} b={b} failed: {_short(got)}"
+                    )
+                else:
+                    getattr(row, mode)[b] = got
+        self.pending.clear()
+        for row in self.rows:
+            print(
+                f"[{self.name}] {row.path} {row.dtype}: infer {row.infer} train {row.train} "
+                f"{row.parity} {row.note}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     # torch
     def torch_rows(self) -> None:
@@ -736,6 +776,7 @@ class Bench:
                 step()
             except Exception:  # noqa: BLE001 - one broken path must not lose the others
                 traceback.print_exc()
+        self.time_pending()
         shutil.rmtree(self.tmp, ignore_errors=True)  # the .onnx files and generated Flax
         return {
             "model": self.name,
@@ -960,8 +1001,11 @@ def render(sections: dict[str, list[dict]], header: dict) -> str:
         "",
         f"- machine: {header['machine']} (shared machine: treat ratios as ±15 %)",
         f"- versions at the last write: {header['versions']}",
-        "- repeats: median of `--repeat` (default 3) calls after the compile call and one "
-        "warm-up (no extra warm-up after a first call over 1 s)",
+        "- repeats: median of `--repeat` (default 5) calls after the compile call and one "
+        "warm-up (no extra warm-up after a first call over 1 s); the paths' calls interleaved "
+        "(one call of each path in turn, per batch and mode), so a slow spell of the shared "
+        "machine falls on every path alike (runs before 2026-12-02 11:55 UTC timed each path's "
+        "calls in a block)",
         "- default batches: "
         + "; ".join(f"{m} b={'/'.join(map(str, b))}" for m, b in DEFAULT_BATCHES.items())
         + "; bf16 rows of "
@@ -1053,7 +1097,7 @@ def main(argv=None) -> int:
         + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in DEFAULT_BATCHES.items())
         + ")",
     )
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--compile-models", default=COMPILE_MODELS, help="models to torch.compile")
     parser.add_argument("--bf16-all-batches", action="store_true")
     parser.add_argument("--train-all-batches", action="store_true")

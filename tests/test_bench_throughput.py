@@ -210,3 +210,21 @@ def test_the_default_doc_is_not_written_from_uncommitted_code(monkeypatch):
     monkeypatch.setattr(bt.subprocess, "run", lambda *a, **k: ran.append(a))
     assert bt.main(["--models", "cnn"]) == 2
     assert not ran  # refused before measuring anything
+
+
+def test_paths_are_timed_interleaved_and_a_failing_call_is_reported():
+    from benchmarks import bench_throughput as bt
+
+    order: list[str] = []
+
+    def call(name):
+        return lambda: order.append(name)
+
+    def broken():
+        order.append("broken")
+        raise RuntimeError("lost the device")
+
+    got = bt.interleaved_medians([call("a"), broken, call("b")], repeat=3)
+    assert order == ["a", "broken", "b", "a", "b", "a", "b"]  # round-robin; broken tried once
+    assert isinstance(got[1], RuntimeError)
+    assert all(isinstance(t, float) and t >= 0 for t in (got[0], got[2]))
