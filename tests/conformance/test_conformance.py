@@ -137,3 +137,16 @@ def test_generated_source_agrees_with_the_runtime_on_every_case(cases):
     print(differential.render(outcomes, len(cases)))
     wrong = [o for o in outcomes if o.status == "disagree"]
     assert not wrong, [f"{o.emitter} {o.case}: {o.message}" for o in wrong]
+
+
+def test_write_coverage_keeps_the_differential_section(tmp_path):
+    doc = tmp_path / "coverage.md"
+    section = "## Generated source against the runtime\n\n<!-- block -->\n3 cases\n"
+    doc.write_text("# old tables\n\n" + section)
+    report = harness.Report("jax", [harness.Result("test_add", "node", "pass", op_types=("Add",))])
+    harness.write_coverage([report], doc)
+    text = doc.read_text()
+    assert "# old tables" not in text and "| Add | 1/1 |" in text
+    assert text.endswith("\n\n" + section)
+    harness.write_coverage([report], tmp_path / "fresh.md")  # no section to keep
+    assert "Generated source" not in (tmp_path / "fresh.md").read_text()
