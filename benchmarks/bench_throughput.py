@@ -1129,6 +1129,11 @@ def main(argv=None) -> int:
         "--render", action="store_true", help="rewrite the doc from its .json store, run nothing"
     )
     parser.add_argument(
+        "--drop-path",
+        help="with --render: first remove this path's stored rows (a row label no longer "
+        "measured, e.g. the old non-default kernel layout)",
+    )
+    parser.add_argument(
         "--allow-dirty",
         action="store_true",
         help="write the default doc from a tree with uncommitted changes (rows marked so)",
@@ -1146,7 +1151,12 @@ def main(argv=None) -> int:
 
     stored_path = args.out.with_suffix(".json")
     if args.render:
-        _write(args, store.load(stored_path))
+        stored = store.load(stored_path)
+        if args.drop_path:
+            gone = sum(store.drop(stored, b, args.drop_path) for b in list(stored))
+            store.save(stored_path, stored)
+            print(f"dropped {gone} stored row(s) of {args.drop_path!r}", file=sys.stderr)
+        _write(args, stored)
         return 0
     commit = store.commit((args.out, stored_path))  # at the start: the code that runs
     if (

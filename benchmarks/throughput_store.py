@@ -105,6 +105,19 @@ def merge(store: dict, backend: str, result: dict, stamp: dict) -> dict:
     return store
 
 
+def drop(store: dict, backend: str, path: str) -> int:
+    """Remove the stored rows of ``path`` (a row label the script no longer measures, such
+    as the non-default kernel layout's after the default changed) from every model of
+    ``backend``, in place; returns how many went."""
+    gone = 0
+    for entry in store.get(backend, {}).values():
+        kept = [r for r in entry["rows"] if r["path"] != path]
+        gone += len(entry["rows"]) - len(kept)
+        entry["rows"] = kept
+        _compact(entry)
+    return gone
+
+
 def _timing_keys() -> tuple[str, ...]:
     return ("infer", "train", "infer_compile", "train_compile")
 

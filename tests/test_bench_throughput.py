@@ -228,3 +228,32 @@ def test_paths_are_timed_interleaved_and_a_failing_call_is_reported():
     assert order == ["a", "broken", "b", "a", "b", "a", "b"]  # round-robin; broken tried once
     assert isinstance(got[1], RuntimeError)
     assert all(isinstance(t, float) and t >= 0 for t in (got[0], got[2]))
+
+
+def test_a_path_no_longer_measured_can_be_dropped_from_the_store():
+    from benchmarks import throughput_store as store
+
+    def row(path, run):
+        empty = {"infer": {}, "train": {}, "infer_compile": {}, "train_compile": {}}
+        return {
+            **empty,
+            "path": path,
+            "dtype": "fp32",
+            "infer": {1: 0.1},
+            "run": {"infer": {1: run}, "train": {}},
+        }
+
+    data = {
+        "cpu": {
+            "cnn": {
+                "batches": [1],
+                "meta": {},
+                "runs": [{"commit": "a"}, {"commit": "b"}],
+                "rows": [row("old layout", 1), row("hand", 2)],
+            }
+        }
+    }
+    assert store.drop(data, "cpu", "old layout") == 1
+    entry = data["cpu"]["cnn"]
+    assert [r["path"] for r in entry["rows"]] == ["hand"]
+    assert entry["runs"] == [{"commit": "b"}] and entry["rows"][0]["run"]["infer"] == {1: 1}
