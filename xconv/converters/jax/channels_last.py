@@ -16,7 +16,7 @@ way the Flax emitter writes its modules (:mod:`xconv.converters.ops.layout`):
 * every other op, a graph output and a captured intermediate see the IR's layout: one
   transpose where the layout truly changes.
 
-A value's physical array is ``source.transpose(perm)`` (``perm`` from :func:`held`), as in
+A value's physical array is ``source.transpose(perm)`` (``ChannelsLast.held``), as in
 :mod:`xconv.converters.ops.layout`.
 """
 
@@ -30,11 +30,10 @@ import onnx_ir as ir
 from jax import lax
 
 from xconv.converters.ops import shapes
+from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.layout import channels_last, conversion
 from xconv.ir.passes.layout import ELEMENTWISE
 
-#: Ops run on channels-last operands as they are (their handler is layout-free).
-KEEP = ELEMENTWISE
 #: Ops whose JAX handler moves the channels last itself: called on the IR layout, their
 #: outputs put back channels-last, and XLA cancels the transposes.
 POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})
@@ -82,12 +81,13 @@ class ChannelsLast:
         perms = [self.perm_of(v) for v in node.inputs]
         first = next((p for p in perms if p is not None), None)
         x = args[0] if args else None
-        if op == "Conv" and _rank(x) >= 3 and not _static(x):
+        if op == "Conv" and _rank(x) >= 3 and not is_static(x):
             perm = channels_last(_rank(x))
             return [to_layout(x, perms[0], perm), *self._source(args[1:], perms[1:])], perm
         if first is None:
             return args, None
-        if op in KEEP and _keeps(node, args, perms, first):
+        # elementwise handlers are layout-free: run on the held operands as they are
+        if op in ELEMENTWISE and _keeps(node, args, perms, first):
             rank = len(first)
             out = []
             for a, p in zip(args, perms, strict=False):
@@ -140,10 +140,6 @@ class ChannelsLast:
     def source(self, value: ir.Value | None, a: Any) -> Any:
         """``a`` (the value as held) in the IR's layout."""
         return to_layout(a, self.perm_of(value), None)
-
-
-def _static(a: Any) -> bool:
-    return isinstance(a, np.ndarray | np.generic)
 
 
 def _keeps(node: ir.Node, args: list[Any], perms: list[Perm | None], first: Perm) -> bool:
