@@ -16,6 +16,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import xconv  # noqa: E402
+from xconv.ir.naming import flatten  # noqa: E402
 
 
 class _Mixed(torch.nn.Module):
@@ -107,6 +108,31 @@ def test_the_training_step_has_fewer_transposes_on_cpu(converted):
 
     first = dataclasses.replace(fn, channels_last=False)
     assert transposes(fn) < transposes(first)
+
+
+def test_kernels_are_read_as_stored_forward_and_backward(converted):
+    """A kernel stored (*k, I, O) (``fn.kernel_perms``) feeds the channels-last convolution
+    as it is: no transpose of it in the traced training step, forward or gradient."""
+    _, x, fn, params = converted
+    xs = x[:1].numpy()
+    conv = {n for n, p in fn.kernel_perms.items() if len(p) >= 3}
+    assert {"conv1.weight", "dw.weight", "pw.weight", "line.weight"} <= conv
+    leaves = flatten(params, fn.weight_names)
+    kernels = {tuple(np.shape(leaves[n])) for n in conv}
+    kernels |= {tuple(np.shape(leaves[n])[i] for i in np.argsort(fn.kernel_perms[n])) for n in conv}
+
+    def kernel_transposes(f) -> list:
+        jaxpr = jax.make_jaxpr(jax.value_and_grad(_loss(f), allow_int=True))(params, xs).jaxpr
+        return [
+            e
+            for e in jaxpr.eqns
+            if e.primitive.name == "transpose"
+            and {tuple(e.invars[0].aval.shape), tuple(e.outvars[0].aval.shape)} & kernels
+        ]
+
+    assert kernel_transposes(fn) == []
+    # the check sees them where they are: channels-first transposes each kernel back
+    assert len(kernel_transposes(dataclasses.replace(fn, channels_last=False))) >= len(conv)
 
 
 def test_bfloat16_keeps_the_layout_and_the_policy(converted):

@@ -8,7 +8,9 @@ interpreter holds activations physically channels-last from the first convolutio
 way the Flax emitter writes its modules (:mod:`xconv.converters.ops.layout`):
 
 * ``Conv`` reads its input channels-last and writes channels-last (its dimension numbers say
-  so; the kernel stays the IR's ``(O, I, *k)``, XLA folds the stored layout in);
+  so), and reads its kernel as stored: a weight of ``JaxFunction.kernel_perms`` is held in its
+  stored permutation like an activation, so neither the forward pass nor the kernel's
+  gradient transposes it (a ResNet-50 training step: 16 transposes and copies fewer);
 * inference ``BatchNormalization`` and the elementwise ops keep the layout, their
   lower-rank operands (biases, per-channel constants) broadcast as the IR broadcasts them;
 * pooling runs channels-last (the JAX pooling moves C last itself, so the transposes cancel);
@@ -83,7 +85,9 @@ class ChannelsLast:
         x = args[0] if args else None
         if op == "Conv" and _rank(x) >= 3 and not is_static(x):
             perm = channels_last(_rank(x))
-            return [to_layout(x, perms[0], perm), *self._source(args[1:], perms[1:])], perm
+            # the kernel as held (native reads its layout); the bias in the IR's
+            rest = [args[1], *self._source(args[2:], perms[2:])]
+            return [to_layout(x, perms[0], perm), *rest], perm
         if first is None:
             return args, None
         # elementwise handlers are layout-free: run on the held operands as they are
@@ -114,7 +118,7 @@ class ChannelsLast:
         """The channels-last implementation of ``node`` (None: run the handler)."""
         op = node.op_type
         if op == "Conv":
-            return (_conv(node, *args, **attrs),)
+            return (_conv(node, *args, kernel_perm=self.perm_of(node.inputs[1]), **attrs),)
         if op == "BatchNormalization":
             return (_batch_norm(*args, epsilon=attrs["epsilon"]),)
         if op == "GlobalAveragePool":
@@ -162,14 +166,23 @@ def _inference(node: ir.Node) -> bool:
     return len(outputs) == 1 and not (mode is not None and mode.value)
 
 
-def _conv(node, x, w, b=None, *, auto_pad, dilations, group, kernel_shape, pads, strides):
-    """ONNX Conv on a channels-last ``x`` (``N, *spatial, C``), writing channels-last."""
+def _conv(
+    node, x, w, b=None, *, kernel_perm, auto_pad, dilations, group, kernel_shape, pads, strides
+):
+    """ONNX Conv on a channels-last ``x`` (``N, *spatial, C``), writing channels-last; the
+    kernel ``w`` is held in ``kernel_perm`` (None: the IR's ``(O, I, *k)``)."""
     n = x.ndim - 2
-    kernel = tuple(w.shape[2:])
+    # where the kernel's O, I and spatial axes are as held
+    rhs = (
+        tuple(range(n + 2))
+        if kernel_perm is None
+        else tuple(int(i) for i in np.argsort(kernel_perm))
+    )
+    kernel = tuple(w.shape[i] for i in rhs[2:])
     s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
     padding = shapes.conv_padding(node, auto_pad, tuple(x.shape[1:-1]), kernel, s, d, pads)
     last = (0, n + 1, *range(1, n + 1))
-    dn = lax.ConvDimensionNumbers(lhs_spec=last, rhs_spec=tuple(range(n + 2)), out_spec=last)
+    dn = lax.ConvDimensionNumbers(lhs_spec=last, rhs_spec=rhs, out_spec=last)
     y = lax.conv_general_dilated(
         x,
         jnp.asarray(w).astype(x.dtype),

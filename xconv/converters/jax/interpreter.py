@@ -261,20 +261,21 @@ class JaxFunction:
         flat = flatten(params, self.weight_names) if self.weight_names else {}
         env: dict[ir.Value, Any] = {}
         by_name = graph.initializers
+        layout = ChannelsLast() if self.channels_last else None
         for name, x in flat.items():
             perm = self.kernel_perms.get(name)
-            if perm is not None:
+            if perm is not None and layout is not None:
+                # held as stored: the channels-last Conv reads the kernel in place, so its
+                # gradient is the stored param's too (no transpose forward or backward)
+                layout.held[by_name[name]] = perm
+            elif perm is not None:
                 # Back to the IR's layout inside the trace: XLA lays the convolution's kernel
                 # out spatial-first itself, so this transpose of a (*k, I, O) kernel is a free
-                # relabelling, where a stored OIHW kernel costs a copy on every call.
+                # relabelling in a forward pass, where a stored OIHW kernel costs a copy.
                 x = jnp.transpose(x, tuple(int(i) for i in np.argsort(perm)))
             env[by_name[name]] = x
         interp = Interpreter(
-            self.model,
-            self.registry,
-            capture=capture,
-            dtype=self.dtype,
-            layout=ChannelsLast() if self.channels_last else None,
+            self.model, self.registry, capture=capture, dtype=self.dtype, layout=layout
         )
         real_inputs = [v for v in graph.inputs if not v.is_initializer()]
         for value, x in zip(real_inputs, inputs, strict=True):
