@@ -131,6 +131,9 @@ def test_kernels_are_read_as_stored_forward_and_backward(converted):
         ]
 
     assert kernel_transposes(fn) == []
+    # numpy params fold at trace time, on the IR's layout: the held kernel goes back to it
+    folded = fn(jax.tree_util.tree_map(np.asarray, params), xs)[0]
+    np.testing.assert_allclose(folded, fn(params, xs)[0], rtol=1e-5, atol=1e-6)
     # the check sees them where they are: channels-first transposes each kernel back
     assert len(kernel_transposes(dataclasses.replace(fn, channels_last=False))) >= len(conv)
 

@@ -111,6 +111,11 @@ class ChannelsLast:
             return [first_arg, *self._source(args[1:], perms[1:])], perms[0]
         return self._source(args, perms), None
 
+    def sources(self, node: ir.Node, args: list[Any]) -> list[Any]:
+        """The node's operands in the IR's layout (a node folded at trace time: a held
+        kernel given as a numpy param)."""
+        return self._source(args, [self.perm_of(v) for v in node.inputs])
+
     def _source(self, args: list[Any], perms: list[Perm | None]) -> list[Any]:
         return [to_layout(a, p, None) for a, p in zip(args, perms, strict=False)]
 

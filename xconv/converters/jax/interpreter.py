@@ -133,7 +133,9 @@ class Interpreter:
             node.op_type not in _STATEFUL and not has_subgraph and all(is_static(a) for a in args)
         )
         perm = None
-        if self.layout is not None and not static:
+        if self.layout is not None and static:  # folded on the IR's layout
+            args = self.layout.sources(node, args)
+        elif self.layout is not None:
             args, perm = self.layout.prepare(node, args)
         lowered = None
         if self.dtype is not None and not static:
