@@ -140,6 +140,25 @@ def test_a_wrong_weight_fails_the_bf16_policy(model):
     assert not report.passed
 
 
+def test_a_bf16_model_returning_float32_is_judged_at_bf16(model):
+    """A bfloat16-compute model that casts its outputs to float32 (as a hand-written Flax
+    model does its logits) is judged at the bound the policy states, not float32's ULP; a
+    wrong weight still fails it, and the float32 oracle policy still rejects it."""
+    name, module, x, irm = model
+    fn, params = xconv.to_jax(irm, dtype=BF16)
+    as_f32 = lambda p, *a: tuple(o.astype("float32") for o in fn(p, *a))  # noqa: E731
+    policy = bf16_policy(rounding_depth(irm))
+    assert policy.compute_dtype == BF16 and "computed in bfloat16" in policy.describe()
+    report = check_parity(module, (as_f32, params), x, policy=policy, intermediates=False)
+    assert report.passed, report.summary()
+    assert {o.dtype for o in report.outputs} == {"float32"}
+    assert not check_parity(module, (as_f32, params), x, intermediates=False).passed
+    flat = flatten(params, fn.weight_names)
+    key = "layer2.0.conv1.weight" if "resnet" in name else "layers.1.ff1.weight"
+    wrong = nest({**flat, key: flat[key] * 1.25})
+    assert not check_parity(module, (as_f32, wrong), x, policy=policy, intermediates=False).passed
+
+
 def test_float32_is_the_default_and_writes_the_same_source():
     from xconv.converters.flax.source.emitter import FlaxOptions, generate
     from xconv.demo import build_demo_model

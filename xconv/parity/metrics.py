@@ -145,7 +145,7 @@ def compare(
     if logits and c64.ndim >= 2 and c64.shape[-1] >= 2 and c64.size:
         _fill_logit_agreement(m, c64, r64)
 
-    dt = _less_precise(cand.dtype, ref.dtype)
+    dt = policy.judged_at(_less_precise(cand.dtype, ref.dtype))
     rtol, atol = policy.tolerances(dt)
     dtype_bound = atol + rtol * np.abs(np.where(finite, r64, 0.0))
     if oracle is not None and (policy.kind == "noise" or policy.uses_oracle):

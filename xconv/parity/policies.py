@@ -25,7 +25,9 @@ output fails. Bounds are always finite.
 
 dtype: the candidate's dtype must equal the reference's, unless ``allow_dtype`` names the
 promotion (``{"float32": "bfloat16"}``: a deliberate bfloat16 conversion of a float32 model,
-judged at bfloat16 precision). A float candidate of an integer reference always fails.
+judged at bfloat16 precision). A float candidate of an integer reference always fails. A
+candidate that computes in a coarser dtype than it returns (``compute_dtype``: a bfloat16
+model that casts its logits to float32) is judged at the compute dtype's precision.
 
 bfloat16 compute (:func:`bf16_policy`, what ``dtype="bfloat16"`` conversions are checked
 with): the oracle policy with the floor derived from bfloat16's unit roundoff ``u = 2**-8``
@@ -87,6 +89,11 @@ class Policy:
     floor_ulps: float = 8.0
     allow_dtype: Any = None
     allow_constant: bool = False
+    #: The dtype the candidate computes in, where coarser than the dtype it returns (a
+    #: bfloat16 model that hands back float32 logits): outputs are judged at the less precise
+    #: of the two, so the floor's ULP and the dtype tolerances are those of the computation
+    #: (:func:`bf16_policy` sets ``"bfloat16"``). None: judged at the outputs' dtype.
+    compute_dtype: str | None = None
     #: What the floor was derived from (:func:`bf16_policy`), stated in :meth:`describe`.
     bound: str | None = None
 
@@ -106,6 +113,14 @@ class Policy:
         if (self.rtol is not None and self.rtol < 0) or (self.atol is not None and self.atol < 0):
             raise ParityConfigError("Policy.rtol and Policy.atol must be >= 0")
         object.__setattr__(self, "allow_dtype", _dtype_pairs(self.allow_dtype))
+        if self.compute_dtype is not None:
+            try:
+                eps(self.compute_dtype)
+            except (TypeError, ValueError):
+                raise ParityConfigError(
+                    f"Policy.compute_dtype must name a float dtype, not {self.compute_dtype!r}"
+                ) from None
+            object.__setattr__(self, "compute_dtype", dtype_name(self.compute_dtype))
 
     def allows(self, ref_dtype: Any, cand_dtype: Any) -> bool:
         """Whether a candidate of ``cand_dtype`` may stand for a reference of ``ref_dtype``."""
@@ -124,9 +139,15 @@ class Policy:
             self.atol if self.atol is not None else atol,
         )
 
+    def judged_at(self, dtype: Any) -> Any:
+        """The dtype an output of ``dtype`` is judged at: ``compute_dtype`` where coarser."""
+        if self.compute_dtype is not None and eps(self.compute_dtype) > eps(dtype):
+            return self.compute_dtype
+        return dtype
+
     def floor(self, dtype: Any, scale: float) -> float:
-        """Oracle policy floor: ``floor_ulps * eps(dtype) * scale``."""
-        return self.floor_ulps * eps(dtype) * max(scale, np.finfo(np.float64).tiny)
+        """Oracle policy floor: ``floor_ulps * eps(dtype) * scale``, at ``judged_at(dtype)``."""
+        return self.floor_ulps * eps(self.judged_at(dtype)) * max(scale, np.finfo(np.float64).tiny)
 
     def describe(self) -> str:
         extra = ""
@@ -134,6 +155,8 @@ class Policy:
             extra += ", allow_dtype " + ", ".join(f"{r}->{c}" for r, c in self.allow_dtype)
         if self.allow_constant:
             extra += ", allow_constant"
+        if self.compute_dtype is not None:
+            extra += f", computed in {self.compute_dtype}"
         if self.bound:
             extra += f"; {self.bound}"
         if self.kind == "oracle":
@@ -179,13 +202,14 @@ def bf16_policy(depth: int, policy: str | Policy | None = "oracle") -> Policy:
     allow = {"float32": "bfloat16"}
     if not base.uses_oracle:
         bound = "bfloat16 compute, judged at torch's bfloat16 rtol/atol"
-        return replace(base, allow_dtype=allow, bound=bound)
+        return replace(base, allow_dtype=allow, compute_dtype="bfloat16", bound=bound)
     rel = BF16_FACTOR * BF16_UNIT_ROUNDOFF * float(np.sqrt(depth))
     bound = (
         f"bfloat16 compute: |cand - oracle| <= (k*c_ref + {BF16_FACTOR:g} * 2^-8 * sqrt(L)) * "
         f"(|oracle| + rms), L = {depth} matmul/conv stages: floor {rel:.3g} relative"
     )
-    return replace(base, floor_ulps=rel / (2 * BF16_UNIT_ROUNDOFF), allow_dtype=allow, bound=bound)
+    floor = rel / (2 * BF16_UNIT_ROUNDOFF)
+    return replace(base, floor_ulps=floor, allow_dtype=allow, compute_dtype="bfloat16", bound=bound)
 
 
 def resolve_policy(policy: str | Policy | None, **overrides: Any) -> Policy:
