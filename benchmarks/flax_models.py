@@ -213,14 +213,14 @@ class PreLNBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        h = nn.LayerNorm(dtype=self.dtype, name="ln1")(x)
+        h = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="ln1")(x)
         q, k, v = jnp.split(
             nn.Dense(3 * self.d, dtype=self.dtype, name="attn_in_proj")(h), 3, axis=-1
         )
         x = x + nn.Dense(self.d, dtype=self.dtype, name="attn_out_proj")(
             _attention(q, k, v, self.heads, self.dtype)
         )
-        h = nn.LayerNorm(dtype=self.dtype, name="ln2")(x)
+        h = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="ln2")(x)
         h = nn.Dense(self.d, dtype=self.dtype, name="ff2")(
             nn.gelu(nn.Dense(4 * self.d, dtype=self.dtype, name="ff1")(h), approximate=False)
         )
@@ -240,7 +240,7 @@ class Encoder(nn.Module):
         x = x.astype(self.dtype)
         for i in range(self.layers):
             x = PreLNBlock(self.d, self.heads, self.dtype, name=f"layers_{i}")(x)
-        return nn.LayerNorm(dtype=self.dtype, name="norm")(x).astype(jnp.float32)
+        return nn.LayerNorm(epsilon=1e-5, dtype=self.dtype, name="norm")(x).astype(jnp.float32)
 
 
 # --- weights from torch --------------------------------------------------------------------
