@@ -79,14 +79,14 @@ MODELS = {
     "bert": "BERT-base (BertConfig defaults, no pooler), seq 128",
 }
 DEFAULT_BATCHES = {
-    "resnet50": (1, 8),
-    "bert": (1, 4),
+    "resnet50": (1, 8, 32),
+    "bert": (1, 4, 32),
     "cnn": (1, 32, 128),
     "transformer": (1, 16),
 }
-#: BERT-base's training step runs at these batches only (a b=4 step is ~30 s on one shared
-#: core); --batches-train-all lifts it.
-TRAIN_BATCHES = {"bert": (1,)}
+#: The big models' training steps run at these batches only (a BERT-base b=4 step is ~30 s
+#: on one shared core, a ResNet-50 b=32 step ~10 s); --train-all-batches lifts it.
+TRAIN_BATCHES = {"resnet50": (1, 8), "bert": (1,)}
 #: The big models' bf16 rows run at these batches only (XLA:CPU's bf16 convolutions and
 #: matmuls are slow enough that larger batches do not fit the run); --bf16-all-batches lifts it.
 BF16_BATCHES = {"resnet50": (1,), "bert": (1,)}
