@@ -31,9 +31,11 @@ import numpy as np
 import onnx_ir as ir
 from jax import lax
 
+from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.ops import shapes
 from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.layout import channels_last, conversion
+from xconv.converters.ops.normalization import inference_batch_norm
 from xconv.ir.passes.layout import ELEMENTWISE
 
 #: Ops whose JAX handler moves the channels last itself: called on the IR layout, their
@@ -125,7 +127,7 @@ class ChannelsLast:
         if op == "Conv":
             return (_conv(node, *args, kernel_perm=self.perm_of(node.inputs[1]), **attrs),)
         if op == "BatchNormalization":
-            return (_batch_norm(*args, epsilon=attrs["epsilon"]),)
+            return (inference_batch_norm(KERNEL, jnp, *args, attrs["epsilon"], axis=-1),)
         if op == "GlobalAveragePool":
             return (jnp.mean(args[0], axis=tuple(range(1, len(perm) - 1)), keepdims=True),)
         if op == "GlobalMaxPool":
@@ -198,13 +200,3 @@ def _conv(
         feature_group_count=int(group),
     )
     return y if b is None else y + jnp.asarray(b).astype(y.dtype)
-
-
-def _batch_norm(x, scale, b, mean, var, *, epsilon):
-    """Inference BatchNormalization over the last axis, in the order of the IR handler's
-    formula (:mod:`xconv.converters.ops.normalization`)."""
-
-    def c(v):
-        return jnp.asarray(v).astype(x.dtype)
-
-    return (x - c(mean)) * lax.rsqrt(c(var) + epsilon) * c(scale) + c(b)

@@ -31,9 +31,22 @@ def _stash(xp, x, stash_type: int):
     return x.dtype
 
 
-def _channel(xp, v, ndim: int, dtype):
-    """A per-channel vector shaped to broadcast against an N, C, ... input."""
-    return astype(xp, xp.reshape(v, (1, -1) + (1,) * (ndim - 2)), dtype)
+def _channel(xp, v, ndim: int, dtype, axis: int = 1):
+    """A per-channel vector shaped to broadcast against an input whose channels are on
+    ``axis`` (1: the IR's N, C, ...; -1: channels-last)."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return astype(xp, xp.reshape(v, tuple(shape)), dtype)
+
+
+def inference_batch_norm(k, xp, x, scale, b, mean, var, epsilon, axis: int = 1):
+    """BatchNormalization on running statistics, the channels on ``axis`` (the JAX runtime's
+    channels-last execution calls it with -1)."""
+
+    def bc(v):
+        return _channel(xp, v, x.ndim, x.dtype, axis)
+
+    return (x - bc(mean)) * k.rsqrt(xp, bc(var) + epsilon) * bc(scale) + bc(b)
 
 
 def _instance_norm(k, xp, x, scale, b, epsilon):
@@ -115,7 +128,7 @@ def _batch_norm(ctx, k, xp, x, scale, b, mean, var, epsilon, momentum, training,
         return _channel(xp, v, x.ndim, x.dtype)
 
     if not training:
-        y = (x - bc(mean)) * k.rsqrt(xp, bc(var) + epsilon) * bc(scale) + bc(b)
+        y = inference_batch_norm(k, xp, x, scale, b, mean, var, epsilon)
         return (y, *([None] * (n_out - 1))) if n_out > 1 else y
     axes = (0,) + tuple(range(2, x.ndim))
     batch_mean = xp.mean(x, axis=axes)
