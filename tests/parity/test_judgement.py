@@ -454,3 +454,18 @@ def test_flax_to_torch_grads_use_the_conversions_name_map():
     assert report.passed, report.summary()
     assert len(_weight_grads(report)) == len(jax.tree_util.tree_leaves(variables["params"]))
     assert any("6 of 6" in n and "to_torch module's weight names" in n for n in report.notes)
+
+
+def test_compute_dtype_judges_a_float32_output_at_the_coarser_dtype():
+    """A float32 output of a bfloat16 computation is judged at bfloat16's ULP: a bfloat16-sized
+    error passes there and fails at float32's; a real error fails either way."""
+    oracle = np.random.default_rng(0).standard_normal(256)
+    ref = oracle.astype(np.float32)
+    cand = (oracle * (1 + 2e-3)).astype(np.float32)  # bfloat16's eps is 7.8e-3
+    bf16 = Policy(compute_dtype="bfloat16")
+    assert not compare("y", cand, ref, Policy(), oracle).passed
+    assert compare("y", cand, ref, bf16, oracle).passed
+    assert not compare("y", (oracle * 1.25).astype(np.float32), ref, bf16, oracle).passed
+    assert Policy(compute_dtype="float64").judged_at(np.float32) == np.float32
+    with pytest.raises(ParityConfigError, match="compute_dtype"):
+        Policy(compute_dtype="int32")
