@@ -48,6 +48,7 @@ import inspect
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -265,14 +266,20 @@ def warm_up(fn, first_s: float) -> None:
         fn()
 
 
-def interleaved_medians(calls: list, repeat: int) -> list[float | BaseException]:
-    """The median of ``repeat`` timed calls of each of ``calls``, taken round-robin (one call
-    of each in turn), so a slow spell of a shared machine falls on every path alike instead
-    of on whichever path was being timed; a call that raises gives its exception."""
+def interleaved_medians(calls: list, repeat: int, seed: int = 0) -> list[float | BaseException]:
+    """The median of ``repeat`` timed calls of each of ``calls``, taken in rounds (one call of
+    each per round), so a slow spell of a shared machine falls on every path alike instead of
+    on whichever path was being timed; each round in a fresh (seeded) order, so no path always
+    follows the same one (a call after a bfloat16 one ran up to 20 % slower: BERT b=1, the
+    same function at two rows). A call that raises gives its exception."""
     times: list[list[float]] = [[] for _ in calls]
     failed: list[BaseException | None] = [None] * len(calls)
+    rng = random.Random(seed)
     for _ in range(repeat):
-        for i, fn in enumerate(calls):
+        order = list(range(len(calls)))
+        rng.shuffle(order)
+        for i in order:
+            fn = calls[i]
             if failed[i] is not None:
                 continue
             try:
@@ -425,11 +432,12 @@ class Bench:
         self.rows.append(row)
 
     def time_pending(self) -> None:
-        """Time the registered calls: per mode and batch, every path's calls interleaved."""
-        groups: dict[tuple[str, int], list[tuple[Row, Any]]] = {}
+        """Time the registered calls: per dtype, mode and batch, every path's calls
+        interleaved (the ratios compare paths of one dtype)."""
+        groups: dict[tuple[str, str, int], list[tuple[Row, Any]]] = {}
         for row, mode, b, call in self.pending:
-            groups.setdefault((mode, b), []).append((row, call))
-        for (mode, b), entries in groups.items():
+            groups.setdefault((row.dtype, mode, b), []).append((row, call))
+        for (_, mode, b), entries in groups.items():
             results = interleaved_medians([call for _, call in entries], self.repeat)
             for (row, _), got in zip(entries, results, strict=True):
                 if isinstance(got, BaseException):
@@ -1003,9 +1011,10 @@ def render(sections: dict[str, list[dict]], header: dict) -> str:
         f"- versions at the last write: {header['versions']}",
         "- repeats: median of `--repeat` (default 5) calls after the compile call and one "
         "warm-up (no extra warm-up after a first call over 1 s); the paths' calls interleaved "
-        "(one call of each path in turn, per batch and mode), so a slow spell of the shared "
-        "machine falls on every path alike (runs before 2026-12-02 11:55 UTC timed each path's "
-        "calls in a block)",
+        "(one call of each path per round, per dtype, batch and mode, each round in a fresh "
+        "seeded order), so a slow spell of the shared machine falls on every path alike and no "
+        "path always follows the same one (runs before 2026-12-02 15:30 UTC kept one order, "
+        "fp32 and bf16 paths together; before 11:55 UTC each path's calls ran in a block)",
         "- default batches: "
         + "; ".join(f"{m} b={'/'.join(map(str, b))}" for m, b in DEFAULT_BATCHES.items())
         + "; bf16 rows of "
