@@ -212,6 +212,27 @@ def test_the_default_doc_is_not_written_from_uncommitted_code(monkeypatch):
     assert not ran  # refused before measuring anything
 
 
+def test_a_batch_no_path_of_the_dtype_ran_is_not_a_miss():
+    """bf16 runs at b=1 only for the big models: its b=8 is no target miss; a path that did
+    not run where the hand-written model did is one."""
+    from benchmarks import bench_throughput as bt
+
+    result = {
+        "model": "resnet50",
+        "batches": [1, 8],
+        "meta": {"from_torch_s": 1.0},
+        "rows": [
+            _row("hand-written Flax + jit", "fp32", {1: 1.0, 8: 4.0}),
+            _row("xconv to_jax + jit", "fp32", {1: 0.9}),
+            _row("hand-written Flax + jit", "bf16", {1: 1.0}),
+            _row("xconv to_jax + jit", "bf16", {1: 0.9}),
+        ],
+    }
+    targets = "\n".join(bt.render_model(result)).split("Targets")[1]
+    assert "xconv to_jax + jit fp32 infer b=8: not measured" in targets
+    assert "bf16 infer b=8" not in targets
+
+
 def test_paths_are_timed_interleaved_and_a_failing_call_is_reported():
     from benchmarks import bench_throughput as bt
 
