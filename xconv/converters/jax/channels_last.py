@@ -35,7 +35,7 @@ from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.ops import shapes
 from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.layout import channels_last, conversion
-from xconv.converters.ops.normalization import inference_batch_norm
+from xconv.converters.ops.normalization import apply_batch_norm
 from xconv.ir.passes.layout import ELEMENTWISE
 
 #: Ops whose JAX handler moves the channels last itself: called on the IR layout, their
@@ -127,7 +127,7 @@ class ChannelsLast:
         if op == "Conv":
             return (_conv(node, *args, kernel_perm=self.perm_of(node.inputs[1]), **attrs),)
         if op == "BatchNormalization":
-            return (inference_batch_norm(KERNEL, jnp, *args, attrs["epsilon"], axis=-1),)
+            return (apply_batch_norm(KERNEL, jnp, *args, attrs["epsilon"], axis=-1),)
         if op == "GlobalAveragePool":
             return (jnp.mean(args[0], axis=tuple(range(1, len(perm) - 1)), keepdims=True),)
         if op == "GlobalMaxPool":

@@ -39,9 +39,10 @@ def _channel(xp, v, ndim: int, dtype, axis: int = 1):
     return astype(xp, xp.reshape(v, tuple(shape)), dtype)
 
 
-def inference_batch_norm(k, xp, x, scale, b, mean, var, epsilon, axis: int = 1):
-    """BatchNormalization on running statistics, the channels on ``axis`` (the JAX runtime's
-    channels-last execution calls it with -1)."""
+def apply_batch_norm(k, xp, x, scale, b, mean, var, epsilon, axis: int = 1):
+    """``(x - mean) / sqrt(var + epsilon) * scale + b`` with per-channel statistics (the
+    running ones at inference, the batch's in training), the channels on ``axis`` (the JAX
+    runtime's channels-last execution calls it with -1)."""
 
     def bc(v):
         return _channel(xp, v, x.ndim, x.dtype, axis)
@@ -124,16 +125,13 @@ BATCH_NORM_ATTRS = {
 
 
 def _batch_norm(ctx, k, xp, x, scale, b, mean, var, epsilon, momentum, training, n_out):
-    def bc(v):
-        return _channel(xp, v, x.ndim, x.dtype)
-
     if not training:
-        y = inference_batch_norm(k, xp, x, scale, b, mean, var, epsilon)
+        y = apply_batch_norm(k, xp, x, scale, b, mean, var, epsilon)
         return (y, *([None] * (n_out - 1))) if n_out > 1 else y
     axes = (0,) + tuple(range(2, x.ndim))
     batch_mean = xp.mean(x, axis=axes)
     batch_var = xp.var(x, axis=axes)
-    y = (x - bc(batch_mean)) * k.rsqrt(xp, bc(batch_var) + epsilon) * bc(scale) + bc(b)
+    y = apply_batch_norm(k, xp, x, scale, b, batch_mean, batch_var, epsilon)
     run_mean = mean * momentum + astype(xp, batch_mean, mean.dtype) * (1 - momentum)
     run_var = var * momentum + astype(xp, batch_var, var.dtype) * (1 - momentum)
     run_mean, run_var = astype(xp, run_mean, mean.dtype), astype(xp, run_var, var.dtype)
