@@ -9,7 +9,15 @@ on a GPU for float16/bfloat16 inputs; anything the fast form does not cover (KV 
 softcap, windows, scores as an output, float16/bfloat16 on CPU) keeps the ONNX reference's
 step-by-step form. ``"reference"`` always uses the step-by-step form.
 
-The environment variable ``XCONV_JAX_ATTENTION`` sets the default;
+``conv``: ``"auto"`` (default) runs a pointwise convolution (1×1 kernel, no padding, one
+group) on the CPU as a matmul over the channel axis (a strided one reads every ``s``-th
+pixel first): XLA:CPU runs ``lax.conv_general_dilated`` on such a kernel about 1.5-2× slower
+than the same product as ``lax.dot_general``, and its gradient 2-4× slower (ResNet-50's
+1×1 kernels, float32 and bfloat16, measured by ``benchmarks/bench_throughput.py``). Other
+backends, and every other kernel, keep ``lax.conv_general_dilated``; ``"reference"`` always
+does.
+
+The environment variables ``XCONV_JAX_ATTENTION`` and ``XCONV_JAX_CONV`` set the defaults;
 :func:`use` overrides them for a block (benchmarks compare both). The choice is read when a
 function is traced (or when Flax source is written): a jitted function keeps the
 formulation it was traced with.
@@ -21,7 +29,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-_CHOICES = {"attention": ("auto", "reference")}
+_CHOICES = {"attention": ("auto", "reference"), "conv": ("auto", "reference")}
 _current: dict[str, str] = {}
 
 
@@ -33,7 +41,7 @@ def _default(name: str) -> str:
 
 
 def get(name: str) -> str:
-    """The formulation in force for ``name`` (``"attention"``)."""
+    """The formulation in force for ``name`` (``"attention"``, ``"conv"``)."""
     return _current.get(name) or _default(name)
 
 

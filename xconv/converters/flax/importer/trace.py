@@ -87,7 +87,8 @@ def from_flax(
             path = "/".join(str(p) for p in context.module.path)
             classes.setdefault(path, type(context.module))
             modules.setdefault(path, context.module)
-            out = next_fun(*args, **kwargs)
+            with _as_convolution(context.module):
+                out = next_fun(*args, **kwargs)
             if context.method_name == "__call__":
                 out = _mark_dropout(context.module, args, out)
             return out
@@ -176,12 +177,39 @@ def _from_nnx(module: Any, inputs: tuple) -> ir.Model:
             paths[id(sub)] = key
             classes.setdefault(key, type(sub))
             modules.setdefault(key, sub)
-        with _named_calls(paths, {type(s) for _, s in nnx.iter_modules(m)}):
+        types = {type(s) for _, s in nnx.iter_modules(m)}
+        with _named_calls(paths, types), contextlib.ExitStack() as stack:
+            for _, sub in nnx.iter_modules(m):
+                stack.enter_context(_as_convolution(sub))
             return m(*xs)
 
     closed = jax.make_jaxpr(fn)(pure, *inputs)
     # nnx state has no collection level: every path element is a module or variable name.
     return _build(closed, pure, inputs, classes, modules, None, "flax.nnx", collections=False)
+
+
+#: The name of the generated modules' CPU formulation of a 1×1 ``nn.Conv``
+#: (``conv_general_dilated=_pointwise_conv``: a matmul, see
+#: ``xconv.converters.flax.source.helpers``).
+GENERATED_POINTWISE = "_pointwise_conv"
+
+
+@contextlib.contextmanager
+def _as_convolution(module: Any):
+    """Trace a Flax conv layer given the generated ``_pointwise_conv`` as the convolution it
+    computes (``lax.conv_general_dilated``), so the IR keeps the layer's one ``Conv`` rather
+    than the CPU formulation's slice and matmul. Any other module is traced as it is."""
+    from jax import lax
+
+    f = getattr(module, "conv_general_dilated", None)
+    if getattr(f, "__name__", None) != GENERATED_POINTWISE or fl.layer_kind(type(module)) != "conv":
+        yield
+        return
+    object.__setattr__(module, "conv_general_dilated", lax.conv_general_dilated)
+    try:
+        yield
+    finally:
+        object.__setattr__(module, "conv_general_dilated", f)
 
 
 @contextlib.contextmanager

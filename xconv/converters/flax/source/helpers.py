@@ -40,6 +40,18 @@ def _torch_mha(m, x, heads):
     h = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
     return h.reshape(b, t, e) @ m.out_proj_kernel[...].T + m.out_proj_bias[...]
 ''',
+    # xconv.converters.ops.formulation "conv": XLA:CPU runs lax.conv_general_dilated on a 1x1
+    # kernel 1.5-2x slower than the same matmul, its gradient 2-4x (as to_jax's channels_last).
+    "pointwise_conv": '''
+def _pointwise_conv(lhs, rhs, window_strides, padding, **kwargs):
+    """A 1x1 convolution (no padding, one group) as a matmul over the channel axis on the CPU,
+    where XLA runs it faster than ``lax.conv_general_dilated``; other backends convolve."""
+    if jax.default_backend() != "cpu":
+        return lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
+    x = lax.slice(lhs, (0,) * lhs.ndim, lhs.shape, (1, *window_strides, 1))
+    kernel = rhs.reshape(rhs.shape[-2:])
+    return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), kwargs.get("precision"))
+''',
     "reshape": '''
 def _reshape(x, shape):
     """ONNX Reshape: 0 copies the input dimension, -1 is inferred."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from xconv.converters.flax.source.templates import scalar_literal
+from xconv.converters.ops import formulation
 
 
 def _uniform(values: tuple[int, ...]) -> int | tuple[int, ...]:
@@ -60,6 +61,19 @@ def _dense(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
     )
 
 
+def pointwise(kind: str, h: dict[str, Any]) -> bool:
+    """Whether a layer is a convolution the ``conv`` formulation runs as a matmul on the CPU
+    (:mod:`xconv.converters.ops.formulation`): its ``nn.Conv`` is given the module's
+    ``_pointwise_conv`` helper."""
+    return (
+        kind == "conv"
+        and formulation.get("conv") == "auto"
+        and set(h["kernel_size"]) <= {1}
+        and h["groups"] == 1
+        and {int(x) for pp in h["padding"] for x in pp} <= {0}
+    )
+
+
 def _conv(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
     k = tuple(h["kernel_size"])
     pad = tuple(tuple(int(x) for x in pp) for pp in h["padding"])
@@ -71,6 +85,7 @@ def _conv(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
         "feature_group_count": (h["groups"], 1),
         "use_bias": (bool(h["use_bias"]), True),
         **extra,
+        "conv_general_dilated": ("_pointwise_conv" if pointwise("conv", h) else None, None),
     }
     return (
         f"nn.Conv({_args(h['out_channels'], k, **kw)})",
