@@ -192,7 +192,7 @@ def _conv(
     s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
     padding = shapes.conv_padding(node, auto_pad, tuple(x.shape[1:-1]), kernel, s, d, pads)
     w = jnp.asarray(w).astype(x.dtype)
-    if _as_matmul(kernel, padding, group):
+    if jax.default_backend() == "cpu" and formulation.pointwise_conv(kernel, padding, group):
         y = pointwise_matmul(x, w, s, out_axis=rhs[0], in_axis=rhs[1])
     else:
         last = (0, n + 1, *range(1, n + 1))
@@ -209,21 +209,10 @@ def _conv(
     return y if b is None else y + jnp.asarray(b).astype(y.dtype)
 
 
-def _as_matmul(kernel, padding, group) -> bool:
-    """Whether a convolution runs as :func:`pointwise_matmul` (``formulation`` ``conv``)."""
-    return (
-        formulation.get("conv") == "auto"
-        and jax.default_backend() == "cpu"
-        and set(kernel) <= {1}
-        and int(group) == 1
-        and all(tuple(p) == (0, 0) for p in padding)
-    )
-
-
 def pointwise_matmul(x, w, strides, *, out_axis: int, in_axis: int):
     """A 1×1 convolution of a channels-last ``x`` as one matmul over the channel axis: the
-    same products and sums as ``lax.conv_general_dilated``, which XLA:CPU runs 1.5-2× slower
-    (its gradient 2-4×). ``w``'s O and I axes are ``out_axis`` / ``in_axis``; its others are 1."""
+    same products and sums as ``lax.conv_general_dilated``, which XLA:CPU runs 1.3-2.2× slower
+    (its gradient 1.6-4.8×). ``w``'s O and I axes are ``out_axis`` / ``in_axis``; its others are 1."""
     x = lax.slice(x, (0,) * x.ndim, x.shape, (1, *(int(k) for k in strides), 1))
     first, second = sorted((out_axis, in_axis))
     w2 = w.reshape(w.shape[first], w.shape[second])  # the 1-sized axes dropped, order kept

@@ -11,11 +11,11 @@ step-by-step form. ``"reference"`` always uses the step-by-step form.
 
 ``conv``: ``"auto"`` (default) runs a pointwise convolution (1×1 kernel, no padding, one
 group) on the CPU as a matmul over the channel axis (a strided one reads every ``s``-th
-pixel first): XLA:CPU runs ``lax.conv_general_dilated`` on such a kernel about 1.5-2× slower
-than the same product as ``lax.dot_general``, and its gradient 2-4× slower (ResNet-50's
-1×1 kernels, float32 and bfloat16, measured by ``benchmarks/bench_throughput.py``). Other
-backends, and every other kernel, keep ``lax.conv_general_dilated``; ``"reference"`` always
-does.
+pixel first): XLA:CPU runs ``lax.conv_general_dilated`` on such a kernel 1.3-2.2× slower
+than the same product as ``lax.dot_general``, and its gradient 1.6-4.8× slower (ResNet-50's
+1×1 layer shapes at batch 1 and 8, float32 and bfloat16, timed one layer at a time; the
+throughput table has not been rerun with it). Other backends, and every other kernel, keep
+``lax.conv_general_dilated``; ``"reference"`` always does (:func:`pointwise_conv`).
 
 The environment variables ``XCONV_JAX_ATTENTION`` and ``XCONV_JAX_CONV`` set the defaults;
 :func:`use` overrides them for a block (benchmarks compare both). The choice is read when a
@@ -58,3 +58,15 @@ def use(**choices: str) -> Iterator[None]:
     finally:
         _current.clear()
         _current.update(saved)
+
+
+def pointwise_conv(kernel, padding, groups) -> bool:
+    """Whether the ``conv`` formulation runs a convolution of this ``kernel`` shape,
+    ``(low, high)`` ``padding`` pairs and ``groups`` as a matmul (where the backend is the
+    CPU: the caller checks that, at trace time or in the code it writes)."""
+    return (
+        get("conv") == "auto"
+        and set(kernel) <= {1}
+        and int(groups) == 1
+        and all(int(x) == 0 for pair in padding for x in pair)
+    )

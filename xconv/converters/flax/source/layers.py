@@ -65,12 +65,8 @@ def pointwise(kind: str, h: dict[str, Any]) -> bool:
     """Whether a layer is a convolution the ``conv`` formulation runs as a matmul on the CPU
     (:mod:`xconv.converters.ops.formulation`): its ``nn.Conv`` is given the module's
     ``_pointwise_conv`` helper."""
-    return (
-        kind == "conv"
-        and formulation.get("conv") == "auto"
-        and set(h["kernel_size"]) <= {1}
-        and h["groups"] == 1
-        and {int(x) for pp in h["padding"] for x in pp} <= {0}
+    return kind == "conv" and formulation.pointwise_conv(
+        h["kernel_size"], h["padding"], h["groups"]
     )
 
 
