@@ -145,10 +145,6 @@ class Policy:
             return self.compute_dtype
         return dtype
 
-    def floor(self, dtype: Any, scale: float) -> float:
-        """Oracle policy floor: ``floor_ulps * eps(dtype) * scale``, at ``judged_at(dtype)``."""
-        return self.floor_ulps * eps(self.judged_at(dtype)) * max(scale, np.finfo(np.float64).tiny)
-
     def describe(self) -> str:
         extra = ""
         if self.allow_dtype:

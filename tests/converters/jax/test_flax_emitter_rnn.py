@@ -316,8 +316,8 @@ def test_resnet_blocks_become_shared_classes(tmp_path, api):
         # a 1x1 convolution pads nothing under Flax's default padding: none written; it runs
         # as a matmul on the CPU (formulation "conv")
         conv = "nn.Conv(self.features,(1,1),strides=self.strides,use_bias=False,"
-        assert conv + "conv_general_dilated=_pointwise_conv,)" in re.sub(r"\s", "", src)
-        assert "\ndef _pointwise_conv(lhs, rhs, window_strides, padding, **kwargs):\n" in src
+        assert conv + "conv_general_dilated=_matmul_conv,)" in re.sub(r"\s", "", src)
+        assert "\ndef _matmul_conv(lhs, rhs, window_strides, padding, **kwargs):\n" in src
     else:
         # the defaulted fields say their type by their default: the signature fits a line
         head = "def __init__(self, in_features, features, strides=1, downsample=False, *, rngs"

@@ -11,8 +11,9 @@ way the Flax emitter writes its modules (:mod:`xconv.converters.ops.layout`):
   so), and reads its kernel as stored: a weight of ``JaxFunction.kernel_perms`` is held in its
   stored permutation like an activation, so neither the forward pass nor the kernel's
   gradient transposes it (a ResNet-50 training step: 16 transposes and copies fewer); on
-  the CPU a 1×1 kernel runs as a matmul over the channel axis (:func:`pointwise_matmul`,
-  the ``conv`` formulation of :mod:`xconv.converters.ops.formulation`);
+  the CPU a 1×1 kernel runs as a matmul over the channel axis (:func:`pointwise_matmul`)
+  and a small 2-D one as a matmul over its patches (:func:`patch_matmul`), the ``conv``
+  formulation of :mod:`xconv.converters.ops.formulation`;
 * inference ``BatchNormalization`` and the elementwise ops keep the layout, their
   lower-rank operands (biases, per-channel constants) broadcast as the IR broadcasts them;
 * pooling runs channels-last (the JAX pooling moves C last itself, so the transposes cancel);
@@ -192,8 +193,18 @@ def _conv(
     s, d = shapes.ints(strides, n, 1), shapes.ints(dilations, n, 1)
     padding = shapes.conv_padding(node, auto_pad, tuple(x.shape[1:-1]), kernel, s, d, pads)
     w = jnp.asarray(w).astype(x.dtype)
-    if jax.default_backend() == "cpu" and formulation.pointwise_conv(kernel, padding, group):
+    how = None
+    if jax.default_backend() == "cpu":
+        out = [
+            (size + lo + hi - dd * (k - 1) - 1) // ss + 1
+            for size, (lo, hi), k, ss, dd in zip(x.shape[1:-1], padding, kernel, s, d, strict=True)
+        ]
+        positions = int(x.shape[0]) * int(np.prod(out))
+        how = formulation.matmul_conv(kernel, padding, group, d, x.shape[-1], positions)
+    if how == "pointwise":
         y = pointwise_matmul(x, w, s, out_axis=rhs[0], in_axis=rhs[1])
+    elif how == "patches":
+        y = patch_matmul(x, jnp.transpose(w, (*rhs[2:], rhs[1], rhs[0])), s, padding)
     else:
         last = (0, n + 1, *range(1, n + 1))
         dn = lax.ConvDimensionNumbers(lhs_spec=last, rhs_spec=rhs, out_spec=last)
@@ -217,3 +228,26 @@ def pointwise_matmul(x, w, strides, *, out_axis: int, in_axis: int):
     first, second = sorted((out_axis, in_axis))
     w2 = w.reshape(w.shape[first], w.shape[second])  # the 1-sized axes dropped, order kept
     return lax.dot_general(x, w2, (((x.ndim - 1,), (int(in_axis > out_axis),)), ((), ())))
+
+
+def patch_matmul(x, w, strides, padding):
+    """A convolution of a channels-last ``x`` as one matmul over its patches: the ``kh·kw``
+    (strided) shifted views of the padded input concatenated on the channel axis, times the
+    ``(*k, I, O)`` kernel ``w`` flattened to ``(kh·kw·I, O)`` (the same products as
+    ``lax.conv_general_dilated``; see :func:`xconv.converters.ops.formulation.matmul_conv`
+    for where XLA:CPU runs it faster)."""
+    kernel = w.shape[:-2]
+    pads = ((0, 0, 0), *((int(lo), int(hi), 0) for lo, hi in padding), (0, 0, 0))
+    x = lax.pad(x, jnp.zeros((), x.dtype), pads)
+    strides = tuple(int(st) for st in strides)
+    out = [(size - k) // st + 1 for size, k, st in zip(x.shape[1:-1], kernel, strides, strict=True)]
+    views = []
+    for offset in np.ndindex(*kernel):
+        end = (o + (n - 1) * st + 1 for o, n, st in zip(offset, out, strides, strict=True))
+        views.append(
+            lax.slice(x, (0, *offset, 0), (x.shape[0], *end, x.shape[-1]), (1, *strides, 1))
+        )
+    patches = views[0] if len(views) == 1 else jnp.concatenate(views, axis=-1)
+    return lax.dot_general(
+        patches, w.reshape(-1, w.shape[-1]), (((patches.ndim - 1,), (0,)), ((), ()))
+    )

@@ -9,13 +9,19 @@ on a GPU for float16/bfloat16 inputs; anything the fast form does not cover (KV 
 softcap, windows, scores as an output, float16/bfloat16 on CPU) keeps the ONNX reference's
 step-by-step form. ``"reference"`` always uses the step-by-step form.
 
-``conv``: ``"auto"`` (default) runs a pointwise convolution (1×1 kernel, no padding, one
-group) on the CPU as a matmul over the channel axis (a strided one reads every ``s``-th
-pixel first): XLA:CPU runs ``lax.conv_general_dilated`` on such a kernel 1.3-2.2× slower
-than the same product as ``lax.dot_general``, and its gradient 1.6-4.8× slower (ResNet-50's
-1×1 layer shapes at batch 1 and 8, float32 and bfloat16, timed one layer at a time; the
-throughput table has not been rerun with it). Other backends, and every other kernel, keep
-``lax.conv_general_dilated``; ``"reference"`` always does (:func:`pointwise_conv`).
+``conv``: ``"auto"`` (default) runs some convolutions on the CPU as one matmul over their
+patches (:func:`matmul_conv`): a pointwise one (1×1 kernel, no padding) over the channel axis
+(a strided one reads every ``s``-th pixel first), and a 2-D one with at least
+``PATCH_MIN_CHANNELS`` input channels whose patches (``N·Ho·Wo·kh·kw·C`` elements) number at
+most ``PATCH_LIMIT``, over its ``kh·kw`` shifted views concatenated on the channel axis. XLA:CPU
+runs ``lax.conv_general_dilated`` on a 1×1 kernel 1.3-2.2× slower than the same product as
+``lax.dot_general`` and its gradient 1.6-4.8× slower (ResNet-50's 1×1 layer shapes at batch 1
+and 8, float32 and bfloat16, one layer at a time); on 3×3 kernels with 64-512 input channels
+and small patches the matmul's gradient is 0.4-0.9× the convolution's and its forward
+0.7-1.0× (ResNet-50's 7×7 and 14×14 layers), and on a 2×2 output 0.05-0.2× for both
+(XLA:CPU's convolution runs such a layer at a few GFLOP/s). Larger patches, fewer channels,
+grouped or dilated kernels, other backends, and every convolution under ``"reference"`` keep
+``lax.conv_general_dilated``.
 
 The environment variables ``XCONV_JAX_ATTENTION`` and ``XCONV_JAX_CONV`` set the defaults;
 :func:`use` overrides them for a block (benchmarks compare both). The choice is read when a
@@ -28,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+
+import numpy as np
 
 _CHOICES = {"attention": ("auto", "reference"), "conv": ("auto", "reference")}
 _current: dict[str, str] = {}
@@ -60,13 +68,31 @@ def use(**choices: str) -> Iterator[None]:
         _current.update(saved)
 
 
-def pointwise_conv(kernel, padding, groups) -> bool:
-    """Whether the ``conv`` formulation runs a convolution of this ``kernel`` shape,
-    ``(low, high)`` ``padding`` pairs and ``groups`` as a matmul (where the backend is the
-    CPU: the caller checks that, at trace time or in the code it writes)."""
-    return (
-        get("conv") == "auto"
-        and set(kernel) <= {1}
-        and int(groups) == 1
-        and all(int(x) == 0 for pair in padding for x in pair)
-    )
+#: Patches of at most this many elements (8 MiB in float32) run as a matmul.
+PATCH_LIMIT = 1 << 21
+#: ... from this many input channels on (fewer: the concatenated views cost more than the
+#: convolution saves).
+PATCH_MIN_CHANNELS = 64
+
+
+def matmul_conv(kernel, padding, groups, dilations=(), in_channels=None, positions=None):
+    """How the ``conv`` formulation runs a convolution where the backend is the CPU (the
+    caller checks that, at trace time or in the code it writes): ``"pointwise"`` (a 1×1 kernel
+    with no padding, as a matmul over the channel axis), ``"patches"`` (as a matmul over its
+    patches) or None (``lax.conv_general_dilated``). ``padding`` holds ``(low, high)`` pairs;
+    ``positions`` is ``N·Ho·Wo``, the output pixels over the batch (None where it is not
+    known yet, as when Flax source is written: the generated helper decides at trace time)."""
+    if get("conv") != "auto" or int(groups) != 1:
+        return None
+    if any(int(x) < 0 for pair in padding for x in pair):
+        return None
+    if set(kernel) <= {1} and all(int(x) == 0 for pair in padding for x in pair):
+        return "pointwise"
+    if len(kernel) != 2 or any(int(d) != 1 for d in dilations):
+        return None
+    if in_channels is not None and int(in_channels) < PATCH_MIN_CHANNELS:
+        return None
+    patch = int(np.prod(kernel)) * int(in_channels or 0)
+    if positions is not None and int(positions) * patch > PATCH_LIMIT:
+        return None
+    return "patches"

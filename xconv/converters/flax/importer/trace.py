@@ -188,21 +188,24 @@ def _from_nnx(module: Any, inputs: tuple) -> ir.Model:
     return _build(closed, pure, inputs, classes, modules, None, "flax.nnx", collections=False)
 
 
-#: The name of the generated modules' CPU formulation of a 1×1 ``nn.Conv``
-#: (``conv_general_dilated=_pointwise_conv``: a matmul, see
+#: The name of the generated modules' CPU formulation of an ``nn.Conv``
+#: (``conv_general_dilated=_matmul_conv``: a matmul over its patches, see
 #: ``xconv.converters.flax.source.helpers``).
-GENERATED_POINTWISE = "_pointwise_conv"
+GENERATED_MATMUL_CONV = "_matmul_conv"
 
 
 @contextlib.contextmanager
 def _as_convolution(module: Any):
-    """Trace a Flax conv layer given the generated ``_pointwise_conv`` as the convolution it
+    """Trace a Flax conv layer given the generated ``_matmul_conv`` as the convolution it
     computes (``lax.conv_general_dilated``), so the IR keeps the layer's one ``Conv`` rather
     than the CPU formulation's slice and matmul. Any other module is traced as it is."""
     from jax import lax
 
     f = getattr(module, "conv_general_dilated", None)
-    if getattr(f, "__name__", None) != GENERATED_POINTWISE or fl.layer_kind(type(module)) != "conv":
+    if (
+        getattr(f, "__name__", None) != GENERATED_MATMUL_CONV
+        or fl.layer_kind(type(module)) != "conv"
+    ):
         yield
         return
     object.__setattr__(module, "conv_general_dilated", lax.conv_general_dilated)

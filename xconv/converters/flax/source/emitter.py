@@ -29,7 +29,7 @@ from xconv.converters.codegen import (
 from xconv.converters.flax.source import classes as flax_classes
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
 from xconv.converters.flax.source.attention import fold_head_transposes, packed_self_attention
-from xconv.converters.flax.source.layers import layer_ctor, pointwise
+from xconv.converters.flax.source.layers import layer_ctor, matmul_conv
 from xconv.converters.flax.source.nodes import _Nodes
 from xconv.converters.flax.source.planning import LayerPlan, _Planning
 from xconv.converters.flax.source.render import (
@@ -492,8 +492,8 @@ class _Emitter(_Planning, _Values, _Nodes):
             call = f"self.{attr}({x}, deterministic=not train)"
         if self.low_dtype and kind == "batch_norm" and self.api == "nnx":
             call = f"{call}.astype(jnp.bfloat16)"  # see flax_layers.layer_ctor
-        if pointwise(kind, h):
-            self.src.helpers.add("pointwise_conv")
+        if matmul_conv(kind, h):
+            self.src.helpers.add("matmul_conv")
         linen, nnx_ = layer_ctor(kind, h, pdt, "jnp.bfloat16" if self.low_dtype else "")
         self.src.setup.append((f"self.{attr} = {linen}", f"self.{attr} = {nnx_}"))
         for role, arr in sorted(w.items()):

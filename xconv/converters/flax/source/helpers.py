@@ -40,17 +40,32 @@ def _torch_mha(m, x, heads):
     h = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
     return h.reshape(b, t, e) @ m.out_proj_kernel[...].T + m.out_proj_bias[...]
 ''',
-    # xconv.converters.ops.formulation "conv": XLA:CPU runs lax.conv_general_dilated on a 1x1
-    # kernel 1.3-2.2x slower than the same matmul, its gradient 1.6-4.8x (as to_jax's).
-    "pointwise_conv": '''
-def _pointwise_conv(lhs, rhs, window_strides, padding, **kwargs):
-    """A 1x1 convolution (no padding, one group) as a matmul over the channel axis on the CPU,
-    where XLA runs it faster than ``lax.conv_general_dilated``; other backends convolve."""
-    if jax.default_backend() != "cpu":
+    # xconv.converters.ops.formulation "conv": on the CPU, XLA runs a 1x1 convolution and a
+    # small 2-D one with 64+ input channels faster as a matmul over its patches (as to_jax's).
+    "matmul_conv": '''
+def _matmul_conv(lhs, rhs, window_strides, padding, **kwargs):
+    """On the CPU, a 1x1 convolution (no padding), or a 2-D one with 64+ input channels and at
+    most 2**21 patch elements, as one matmul over its patches, which XLA runs faster than
+    lax.conv_general_dilated; other backends and convolutions convolve."""
+    k, c, strides = rhs.shape[:-2], rhs.shape[-2], window_strides
+    if isinstance(padding, str):
+        padding = lax.padtype_to_pads(lhs.shape[1:-1], k, strides, padding)
+    pads = [int(p) for pair in padding for p in pair]
+    out = [(n + lo + hi - kk) // s + 1 for n, (lo, hi), kk, s in zip(lhs.shape[1:-1], padding, k, strides)]
+    pointwise = set(k) <= {1} and not any(pads)
+    small = len(k) == 2 and c >= 64 and lhs.shape[0] * math.prod(out) * math.prod(k) * c <= 2**21
+    undilated = all(set(kwargs.get(a) or (1,)) <= {1} for a in ("lhs_dilation", "rhs_dilation"))
+    grouped = kwargs.get("feature_group_count", 1) != 1
+    if jax.default_backend() != "cpu" or not (pointwise or small) or not undilated or grouped or min(pads) < 0:
         return lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
-    x = lax.slice(lhs, (0,) * lhs.ndim, lhs.shape, (1, *window_strides, 1))
-    kernel = rhs.reshape(rhs.shape[-2:])
-    return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), kwargs.get("precision"))
+    x = lax.pad(lhs, jnp.zeros((), lhs.dtype), ((0, 0, 0), *((lo, hi, 0) for lo, hi in padding), (0, 0, 0)))
+    views = [
+        lax.slice(x, (0, *o, 0), (len(x), *(i + (n - 1) * s + 1 for i, n, s in zip(o, out, strides)), c), (1, *strides, 1))
+        for o in itertools.product(*map(range, k))
+    ]
+    patches = views[0] if len(views) == 1 else jnp.concatenate(views, axis=-1)
+    kernel = rhs.reshape(-1, rhs.shape[-1])
+    return lax.dot_general(patches, kernel, (((x.ndim - 1,), (0,)), ((), ())), kwargs.get("precision"))
 ''',
     "reshape": '''
 def _reshape(x, shape):

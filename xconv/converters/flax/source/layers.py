@@ -61,12 +61,17 @@ def _dense(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
     )
 
 
-def pointwise(kind: str, h: dict[str, Any]) -> bool:
-    """Whether a layer is a convolution the ``conv`` formulation runs as a matmul on the CPU
-    (:mod:`xconv.converters.ops.formulation`): its ``nn.Conv`` is given the module's
-    ``_pointwise_conv`` helper."""
-    return kind == "conv" and formulation.pointwise_conv(
-        h["kernel_size"], h["padding"], h["groups"]
+def matmul_conv(kind: str, h: dict[str, Any]) -> bool:
+    """Whether a layer is a convolution the ``conv`` formulation may run as a matmul on the
+    CPU (:func:`xconv.converters.ops.formulation.matmul_conv`; the batch is not known yet, so
+    the helper decides at trace time): its ``nn.Conv`` is given the module's ``_matmul_conv``
+    helper."""
+    return (
+        kind == "conv"
+        and formulation.matmul_conv(
+            h["kernel_size"], h["padding"], h["groups"], h["dilations"], h["in_channels"]
+        )
+        is not None
     )
 
 
@@ -81,7 +86,7 @@ def _conv(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
         "feature_group_count": (h["groups"], 1),
         "use_bias": (bool(h["use_bias"]), True),
         **extra,
-        "conv_general_dilated": ("_pointwise_conv" if pointwise("conv", h) else None, None),
+        "conv_general_dilated": ("_matmul_conv" if matmul_conv("conv", h) else None, None),
     }
     return (
         f"nn.Conv({_args(h['out_channels'], k, **kw)})",

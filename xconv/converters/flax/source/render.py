@@ -33,6 +33,8 @@ def _imports(text: str, api: str) -> list[str]:
     std = ["from pathlib import Path"]
     if re.search(r"(?<![\w.])math\.", text):
         std.insert(0, "import math")
+    if re.search(r"(?<![\w.])itertools\.", text):
+        std.insert(0, "import itertools")
     third = []
     if api == "linen" or re.search(r"(?<![\w.])nn\.", text):
         third.append("import flax.linen as nn")
