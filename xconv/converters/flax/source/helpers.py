@@ -47,25 +47,27 @@ def _matmul_conv(lhs, rhs, window_strides, padding, **kwargs):
     """On the CPU, a 1x1 convolution (no padding), or a 2-D one with 64+ input channels and at
     most 2**21 patch elements, as one matmul over its patches, which XLA runs faster than
     lax.conv_general_dilated; other backends and convolutions convolve."""
-    k, c, strides = rhs.shape[:-2], rhs.shape[-2], window_strides
+    k, c, strides = rhs.shape[:-2], rhs.shape[-2], tuple(window_strides)
     if isinstance(padding, str):
         padding = lax.padtype_to_pads(lhs.shape[1:-1], k, strides, padding)
     pads = [int(p) for pair in padding for p in pair]
-    out = [(n + lo + hi - kk) // s + 1 for n, (lo, hi), kk, s in zip(lhs.shape[1:-1], padding, k, strides)]
+    sizes = zip(lhs.shape[1:-1], padding, k, strides, strict=True)
+    out = [(n + lo + hi - kk) // s + 1 for n, (lo, hi), kk, s in sizes]
     pointwise = set(k) <= {1} and not any(pads)
-    small = len(k) == 2 and c >= 64 and lhs.shape[0] * math.prod(out) * math.prod(k) * c <= 2**21
-    undilated = all(set(kwargs.get(a) or (1,)) <= {1} for a in ("lhs_dilation", "rhs_dilation"))
-    grouped = kwargs.get("feature_group_count", 1) != 1
-    if jax.default_backend() != "cpu" or not (pointwise or small) or not undilated or grouped or min(pads) < 0:
+    small = len(k) == 2 and c >= 64 and len(lhs) * math.prod(out) * math.prod(k) * c <= 2**21
+    plain = all(set(kwargs.get(a) or (1,)) <= {1} for a in ("lhs_dilation", "rhs_dilation"))
+    plain = plain and kwargs.get("feature_group_count", 1) == 1 and min(pads) >= 0
+    if jax.default_backend() != "cpu" or not plain or not (pointwise or small):
         return lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
-    x = lax.pad(lhs, jnp.zeros((), lhs.dtype), ((0, 0, 0), *((lo, hi, 0) for lo, hi in padding), (0, 0, 0)))
-    views = [
-        lax.slice(x, (0, *o, 0), (len(x), *(i + (n - 1) * s + 1 for i, n, s in zip(o, out, strides)), c), (1, *strides, 1))
-        for o in itertools.product(*map(range, k))
-    ]
+    x = lax.pad(lhs, jnp.zeros((), lhs.dtype), ((0, 0, 0), *((*p, 0) for p in padding), (0, 0, 0)))
+    views = []
+    for o in itertools.product(*map(range, k)):
+        end = (i + (n - 1) * s + 1 for i, n, s in zip(o, out, strides, strict=True))
+        views.append(lax.slice(x, (0, *o, 0), (len(x), *end, c), (1, *strides, 1)))
     patches = views[0] if len(views) == 1 else jnp.concatenate(views, axis=-1)
     kernel = rhs.reshape(-1, rhs.shape[-1])
-    return lax.dot_general(patches, kernel, (((x.ndim - 1,), (0,)), ((), ())), kwargs.get("precision"))
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    return lax.dot_general(patches, kernel, dims, kwargs.get("precision"))
 ''',
     "reshape": '''
 def _reshape(x, shape):
