@@ -381,7 +381,7 @@ def test_transformer_layers_become_block_classes(tmp_path):
     assert src.count("class EncoderLayer") == 1
     assert src.count("class MultiheadAttention(") == 1
     assert "def __init__(self, approximate: bool, *, rngs: nnx.Rngs):" in src
-    assert "jax.nn.gelu(self.ff1(self.ln3(x)), approximate=self.approximate)" in src
+    assert "_gelu(self.ff1(self.ln3(x)), approximate=self.approximate)" in src
     # torch's self-attention on its packed weights: one helper call, the variables its own
     assert "        return _torch_mha(self, x, heads=4)\n" in src
     assert "self.in_proj_kernel = nnx.Param(jnp.zeros((96, 32), jnp.float32))" in src

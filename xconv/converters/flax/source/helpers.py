@@ -69,6 +69,15 @@ def _matmul_conv(lhs, rhs, window_strides, padding, **kwargs):
     dims = (((x.ndim - 1,), (0,)), ((), ()))
     return lax.dot_general(patches, kernel, dims, kwargs.get("precision"))
 ''',
+    # ONNX's and torch's exact GELU in their erf form: jax.nn.gelu(approximate=False) goes
+    # through erfc, which XLA:CPU runs about 3x slower.
+    "gelu": '''
+def _gelu(x, approximate):
+    """GELU: x/2 (1 + erf(x/sqrt(2))), or jax.nn.gelu's tanh approximation."""
+    if approximate:
+        return jax.nn.gelu(x, approximate=True)
+    return x * 0.5 * (1 + lax.erf(x * 0.7071067811865476))
+''',
     "reshape": '''
 def _reshape(x, shape):
     """ONNX Reshape: 0 copies the input dimension, -1 is inferred."""
