@@ -879,6 +879,13 @@ def _kind(path: str) -> str:
     return dict(PATHS)[path]
 
 
+def _computes_it(row: dict) -> bool:
+    """Whether a path computes the source's function: one whose parity verdict is a FAIL runs
+    something else (t2j maps torch's exact GELU to ``jax.nn.gelu``'s tanh default) and is no
+    bar for the others."""
+    return not (row["parity"] or "").startswith("FAIL")
+
+
 def _ratio(t: float | None, ref: float | None) -> str:
     return f"×{t / ref:.2f}" if t and ref else "—"
 
@@ -939,7 +946,7 @@ def render_model(result: dict) -> list[str]:
                 peers = [
                     r[mode].get(b)
                     for r in drows
-                    if _kind(r["path"]) in JAX_KINDS and r[mode].get(b)
+                    if _kind(r["path"]) in JAX_KINDS and r[mode].get(b) and _computes_it(r)
                 ]
                 best[b] = min(peers) if peers else None
                 hand[b] = next((r[mode].get(b) for r in drows if _kind(r["path"]) == "hand"), None)
@@ -1024,7 +1031,8 @@ def render(sections: dict[str, list[dict]], header: dict) -> str:
         + ", ".join(f"{m} at b={'/'.join(map(str, b))}" for m, b in TRAIN_BATCHES.items())
         + f" only (`--train-all-batches`); torch.compile for {COMPILE_MODELS} (`--compile-models`)",
         "- throughput in items/s (higher is better); ×best JAX = time / fastest of t2j, torchax and "
-        "the hand-written Flax in the same dtype; ×hand Flax = time / hand-written Flax (< 1: faster)",
+        "the hand-written Flax in the same dtype, of those whose parity verdict is not a FAIL "
+        "(a failing path computes another function); ×hand Flax = time / hand-written Flax (< 1: faster)",
         "- `xconv to_jax + jit`: `to_jax`'s default `kernel_layout`; "
         '`xconv to_jax(kernel_layout="HWIO") + jit`: convolution kernels stored (*k, I, O)',
         "- training step: forward, 0.5·mean(out²), backward, SGD update; eval-mode model on every "
@@ -1081,6 +1089,23 @@ def _limit_threads(n: int) -> None:
     if n == 1:
         flags = "--xla_cpu_multi_thread_eigen=false"
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
+
+
+def _cpu() -> str:
+    """The CPU model and its widest float SIMD: sessions land on different machines, and a
+    run's absolute numbers only compare with runs on the same kind."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    simd = next((f for f in ("avx512f", "avx2", "sse4_2") if f in flags), None)
+    return f"{model}, {os.cpu_count()} cores" + (f", {simd.upper()}" if simd else "")
 
 
 def _load() -> str:
@@ -1212,6 +1237,7 @@ def main(argv=None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_before": load_before,
             "load_after": _load(),
+            "cpu": _cpu(),
             "argv": ["--models", name, *_strip_models(argv)],
         }
         # Merged and written after each model, so a stopped run keeps what it measured.

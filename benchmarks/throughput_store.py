@@ -176,5 +176,6 @@ def describe(run: dict[str, Any]) -> str:
     return (
         f"commit `{run.get('commit', '?')}`, {run.get('date', '?')}, load average "
         f"{run.get('load_before', '?')} before / {run.get('load_after', '?')} after"
+        + (f", {run['cpu']}" if run.get("cpu") else "")
         + (f", `{argv}`" if argv else "")
     )

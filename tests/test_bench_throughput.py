@@ -77,7 +77,7 @@ def test_hand_written_encoder_loads_torch_weights():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def _row(path, dtype, infer, note=""):
+def _row(path, dtype, infer, note="", parity="pass"):
     return {
         "path": path,
         "dtype": dtype,
@@ -86,7 +86,7 @@ def _row(path, dtype, infer, note=""):
         "infer_compile": {},
         "train_compile": {},
         "conversion_s": 1.0,
-        "parity": "pass",
+        "parity": parity,
         "note": note,
     }
 
@@ -115,6 +115,12 @@ def test_table_ratios_and_targets_follow_the_timings():
     assert "xconv to_jax + jit fp32 infer" not in text.split("Targets")[1]  # ×0.62 and ×0.50: met
     assert "onnxruntime, xconv .onnx fp32 infer b=1: ×1.50 the torch.onnx export" in text
     assert "xconv to_jax + jit bf16 infer b=1: not measured (not available at this commit)" in text
+    # A peer that fails parity computes another function: no bar for the others.
+    result["rows"][2]["parity"] = "FAIL (max err 3.3e-04)"
+    text = "\n".join(bt.render_model(result))
+    gen = next(line for line in text.splitlines() if line.startswith("| xconv generated Flax"))
+    assert "| ×0.90 | ×0.90 |" in gen  # the hand-written Flax is the best JAX path now
+    assert "the best JAX path" not in text.split("Targets")[1]
 
 
 @pytest.mark.slow
