@@ -79,6 +79,25 @@ def test_to_jax_runs_pointwise_and_small_kernels_as_matmuls_with_the_same_number
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-4, atol=1e-5)
 
 
+def test_a_kernel_held_in_onnx_layout_is_transposed_only_where_its_patches_outweigh_it(net):
+    """ONNX's (O, I, kh, kw) kernel of the 64-channel 3×3 layer stays as it is held at batch 1
+    (36,864 kernel elements, 14,400 patch elements: the views are stacked to its layout) and
+    is transposed to HWIO at batch 8 (57,600 patch elements), as ``STACK_RATIO`` says."""
+    _, x, model = net
+    counts = {}
+    for batch in (1, 8):
+        xs = np.repeat(x.numpy()[:1], batch, axis=0)
+        for layout in ("HWIO", "onnx"):
+            fn, params = xconv.to_jax(model, kernel_layout=layout)
+            jaxpr = str(jax.make_jaxpr(fn)(params, xs))
+            counts[batch, layout] = jaxpr.count("transpose[")
+            got = np.asarray(jax.jit(fn)(params, xs)[0])
+            want = net[0](torch.from_numpy(xs)).detach().numpy()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert counts[1, "onnx"] == counts[1, "HWIO"], counts
+    assert counts[8, "onnx"] == counts[8, "HWIO"] + 1, counts
+
+
 def _load_generated(out):
     spec = importlib.util.spec_from_file_location(f"gen_{out.name}", out / "model.py")
     mod = importlib.util.module_from_spec(spec)

@@ -195,16 +195,11 @@ def _conv(
     w = jnp.asarray(w).astype(x.dtype)
     how = None
     if jax.default_backend() == "cpu":
-        out = [
-            (size + lo + hi - dd * (k - 1) - 1) // ss + 1
-            for size, (lo, hi), k, ss, dd in zip(x.shape[1:-1], padding, kernel, s, d, strict=True)
-        ]
+        out = shapes.conv_output(x.shape[1:-1], padding, kernel, s, d)
         positions = int(x.shape[0]) * int(np.prod(out))
         how = formulation.matmul_conv(kernel, padding, group, d, x.shape[-1], positions)
-    if how == "pointwise":
-        y = pointwise_matmul(x, w, s, out_axis=rhs[0], in_axis=rhs[1])
-    elif how == "patches":
-        y = patch_matmul(x, jnp.transpose(w, (*rhs[2:], rhs[1], rhs[0])), s, padding)
+    if how is not None:
+        y = patch_matmul(x, w, s, padding, out_axis=rhs[0], in_axis=rhs[1])
     else:
         last = (0, n + 1, *range(1, n + 1))
         dn = lax.ConvDimensionNumbers(lhs_spec=last, rhs_spec=rhs, out_spec=last)
@@ -220,34 +215,50 @@ def _conv(
     return y if b is None else y + jnp.asarray(b).astype(y.dtype)
 
 
-def pointwise_matmul(x, w, strides, *, out_axis: int, in_axis: int):
-    """A 1×1 convolution of a channels-last ``x`` as one matmul over the channel axis: the
-    same products and sums as ``lax.conv_general_dilated``, which XLA:CPU runs 1.3-2.2× slower
-    (its gradient 1.6-4.8×). ``w``'s O and I axes are ``out_axis`` / ``in_axis``; its others are 1."""
-    x = lax.slice(x, (0,) * x.ndim, x.shape, (1, *(int(k) for k in strides), 1))
-    first, second = sorted((out_axis, in_axis))
-    w2 = w.reshape(w.shape[first], w.shape[second])  # the 1-sized axes dropped, order kept
-    return lax.dot_general(x, w2, (((x.ndim - 1,), (int(in_axis > out_axis),)), ((), ())))
+#: A kernel held (O, I, *k) stays so where it holds this many times its patches' elements.
+STACK_RATIO = 2
 
 
-def patch_matmul(x, w, strides, padding):
+def patch_matmul(x, w, strides, padding, *, out_axis: int, in_axis: int):
     """A convolution of a channels-last ``x`` as one matmul over its patches: the ``kh·kw``
-    (strided) shifted views of the padded input concatenated on the channel axis, times the
-    ``(*k, I, O)`` kernel ``w`` flattened to ``(kh·kw·I, O)`` (the same products as
+    (strided) shifted views of the padded input (one view for a 1×1 kernel), times the kernel
+    ``w`` flattened over its ``I`` and spatial axes (the same products as
     ``lax.conv_general_dilated``; see :func:`xconv.converters.ops.formulation.matmul_conv`
-    for where XLA:CPU runs it faster)."""
-    kernel = w.shape[:-2]
+    for where XLA:CPU runs it faster). ``w``'s O and I axes are ``out_axis`` / ``in_axis``.
+
+    A kernel held ``(*k, I, O)`` (HWIO) is only reshaped, the views concatenated on the
+    channel axis. One held ``(O, I, *k)`` (ONNX's) is too where it outweighs its patches
+    ``STACK_RATIO``-fold, the views then stacked after the channel axis (I-major, as the
+    kernel); otherwise it is transposed to HWIO, as is a kernel held any other way. XLA:CPU
+    transposes a kernel at a few GB/s and interleaves stacked views slowly, so each pays
+    where the other is the larger (a 3×3 kernel, float32, batch 1: on 7×7×512 inputs the
+    transpose took 61 % of the forward pass's time, on 56×56×64 the stacking 65 %)."""
+    n = x.ndim - 2
+    spatial = [a for a in range(w.ndim) if a not in (out_axis, in_axis)]
+    kernel = tuple(w.shape[a] for a in spatial)
+    out = shapes.conv_output(x.shape[1:-1], padding, kernel, strides)
+    patch_size = int(x.shape[0]) * int(np.prod(out)) * int(np.prod(kernel)) * int(x.shape[-1])
+    onnx = (out_axis, in_axis) == (0, 1) and spatial == list(range(2, n + 2))
+    if onnx and (w.size >= STACK_RATIO * patch_size or set(kernel) <= {1}):
+        stack, w2, w_axis = True, w.reshape(w.shape[0], -1), 1  # (O, I·kh·kw)
+    else:
+        if (in_axis, out_axis) != (n, n + 1) or spatial != list(range(n)):
+            w = jnp.transpose(w, (*spatial, in_axis, out_axis))
+        stack, w2, w_axis = False, w.reshape(-1, w.shape[-1]), 0  # (kh·kw·I, O)
     pads = ((0, 0, 0), *((int(lo), int(hi), 0) for lo, hi in padding), (0, 0, 0))
-    x = lax.pad(x, jnp.zeros((), x.dtype), pads)
+    if any(p for pair in pads for p in pair):
+        x = lax.pad(x, jnp.zeros((), x.dtype), pads)
     strides = tuple(int(st) for st in strides)
-    out = [(size - k) // st + 1 for size, k, st in zip(x.shape[1:-1], kernel, strides, strict=True)]
     views = []
     for offset in np.ndindex(*kernel):
-        end = (o + (n - 1) * st + 1 for o, n, st in zip(offset, out, strides, strict=True))
+        end = (o + (m - 1) * st + 1 for o, m, st in zip(offset, out, strides, strict=True))
         views.append(
             lax.slice(x, (0, *offset, 0), (x.shape[0], *end, x.shape[-1]), (1, *strides, 1))
         )
-    patches = views[0] if len(views) == 1 else jnp.concatenate(views, axis=-1)
-    return lax.dot_general(
-        patches, w.reshape(-1, w.shape[-1]), (((patches.ndim - 1,), (0,)), ((), ()))
-    )
+    if len(views) == 1:
+        patches = views[0]
+    elif stack:  # (..., I, kh·kw) flattened: I-major, as the (O, I, *k) kernel
+        patches = jnp.stack(views, axis=-1).reshape(*views[0].shape[:-1], -1)
+    else:  # (..., kh·kw, I): offset-major, as the (*k, I, O) kernel
+        patches = jnp.concatenate(views, axis=-1)
+    return lax.dot_general(patches, w2, (((patches.ndim - 1,), (w_axis,)), ((), ())))

@@ -46,6 +46,17 @@ def conv_padding(node: ir.Node, auto_pad, spatial, kernel, strides, dilations, p
     return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
 
 
+def conv_output(spatial, padding, kernel, strides, dilations=None) -> tuple[int, ...]:
+    """Output spatial size of a convolution (or pooling window) over ``spatial`` with
+    ``(low, high)`` ``padding`` (floor mode)."""
+    dilations = dilations or (1,) * len(spatial)
+    sizes = zip(spatial, padding, kernel, strides, dilations, strict=True)
+    return tuple(
+        (int(n) + int(lo) + int(hi) - int(d) * (int(k) - 1) - 1) // int(s) + 1
+        for n, (lo, hi), k, s, d in sizes
+    )
+
+
 def conv_transpose_padding(
     node: ir.Node,
     auto_pad,
