@@ -197,6 +197,21 @@ def test_gather_grad_accumulates_repeated_indices() -> None:
     np.testing.assert_array_equal(np.asarray(g), expected)
 
 
+def test_gather_of_one_constant_index_is_a_slice_and_its_grad_a_pad() -> None:
+    """How exporters split packed q, k, v: its gradient pads, no scatter-add (which XLA:CPU
+    runs as an unvectorised map)."""
+    case = OpCase("gather", "Gather", [X], [np.int64(-2)], {"axis": 1})
+    fn, params = xconv.to_jax(xconv.load(build_model(case)))
+    x = jnp.asarray(X)
+    np.testing.assert_array_equal(np.asarray(fn(params, x)[0]), X[:, -2])
+    grad = jax.grad(lambda v: jnp.sum(fn(params, v)[0] * 3))
+    jaxpr = str(jax.make_jaxpr(grad)(x))
+    assert "scatter" not in jaxpr and "gather" not in jaxpr, jaxpr
+    expected = np.zeros_like(X)
+    expected[:, -2] = 3
+    np.testing.assert_array_equal(np.asarray(jax.jit(grad)(x)), expected)
+
+
 def test_slice_negative_step_grad() -> None:
     case = OpCase("slice", "Slice", [X], [i64(-1), i64(I64_MIN), i64(2), i64(-2)])
     fn, params = xconv.to_jax(xconv.load(build_model(case)))
