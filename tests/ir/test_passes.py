@@ -237,3 +237,42 @@ def test_canonicalize_is_deterministic_and_matches_reference():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     ref = ReferenceEvaluator(ir.to_proto(build())).run(None, {"x": x})[0]
     np.testing.assert_array_equal(run(m1, {"x": x})[0], ref)
+
+
+@pytest.mark.parametrize(
+    "mask, kv, dropped",
+    [
+        (np.ones((1, 1, 3, 1), bool), 5, True),  # all True, expanded over the 5 keys
+        (np.zeros((1, 1, 3, 1), np.float32), 5, True),  # a zero bias
+        (np.array([True, True, False]).reshape(1, 1, 3, 1), 5, False),  # masks a query row
+        (np.ones((1, 1, 3, 1), bool), 4, False),  # over 4 of 5 keys: the 5th is masked
+    ],
+)
+def test_attention_mask_that_masks_nothing_is_dropped(mask, kv, dropped):
+    """How exporters write the mask of an input without padding: a constant expanded to
+    (B, 1, Sq, Skv); dropped only where it masks no key of any query."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 2, 3, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 5, 4)).astype(np.float32)
+    v = rng.standard_normal((2, 2, 5, 4)).astype(np.float32)
+    dtype = T.BOOL if mask.dtype == np.bool_ else T.FLOAT
+    const = h.make_tensor("m0", dtype, mask.shape, mask.reshape(-1).tolist())
+    nodes = [
+        h.make_node("Constant", [], ["m"], value=const),
+        h.make_node("Expand", ["m", "shape"], ["mask"]),
+        h.make_node("Attention", ["q", "k", "v", "mask"], ["y"]),
+    ]
+    model = make(
+        nodes,
+        [vi("q", [2, 2, 3, 4]), vi("k", [2, 2, 5, 4]), vi("v", [2, 2, 5, 4])],
+        [vi("y", None)],
+        [i64("shape", [2, 1, 3, kv])],
+    )
+    model.graph.node(1).outputs[0].shape = ir.Shape([2, 1, 3, kv])
+    feeds = {"q": q, "k": k, "v": v}
+    before = ReferenceEvaluator(ir.to_proto(clone(model))).run(None, feeds)
+    canonicalize(model)
+    attention = next(n for n in model.graph if n.op_type == "Attention")
+    assert (len(attention.inputs) < 4 or attention.inputs[3] is None) == dropped
+    got = ReferenceEvaluator(ir.to_proto(model)).run(None, feeds)
+    np.testing.assert_allclose(got[0], before[0], rtol=1e-6, atol=1e-6)

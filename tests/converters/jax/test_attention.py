@@ -303,3 +303,15 @@ def test_fast_formulation_grad_with_fully_masked_row():
         g_ref = jax.grad(loss)(jnp.asarray(Q4))
     assert np.all(np.isfinite(g))
     np.testing.assert_allclose(g, g_ref, rtol=1e-4, atol=1e-6)
+
+
+def test_a_constant_mask_that_masks_nothing_adds_no_select():
+    """An all-True boolean (or all-zero float) constant mask over every key is no mask: the
+    traced function selects nothing; one False entry keeps the select."""
+    for mask, selects in ((np.ones((SQ, SKV), bool), False), (_EMPTY_ROW_BOOL, True)):
+        case = OpCase("attn_const_mask", "Attention", [Q4, K4, V4, mask], consts={3: mask})
+        fn, params, actual, expected = run_both(case)
+        assert_close(actual, expected, 1e-5, 1e-6)
+        xs = [jnp.asarray(x) for x in feeds(case)]
+        jaxpr = str(jax.make_jaxpr(lambda *a, fn=fn, p=params: fn(p, *a))(*xs))
+        assert ("select_n" in jaxpr) == selects, jaxpr

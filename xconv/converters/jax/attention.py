@@ -78,6 +78,8 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
         scale = 1.0 / np.sqrt(q.shape[-1])
 
     mask = bias = None
+    if _masks_nothing(attn_mask, kv_len):
+        attn_mask = None
     if attn_mask is not None:
         attn_mask = attn_mask if isinstance(attn_mask, np.ndarray) else jnp.asarray(attn_mask)
         if attn_mask.ndim > 4 or attn_mask.shape[-1] > kv_len:
@@ -114,6 +116,16 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
         y = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
         return y.reshape(y.shape[0], y.shape[1], -1)
     return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+
+
+def _masks_nothing(attn_mask, kv_len: int) -> bool:
+    """A static mask over every key, all True (boolean) or all 0 (float): no mask (how
+    exporters write the mask of an input without padding)."""
+    if not isinstance(attn_mask, np.ndarray) or not attn_mask.size or attn_mask.ndim == 0:
+        return False
+    if attn_mask.shape[-1] != kv_len:
+        return False
+    return bool(attn_mask.all()) if attn_mask.dtype == np.bool_ else not attn_mask.any()
 
 
 def _mask_or_bias(attn_mask, kv_len: int, dtype):

@@ -22,6 +22,7 @@ class NoOpEliminationPass(ir.passes.InPlacePass):
     one, mask unused); ``Cast`` to the input's own type; ``Reshape``/``Expand`` to the input's
     own static shape; ``Transpose`` with the identity permutation. A node carrying
     ``xconv.layer`` is kept: its layer (e.g. a dropout) is emitted as the target's native layer.
+    An ``Attention``'s mask that masks nothing is dropped (see :func:`masks_nothing`).
     """
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -31,10 +32,44 @@ class NoOpEliminationPass(ir.passes.InPlacePass):
         for node in list(graph):
             if node.domain not in ("", "ai.onnx") or LAYER in node.metadata_props:
                 continue
+            if node.op_type == "Attention" and masks_nothing(node, annotated):
+                node.replace_input_with(3, None)
+                modified = True
+                continue
             source = _noop_source(node, annotated)
             if source is not None and forward(graph, node, source):
                 modified = True
         return ir.passes.PassResult(model, modified=modified)
+
+
+#: Ops that only move or repeat a mask's values.
+_VALUE_KEEPING = frozenset({"Expand", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Transpose"})
+
+
+def masks_nothing(node: ir.Node, annotated: bool) -> bool:
+    """Whether an ``Attention``'s ``attn_mask`` is a constant that masks nothing: every entry
+    True (boolean) or 0 (float), seen through ops that only move or repeat its values (how
+    exporters write the mask of an input without padding), over every key (a shorter mask
+    is padded with masked keys)."""
+    mask = node.inputs[3] if len(node.inputs) > 3 else None
+    if mask is None or mask.shape is None or len(node.inputs) < 2 or node.inputs[1] is None:
+        return False
+    k = node.inputs[1]
+    if k.shape is None or len(k.shape) not in (3, 4) or not len(mask.shape):
+        return False
+    past = node.inputs[4] if len(node.inputs) > 4 else None
+    kv_len = k.shape[len(k.shape) - 2] if len(k.shape) == 4 else k.shape[1]
+    if past is not None or not isinstance(kv_len, int) or mask.shape[-1] != kv_len:
+        return False
+    value = mask
+    while (producer := value.producer()) is not None and producer.op_type in _VALUE_KEEPING:
+        if producer.domain not in ("", "ai.onnx") or producer.inputs[0] is None:
+            return False
+        value = producer.inputs[0]
+    const = constant_of(value, annotated)
+    if const is None or const.size == 0:
+        return False
+    return bool(np.all(const)) if const.dtype == np.bool_ else not np.any(const)
 
 
 def _noop_source(node: ir.Node, annotated: bool) -> ir.Value | None:
