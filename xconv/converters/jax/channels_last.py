@@ -232,14 +232,17 @@ def patch_matmul(x, w, strides, padding, *, out_axis: int, in_axis: int):
     kernel); otherwise it is transposed to HWIO, as is a kernel held any other way. XLA:CPU
     transposes a kernel at a few GB/s and interleaves stacked views slowly, so each pays
     where the other is the larger (a 3×3 kernel, float32, batch 1: on 7×7×512 inputs the
-    transpose took 61 % of the forward pass's time, on 56×56×64 the stacking 65 %)."""
+    transpose took 61 % of the forward pass's time, on 56×56×64 the stacking 65 %). In
+    bfloat16 the stacked views ran slower still (the CNN benchmark at batch 1: 1.4x the
+    transposing form), so a bfloat16 kernel is transposed."""
     n = x.ndim - 2
     spatial = [a for a in range(w.ndim) if a not in (out_axis, in_axis)]
     kernel = tuple(w.shape[a] for a in spatial)
     out = shapes.conv_output(x.shape[1:-1], padding, kernel, strides)
     patch_size = int(x.shape[0]) * int(np.prod(out)) * int(np.prod(kernel)) * int(x.shape[-1])
     onnx = (out_axis, in_axis) == (0, 1) and spatial == list(range(2, n + 2))
-    if onnx and (w.size >= STACK_RATIO * patch_size or set(kernel) <= {1}):
+    stackable = x.dtype == jnp.float32 and w.size >= STACK_RATIO * patch_size
+    if onnx and (stackable or set(kernel) <= {1}):
         stack, w2, w_axis = True, w.reshape(w.shape[0], -1), 1  # (O, I·kh·kw)
     else:
         if (in_axis, out_axis) != (n, n + 1) or spatial != list(range(n)):
