@@ -92,6 +92,34 @@ def test_to_jax_bf16_computes_in_bf16_with_float32_params_and_passes_parity(mode
     assert "bfloat16 compute" in report.policy and "sqrt(L)" in report.policy
 
 
+@pytest.mark.parametrize("rows", [(2048,), (8, 256)], ids=["gemm", "matmul_add"])
+def test_to_jax_bf16_bias_gradient_is_summed_in_float32(rows):
+    """A bias is broadcast before its cast to bfloat16: the forward values are those of a
+    bfloat16 add, and its gradient over 2,048 rows is the float32 sum of the bfloat16
+    cotangent (a bfloat16 sum errs by ~1e-3, and XLA:CPU runs it as slow reduce-windows)."""
+    torch.manual_seed(0)
+    module = torch.nn.Linear(16, 8).eval()
+    x = torch.randn(*rows, 16)
+    irm = xconv.from_torch(module, (x,))
+    fn, params = xconv.to_jax(irm, dtype=BF16)
+    jnp = jax.numpy
+    xs = jnp.asarray(x.numpy())
+    w, b = (jnp.asarray(t.detach().numpy()) for t in (module.weight, module.bias))
+    bf = jnp.bfloat16
+    expected = (xs.astype(bf) @ w.T.astype(bf)) + b.astype(bf)
+    out = jax.jit(fn)(params, xs)[0]
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(expected, np.float32))
+
+    c = np.random.default_rng(0).standard_normal(out.shape).astype(np.float32)
+    loss = lambda p: jnp.sum(fn(p, xs)[0].astype(jnp.float32) * c)  # noqa: E731
+    ops = _dtypes(jax.grad(loss), params)
+    assert ("bfloat16",) not in ops.get("reduce_sum", set()), ops.get("reduce_sum")
+    grads = flatten(jax.jit(jax.grad(loss))(params), fn.weight_names)
+    cotangent = np.asarray(jnp.asarray(c).astype(bf), np.float64)
+    want = cotangent.reshape(-1, cotangent.shape[-1]).sum(0)
+    np.testing.assert_allclose(np.asarray(grads["bias"], np.float64), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("api", ["linen", "nnx"])
 def test_to_flax_bf16_layers_take_bf16_and_pass_parity(model, api, tmp_path):
     name, module, x, irm = model

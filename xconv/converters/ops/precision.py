@@ -16,6 +16,10 @@ same rules, node by node, so the two agree:
 * A ``Cast`` to float32 of a bfloat16 activation is the compute dtype in this model: in a
   float32 export such a cast is a no-op, so it carries no request for float32.
 * Attention runs its matmuls in bfloat16 and its softmax in float32.
+* A parameter added to or multiplying an activation (a bias, a scale: :data:`BROADCASTING`,
+  ``Gemm``'s ``C``) is cast where it is used, after its broadcast: the forward values are the
+  same, and its gradient is summed in float32 (``to_jax``; Flax's ``nn.Dense`` sums it in
+  bfloat16).
 * Ops whose float operands configure them (``Resize`` scales) keep those operands.
 * Nodes folded at trace time (shape arithmetic, constant subgraphs) stay float32.
 """
@@ -53,6 +57,11 @@ FLOAT32_OPS = frozenset(
 #: Ops computing a softmax inside (ONNX ``Attention``): given ``softmax_precision=FLOAT``
 #: when it is unset, so the matmuls run in bfloat16 and the softmax in float32.
 FLOAT32_SOFTMAX = frozenset({"Attention"})
+
+#: Elementwise ops that combine an activation with a parameter (a bias, a scale): a float32
+#: parameter is broadcast to the result's shape before its cast to bfloat16 (the same values),
+#: so its gradient's sum over the broadcast axes accumulates in float32.
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "PRelu"})
 
 #: Ops whose operands after the first configure them: only the first is cast.
 _CONFIG_OPERANDS = frozenset({"Resize", "Upsample"})
