@@ -1,0 +1,227 @@
+"""A dense layer's kernel layout on XLA:CPU: Flax's ``(in, out)`` against torch's ``(out, in)``.
+
+The same function three ways, side by side in one process: a stack of pre-LN MLP blocks
+(LayerNorm, Dense to 4·d, exact GELU, Dense back to d, residual) on ``(batch, seq, d)``
+inputs, with its kernels held
+
+* ``flax nn.Dense``: Flax's layer, kernel ``(in, out)``, ``x @ kernel`` (what the hand-written
+  Flax models of ``bench_throughput.py`` and the generated Flax write);
+* ``(in, out), x @ k``: the same product written out;
+* ``(out, in), x @ w.T``: the source's layout, as ``to_jax`` holds a torch ``Linear`` weight
+  (``Transpose`` + ``MatMul`` in the IR).
+
+Timed: the jitted forward and a jitted SGD step (forward, 0.5·mean(out²), backward, update),
+in interleaved rounds (``bench_throughput.interleaved_medians``), one intra-op thread. The
+``Eigen dots`` column counts the dots XLA:CPU compiles outside its XNNPACK fusions (top-level
+``dot`` instructions of the compiled step): with an ``(in, out)`` kernel the weight gradient
+of a 3-D input is such a dot.
+
+    python benchmarks/bench_dense_layout.py            # writes benchmarks/dense_layout.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import throughput_store as store  # noqa: E402
+from benchmarks.bench_throughput import (  # noqa: E402
+    _cpu,
+    _limit_threads,
+    _load,
+    interleaved_medians,
+)
+
+OUT_MD = Path(__file__).with_name("dense_layout.md")
+LR = 1e-3
+#: (name, d, layers, seq): the transformer benchmark's MLP width and BERT-base's.
+SHAPES = (("transformer MLP", 256, 4, 128), ("BERT-base MLP", 768, 2, 128))
+BATCHES = (1, 16)
+
+
+def _paths(d: int, layers: int):
+    """name -> (apply(params, x), params) for the three formulations, equal weights."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    blocks = []
+    for _ in range(layers):
+        k1 = (rng.standard_normal((d, 4 * d)) / np.sqrt(d)).astype(np.float32)
+        k2 = (rng.standard_normal((4 * d, d)) / np.sqrt(4 * d)).astype(np.float32)
+        b1 = (0.1 * rng.standard_normal(4 * d)).astype(np.float32)
+        b2 = (0.1 * rng.standard_normal(d)).astype(np.float32)
+        blocks.append((k1, b1, k2, b2))
+
+    def gelu(x):
+        return x * 0.5 * (1 + jax.lax.erf(x * 0.7071067811865476))
+
+    def norm(x):
+        mean = x.mean(-1, keepdims=True)
+        var = jnp.square(x - mean).mean(-1, keepdims=True)
+        return (x - mean) * jax.lax.rsqrt(var + 1e-5)
+
+    def stack(matmul):
+        def apply(params, x):
+            for k1, b1, k2, b2 in params:
+                x = x + matmul(gelu(matmul(norm(x), k1) + b1), k2) + b2
+            return x
+
+        return apply
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(4 * d, name="ff1")(norm(x))
+            return x + nn.Dense(d, name="ff2")(gelu(h))
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for i in range(layers):
+                x = Block(name=f"block_{i}")(x)
+            return x
+
+    flax_params = {
+        f"block_{i}": {
+            "ff1": {"kernel": jnp.asarray(k1), "bias": jnp.asarray(b1)},
+            "ff2": {"kernel": jnp.asarray(k2), "bias": jnp.asarray(b2)},
+        }
+        for i, (k1, b1, k2, b2) in enumerate(blocks)
+    }
+    as_jnp = [tuple(jnp.asarray(a) for a in b) for b in blocks]
+    torch_layout = [
+        (jnp.asarray(k1.T.copy()), jnp.asarray(b1), jnp.asarray(k2.T.copy()), jnp.asarray(b2))
+        for k1, b1, k2, b2 in blocks
+    ]
+    return {
+        "flax nn.Dense, (in, out)": (lambda p, x: Stack().apply({"params": p}, x), flax_params),
+        "(in, out), x @ k": (stack(lambda x, k: x @ k), as_jnp),
+        "(out, in), x @ w.T": (stack(lambda x, w: x @ w.T), torch_layout),
+    }
+
+
+def _step(apply):
+    import jax
+    import jax.numpy as jnp
+
+    def loss(p, x):
+        return 0.5 * jnp.mean(jnp.square(apply(p, x)))
+
+    def step(p, x):
+        grads = jax.grad(loss)(p, x)
+        return jax.tree_util.tree_map(lambda a, g: a - LR * g, p, grads)
+
+    return jax.jit(step)
+
+
+def _eigen_dots(compiled_text: str) -> int:
+    entry = compiled_text[compiled_text.find("\nENTRY ") :]
+    return len(re.findall(r"= \S+ dot\(", entry))
+
+
+def measure(repeat: int) -> list[dict]:
+    import jax
+
+    rows = []
+    for shape_name, d, layers, seq in SHAPES:
+        paths = _paths(d, layers)
+        for batch in BATCHES:
+            x = np.random.default_rng(1).standard_normal((batch, seq, d)).astype(np.float32)
+            x = jax.device_put(x)
+            calls, info = [], []
+            reference = None
+            for name, (apply, params) in paths.items():
+                infer, step = jax.jit(apply), _step(apply)
+                out = np.asarray(infer(params, x))
+                reference = out if reference is None else reference
+                err = float(np.max(np.abs(out - reference)))
+                dots = _eigen_dots(step.lower(params, x).compile().as_text())
+                for fn in (infer, step):
+                    jax.block_until_ready(fn(params, x))  # compile + warm-up
+                calls += [
+                    lambda f=infer, p=params, x=x: jax.block_until_ready(f(p, x)),
+                    lambda f=step, p=params, x=x: jax.block_until_ready(f(p, x)),
+                ]
+                info.append((name, dots, err))
+            times = interleaved_medians(calls, repeat)
+            base_infer, base_train = times[0], times[1]
+            for i, (name, dots, err) in enumerate(info):
+                t_infer, t_train = times[2 * i], times[2 * i + 1]
+                rows.append(
+                    {
+                        "shape": f"{shape_name} (d={d}, {layers} blocks, seq {seq})",
+                        "batch": batch,
+                        "path": name,
+                        "infer_ms": 1e3 * t_infer,
+                        "infer_ratio": t_infer / base_infer,
+                        "train_ms": 1e3 * t_train,
+                        "train_ratio": t_train / base_train,
+                        "eigen_dots": dots,
+                        "max_err": err,
+                    }
+                )
+            print(f"{shape_name} b={batch}: done", file=sys.stderr)
+    return rows
+
+
+def render(rows: list[dict], run: str) -> str:
+    lines = [
+        "# Dense kernel layout on XLA:CPU",
+        "",
+        "Written by `benchmarks/bench_dense_layout.py`; do not edit by hand.",
+        "",
+        f"- run: {run}",
+        "- one intra-op thread; median of interleaved rounds; ratios to `flax nn.Dense` "
+        "(< 1: faster); max |diff| of the forward against it",
+        "- Eigen dots: dots of the compiled training step left outside XLA:CPU's XNNPACK fusions",
+        "",
+        "| model | batch | kernel, product | forward ms | ×nn.Dense | training step ms "
+        "| ×nn.Dense | Eigen dots (step) | max diff |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['shape']} | {r['batch']} | {r['path']} | {r['infer_ms']:.2f} "
+            f"| ×{r['infer_ratio']:.2f} | {r['train_ms']:.2f} | ×{r['train_ratio']:.2f} "
+            f"| {r['eigen_dots']} | {r['max_err']:.1e} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=OUT_MD)
+    args = parser.parse_args(argv)
+    commit = store.commit((args.out,))
+    if store.DIRTY in commit and args.out.resolve() == OUT_MD.resolve():
+        print(
+            f"bench_dense_layout: uncommitted changes ({commit}); commit first or pass --out",
+            file=sys.stderr,
+        )
+        return 2
+    _limit_threads(1)
+    import jax
+
+    load = _load()
+    rows = measure(args.repeat)
+    run = (
+        f"commit `{commit}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{_cpu()}, jax {jax.__version__}, load average {load} before / {_load()} after"
+    )
+    args.out.write_text(render(rows, run))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
