@@ -102,6 +102,39 @@ def test_scalar_gather_unsqueeze_chain_becomes_literal():
     assert run(model, {"x": np.ones((2, 3, 4), np.float32)})[0].shape == (2, 12)
 
 
+def test_batch_read_from_the_input_folds_every_later_reshape():
+    """How torch.onnx writes a multi-head split under a dynamic batch: the batch read once
+    from the graph input (Shape, Squeeze, Reshape to [-1]), ``allowzero=1``, and a computed
+    batch x heads: the head split keeps the batch (0, the same symbol) and the merged one
+    infers it (-1); the numbers are unchanged at other batches."""
+    nodes = [
+        h.make_node("Shape", ["x"], ["s"], start=0, end=1),
+        h.make_node("Squeeze", ["s"], ["n"]),
+        h.make_node("Reshape", ["n", "minus1"], ["n1"]),
+        h.make_node("Relu", ["x"], ["r"]),
+        h.make_node("Concat", ["n1", "seq", "heads", "dim"], ["split"], axis=0),
+        h.make_node("Reshape", ["r", "split"], ["q"], allowzero=1),
+        h.make_node("Mul", ["n", "four"], ["nh"]),
+        h.make_node("Reshape", ["nh", "minus1"], ["nh1"]),
+        h.make_node("Concat", ["nh1", "seq", "dim"], ["merged"], axis=0),
+        h.make_node("Reshape", ["q", "merged"], ["y"], allowzero=1),
+    ]
+    four = h.make_tensor("four", T.INT64, [], [4])
+    inits = [i64("minus1", [-1]), i64("seq", [3]), i64("heads", [4]), i64("dim", [2]), four]
+    model = make(nodes, [vi("x", ["N", 3, 8])], [vi("y", None)], inits)
+    x = np.arange(2 * 3 * 8, dtype=np.float32).reshape(2, 3, 8) - 20
+    before = run(clone(model), {"x": x})[0]
+    canonicalize(model)
+    assert ops(model).count("Reshape") == 2 and "Shape" not in ops(model), ops(model)
+    shapes = [
+        n.inputs[1].const_value.numpy().tolist() for n in model.graph if n.op_type == "Reshape"
+    ]
+    assert shapes == [[0, 3, 4, 2], [-1, 3, 2]], shapes
+    np.testing.assert_array_equal(run(clone(model), {"x": x})[0], before)
+    x5 = np.ones((5, 3, 8), np.float32)
+    assert run(model, {"x": x5})[0].shape == (20, 3, 2)
+
+
 def test_gather_of_static_dim_folds_with_symbolic_batch():
     nodes = [
         h.make_node("Shape", ["x"], ["s"]),

@@ -243,59 +243,101 @@ def _fold_cast_like(node: ir.Node, annotated: bool) -> np.ndarray | None:
 
 
 def _reshape_literal(node: ir.Node, annotated: bool) -> np.ndarray | None:
-    """A literal shape for ``Reshape(x, Concat(...pieces of Shape(x)..., constants))``.
+    """A literal shape for ``Reshape(x, Concat(...dimensions read by Shape..., constants))``.
 
-    A piece copying input dimension ``k`` into output position ``k`` becomes 0.
+    A piece that reads, at output position ``k``, the dimension ``x`` has at ``k`` becomes 0
+    (copy the input's dimension): a ``Shape`` of ``x`` itself, or of another value whose
+    dimension is the same symbol (how exporters read the batch once, from the graph input,
+    for every later reshape). One other computed one-element piece (the batch times the
+    heads) becomes -1, inferred from the element count, when no literal is -1. The node's ``allowzero=1`` (exporters write it so a literal 0
+    is a size) is dropped when no literal is 0.
     """
     allowzero = node.attributes.get("allowzero")
     data, shape = node.inputs[0], node.inputs[1]
-    if (allowzero is not None and allowzero.value) or data is None or shape is None:
+    if data is None or data.shape is None or shape is None:
         return None
     concat = shape.producer()
     if concat is None or concat.op_type != "Concat" or constant_of(shape, annotated) is not None:
         return None
     dims: list[int] = []
+    copies = 0
     for part in concat.inputs:
         c = constant_of(part, annotated)
         if c is not None:
             dims.extend(int(v) for v in np.asarray(c).reshape(-1))
             continue
-        copied = _copied_dims(part, data, annotated)
-        if copied is None or copied != list(range(len(dims), len(dims) + len(copied))):
+        read = _read_dims(part, annotated)
+        if read is None:
+            if not _one_element(part):
+                return None
+            dims.append(-1)  # computed (the batch times the heads): inferred, if alone
+            continue
+        for src, i in read:
+            k, d = len(dims), src.shape[i]
+            if isinstance(d, int) and d > 0:
+                dims.append(d)
+            elif k < len(data.shape) and ((src is data and i == k) or _same(d, data.shape[k])):
+                dims.append(0)
+                copies += 1
+            elif len(read) == 1:
+                dims.append(-1)  # a dimension of another length: inferred, if alone
+            else:
+                return None
+    if dims.count(-1) > 1:
+        return None
+    if allowzero is not None and allowzero.value:
+        if dims.count(0) > copies:  # a literal 0 is a size there
             return None
-        dims.extend([0] * len(copied))
+        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
     return np.array(dims, dtype=np.int64)
 
 
-def _copied_dims(part: ir.Value | None, data: ir.Value, annotated: bool) -> list[int] | None:
-    """Which input dimensions of ``data`` a ``Shape``-derived 1-D value holds, in order."""
+def _one_element(value: ir.Value | None) -> bool:
+    return value is not None and value.shape is not None and list(value.shape) in ([1], [])
+
+
+def _same(a: object, b: object) -> bool:
+    """Whether two symbolic dimensions are known equal: the same named symbol."""
+    if isinstance(a, ir.SymbolicDim) and isinstance(b, ir.SymbolicDim):
+        return a.value is not None and a.value == b.value
+    return False
+
+
+def _read_dims(part: ir.Value | None, annotated: bool) -> list[tuple[ir.Value, int]] | None:
+    """The dimensions a ``Shape``-derived 1-D (or scalar) value holds, in order, each as
+    (the value whose shape was read, its axis); None when ``part`` is not read from a shape."""
     p = part.producer() if part is not None else None
     if p is None:
         return None
+    if p.op_type == "Shape" and p.inputs[0] is not None and p.inputs[0].shape is not None:
+        src = p.inputs[0]
+        start = p.attributes.get("start")
+        end = p.attributes.get("end")
+        s = start.value if start is not None else 0
+        e = end.value if end is not None else len(src.shape)
+        return [(src, i) for i in range(len(src.shape))[s:e]]
     if p.op_type == "Gather":
-        src = p.inputs[0].producer() if p.inputs[0] is not None else None
         idx = constant_of(p.inputs[1], annotated)
         axis = p.attributes.get("axis")
-        if src is None or idx is None or idx.ndim > 1 or (axis is not None and axis.value):
+        if idx is None or idx.ndim > 1 or (axis is not None and axis.value):
             return None
-        base = _copied_dims(p.inputs[0], data, annotated)
+        base = _read_dims(p.inputs[0], annotated)
         if base is None:
             return None
         try:
             return [base[int(i)] for i in idx.reshape(-1)]
         except IndexError:
             return None
-    if p.op_type == "Unsqueeze" and p.inputs[0] is not None and p.inputs[0].shape is not None:
-        if len(p.inputs[0].shape) == 0:  # a scalar dimension made 1-D for a Concat
-            return _copied_dims(p.inputs[0], data, annotated)
-        return None
-    if p.op_type == "Shape" and p.inputs[0] is data and data.shape is not None:
-        rank = len(data.shape)
-        start = p.attributes.get("start")
-        end = p.attributes.get("end")
-        s = start.value if start is not None else 0
-        e = end.value if end is not None else rank
-        return list(range(rank))[s:e]
+    if p.op_type in ("Unsqueeze", "Squeeze", "Reshape"):
+        # a one-element value made scalar or 1-D (a Reshape to [-1] or [1])
+        base = _read_dims(p.inputs[0], annotated)
+        if base is None or len(base) != 1:
+            return None
+        if p.op_type == "Reshape":
+            target = constant_of(p.inputs[1], annotated)
+            if target is None or target.size != 1 or int(target.reshape(-1)[0]) not in (-1, 1):
+                return None
+        return base
     return None
 
 
