@@ -248,9 +248,10 @@ def _reshape_literal(node: ir.Node, annotated: bool) -> np.ndarray | None:
     A piece that reads, at output position ``k``, the dimension ``x`` has at ``k`` becomes 0
     (copy the input's dimension): a ``Shape`` of ``x`` itself, or of another value whose
     dimension is the same symbol (how exporters read the batch once, from the graph input,
-    for every later reshape). One other computed one-element piece (the batch times the
-    heads) becomes -1, inferred from the element count, when no literal is -1. The node's ``allowzero=1`` (exporters write it so a literal 0
-    is a size) is dropped when no literal is 0.
+    for every later reshape). One other one-element piece (the batch times the heads)
+    becomes -1, inferred from the element count, when no other is -1. The node's
+    ``allowzero=1`` (exporters write it so a literal 0 is a size) is dropped when no literal
+    is 0.
     """
     allowzero = node.attributes.get("allowzero")
     data, shape = node.inputs[0], node.inputs[1]
