@@ -19,8 +19,8 @@ small transformer encoder (4 pre-LN layers, d=256, 4 heads, seq 128, GELU MLP).
 Each model runs in one fresh process, every path in it, on the same weights and inputs:
 
 * torch eager and ``torch.compile`` (default backend);
-* onnxruntime on ``torch.onnx.export``'s model and on xconv's (``xconv.save`` of
-  ``from_torch(..., dynamic_batch=True)``);
+* onnxruntime on ``torch.onnx.export``'s model and on xconv's (``xconv.save(...,
+  canonical=True)`` of ``from_torch(..., dynamic_batch=True)``, as the ``onnx`` target writes);
 * the PyPI peers ``torch2jax`` (``t2j``) and ``torchax`` under ``jax.jit``, imported from
   ``--peers`` (default ``/work/peers``; ``pip install --target /work/peers --no-deps torch2jax
   torchax``) and only there; a peer that is missing or fails says why in its row;
@@ -585,13 +585,13 @@ class Bench:
         path = self.tmp / "xconv.onnx"
         try:
             start = time.perf_counter()
-            xconv.save(model, path)
+            xconv.save(model, path, canonical=True)  # as the onnx target writes it
             seconds = self.meta["from_torch_s"] + time.perf_counter() - start
             session_row(
                 "onnxruntime, xconv .onnx",
                 path,
                 seconds,
-                "from_torch(dynamic_batch=True) + xconv.save",
+                "from_torch(dynamic_batch=True) + xconv.save(canonical=True)",
             )
         except Exception as e:  # noqa: BLE001
             self.rows.append(Row("onnxruntime, xconv .onnx", "fp32", note=f"failed: {_short(e)}"))

@@ -65,6 +65,39 @@ def test_torch_to_jax_and_onnx(resnet_pt2, tmp_path):
                                atol=1e-5)  # fmt: skip
 
 
+def test_onnx_target_is_written_canonical_and_keeps_the_state(resnet_pt2, tmp_path):
+    """Under a dynamic batch the exporter reads the batch with Shape/Squeeze/Concat before each
+    reshape; the onnx target writes them folded (onnxruntime does not fold them itself), and
+    keeps the state no node reads (BatchNorm's num_batches_tracked)."""
+    import onnx
+    import onnxruntime as ort
+
+    from xconv.converters.onnx.io import UNUSED_STATE
+
+    _, module, inputs = resnet_pt2
+    batch = torch.export.Dim("batch", min=1)
+    path = tmp_path / "resnet.pt2"
+    torch.export.save(torch.export.export(module, inputs, dynamic_shapes=({0: batch},)), path)
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["torch-to-onnx", str(path), "-o", str(out), "--dynamic-batch"])
+    assert r.exit_code == 0, r.output
+    proto = onnx.load(out / "model.onnx")
+    ops = {n.op_type for n in proto.graph.node}
+    assert not ops & {"Shape", "Squeeze", "Concat"}, ops
+    assert any(name.endswith("num_batches_tracked") for name in module.state_dict())
+    stored = {t.name for t in proto.graph.initializer} | set(
+        json.loads({p.key: p.value for p in proto.metadata_props}.get(UNUSED_STATE, "{}"))
+    )
+    for name in module.state_dict():
+        assert name in stored, name
+    x = torch.randn(5, *inputs[0].shape[1:], generator=torch.Generator().manual_seed(3))
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        want = module(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_state_dict_with_module_factory(tmp_path):
     from fixtures.torch_models import make_mlp
 

@@ -188,7 +188,12 @@ def _write_and_check(
     # another target its weights are streamed to model.onnx.data, never serialised whole.
     by_product = target != "onnx" and _weight_bytes(imported.model) > EXTERNAL_BYTES
     say("writing model.onnx")
-    save(imported.model, stage / "model.onnx", external=True if by_product else None)
+    save(
+        imported.model,
+        stage / "model.onnx",
+        external=True if by_product else None,
+        canonical=target == "onnx",  # the artifact; beside another target, the IR as imported
+    )
     clock.done("model.onnx")
     report = None
     differential = None

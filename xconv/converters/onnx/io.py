@@ -235,8 +235,14 @@ def save(
     *,
     check: bool = True,
     external: bool | None = None,
+    canonical: bool = False,
 ) -> Path:
     """Write the IR to ``path`` atomically, checked by ``onnx.checker``.
+
+    With ``canonical=True`` a copy is written with :func:`xconv.ir.passes.canonicalize` run on
+    it (``model`` is left as it is): static shape arithmetic folded, no-ops dropped; state no
+    node reads (``num_batches_tracked``) is kept. Under a dynamic batch the exporter's
+    ``Shape``/``Concat`` before each reshape goes, which onnxruntime's optimiser keeps.
 
     Weights go to ``<name>.data`` beside the file when the model's tensors pass 2 GB (counted
     from the IR, never by serialising the whole proto), or when ``external=True``. Tensors are
@@ -249,6 +255,8 @@ def save(
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if canonical:
+        model = _canonical_copy(model)
     if external is None:
         # A model read from external data keeps it external (its tensors point at a file).
         external = _reads_external(model) or external_bytes(model) > _PROTO_LIMIT
@@ -285,6 +293,19 @@ def save(
             os.remove(path.parent / data_name)  # left by an earlier, larger save
         os.replace(tmp_path, path)
     return path
+
+
+def _canonical_copy(model: ir.Model) -> ir.Model:
+    from xconv.ir.passes import canonicalize
+
+    copy = model.clone()  # new nodes and values; the weight tensors are shared
+    graph = copy.graph
+    state = [v for v in graph.initializers.values() if not v.uses() and not v.is_graph_output()]
+    canonicalize(copy)
+    for value in state:
+        if value.name not in graph.initializers:
+            graph.register_initializer(value)
+    return copy
 
 
 @contextlib.contextmanager
