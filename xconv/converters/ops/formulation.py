@@ -23,7 +23,17 @@ and small patches the matmul's gradient is 0.4-0.9× the convolution's and its f
 grouped or dilated kernels, other backends, and every convolution under ``"reference"`` keep
 ``lax.conv_general_dilated``.
 
-The environment variables ``XCONV_JAX_ATTENTION`` and ``XCONV_JAX_CONV`` set the defaults;
+``dense``: ``"auto"`` (default) has the Flax emitter give an ``nn.Dense`` whose input has 3+
+axes the module's ``_flat_dot`` as its product: on the CPU, one 2-D matmul over the flattened
+leading axes. XLA:CPU computes the weight gradient of ``(..., in) @ (in, out)``, a dot
+contracting the leading axes, slower than that of the 2-D product: the SGD step of the
+transformer benchmark's MLP blocks takes ×0.8-0.9 of plain ``nn.Dense``'s, the forward the same
+(``benchmarks/dense_layout.md``). ``to_jax`` holds a torch ``Linear``'s ``(out, in)`` weight
+and contracts ``x @ w.T``, whose gradient XLA:CPU fuses already. Other backends, and every
+``nn.Dense`` under ``"reference"``, keep ``lax.dot_general``.
+
+The environment variables ``XCONV_JAX_ATTENTION``, ``XCONV_JAX_CONV`` and ``XCONV_JAX_DENSE``
+set the defaults;
 :func:`use` overrides them for a block (benchmarks compare both). The choice is read when a
 function is traced (or when Flax source is written): a jitted function keeps the
 formulation it was traced with.
@@ -37,7 +47,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-_CHOICES = {"attention": ("auto", "reference"), "conv": ("auto", "reference")}
+_CHOICES = {
+    "attention": ("auto", "reference"),
+    "conv": ("auto", "reference"),
+    "dense": ("auto", "reference"),
+}
 _current: dict[str, str] = {}
 
 
@@ -49,7 +63,7 @@ def _default(name: str) -> str:
 
 
 def get(name: str) -> str:
-    """The formulation in force for ``name`` (``"attention"``, ``"conv"``)."""
+    """The formulation in force for ``name`` (``"attention"``, ``"conv"``, ``"dense"``)."""
     return _current.get(name) or _default(name)
 
 

@@ -87,7 +87,7 @@ def from_flax(
             path = "/".join(str(p) for p in context.module.path)
             classes.setdefault(path, type(context.module))
             modules.setdefault(path, context.module)
-            with _as_convolution(context.module):
+            with _as_computed(context.module):
                 out = next_fun(*args, **kwargs)
             if context.method_name == "__call__":
                 out = _mark_dropout(context.module, args, out)
@@ -180,7 +180,7 @@ def _from_nnx(module: Any, inputs: tuple) -> ir.Model:
         types = {type(s) for _, s in nnx.iter_modules(m)}
         with _named_calls(paths, types), contextlib.ExitStack() as stack:
             for _, sub in nnx.iter_modules(m):
-                stack.enter_context(_as_convolution(sub))
+                stack.enter_context(_as_computed(sub))
             return m(*xs)
 
     closed = jax.make_jaxpr(fn)(pure, *inputs)
@@ -188,31 +188,35 @@ def _from_nnx(module: Any, inputs: tuple) -> ir.Model:
     return _build(closed, pure, inputs, classes, modules, None, "flax.nnx", collections=False)
 
 
-#: The name of the generated modules' CPU formulation of an ``nn.Conv``
-#: (``conv_general_dilated=_matmul_conv``: a matmul over its patches, see
+#: The generated modules' CPU formulations of a layer's product, by layer kind: the attribute
+#: the layer takes it as, the helper's name, and the ``lax`` function it computes
+#: (``nn.Conv(..., conv_general_dilated=_matmul_conv)``: a matmul over its patches;
+#: ``nn.Dense(..., dot_general=_flat_dot)``: a 2-D matmul over the flattened leading axes; see
 #: ``xconv.converters.flax.source.helpers``).
-GENERATED_MATMUL_CONV = "_matmul_conv"
+GENERATED_FORMULATIONS = {
+    "conv": ("conv_general_dilated", "_matmul_conv", "conv_general_dilated"),
+    "dense": ("dot_general", "_flat_dot", "dot_general"),
+}
 
 
 @contextlib.contextmanager
-def _as_convolution(module: Any):
-    """Trace a Flax conv layer given the generated ``_matmul_conv`` as the convolution it
-    computes (``lax.conv_general_dilated``), so the IR keeps the layer's one ``Conv`` rather
-    than the CPU formulation's slice and matmul. Any other module is traced as it is."""
+def _as_computed(module: Any):
+    """Trace a Flax layer given a generated CPU formulation (``GENERATED_FORMULATIONS``) with
+    the ``lax`` function it computes, so the IR keeps the layer's one ``Conv`` or ``MatMul``
+    rather than the formulation's reshapes, slices and matmul. Any other module is traced as
+    it is."""
     from jax import lax
 
-    f = getattr(module, "conv_general_dilated", None)
-    if (
-        getattr(f, "__name__", None) != GENERATED_MATMUL_CONV
-        or fl.layer_kind(type(module)) != "conv"
-    ):
+    attr, helper, plain = GENERATED_FORMULATIONS.get(fl.layer_kind(type(module)), ("", "", ""))
+    f = getattr(module, attr, None) if attr else None
+    if getattr(f, "__name__", None) != helper:
         yield
         return
-    object.__setattr__(module, "conv_general_dilated", lax.conv_general_dilated)
+    object.__setattr__(module, attr, getattr(lax, plain))
     try:
         yield
     finally:
-        object.__setattr__(module, "conv_general_dilated", f)
+        object.__setattr__(module, attr, f)
 
 
 @contextlib.contextmanager

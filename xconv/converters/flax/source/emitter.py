@@ -29,7 +29,7 @@ from xconv.converters.codegen import (
 from xconv.converters.flax.source import classes as flax_classes
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
 from xconv.converters.flax.source.attention import fold_head_transposes, packed_self_attention
-from xconv.converters.flax.source.layers import layer_ctor, matmul_conv
+from xconv.converters.flax.source.layers import flat_dense, layer_ctor, matmul_conv
 from xconv.converters.flax.source.nodes import _Nodes
 from xconv.converters.flax.source.planning import LayerPlan, _Planning
 from xconv.converters.flax.source.render import (
@@ -494,7 +494,11 @@ class _Emitter(_Planning, _Values, _Nodes):
             call = f"{call}.astype(jnp.bfloat16)"  # see flax_layers.layer_ctor
         if matmul_conv(kind, h):
             self.src.helpers.add("matmul_conv")
-        linen, nnx_ = layer_ctor(kind, h, pdt, "jnp.bfloat16" if self.low_dtype else "")
+        dot = ""
+        if flat_dense(kind, rank):
+            self.src.helpers.add("flat_dot")
+            dot = "_flat_dot"
+        linen, nnx_ = layer_ctor(kind, h, pdt, "jnp.bfloat16" if self.low_dtype else "", dot)
         self.src.setup.append((f"self.{attr} = {linen}", f"self.{attr} = {nnx_}"))
         for role, arr in sorted(w.items()):
             collection, var = FLAX_VARIABLES[kind][role]

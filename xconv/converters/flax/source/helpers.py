@@ -69,6 +69,21 @@ def _matmul_conv(lhs, rhs, window_strides, padding, **kwargs):
     dims = (((x.ndim - 1,), (0,)), ((), ()))
     return lax.dot_general(patches, kernel, dims, kwargs.get("precision"))
 ''',
+    # xconv.converters.ops.formulation "dense": XLA:CPU computes the weight gradient of a Dense
+    # on (..., in) inputs, a dot contracting the leading axes, slower than that of one 2-D
+    # matmul over the flattened rows.
+    "flat_dot": '''
+def _flat_dot(lhs, rhs, dimension_numbers, out_sharding=None, **kwargs):
+    """A dense layer's product on the CPU as one matmul over the flattened leading axes of its
+    (..., in) input, which XLA:CPU trains faster; other backends contract as the layer does."""
+    contract, batch = dimension_numbers
+    plain = tuple(map(tuple, contract)) == ((lhs.ndim - 1,), (0,)) and not any(batch)
+    cpu = jax.default_backend() == "cpu" and out_sharding is None
+    if not cpu or lhs.ndim < 3 or rhs.ndim != 2 or not plain:
+        return lax.dot_general(lhs, rhs, dimension_numbers, out_sharding=out_sharding, **kwargs)
+    y = lax.dot_general(lhs.reshape(-1, lhs.shape[-1]), rhs, (((1,), (0,)), ((), ())), **kwargs)
+    return y.reshape(*lhs.shape[:-1], rhs.shape[-1])
+''',
     # ONNX's and torch's exact GELU in their erf form: jax.nn.gelu(approximate=False) goes
     # through erfc, which XLA:CPU runs about 3x slower.
     "gelu": '''

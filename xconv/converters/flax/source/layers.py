@@ -36,7 +36,9 @@ def _num(value: float) -> str:
     return scalar_literal(value)
 
 
-def layer_ctor(kind: str, h: dict[str, Any], pdt: str, dt: str = "") -> tuple[str, str]:
+def layer_ctor(
+    kind: str, h: dict[str, Any], pdt: str, dt: str = "", dot: str = ""
+) -> tuple[str, str]:
     """``(linen, nnx)`` constructor expressions of a native layer of ``kind``.
 
     Args:
@@ -44,8 +46,11 @@ def layer_ctor(kind: str, h: dict[str, Any], pdt: str, dt: str = "") -> tuple[st
         h: Its hyper-parameters (``xconv.layer`` metadata).
         pdt: The ``param_dtype`` expression (``jnp.bfloat16``), or ``""`` for float32.
         dt: The compute ``dtype`` expression (``jnp.bfloat16``), or ``""`` (the inputs').
+        dot: A dense layer's ``dot_general`` (``_flat_dot``, see :func:`flat_dense`), or ``""``.
     """
     extra = {"dtype": (dt, ""), "param_dtype": (pdt, "")}
+    if kind == "dense":
+        extra["dot_general"] = (dot, "")
     norm = {"dtype": (dt, "")}
     return _CTORS.get(kind, _dropout)(h, extra, norm)
 
@@ -59,6 +64,12 @@ def _dense(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
         f"nn.Dense({_args(h['out_features'], **bias)})",
         f"nnx.Linear({_args(h['in_features'], h['out_features'], **bias)}, rngs=rngs)",
     )
+
+
+def flat_dense(kind: str, rank: int | None) -> bool:
+    """Whether a dense layer is given the module's ``_flat_dot`` as its product (formulation
+    ``dense``, :mod:`xconv.converters.ops.formulation`): its input has 3+ axes."""
+    return kind == "dense" and rank is not None and rank >= 3 and formulation.get("dense") == "auto"
 
 
 def matmul_conv(kind: str, h: dict[str, Any]) -> bool:
