@@ -5,7 +5,9 @@ The same function three ways, side by side in one process: a stack of pre-LN MLP
 inputs, with its kernels held
 
 * ``flax nn.Dense``: Flax's layer, kernel ``(in, out)``, ``x @ kernel`` (what the hand-written
-  Flax models of ``bench_throughput.py`` and the generated Flax write);
+  Flax models of ``bench_throughput.py`` write);
+* ``nn.Dense(dot_general=_flat_dot)``: the same layer given the generated Flax's helper (the
+  formulation ``dense``): one 2-D matmul over the flattened ``batch·seq`` rows;
 * ``(in, out), x @ k``: the same product written out;
 * ``(out, in), x @ w.T``: the source's layout, as ``to_jax`` holds a torch ``Linear`` weight
   (``Transpose`` + ``MatMul`` in the IR).
@@ -14,7 +16,8 @@ Timed: the jitted forward and a jitted SGD step (forward, 0.5·mean(out²), back
 in interleaved rounds (``bench_throughput.interleaved_medians``), one intra-op thread. The
 ``Eigen dots`` column counts the dots XLA:CPU compiles outside its XNNPACK fusions (top-level
 ``dot`` instructions of the compiled step): with an ``(in, out)`` kernel the weight gradient
-of a 3-D input is such a dot.
+of a 3-D input is such a dot, contracting the batch and sequence axes; flattened first, it is
+a 2-D one.
 
     python benchmarks/bench_dense_layout.py            # writes benchmarks/dense_layout.md
 """
@@ -26,6 +29,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,8 +50,20 @@ SHAPES = (("transformer MLP", 256, 4, 128), ("BERT-base MLP", 768, 2, 128))
 BATCHES = (1, 16)
 
 
+def _flat_dot():
+    """The generated modules' ``_flat_dot``, from the emitter's helper source."""
+    import jax
+    from jax import lax
+
+    from xconv.converters.flax.source.helpers import _BUILTIN
+
+    namespace = {"jax": jax, "lax": lax}
+    exec(_BUILTIN["flat_dot"], namespace)
+    return namespace["_flat_dot"]
+
+
 def _paths(d: int, layers: int):
-    """name -> (apply(params, x), params) for the three formulations, equal weights."""
+    """name -> (apply(params, x), params) for the four formulations, equal weights."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -78,16 +94,20 @@ def _paths(d: int, layers: int):
         return apply
 
     class Block(nn.Module):
+        dot_general: Any = None
+
         @nn.compact
         def __call__(self, x):
-            h = nn.Dense(4 * d, name="ff1")(norm(x))
-            return x + nn.Dense(d, name="ff2")(gelu(h))
+            h = nn.Dense(4 * d, name="ff1", dot_general=self.dot_general)(norm(x))
+            return x + nn.Dense(d, name="ff2", dot_general=self.dot_general)(gelu(h))
 
     class Stack(nn.Module):
+        dot_general: Any = None
+
         @nn.compact
         def __call__(self, x):
             for i in range(layers):
-                x = Block(name=f"block_{i}")(x)
+                x = Block(self.dot_general, name=f"block_{i}")(x)
             return x
 
     flax_params = {
@@ -98,12 +118,17 @@ def _paths(d: int, layers: int):
         for i, (k1, b1, k2, b2) in enumerate(blocks)
     }
     as_jnp = [tuple(jnp.asarray(a) for a in b) for b in blocks]
+    flat_dot = _flat_dot()
     torch_layout = [
         (jnp.asarray(k1.T.copy()), jnp.asarray(b1), jnp.asarray(k2.T.copy()), jnp.asarray(b2))
         for k1, b1, k2, b2 in blocks
     ]
     return {
         "flax nn.Dense, (in, out)": (lambda p, x: Stack().apply({"params": p}, x), flax_params),
+        "nn.Dense(dot_general=_flat_dot)": (
+            lambda p, x: Stack(flat_dot).apply({"params": p}, x),
+            flax_params,
+        ),
         "(in, out), x @ k": (stack(lambda x, k: x @ k), as_jnp),
         "(out, in), x @ w.T": (stack(lambda x, w: x @ w.T), torch_layout),
     }

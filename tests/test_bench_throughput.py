@@ -292,7 +292,7 @@ def test_a_path_no_longer_measured_can_be_dropped_from_the_store():
 
 
 def test_dense_layout_paths_compute_one_function_and_count_eigen_dots():
-    """benchmarks/bench_dense_layout.py: its three kernel layouts compute the same function
+    """benchmarks/bench_dense_layout.py: its four formulations compute the same function
     (forward and gradient), and the dot counter reads only the compiled entry computation."""
     import jax
 
@@ -305,7 +305,9 @@ def test_dense_layout_paths_compute_one_function_and_count_eigen_dots():
     for out in outs[1:]:
         np.testing.assert_allclose(out, outs[0], rtol=1e-5, atol=1e-5)
     stepped = [bd._step(apply)(params, x) for apply, params in paths.values()]
-    ff1 = [stepped[0]["block_0"]["ff1"]["kernel"], stepped[1][0][0], stepped[2][0][0].T]
+    assert len(stepped) == 4
+    ff1 = [stepped[0]["block_0"]["ff1"]["kernel"], stepped[1]["block_0"]["ff1"]["kernel"]]
+    ff1 += [stepped[2][0][0], stepped[3][0][0].T]
     for k in ff1[1:]:
         np.testing.assert_allclose(np.asarray(k), np.asarray(ff1[0]), rtol=1e-5, atol=1e-6)
     text = "%fused { %dot.1 = f32[2,2] dot(a, b) }\nENTRY %main {\n  %dot.2 = f32[4] dot(c, d)\n}"
