@@ -296,6 +296,7 @@ def save(
 
 
 def _canonical_copy(model: ir.Model) -> ir.Model:
+    """``canonicalize`` run on a copy; initializers no node read before it are put back."""
     from xconv.ir.passes import canonicalize
 
     copy = model.clone()  # new nodes and values; the weight tensors are shared

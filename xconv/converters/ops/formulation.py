@@ -26,16 +26,16 @@ grouped or dilated kernels, other backends, and every convolution under ``"refer
 ``dense``: ``"auto"`` (default) has the Flax emitter give an ``nn.Dense`` whose input has 3+
 axes the module's ``_flat_dot`` as its product: on the CPU, one 2-D matmul over the flattened
 leading axes. XLA:CPU computes the weight gradient of ``(..., in) @ (in, out)``, a dot
-contracting the leading axes, slower than that of the 2-D product: the SGD step of the
-transformer benchmark's MLP blocks takes ×0.8-0.9 of plain ``nn.Dense``'s, the forward the same
-(``benchmarks/dense_layout.md``). ``to_jax`` holds a torch ``Linear``'s ``(out, in)`` weight
-and contracts ``x @ w.T``, whose gradient XLA:CPU fuses already. Other backends, and every
-``nn.Dense`` under ``"reference"``, keep ``lax.dot_general``.
+contracting the leading axes, slower than that of the 2-D product: the SGD step of pre-LN MLP
+blocks (the transformer benchmark's and BERT-base's widths, batch 1 and 16) takes ×0.86-0.96 of
+plain ``nn.Dense``'s, the forward ×1.01-1.09 (``benchmarks/dense_layout.md``). ``to_jax`` holds
+a torch ``Linear``'s ``(out, in)`` weight and contracts ``x @ w.T``, whose gradient XLA:CPU
+fuses already. Other backends, and every ``nn.Dense`` under ``"reference"``, keep
+``lax.dot_general``.
 
 The environment variables ``XCONV_JAX_ATTENTION``, ``XCONV_JAX_CONV`` and ``XCONV_JAX_DENSE``
-set the defaults;
-:func:`use` overrides them for a block (benchmarks compare both). The choice is read when a
-function is traced (or when Flax source is written): a jitted function keeps the
+set the defaults; :func:`use` overrides them for a block (benchmarks compare both). The choice
+is read when a function is traced (or when Flax source is written): a jitted function keeps the
 formulation it was traced with.
 """
 
