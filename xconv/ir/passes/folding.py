@@ -174,6 +174,8 @@ class ShapeFoldingPass(ir.passes.InPlacePass):
             elif node.op_type == "Reshape":
                 literal = _reshape_literal(node, annotated)
                 if literal is not None:
+                    if "allowzero" in node.attributes:  # every 0 in the literal copies
+                        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
                     const = constant_node(literal, None, node)
                     graph.insert_before(node, const)
                     node.replace_input_with(1, const.outputs[0])
@@ -249,9 +251,9 @@ def _reshape_literal(node: ir.Node, annotated: bool) -> np.ndarray | None:
     (copy the input's dimension): a ``Shape`` of ``x`` itself, or of another value whose
     dimension is the same symbol (how exporters read the batch once, from the graph input,
     for every later reshape). One other one-element piece (the batch times the heads)
-    becomes -1, inferred from the element count, when no other is -1. The node's
-    ``allowzero=1`` (exporters write it so a literal 0 is a size) is dropped when no literal
-    is 0.
+    becomes -1, inferred from the element count, when no other is -1. Under ``allowzero=1``
+    (exporters write it so a literal 0 is a size) there is none when a literal is 0: every 0
+    returned copies a dimension, so the caller drops ``allowzero``.
     """
     allowzero = node.attributes.get("allowzero")
     data, shape = node.inputs[0], node.inputs[1]
@@ -286,10 +288,8 @@ def _reshape_literal(node: ir.Node, annotated: bool) -> np.ndarray | None:
                 return None
     if dims.count(-1) > 1:
         return None
-    if allowzero is not None and allowzero.value:
-        if dims.count(0) > copies:  # a literal 0 is a size there
-            return None
-        node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
+    if allowzero is not None and allowzero.value and dims.count(0) > copies:
+        return None  # a literal 0 is a size there
     return np.array(dims, dtype=np.int64)
 
 
