@@ -1,8 +1,9 @@
-"""A dense layer's kernel layout on XLA:CPU: Flax's ``(in, out)`` against torch's ``(out, in)``.
+"""A dense layer's product on XLA:CPU: Flax's ``(in, out)`` kernel, flattened or not, against
+torch's ``(out, in)``.
 
-The same function three ways, side by side in one process: a stack of pre-LN MLP blocks
+The same function four ways, side by side in one process: a stack of pre-LN MLP blocks
 (LayerNorm, Dense to 4·d, exact GELU, Dense back to d, residual) on ``(batch, seq, d)``
-inputs, with its kernels held
+inputs, with its kernels held and contracted as
 
 * ``flax nn.Dense``: Flax's layer, kernel ``(in, out)``, ``x @ kernel`` (what the hand-written
   Flax models of ``bench_throughput.py`` write);
