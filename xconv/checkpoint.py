@@ -335,15 +335,12 @@ def _streamed_loader(source: str, api: str) -> str:
     source = source[:start] + new + source[end:]
     first_std = "import math\n" if "\nimport math\n" in source else "from pathlib import Path\n"
     source = source.replace(first_std, "import json\n" + first_std, 1)  # isort order
-    source = source.replace(
-        "from flax import serialization\n",
-        "from flax import serialization\nfrom safetensors.flax import load_file\n",
-        1,
-    ).replace(
-        "from flax import nnx, serialization\n",
-        "from flax import nnx\nfrom safetensors.flax import load_file\n",
-        1,
-    )
+    source = source.replace("from flax import nnx, serialization\n", "from flax import nnx\n", 1)
+    # isort order: after the last of ``from flax ...`` and ``from jax import lax``
+    after = "from flax import nnx\n" if api == "nnx" else "from flax import serialization\n"
+    if "\nfrom jax import lax\n" in source:
+        after = "from jax import lax\n"
+    source = source.replace(after, after + "from safetensors.flax import load_file\n", 1)
     if "serialization." not in source:
         source = source.replace("from flax import serialization\n", "")
     return source
