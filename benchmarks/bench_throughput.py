@@ -1022,7 +1022,9 @@ def render(sections: dict[str, list[dict]], header: dict) -> str:
         "(one call of each path per round, per dtype, batch and mode, each round in a fresh "
         "seeded order), so a slow spell of the shared machine falls on every path alike and no "
         "path always follows the same one (runs before 2026-12-02 15:30 UTC kept one order, "
-        "fp32 and bf16 paths together; before 11:55 UTC each path's calls ran in a block)",
+        "fp32 and bf16 paths together; before 11:55 UTC each path's calls ran in a block); "
+        "a run with `--processes N` (its arguments say) ran the model in N fresh processes, "
+        "and each timing is the median of the N processes' medians",
         "- default batches: "
         + "; ".join(f"{m} b={'/'.join(map(str, b))}" for m, b in DEFAULT_BATCHES.items())
         + "; bf16 rows of "
@@ -1133,6 +1135,13 @@ def main(argv=None) -> int:
         + ")",
     )
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="fresh processes per model; each timing is the median over them (a process "
+        "and an hour apart, one run moved the hand-written bf16 timings 1.45-1.75x against another)",
+    )
     parser.add_argument("--compile-models", default=COMPILE_MODELS, help="models to torch.compile")
     parser.add_argument("--bf16-all-batches", action="store_true")
     parser.add_argument("--train-all-batches", action="store_true")
@@ -1212,23 +1221,13 @@ def main(argv=None) -> int:
     new = []
     for name in args.models.split(","):
         load_before = _load()
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "result.json"
-            cmd = [
-                sys.executable,
-                __file__,
-                *_strip_models(argv),
-                "--worker",
-                name,
-                "--json",
-                str(out),
-            ]
-            proc = subprocess.run(cmd, check=False)
-            if proc.returncode != 0 or not out.exists():
-                result = {"model": name, "error": f"worker exited with {proc.returncode}"}
-                failed = True
-            else:
-                result = json.loads(out.read_text())
+        results = []
+        for i in range(args.processes):
+            if args.processes > 1:
+                print(f"[{name}] process {i + 1} of {args.processes}", file=sys.stderr, flush=True)
+            results.append(_run_worker(name, argv))
+        result = store.combine(results)
+        failed = failed or any("error" in r for r in results)
         new.append(result)
         if args.no_write:
             continue
@@ -1247,6 +1246,17 @@ def main(argv=None) -> int:
     if args.no_write:
         print(render({backend: new}, _header()))
     return 1 if failed else 0
+
+
+def _run_worker(name: str, argv) -> dict:
+    """One fresh process measuring ``name``: its result, or ``{"error": ...}``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, __file__, *_strip_models(argv), "--worker", name, "--json", str(out)]
+        proc = subprocess.run(cmd, check=False)
+        if proc.returncode != 0 or not out.exists():
+            return {"model": name, "error": f"worker exited with {proc.returncode}"}
+        return json.loads(out.read_text())
 
 
 def _backend() -> str:

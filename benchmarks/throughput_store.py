@@ -14,6 +14,7 @@ their commit; ``bench_throughput.py`` refuses to write the default doc from such
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,41 @@ def merge(store: dict, backend: str, result: dict, stamp: dict) -> dict:
     entry["rows"] = list(stored.values())
     _compact(entry)
     return store
+
+
+def combine(results: list[dict]) -> dict:
+    """One worker result from the results of several fresh processes of the same model (the
+    script's ``--processes``): each timing the median over the processes that measured it, a
+    row's parity the first that is not a pass (else the first process's), its note the first
+    process's. A process that failed is left out; if every one did, the first's error stands.
+    The meta records how many processes each timing is the median of."""
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return results[0]
+    if len(ok) == 1:
+        return {**ok[0], "meta": {**ok[0].get("meta", {}), "processes": 1}}
+    first = ok[0]
+    rows = []
+    for i, row in enumerate(first["rows"]):
+        same = [r["rows"][i] for r in ok if i < len(r["rows"]) and _key(r["rows"][i]) == _key(row)]
+        out = dict(row)
+        for k in _timing_keys():
+            batches = sorted({int(b) for r in same for b in r[k]})
+            out[k] = {
+                b: statistics.median(_ints(r[k])[b] for r in same if b in _ints(r[k]))
+                for b in batches
+            }
+        conv = [r["conversion_s"] for r in same if r.get("conversion_s") is not None]
+        out["conversion_s"] = statistics.median(conv) if conv else None
+        bad = [
+            r["parity"]
+            for r in same
+            if r["parity"] and not r["parity"].startswith(("pass", "reference"))
+        ]
+        out["parity"] = bad[0] if bad else row["parity"]
+        rows.append(out)
+    meta = {**first.get("meta", {}), "processes": len(ok)}
+    return {**first, "meta": meta, "rows": rows}
 
 
 def drop(store: dict, backend: str, path: str) -> int:

@@ -207,6 +207,33 @@ def test_runs_merge_into_the_store_and_each_section_names_its_runs():
     assert "- run 3: commit `ccc`" in text and "fp32 b=8" in text
 
 
+def test_processes_combine_into_per_timing_medians():
+    from benchmarks import throughput_store as store
+
+    def run(hand, xc, parity="pass"):
+        rows = [
+            _row("hand-written Flax + jit", "fp32", hand),
+            _row("xconv to_jax + jit", "fp32", xc, parity=parity),
+        ]
+        return json.loads(json.dumps(_result(rows, batches=(1, 8))))  # as the worker writes it
+
+    results = [
+        run({1: 1.0, 8: 9.0}, {1: 2.0}),
+        {"model": "cnn", "error": "worker exited with 1"},
+        run({1: 3.0, 8: 5.0}, {1: 1.0, 8: 4.0}, parity="FAIL (max err 1e-1)"),
+        run({1: 2.0, 8: 7.0}, {1: 5.0}),
+    ]
+    combined = store.combine(results)
+    hand, xc = combined["rows"]
+    assert hand["infer"] == {1: 2.0, 8: 7.0}  # medians of the three that ran
+    assert xc["infer"] == {1: 2.0, 8: 4.0}  # b=8: the one process that measured it
+    assert xc["parity"].startswith("FAIL")  # one failing process fails the row
+    assert hand["parity"] == "pass"
+    assert combined["meta"]["processes"] == 3
+    assert store.combine(results[1:2])["error"]  # every process failed: the error stands
+    assert store.combine(results[:1])["rows"][0]["infer"] == {"1": 1.0, "8": 9.0}
+
+
 def test_the_default_doc_is_not_written_from_uncommitted_code(monkeypatch):
     from benchmarks import bench_throughput as bt
     from benchmarks import throughput_store as store
