@@ -6,7 +6,6 @@ and every dense under ``"reference"`` stay plain, and a generated module read ba
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections import Counter
 
@@ -19,6 +18,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import xconv  # noqa: E402
+from tests.converters.jax.generated import apply_generated, load_generated  # noqa: E402
 from xconv.converters.ops import formulation  # noqa: E402
 
 
@@ -44,13 +44,6 @@ def net():
     return module, x, xconv.from_torch(module, x, dynamic_batch=True)
 
 
-def _load(out):
-    spec = importlib.util.spec_from_file_location(f"gen_{out.name}", out / "model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod, (out / "model.py").read_text()
-
-
 def _dot_lhs_shapes(jaxpr) -> list[tuple[int, ...]]:
     shapes = []
     for eqn in jaxpr.eqns:
@@ -71,20 +64,13 @@ def _ops(model) -> Counter:
 def test_generated_dense_on_tokens_is_one_flat_matmul_with_the_source_numbers(net, tmp_path, api):
     module, x, model = net
     out = xconv.to_flax(model, tmp_path / "auto", api=api)
-    gen, src = _load(out)
+    gen, src = load_generated(out)
     flat = re.sub(r"\s", "", src)
     assert flat.count("dot_general=_flat_dot") == 2, src  # up and down, not the head
     assert "\ndef _flat_dot(lhs, rhs, dimension_numbers, out_sharding=None, **kwargs):\n" in src
     xs = torch.randn(5, 4, 16, generator=torch.Generator().manual_seed(2))  # another batch
     want = module(xs)
-    if api == "linen":
-        flax_model, variables = gen.load(out)
-        got = flax_model.apply(variables, xs.numpy())
-        traced = jax.make_jaxpr(lambda v: flax_model.apply(v, xs.numpy()))(variables)
-    else:
-        flax_model, variables = gen.load(out), None
-        got = flax_model(xs.numpy())
-        traced = jax.make_jaxpr(lambda: flax_model(xs.numpy()))()
+    flax_model, variables, got, traced = apply_generated(gen, out, api, xs.numpy())
     np.testing.assert_allclose(np.asarray(got), want.detach().numpy(), rtol=1e-5, atol=1e-5)
     # on this suite's CPU backend every product is 2-D: the tokens' two over 5 x 4 rows
     assert sorted(_dot_lhs_shapes(traced.jaxpr)) == [(5, 16), (20, 16), (20, 32)]
@@ -104,7 +90,7 @@ def test_generated_dense_on_tokens_is_one_flat_matmul_with_the_source_numbers(ne
     back = xconv.from_flax(flax_model, variables, (x.numpy(),))
     with formulation.use(dense="reference"):
         plain_out = xconv.to_flax(model, tmp_path / "plain", api=api)
-    plain_gen, plain_src = _load(plain_out)
+    plain_gen, plain_src = load_generated(plain_out)
     assert "_flat_dot" not in plain_src
     plain = plain_gen.load(plain_out)
     plain_back = (

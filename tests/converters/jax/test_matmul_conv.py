@@ -7,7 +7,6 @@ one, and a generated module read back with ``from_flax`` still holds one ``Conv`
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import numpy as np
@@ -19,6 +18,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import xconv  # noqa: E402
+from tests.converters.jax.generated import apply_generated, load_generated  # noqa: E402
 from xconv.converters.ops import formulation  # noqa: E402
 
 
@@ -98,30 +98,16 @@ def test_a_kernel_held_in_onnx_layout_is_transposed_only_where_its_patches_outwe
     assert counts[8, "onnx"] == counts[8, "HWIO"] + 1, counts
 
 
-def _load_generated(out):
-    spec = importlib.util.spec_from_file_location(f"gen_{out.name}", out / "model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod, (out / "model.py").read_text()
-
-
 @pytest.mark.parametrize("api", ["linen", "nnx"])
 def test_generated_flax_writes_the_matmul_helper_and_reads_back_as_conv(net, tmp_path, api):
     module, x, model = net
     want = module(x).detach().numpy()
     out = xconv.to_flax(model, tmp_path / "auto", api=api)
-    gen, src = _load_generated(out)
+    gen, src = load_generated(out)
     flat = re.sub(r"\s", "", src)
     assert flat.count("conv_general_dilated=_matmul_conv") == 4  # not dilated, not 16 channels
     assert "\ndef _matmul_conv(lhs, rhs, window_strides, padding, **kwargs):\n" in src
-    if api == "linen":
-        flax_model, variables = gen.load(out)
-        got = flax_model.apply(variables, x.numpy())
-        traced = jax.make_jaxpr(lambda v: flax_model.apply(v, x.numpy()))(variables)
-    else:
-        flax_model, variables = gen.load(out), None
-        got = flax_model(x.numpy())
-        traced = jax.make_jaxpr(lambda: flax_model(x.numpy()))()
+    flax_model, variables, got, traced = apply_generated(gen, out, api, x.numpy())
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
     assert str(traced).count("conv_general_dilated[") == 2  # on this suite's CPU backend
     # from_flax traces the layers as the convolutions they compute: the IR keeps 6 Conv

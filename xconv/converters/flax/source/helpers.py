@@ -78,8 +78,8 @@ def _flat_dot(lhs, rhs, dimension_numbers, out_sharding=None, **kwargs):
     (..., in) input, which XLA:CPU trains faster; other backends contract as the layer does."""
     contract, batch = dimension_numbers
     plain = tuple(map(tuple, contract)) == ((lhs.ndim - 1,), (0,)) and not any(batch)
-    cpu = jax.default_backend() == "cpu" and out_sharding is None
-    if not cpu or lhs.ndim < 3 or rhs.ndim != 2 or not plain:
+    unsharded_cpu = jax.default_backend() == "cpu" and out_sharding is None
+    if not unsharded_cpu or lhs.ndim < 3 or rhs.ndim != 2 or not plain:
         return lax.dot_general(lhs, rhs, dimension_numbers, out_sharding=out_sharding, **kwargs)
     y = lax.dot_general(lhs.reshape(-1, lhs.shape[-1]), rhs, (((1,), (0,)), ((), ())), **kwargs)
     return y.reshape(*lhs.shape[:-1], rhs.shape[-1])
