@@ -8,6 +8,7 @@ through ``xconv.from_flax`` and both torch routes: ``xconv.to_torch`` (runtime m
 ``xconv.to_torch_source`` (readable ``nn.Module`` source, executed, state_dict loaded strictly).
 Both must reproduce the Flax outputs. One model also goes through the CLI
 (``xconv flax-to-torch VARS --module pkg.mod:factory``). A package that is not installed skips.
+The six slowest models (20-90 s each) run under ``-m slow``.
 
 Eval mode: ``flaxmodels`` modules take ``train=True`` by default and ``jax_models`` modules take
 ``deterministic`` at call time, so the call is passed to ``from_flax`` as ``method``, a callable
@@ -279,8 +280,17 @@ def _convert(module, variables, inputs, method, *, dynamic_batch: bool = True):
     return xconv.from_flax(module, variables, inputs, dynamic_batch=dynamic_batch, **kwargs)
 
 
+#: Cases that take 20-90 s each on two cores: ``-m slow`` (PoolFormer goes through the CLI test
+#: in the default run).
+SLOW_CASES = {
+    f"jax_models.{n}" for n in ("poolformer_s12", "mpvit", "convnext", "van", "pvit", "swin")
+}
+
+
 @pytest.mark.filterwarnings("ignore:xconv. converting with a symbolic batch dimension")
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in CASES]
+)
 def test_outside_flax_model_to_torch(name):
     module, variables, inputs, method, markers = CASES[name]()
     want = _reference(module, variables, inputs, method)

@@ -170,17 +170,23 @@ def _window(x, init, op, kernel, strides, dilations, lo_hi, extra, out):
 
 def _dilated_max(x, kernel, strides, dilations, lo_hi, extra, out):
     """Max over dilated windows as a max of strided slices: differentiable, unlike
-    ``reduce_window`` with window dilation, whose VJP JAX does not implement."""
+    ``reduce_window`` with window dilation, whose VJP JAX does not implement. A window's max
+    is the max over each spatial axis in turn, so a ``kh x kw`` kernel takes ``kh + kw``
+    slices, not ``kh * kw`` (a 60 x 80 kernel: 140 rather than 4,800, which took minutes)."""
     pad = ((0, 0), (0, 0)) + tuple((lo, hi + e) for (lo, hi), e in zip(lo_hi, extra, strict=True))
-    xp = jnp.pad(x, pad, constant_values=_lowest(x.dtype))
-    y = None
-    for offsets in itertools.product(*[range(k) for k in kernel]):
-        start = (0, 0) + tuple(o * d for o, d in zip(offsets, dilations, strict=True))
-        limit = x.shape[:2] + tuple(
-            st + (o - 1) * s + 1 for st, o, s in zip(start[2:], out, strides, strict=True)
-        )
-        part = lax.slice(xp, start, limit, (1, 1) + tuple(strides))
-        y = part if y is None else jnp.maximum(y, part)
+    y = jnp.pad(x, pad, constant_values=_lowest(x.dtype))
+    for axis, (k, d, s, o) in enumerate(zip(kernel, dilations, strides, out, strict=True), 2):
+        best = None
+        for offset in range(k):
+            start = [0] * y.ndim
+            start[axis] = offset * d
+            limit = list(y.shape)
+            limit[axis] = offset * d + (o - 1) * s + 1
+            step = [1] * y.ndim
+            step[axis] = s
+            part = lax.slice(y, start, limit, step)
+            best = part if best is None else jnp.maximum(best, part)
+        y = best
     return y
 
 
