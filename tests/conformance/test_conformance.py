@@ -1,8 +1,10 @@
 """The ONNX backend conformance suite as tests.
 
 Checks the corpus and the harness, then runs the full sweep of every backend against the
-floor it must keep (a few minutes on two cores). ``python -m tests.conformance.run`` prints
-per-case results and regenerates docs/coverage.md.
+floor it must keep: roundtrip and torch in the default run (about a minute on two cores), jax
+on every fourth case there (every case but the named misses must pass) and in full under
+``-m slow``. ``python -m tests.conformance.run`` prints per-case results and regenerates
+docs/coverage.md.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from tests.conformance.backends import BACKENDS
 #: Cases a full sweep may lose to machine noise (a case timing out on a loaded machine).
 NOISE = 5
 #: Passed cases measured by ``python -m tests.conformance.run`` (docs/coverage.md), less NOISE.
-MEASURED = {"roundtrip": 1720, "jax": 2004, "torch": 1887}
+MEASURED = {"roundtrip": 1720, "jax": 2005, "torch": 1889}
 FLOORS = {backend: n - NOISE for backend, n in MEASURED.items()}
 COVERAGE = Path(__file__).resolve().parents[2] / "docs" / "coverage.md"
 SAMPLE_EVERY = 9
@@ -94,13 +96,55 @@ def test_roundtrip_loses_nothing_on_a_sample(cases):
     assert sum(r.status == "pass" for r in rt.values()) >= 0.8 * len(sample)
 
 
-@pytest.mark.parametrize("backend", sorted(FLOORS))
+#: The cases ``to_jax`` does not pass (docs/coverage.md's jax row): no handler for
+#: ImageDecoder, and Bernoulli / training-mode Dropout, whose random draws cannot match the
+#: reference's.
+JAX_MISSES = frozenset(
+    {
+        *(f"test_bernoulli{s}" for s in ("", "_double", "_double_expanded", "_expanded")),
+        *("test_bernoulli_seed", "test_bernoulli_seed_expanded"),
+        *(f"test_image_decoder_decode_{f}" for f in ("bmp_rgb", "jpeg2k_rgb", "jpeg_bgr")),
+        *(f"test_image_decoder_decode_{f}" for f in ("jpeg_grayscale", "jpeg_rgb", "png_rgb")),
+        *(f"test_image_decoder_decode_{f}" for f in ("pnm_rgb", "tiff_rgb", "webp_rgb")),
+        *(f"test_training_dropout{s}" for s in ("", "_default", "_default_mask", "_mask")),
+    }
+)
+#: Every n-th case for the default run's jax sweep (the full one, ~8 min on two cores, is
+#: ``-m slow``).
+JAX_SAMPLE_EVERY = 4
+
+
+def test_jax_misses_are_the_committed_coverage_table(cases):
+    assert len(JAX_MISSES) == len(cases) - MEASURED["jax"]
+    assert not JAX_MISSES - {c.name for c in cases}
+
+
+def _lost(report: harness.Report, misses: frozenset[str]) -> list[str]:
+    """Cases outside ``misses`` that did not pass; up to NOISE timeouts are forgiven."""
+    lost = [r for r in report.results if r.status != "pass" and r.case not in misses]
+    timeouts = [r for r in lost if "timed out" in r.message]
+    if len(timeouts) <= NOISE:
+        lost = [r for r in lost if r not in timeouts]
+    return [f"{r.case}: {r.status}: {r.message[:200]}" for r in lost]
+
+
+def test_jax_sweep_on_a_sample_passes_every_case_but_the_known_misses(cases):
+    pytest.importorskip("jax")
+    report = harness.run_backend("jax", BACKENDS["jax"](), cases[::JAX_SAMPLE_EVERY])
+    assert not _lost(report, JAX_MISSES), report.summary()
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param(b, marks=pytest.mark.slow) if b == "jax" else b for b in FLOORS]
+)
 def test_full_sweep_meets_floor(cases, backend):
     if backend in ("jax", "torch"):
         pytest.importorskip(backend)
     report = harness.run_backend(backend, BACKENDS[backend](), cases)
     print(report.summary())
     assert report.passed >= FLOORS[backend], report.summary()
+    if backend == "jax":
+        assert not _lost(report, JAX_MISSES), report.summary()
     # More passes than the committed table (beyond noise): the table and floor are stale.
     assert report.passed <= MEASURED[backend] + NOISE, (
         f"{report.summary()}; docs/coverage.md says {MEASURED[backend]}: regenerate it with "
