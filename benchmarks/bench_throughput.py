@@ -1139,8 +1139,8 @@ def main(argv=None) -> int:
         "--processes",
         type=int,
         default=1,
-        help="fresh processes per model; each timing is the median over them (a process "
-        "and an hour apart, one run moved the hand-written bf16 timings 1.45-1.75x against another)",
+        help="fresh processes per model; each timing is the median over them (two runs an "
+        "hour apart moved the hand-written bf16 timings 1.45-1.75x against each other)",
     )
     parser.add_argument("--compile-models", default=COMPILE_MODELS, help="models to torch.compile")
     parser.add_argument("--bf16-all-batches", action="store_true")

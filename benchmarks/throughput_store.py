@@ -115,8 +115,6 @@ def combine(results: list[dict]) -> dict:
     ok = [r for r in results if "error" not in r]
     if not ok:
         return results[0]
-    if len(ok) == 1:
-        return {**ok[0], "meta": {**ok[0].get("meta", {}), "processes": 1}}
     first = ok[0]
     rows = []
     for i, row in enumerate(first["rows"]):

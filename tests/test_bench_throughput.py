@@ -231,7 +231,7 @@ def test_processes_combine_into_per_timing_medians():
     assert hand["parity"] == "pass"
     assert combined["meta"]["processes"] == 3
     assert store.combine(results[1:2])["error"]  # every process failed: the error stands
-    assert store.combine(results[:1])["rows"][0]["infer"] == {"1": 1.0, "8": 9.0}
+    assert store.combine(results[:1])["rows"][0]["infer"] == {1: 1.0, 8: 9.0}
 
 
 def test_the_default_doc_is_not_written_from_uncommitted_code(monkeypatch):

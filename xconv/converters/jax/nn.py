@@ -176,17 +176,8 @@ def _dilated_max(x, kernel, strides, dilations, lo_hi, extra, out):
     pad = ((0, 0), (0, 0)) + tuple((lo, hi + e) for (lo, hi), e in zip(lo_hi, extra, strict=True))
     y = jnp.pad(x, pad, constant_values=_lowest(x.dtype))
     for axis, (k, d, s, o) in enumerate(zip(kernel, dilations, strides, out, strict=True), 2):
-        best = None
-        for offset in range(k):
-            start = [0] * y.ndim
-            start[axis] = offset * d
-            limit = list(y.shape)
-            limit[axis] = offset * d + (o - 1) * s + 1
-            step = [1] * y.ndim
-            step[axis] = s
-            part = lax.slice(y, start, limit, step)
-            best = part if best is None else jnp.maximum(best, part)
-        y = best
+        parts = (lax.slice_in_dim(y, i * d, i * d + (o - 1) * s + 1, s, axis) for i in range(k))
+        y = functools.reduce(jnp.maximum, parts)
     return y
 
 
