@@ -127,6 +127,8 @@ def test_to_flax_bf16_layers_take_bf16_and_pass_parity(model, api, tmp_path):
     out = xconv.to_flax(irm, tmp_path / "m", api=api, dtype=BF16)
     source = (out / "model.py").read_text()
     assert "dtype=jnp.bfloat16" in source and "param_dtype" not in source
+    if "transformer" in name:  # torch's self-attention is one call, computing in bfloat16
+        assert "_torch_mha(self, x, heads=4, dtype=jnp.bfloat16)" in source
     generated = _load_generated(out / "model.py")
     if api == "linen":
         mod, variables = generated.load(out)

@@ -18,7 +18,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import xconv  # noqa: E402
-from tests.converters.jax.generated import apply_generated, load_generated  # noqa: E402
+from tests.converters.jax.generated import apply_generated, import_generated  # noqa: E402
 from xconv.converters.ops import formulation  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def _ops(model) -> Counter:
 def test_generated_dense_on_tokens_is_one_flat_matmul_with_the_source_numbers(net, tmp_path, api):
     module, x, model = net
     out = xconv.to_flax(model, tmp_path / "auto", api=api)
-    gen, src = load_generated(out)
+    gen, src = import_generated(out), (out / "model.py").read_text()
     flat = re.sub(r"\s", "", src)
     assert flat.count("dot_general=_flat_dot") == 2, src  # up and down, not the head
     assert "\ndef _flat_dot(lhs, rhs, dimension_numbers, out_sharding=None, **kwargs):\n" in src
@@ -90,7 +90,7 @@ def test_generated_dense_on_tokens_is_one_flat_matmul_with_the_source_numbers(ne
     back = xconv.from_flax(flax_model, variables, (x.numpy(),))
     with formulation.use(dense="reference"):
         plain_out = xconv.to_flax(model, tmp_path / "plain", api=api)
-    plain_gen, plain_src = load_generated(plain_out)
+    plain_gen, plain_src = import_generated(plain_out), (plain_out / "model.py").read_text()
     assert "_flat_dot" not in plain_src
     plain = plain_gen.load(plain_out)
     plain_back = (

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
-import uuid
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +17,7 @@ from onnx import helper as h
 
 import xconv
 from tests.converters.jax.flax_models import resnet_block
+from tests.converters.jax.generated import import_generated, run_generated
 from xconv.errors import UnsupportedOpError
 from xconv.ir.layers import mark_layer, mark_weight
 from xconv.ir.metadata import SCOPE
@@ -32,35 +31,6 @@ def ort_run(model: ir.Model, *inputs: np.ndarray) -> list[np.ndarray]:
     )
     names = [i.name for i in sess.get_inputs()]
     return sess.run(None, dict(zip(names, inputs, strict=True)))
-
-
-def import_generated(out_dir):
-    name = f"xconv_generated_{uuid.uuid4().hex}"
-    spec = importlib.util.spec_from_file_location(name, out_dir / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def run_generated(out_dir, api, *inputs, jit=True):
-    mod = import_generated(out_dir)
-    if api == "linen":
-        model, variables = mod.load(out_dir)
-
-        def fn(v, *x):
-            return model.apply(v, *x)
-
-        fn = jax.jit(fn) if jit else fn
-        return fn(variables, *inputs), (mod, model, variables)
-    model = mod.load(out_dir)
-    if jit:
-        from flax import nnx
-
-        out = nnx.jit(lambda m, *x: m(*x))(model, *inputs)
-    else:
-        out = model(*inputs)
-    return out, (mod, model, None)
 
 
 def _sum_squares(outputs):

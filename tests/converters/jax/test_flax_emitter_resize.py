@@ -9,7 +9,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import xconv
-from tests.converters.jax.test_flax_emitter import ort_run, ruff_ok, run_generated
+from tests.converters.jax.generated import run_generated
+from tests.converters.jax.test_flax_emitter import ort_run, ruff_ok
 
 CASES = [
     ("nearest", "asymmetric", "floor", [1.0, 1.0, 2.0, 2.0], None),  # torch nearest

@@ -12,13 +12,12 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 import xconv
+from tests.converters.jax.generated import import_generated, run_generated
 from tests.converters.jax.test_flax_emitter import (
     APIS,
     check_grads,
-    import_generated,
     ort_run,
     ruff_ok,
-    run_generated,
 )
 from xconv.converters.flax.source import templates as flax_ops
 from xconv.converters.flax.source.emitter import FlaxOptions, generate

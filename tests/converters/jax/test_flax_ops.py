@@ -10,7 +10,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import xconv
-from tests.converters.jax.test_flax_emitter import ort_run, run_generated
+from tests.converters.jax.generated import run_generated
+from tests.converters.jax.test_flax_emitter import ort_run
 
 R = np.random.default_rng(0)
 

@@ -18,7 +18,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import xconv  # noqa: E402
-from tests.converters.jax.generated import apply_generated, load_generated  # noqa: E402
+from tests.converters.jax.generated import apply_generated, import_generated  # noqa: E402
 from xconv.converters.ops import formulation  # noqa: E402
 
 
@@ -103,7 +103,7 @@ def test_generated_flax_writes_the_matmul_helper_and_reads_back_as_conv(net, tmp
     module, x, model = net
     want = module(x).detach().numpy()
     out = xconv.to_flax(model, tmp_path / "auto", api=api)
-    gen, src = load_generated(out)
+    gen, src = import_generated(out), (out / "model.py").read_text()
     flat = re.sub(r"\s", "", src)
     assert flat.count("conv_general_dilated=_matmul_conv") == 4  # not dilated, not 16 channels
     assert "\ndef _matmul_conv(lhs, rhs, window_strides, padding, **kwargs):\n" in src

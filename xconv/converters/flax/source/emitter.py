@@ -532,10 +532,13 @@ class _Emitter(_Planning, _Values, _Nodes):
                 sub.done.add(node)
                 sub.emit_node(node)
         sub.outputs = [sub.get(v, None) for v in p.outputs]
-        if not self.low_dtype and not sub.has_constants and packed_self_attention(p):
+        if not sub.has_constants and packed_self_attention(p):
             # the same variables, the body one call (the source's ``self.attn(x, x, x)``)
             sub.src.body, sub.src.helpers = [], {"torch_mha"}
-            sub.outputs = [f"_torch_mha(self, {sub.inputs[0]}, heads={p.hyper['num_heads']})"]
+            low = ", dtype=jnp.bfloat16" if self.low_dtype else ""
+            sub.outputs = [f"_torch_mha(self, {sub.inputs[0]}, heads={p.hyper['num_heads']}{low})"]
+            if self.low_dtype:
+                sub.low |= set(p.outputs)
         self.src.helpers |= sub.src.helpers
         text = render_class(sub, "{cls}", _class_doc(p))
         cls = self.classes.get(text)

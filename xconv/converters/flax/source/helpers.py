@@ -33,12 +33,18 @@ def _torch_batch_norm(bn, x, train):
     # torch's nn.MultiheadAttention as one call on its packed weights (torch layout): the
     # variables stay the source's in_proj / out_proj, so the weights mapping is unchanged.
     "torch_mha": '''
-def _torch_mha(m, x, heads):
-    """torch's MultiheadAttention: self-attention on (B, T, E), no mask, packed q, k, v."""
+def _torch_mha(m, x, heads, dtype=None):
+    """torch's MultiheadAttention: self-attention on (B, T, E), no mask, packed q, k, v; with
+    ``dtype``, computed in it on the float32 variables (the softmax in float32)."""
     b, t, e = x.shape
-    qkv = (x @ m.in_proj_kernel[...].T + m.in_proj_bias[...]).reshape(b, t, 3, heads, -1)
+    w = lambda v: v[...] if dtype is None else v[...].astype(dtype)  # noqa: E731
+    # the projections as 2-D matmuls over (B * T, E) rows, whose weight gradients XLA:CPU
+    # computes faster than those of 3-D products
+    x = x.reshape(b * t, e) if dtype is None else x.reshape(b * t, e).astype(dtype)
+    qkv = (x @ w(m.in_proj_kernel).T + w(m.in_proj_bias)).reshape(b, t, 3, heads, -1)
     h = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
-    return h.reshape(b, t, e) @ m.out_proj_kernel[...].T + m.out_proj_bias[...]
+    h = h.reshape(b * t, e) @ w(m.out_proj_kernel).T + w(m.out_proj_bias)
+    return h.reshape(b, t, e)
 ''',
     # xconv.converters.ops.formulation "conv": on the CPU, XLA runs a 1x1 convolution and a
     # small 2-D one with 64+ input channels faster as a matmul over its patches (as to_jax's).
