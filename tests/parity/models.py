@@ -16,7 +16,16 @@ from onnx import TensorProto, helper, numpy_helper
 from xconv.ir import OPSET
 from xconv.ir.metadata import SCOPE
 
-torch.manual_seed(0)
+
+def _seeded(module: torch.nn.Module, seed: int = 0) -> None:
+    """Re-initialise ``module``'s layers from ``seed`` (torch's default initialisers), so its
+    weights do not depend on which tests ran before in the process; the global RNG is left
+    as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for m in module.modules():
+            if m is not module and hasattr(m, "reset_parameters"):
+                m.reset_parameters()
 
 
 class Block(torch.nn.Module):
@@ -40,6 +49,7 @@ class SmallCNN(torch.nn.Module):
         self.pool = torch.nn.AdaptiveAvgPool2d(1)
         self.flatten = torch.nn.Flatten()
         self.fc = torch.nn.Linear(c, classes)
+        _seeded(self)
         g = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for m in self.modules():
@@ -163,6 +173,7 @@ class DeepMLP(torch.nn.Module):
             ]
         )
         self.head = torch.nn.Linear(width, classes)
+        _seeded(self)
         self.eval()
 
     def forward(self, x):
