@@ -339,3 +339,24 @@ def test_dense_layout_paths_compute_one_function_and_count_eigen_dots():
         np.testing.assert_allclose(np.asarray(k), np.asarray(ff1[0]), rtol=1e-5, atol=1e-6)
     text = "%fused { %dot.1 = f32[2,2] dot(a, b) }\nENTRY %main {\n  %dot.2 = f32[4] dot(c, d)\n}"
     assert bd._eigen_dots(text) == 1
+
+
+def test_attention_core_paths_compute_one_function():
+    """benchmarks/bench_attention_core.py: its four formulations (and the generated Flax's
+    ``_dot_product_attention`` helper among them) compute the same attention and gradient."""
+    import jax
+
+    from benchmarks import bench_attention_core as ba
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 8, 3, 4)).astype(np.float32) for _ in range(3))
+    paths = ba.paths()
+    assert "_dot_product_attention" in paths
+    outs = [np.asarray(jax.jit(f)(q, k, v)) for f in paths.values()]
+    assert np.abs(outs[0]).max() > 0.1
+    for out in outs[1:]:
+        np.testing.assert_allclose(out, outs[0], rtol=1e-5, atol=1e-5)
+    grads = [ba._grad(f)(q, k, v) for f in paths.values()]
+    for g in grads[1:]:
+        for a, b in zip(g, grads[0], strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

@@ -29,9 +29,11 @@ _NEG_INF = -np.inf
 
 def _fast_applies(ctx, q, past_key, nonpad, opts: AttentionOptions) -> bool:
     """Whether the fused formulation computes this node: no KV cache, padding lengths,
-    softcap or windows, nothing reads the present key/value or the scores, and the dtype is
-    one whose softmax the fused form rounds as the reference does (float32/float64; float16
-    and bfloat16 only on a GPU, through cuDNN)."""
+    softcap or windows, nothing reads the present key/value or the scores, and the softmax
+    runs in the inputs' dtype, one whose softmax the fused form rounds as the reference does
+    (float32/float64; float16 and bfloat16 only on a GPU, through cuDNN). Under
+    ``dtype="bfloat16"`` (a float32 softmax) the reference's form runs on the CPU: a fused
+    form with float32 scores measured 0.8-1.1x its time on the transformer benchmark."""
     if formulation.get("attention") != "auto":
         return False
     if past_key is not None or nonpad is not None or opts.softcap > 0:
@@ -50,32 +52,29 @@ def _cudnn_backend() -> bool:
     return jax.default_backend() in ("gpu", "cuda")
 
 
-def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_num_heads):
-    """Scaled dot-product attention in the inputs' own layout, one select for every mask.
+def _fast_attention(ctx, q, k, v, attn_mask, opts: AttentionOptions):
+    """Scaled dot-product attention over head-major ``(B, H, S, D)`` heads, one select for
+    every mask.
 
-    4-D inputs stay head-major ``(B, H, S, D)``; 3-D inputs are viewed sequence-major
-    ``(B, S, H, D)`` (a reshape, no transpose) and contracted as such. The scores are scaled
-    once (not ``sqrt(scale)`` on both ``Q`` and ``K``); the causal frontier and a
-    boolean mask are one ``where`` with the dtype's lowest finite value, a float mask is
-    added (its ``-inf`` clamped to that value) and a query row nothing may attend gives
-    zeros, as in the reference. Returns None when the shapes are not ones it handles.
+    4-D inputs are head-major already; 3-D ones are split into ``(B, S, H, D)`` and
+    transposed: XLA:CPU contracts head-major heads faster than sequence-major ones, the
+    transposes included (``benchmarks/attention_layout.md``). The scores are scaled once
+    (not ``sqrt(scale)`` on both ``Q`` and ``K``); the causal frontier and a boolean mask are
+    one ``where`` with the lowest finite value, a float mask is added (its ``-inf`` clamped to
+    that value) and a query row nothing may attend gives zeros, as in the reference. Returns
+    None when the shapes are not ones it handles.
     """
-    rank = q.ndim
-    dtype = q.dtype
+    rank, dtype = q.ndim, q.dtype
     if rank == 3:
         b = q.shape[0]
-        q = q.reshape(b, q.shape[1], q_num_heads, -1)
-        k = k.reshape(b, k.shape[1], kv_num_heads, -1)
-        v = v.reshape(b, v.shape[1], kv_num_heads, -1)
-        head_ax, seq_ax = 2, 1
-    else:
-        head_ax, seq_ax = 1, 2
-    q_heads, kv_heads = q.shape[head_ax], k.shape[head_ax]
+        q = q.reshape(b, q.shape[1], opts.q_num_heads, -1).swapaxes(1, 2)
+        k = k.reshape(b, k.shape[1], opts.kv_num_heads, -1).swapaxes(1, 2)
+        v = v.reshape(b, v.shape[1], opts.kv_num_heads, -1).swapaxes(1, 2)
+    q_heads, kv_heads = q.shape[1], k.shape[1]
     if q_heads != kv_heads and q_heads % kv_heads:
         raise ctx.error(f"q heads ({q_heads}) must be a multiple of kv heads ({kv_heads})")
-    q_len, kv_len = q.shape[seq_ax], k.shape[seq_ax]
-    if scale is None:
-        scale = 1.0 / np.sqrt(q.shape[-1])
+    q_len, kv_len = q.shape[2], k.shape[2]
+    scale = 1.0 / np.sqrt(q.shape[-1]) if opts.scale is None else opts.scale
 
     mask = bias = None
     if _masks_nothing(attn_mask, kv_len):
@@ -86,9 +85,10 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
             return None
         mask, bias = _mask_or_bias(attn_mask, kv_len, dtype)
     causal = None
-    if is_causal:
+    if opts.is_causal:
         causal = ops_attention.frontier(KERNEL, q_len, kv_len, 0, q) >= 0
 
+    y = None
     if (
         _cudnn_backend()
         and dtype in (jnp.float16, jnp.bfloat16)
@@ -97,25 +97,22 @@ def _fast_attention(ctx, q, k, v, attn_mask, is_causal, scale, q_num_heads, kv_n
         and q.shape[-1] % 8 == 0
         and q.shape[-1] <= 128
     ):
-        y = _cudnn_attention(q, k, v, scale, is_causal, rank)
-        if y is not None:
-            return y
-    if dtype not in (jnp.float32, jnp.float64):
-        return None
-
-    if q_heads != kv_heads:
-        k = jnp.repeat(k, q_heads // kv_heads, axis=head_ax)
-        v = jnp.repeat(v, q_heads // kv_heads, axis=head_ax)
-    # The scale multiplies the scores, not Q: with Q pre-scaled the transformer row of
-    # benchmarks/bench_attention_layout.py ran 2x slower at batch 1 on CPU (an elementwise
-    # producer fused into the dot's operand is the likely cause).
-    spec = "bqhd,bkhd->bhqk" if rank == 3 else "bhqd,bhkd->bhqk"
-    scores = jnp.einsum(spec, q, k) * jnp.asarray(scale, dtype)
-    probs = _masked_softmax(scores, mask, bias, causal, dtype)
+        y = _cudnn_attention(q, k, v, scale, opts.is_causal)
+    if y is None:
+        if dtype not in (jnp.float32, jnp.float64):
+            return None  # cuDNN rejected a float16/bfloat16 call: the reference rounds it
+        if q_heads != kv_heads:
+            k = jnp.repeat(k, q_heads // kv_heads, axis=1)
+            v = jnp.repeat(v, q_heads // kv_heads, axis=1)
+        # The scale multiplies the scores, not Q: with Q pre-scaled the transformer row of
+        # benchmarks/bench_attention_layout.py ran 2x slower at batch 1 on CPU (an
+        # elementwise producer fused into the dot's operand is the likely cause).
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+        probs = _masked_softmax(scores * jnp.asarray(scale, dtype), mask, bias, causal, dtype)
+        y = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
     if rank == 3:
-        y = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
-        return y.reshape(y.shape[0], y.shape[1], -1)
-    return jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+        return y.swapaxes(1, 2).reshape(y.shape[0], y.shape[2], -1)
+    return y
 
 
 def _masks_nothing(attn_mask, kv_len: int) -> bool:
@@ -143,22 +140,19 @@ def _mask_or_bias(attn_mask, kv_len: int, dtype):
     return None, attn_mask.astype(dtype)
 
 
-def _cudnn_attention(q, k, v, scale, is_causal, rank: int):
-    """cuDNN's fused attention in the inputs' layout, or None where cuDNN rejects the
-    shapes or dtypes (the XLA form runs instead)."""
-    to_btnh = (lambda x: x) if rank == 3 else (lambda x: jnp.swapaxes(x, 1, 2))
+def _cudnn_attention(q, k, v, scale, is_causal):
+    """cuDNN's fused attention on head-major heads, or None where cuDNN rejects the shapes
+    or dtypes (the XLA form runs instead)."""
     try:
         y = jax.nn.dot_product_attention(
-            to_btnh(q),
-            to_btnh(k),
-            to_btnh(v),
+            *(jnp.swapaxes(t, 1, 2) for t in (q, k, v)),
             scale=float(scale),
             is_causal=bool(is_causal),
             implementation="cudnn",
         )
     except Exception:  # noqa: BLE001 - shapes/dtypes cuDNN rejects: the XLA form below
         return None
-    return y.reshape(y.shape[0], y.shape[1], -1) if rank == 3 else jnp.swapaxes(y, 1, 2)
+    return jnp.swapaxes(y, 1, 2)
 
 
 def _masked_softmax(scores, mask, bias, causal, dtype):
@@ -236,10 +230,7 @@ class JaxAttentionKernel:
     def fused(ctx, q, k, v, attn_mask, past_key, nonpad, opts):
         if not _fast_applies(ctx, q, past_key, nonpad, opts):
             return None
-        return _fast_attention(
-            ctx, q, k, v, attn_mask, opts.is_causal, opts.scale, opts.q_num_heads,
-            opts.kv_num_heads,
-        )  # fmt: skip
+        return _fast_attention(ctx, q, k, v, attn_mask, opts)
 
     @staticmethod
     def sdpa(ctx, q, k, v, opts, scale):

@@ -2,12 +2,15 @@
 the same numbers at different speeds.
 
 ``attention``: ``"auto"`` (default) lets ``Attention`` choose per shape and backend: a fused
-softmax attention in the inputs' own layout (head-major ``(B, H, S, D)`` for 4-D inputs,
-sequence-major ``(B, S, H, D)`` for 3-D ones, so no transposes are added), masks and causal
+softmax attention over head-major ``(B, H, S, D)`` heads (3-D inputs split and transposed
+to it: XLA:CPU contracts head-major heads faster, the transposes included), masks and causal
 masking applied as one select, and ``jax.nn.dot_product_attention(implementation="cudnn")``
 on a GPU for float16/bfloat16 inputs; anything the fast form does not cover (KV cache,
 softcap, windows, scores as an output, float16/bfloat16 on CPU) keeps the ONNX reference's
-step-by-step form. ``"reference"`` always uses the step-by-step form.
+step-by-step form. The Flax emitter writes the unmasked (or causal) float32 case as the
+module's ``_dot_product_attention`` helper: ``jax.nn.dot_product_attention`` off the CPU,
+head-major einsums on it (``benchmarks/attention_core.md``). ``"reference"`` always uses the
+step-by-step form (the ``_attention_reference`` helper in Flax source).
 
 ``conv``: ``"auto"`` (default) runs some convolutions on the CPU as one matmul over their
 patches (:func:`matmul_conv`): a pointwise one (1×1 kernel, no padding) over the channel axis

@@ -534,7 +534,7 @@ class _Emitter(_Planning, _Values, _Nodes):
         sub.outputs = [sub.get(v, None) for v in p.outputs]
         if not sub.has_constants and packed_self_attention(p):
             # the same variables, the body one call (the source's ``self.attn(x, x, x)``)
-            sub.src.body, sub.src.helpers = [], {"torch_mha"}
+            sub.src.body, sub.src.helpers = [], {"torch_mha", "dot_product_attention"}
             low = ", dtype=jnp.bfloat16" if self.low_dtype else ""
             sub.outputs = [f"_torch_mha(self, {sub.inputs[0]}, heads={p.hyper['num_heads']}{low})"]
             if self.low_dtype:

@@ -37,14 +37,35 @@ def _torch_mha(m, x, heads, dtype=None):
     """torch's MultiheadAttention: self-attention on (B, T, E), no mask, packed q, k, v; with
     ``dtype``, computed in it on the float32 variables (the softmax in float32)."""
     b, t, e = x.shape
-    w = lambda v: v[...] if dtype is None else v[...].astype(dtype)  # noqa: E731
+    cast = lambda v: v[...] if dtype is None else v[...].astype(dtype)  # noqa: E731
     # the projections as 2-D matmuls over (B * T, E) rows, whose weight gradients XLA:CPU
     # computes faster than those of 3-D products
-    x = x.reshape(b * t, e) if dtype is None else x.reshape(b * t, e).astype(dtype)
-    qkv = (x @ w(m.in_proj_kernel).T + w(m.in_proj_bias)).reshape(b, t, 3, heads, -1)
-    h = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
-    h = h.reshape(b * t, e) @ w(m.out_proj_kernel).T + w(m.out_proj_bias)
+    x = cast(x.reshape(b * t, e))
+    qkv = (x @ cast(m.in_proj_kernel).T + cast(m.in_proj_bias)).reshape(b, t, 3, heads, -1)
+    h = _dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+    h = h.reshape(b * t, e) @ cast(m.out_proj_kernel).T + cast(m.out_proj_bias)
     return h.reshape(b, t, e)
+''',
+    # xconv.converters.ops.formulation "attention": XLA:CPU runs softmax attention on
+    # head-major heads faster than jax.nn.dot_product_attention's sequence-major einsums.
+    "dot_product_attention": '''
+def _dot_product_attention(q, k, v, scale=None, is_causal=False):
+    """jax.nn.dot_product_attention on (B, S, H, D) arrays; on the CPU as einsums over
+    head-major (B, H, S, D) heads, which XLA:CPU runs faster. The scores and the softmax are
+    in float32 (at least), as in jax.nn's."""
+    if jax.default_backend() != "cpu":
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=is_causal)
+    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: each k, v head serves a group
+        k, v = (jnp.repeat(t, q.shape[1] // t.shape[1], axis=1) for t in (k, v))
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    acc = jnp.promote_types(q.dtype, jnp.float32)
+    scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=acc) * scale
+    if is_causal:
+        causal = jnp.tril(jnp.ones(scores.shape[-2:], dtype=bool))
+        scores = jnp.where(causal, scores, jnp.finfo(acc).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.swapaxes(jnp.einsum("bhqk,bhkd->bhqd", probs, v), 1, 2)
 ''',
     # xconv.converters.ops.formulation "conv": on the CPU, XLA runs a 1x1 convolution and a
     # small 2-D one with 64+ input channels faster as a matmul over its patches (as to_jax's).

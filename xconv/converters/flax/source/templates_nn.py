@@ -250,8 +250,8 @@ def _attention(c: OpCall) -> str:
     causal = bool(c.attrs["is_causal"])
     if c.has(3) and _causal_mask(c.consts[3]):
         mask, causal = "None", True  # the mask a causal model builds: is_causal says it
-    direct = dot_product_attention(c, mask, causal)
-    if direct is not None and name == "attention":
+    direct = dot_product_attention(c, mask, causal) if name == "attention" else None
+    if direct is not None:
         return direct
     c.helpers.add(name)
     # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
