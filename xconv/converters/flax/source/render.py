@@ -142,8 +142,8 @@ def render(em: _Emitter, name: str) -> str:
     helpers = [HELPERS[h].strip("\n") for h in sorted(em.src.helpers)]
     if em.low_dtype:  # softmax inside helpers (attention) accumulates in float32
         helpers = [
-            h if name in _FLOAT32_HELPERS else _SOFTMAX.sub(_FLOAT32_SOFTMAX, h)
-            for name, h in zip(sorted(em.src.helpers), helpers, strict=True)
+            h if key in _FLOAT32_HELPERS else _SOFTMAX.sub(_FLOAT32_SOFTMAX, h)
+            for key, h in zip(sorted(em.src.helpers), helpers, strict=True)
         ]
     body = "\n".join(cls)
     if api == "nnx":  # nnx exports linen's pooling functions: no linen import for them

@@ -1,0 +1,224 @@
+"""How close the transformer and BERT-base paths of ``bench_throughput.py`` run to this CPU's
+matmul peak: the arithmetic each path compiles to, its rate, and the rate of one plain matmul
+of the model's feed-forward shape timed in the same rounds.
+
+``bench_throughput.py`` asks xconv's paths for ≤ ×0.95 the hand-written Flax's time. A path
+can only beat a function that computes the same thing by doing less arithmetic or by doing it
+at a higher rate; this script measures both: XLA's flop count of each path's compiled function
+(``Compiled.cost_analysis()``; the same count on every path says no path skips work) and each
+path's GFLOP/s against the peak one ``jnp.dot`` reaches on the model's largest dense layer
+(``(batch·128, d) @ (d, 4d)``), float32, one intra-op thread. If the hand-written Flax runs at
+p % of that rate, a path computing its flops takes at least ×p/100 its time unless it runs
+faster than that matmul.
+
+    python benchmarks/bench_roofline.py            # writes benchmarks/roofline.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import throughput_store as store  # noqa: E402
+from benchmarks.bench_throughput import (  # noqa: E402
+    JaxPath,
+    _cpu,
+    _first,
+    _import_file,
+    _limit_threads,
+    _load,
+    _nest,
+    _split,
+    build_torch,
+    hand_flax,
+    interleaved_medians,
+    make_input,
+)
+
+OUT_MD = Path(__file__).with_name("roofline.md")
+#: model -> (batches, d_model); seq 128 for both.
+MODELS = {"transformer": ((1, 16), 256), "bert": ((1, 4), 768)}
+SEQ = 128
+MODES = ("infer", "train")
+
+
+def paths(name: str, module, tmp: Path) -> dict[str, JaxPath]:
+    """The hand-written Flax, ``to_jax`` and the generated Flax of ``bench_throughput.py``,
+    float32."""
+    import jax.numpy as jnp
+    import torch
+
+    import xconv
+
+    model = xconv.from_torch(module, torch.as_tensor(make_input(name, 2)), dynamic_batch=True)
+    hand, variables, prep = hand_flax(name, module, jnp.float32)
+    fixed = {k: v for k, v in variables.items() if k != "params"}
+    out = {
+        "hand-written Flax": JaxPath(
+            lambda p, f, x, m=hand: m.apply({"params": p, **f}, x),
+            variables["params"],
+            fixed,
+            prepare=prep,
+        )
+    }
+    fn, params = xconv.to_jax(model)
+    trainable, fixed = _split(params, {n for n, _ in module.named_parameters()})
+    out["xconv to_jax"] = JaxPath(
+        lambda p, f, x, fn=fn: fn(_nest({**p, **f}), x)[0], trainable, fixed
+    )
+    flax_dir = xconv.to_flax(model, tmp / f"flax_{name}")
+    generated, variables = _import_file(flax_dir / "model.py", f"xconv_rl_{name}").load(flax_dir)
+    fixed = {k: v for k, v in variables.items() if k != "params"}
+    out["xconv generated Flax"] = JaxPath(
+        lambda p, f, x, m=generated: _first(m.apply({"params": p, **f}, x)),
+        variables["params"],
+        fixed,
+    )
+    return out
+
+
+def flops(path: JaxPath, x, mode: str) -> float:
+    """XLA's flop count of the path's compiled inference or SGD step."""
+    if mode == "infer":
+        fn = path._infer
+        args = (path.params, path.fixed, x) if path.fixed is not None else (path.params, x)
+    else:
+        fn, args = path._step, (path.params, path.fixed, x)
+    cost = fn.lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost["flops"])
+
+
+def matmul(tokens: int, d: int):
+    """One jitted float32 ``(tokens, d) @ (d, 4d)``: the call and its flops."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = jax.device_put(jnp.asarray(rng.standard_normal((tokens, d)), jnp.float32))
+    b = jax.device_put(jnp.asarray(rng.standard_normal((d, 4 * d)), jnp.float32))
+    f = jax.jit(jnp.dot)
+    jax.block_until_ready(f(a, b))
+    return (lambda: jax.block_until_ready(f(a, b))), 2.0 * tokens * d * 4 * d
+
+
+def measure(repeat: int, models) -> list[dict]:
+    import jax
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in models:
+            batches, d = MODELS[name]
+            module = build_torch(name)
+            built = paths(name, module, Path(tmp))
+            for batch in batches:
+                for mode in MODES:
+                    peak_call, peak_flops = matmul(batch * SEQ, d)
+                    calls, counts = [peak_call], [peak_flops]
+                    for path in built.values():
+                        x = path.inputs(make_input(name, batch))
+                        call = path.infer(x) if mode == "infer" else path.train(x)
+                        call()  # compile
+                        call()
+                        calls.append(call)
+                        counts.append(flops(path, x, mode))
+                    times = interleaved_medians(calls, repeat)
+                    peak = peak_flops / times[0]
+                    for i, label in enumerate(built, start=1):
+                        rows.append(
+                            {
+                                "model": name,
+                                "batch": batch,
+                                "mode": mode,
+                                "path": label,
+                                "gflop": counts[i] / 1e9,
+                                "ms": 1e3 * times[i],
+                                "gflops": counts[i] / times[i] / 1e9,
+                                "of_peak": counts[i] / times[i] / peak,
+                                "x_hand": times[i] / times[1],
+                                "peak": peak / 1e9,
+                                "peak_shape": f"({batch * SEQ}, {d}) @ ({d}, {4 * d})",
+                            }
+                        )
+                    print(f"{name} b={batch} {mode}: done", file=sys.stderr)
+            del built
+            jax.clear_caches()
+    return rows
+
+
+def render(rows: list[dict], run: str) -> str:
+    lines = [
+        "# The transformer and BERT-base paths against the matmul peak",
+        "",
+        "Written by `benchmarks/bench_roofline.py`; do not edit by hand.",
+        "",
+        f"- run: {run}",
+        "- float32, one intra-op thread; median of interleaved rounds (the paths' calls and the "
+        "matmul's in one round); GFLOP: XLA's count for the compiled call (inference, or the "
+        "SGD step of `bench_throughput.py`); peak: the GFLOP/s of one jitted `jnp.dot` of the "
+        "model's feed-forward shape, timed in the same rounds; ×hand: time ÷ the hand-written "
+        "Flax's (< 1: faster)",
+        "",
+        "| model | batch | mode | path | GFLOP | ms | GFLOP/s | % of peak | ×hand | peak GFLOP/s "
+        "(matmul) |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['mode']} | {r['path']} | {r['gflop']:.2f} "
+            f"| {r['ms']:.1f} | {r['gflops']:.0f} | {100 * r['of_peak']:.0f} % "
+            f"| ×{r['x_hand']:.2f} | {r['peak']:.0f} {r['peak_shape']} |"
+        )
+    hand = [r for r in rows if r["path"] == "hand-written Flax"]
+    if hand:
+        lo = min(hand, key=lambda r: r["of_peak"])
+        hi = max(hand, key=lambda r: r["of_peak"])
+        lines += [
+            "",
+            f"The hand-written Flax runs at {100 * lo['of_peak']:.0f}–{100 * hi['of_peak']:.0f} % "
+            "of the matmul's rate; where it is at ≥ 95 %, a path computing the same flops cannot "
+            "take ≤ ×0.95 its time without running faster than one plain matmul of the model's "
+            "shape.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=9)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--out", type=Path, default=OUT_MD)
+    args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    commit = store.commit((args.out,))
+    if store.DIRTY in commit and args.out.resolve() == OUT_MD.resolve():
+        print(
+            f"bench_roofline: uncommitted changes ({commit}); commit first or pass --out",
+            file=sys.stderr,
+        )
+        return 2
+    _limit_threads(1)
+    import jax
+
+    load = _load()
+    rows = measure(args.repeat, models)
+    run = (
+        f"commit `{commit}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{_cpu()}, jax {jax.__version__}, load average {load} before / {_load()} after"
+    )
+    args.out.write_text(render(rows, run))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
