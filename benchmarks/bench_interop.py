@@ -8,7 +8,10 @@
 2. ``xconv.jax2torch`` call overhead vs calling the jitted JAX function directly, forward
    only (no grad) and forward + backward (vs ``jax.jit(jax.vjp)`` + the vjp).
 
-    python benchmarks/bench_interop.py [--repeat 20]
+The PyPI ``torch2jax`` is imported from ``--peers`` (default ``/work/peers``: ``pip install
+--target /work/peers --no-deps torch2jax``), put on ``sys.path`` by this script only.
+
+    python benchmarks/bench_interop.py [--repeat 20]     # writes benchmarks/interop.md
 """
 
 from __future__ import annotations
@@ -22,7 +25,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import _doc  # noqa: E402
 from benchmarks._timing import median_seconds  # noqa: E402
+
+OUT_MD = Path(__file__).with_name("interop.md")
+PEERS = "/work/peers"
+NAMES = {
+    "mlp": "MLP 16-32-32-8",
+    "cnn": "ResNet-style CNN 3×32×32",
+    "transformer": "transformer block, MHA+MLP",
+}
 
 
 def _models():
@@ -80,7 +92,6 @@ def bench_torch2jax(name, module, make_input, batch, repeat):
     import jax
     import jax.numpy as jnp
     import torch
-    from torch2jax import t2j
 
     import xconv
 
@@ -93,6 +104,8 @@ def bench_torch2jax(name, module, make_input, batch, repeat):
     out = {"xconv_err": float(np.abs(np.asarray(ours(params, xj)) - ref).max())}
     runs = {"xconv_ms": lambda: jax.block_until_ready(ours(params, xj))}
     try:
+        from torch2jax import t2j
+
         f = t2j(module)
         state = {k: t2j(v) for k, v in module.state_dict().items()}
         theirs = jax.jit(lambda sd, x: f(x, state_dict=sd))
@@ -157,47 +170,81 @@ def bench_jax2torch(repeat, batch=1):
     return {**_interleaved(runs, repeat), "grad_err": err}
 
 
-def main() -> None:
+def render(rows: list[dict], bridge: dict, run: str) -> str:
+    lines = [
+        "# Interop bridges",
+        "",
+        "Written by `benchmarks/bench_interop.py`; do not edit by hand.",
+        "",
+        f"- run: {run}",
+        "- each time the best of three medians of `--repeat` calls, the contenders alternating",
+        "",
+        "**`xconv.torch2jax` (through the IR) vs PyPI `torch2jax` (`t2j`)**, both under "
+        "`jax.jit`, same weights and inputs; xconv / t2j = time ratio (< 1: xconv faster); "
+        "errors: max |Δ| against torch eager. The CNN and transformer block are built only from "
+        "ops `t2j` implements.",
+        "",
+        "| model (batch) | xconv ms | t2j ms | xconv / t2j | xconv max err | t2j max err |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if "t2j_ms" in r:
+            theirs = (
+                f"{r['t2j_ms']:.3f} | {r['xconv_ms'] / r['t2j_ms']:.2f} | {r['xconv_err']:.1e} "
+                f"| {r['t2j_err']:.1e}"
+            )
+        else:
+            theirs = f"— | — | {r['xconv_err']:.1e} | does not run: {r['t2j_error']}"
+        lines.append(f"| {NAMES[r['model']]} ({r['batch']}) | {r['xconv_ms']:.3f} | {theirs} |")
+    lines += [
+        "",
+        "**`xconv.jax2torch` call overhead**: the jitted xconv MLP (batch 1) called from torch "
+        "vs called from JAX directly (forward + backward: against `jax.jit(jax.vjp)` and the "
+        f"vjp); input-gradient max |Δ| {bridge['grad_err']:.1e}.",
+        "",
+        "| path | JAX ms | jax2torch ms | ratio |",
+        "|---|---:|---:|---:|",
+        f"| forward, `torch.no_grad()` | {bridge['jax_ms']:.3f} | {bridge['j2t_ms']:.3f} "
+        f"| {bridge['j2t_ms'] / bridge['jax_ms']:.1f}× |",
+        f"| forward + backward (vjp), input grad | {bridge['jax_fb_ms']:.3f} "
+        f"| {bridge['j2t_fb_ms']:.3f} | {bridge['j2t_fb_ms'] / bridge['jax_fb_ms']:.1f}× |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeat", type=int, default=20)
-    args = p.parse_args()
+    p.add_argument("--peers", default=PEERS, help="folder with torch2jax (pip --target)")
+    p.add_argument("--out", type=Path, default=OUT_MD)
+    args = p.parse_args(argv)
+    commit = _doc.commit_or_refuse("bench_interop", args.out, OUT_MD)
+    if commit is None:
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if os.path.isdir(args.peers):
+        sys.path.insert(0, args.peers)
     import jax
     import torch
 
-    print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}")
-    print("torch2jax: xconv (through the IR) vs PyPI torch2jax 0.1.0 (t2j), both jax.jit")
-    print(
-        f"{'model':12} {'batch':>5} {'xconv ms':>9} {'t2j ms':>9} {'xconv/t2j':>9} "
-        f"{'xconv err':>9} {'t2j err':>9}"
-    )
+    load = _doc.load()
+    rows = []
     for name, (module, make_input) in _models().items():
         for batch in (1, 32):
             r = bench_torch2jax(name, module, make_input, batch, args.repeat)
-            if "t2j_ms" in r:
-                print(
-                    f"{name:12} {batch:5d} {r['xconv_ms']:9.3f} {r['t2j_ms']:9.3f} "
-                    f"{r['xconv_ms'] / r['t2j_ms']:9.2f} {r['xconv_err']:9.1e} "
-                    f"{r['t2j_err']:9.1e}"
-                )
-            else:
-                print(
-                    f"{name:12} {batch:5d} {r['xconv_ms']:9.3f} {'-':>9} {'-':>9} "
-                    f"{r['xconv_err']:9.1e}  t2j failed: {r['t2j_error']}"
-                )
-    print("\njax2torch: torch calling the jitted xconv MLP (batch 1) vs calling it from JAX")
-    r = bench_jax2torch(args.repeat)
-    print(f"{'path':22} {'JAX ms':>8} {'jax2torch ms':>12} {'ratio':>6}")
-    print(
-        f"{'forward (no grad)':22} {r['jax_ms']:8.3f} {r['j2t_ms']:12.3f} "
-        f"{r['j2t_ms'] / r['jax_ms']:6.2f}"
-    )
-    print(
-        f"{'forward + backward':22} {r['jax_fb_ms']:8.3f} {r['j2t_fb_ms']:12.3f} "
-        f"{r['j2t_fb_ms'] / r['jax_fb_ms']:6.2f}"
-    )
-    print(f"input-gradient max abs difference: {r['grad_err']:.1e}")
+            rows.append({"model": name, "batch": batch, **r})
+            print(f"torch2jax {name} b={batch}: done", file=sys.stderr)
+    bridge = bench_jax2torch(args.repeat)
+    versions = f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}"
+    try:
+        from importlib.metadata import version
+
+        versions += f", torch2jax {version('torch2jax')}"
+    except Exception:  # noqa: BLE001 - not installed: its rows say it does not run
+        pass
+    _doc.write(args.out, render(rows, bridge, _doc.run_stamp(commit, load, versions)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

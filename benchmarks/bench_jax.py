@@ -3,7 +3,7 @@
 Same model (fixtures: ResNet-style CNN and a transformer), same inputs, one process, batch 1
 and 32. Reported as ratios against torch eager (higher = faster than torch).
 
-    python benchmarks/bench_jax.py [--repeat 20]
+    python benchmarks/bench_jax.py [--repeat 20]     # writes benchmarks/jax_backend.md
 """
 
 from __future__ import annotations
@@ -18,7 +18,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import _doc  # noqa: E402
 from benchmarks._timing import median_seconds  # noqa: E402
+
+OUT_MD = Path(__file__).with_name("jax_backend.md")
+MODELS = {"resnet": "ResNet-style CNN 3×32×32", "transformer": "transformer, 2 layers, seq 10"}
 
 
 def _batched(example, batch: int):
@@ -85,27 +89,56 @@ def bench(name: str, factory, batch: int, repeat: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def render(rows: list[dict], run: str) -> str:
+    lines = [
+        "# The JAX backend against onnxruntime and torch eager",
+        "",
+        "Written by `benchmarks/bench_jax.py`; do not edit by hand.",
+        "",
+        f"- run: {run}",
+        "- the jitted `xconv.to_jax` function, onnxruntime on the same IR saved as `.onnx`, and "
+        "torch eager: same weights and inputs, one process, CPU; each time the median of "
+        "`--repeat` calls after warm-up; ratio = peer time / xconv time (> 1: xconv faster); "
+        "max err: the JAX function's max |Δ| against torch",
+        "",
+        "| model (batch) | torch ms | ort ms | xconv-jax ms | jax vs torch | jax vs ort "
+        "| max err vs torch |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {MODELS[r['model']]} ({r['batch']}) | {r['torch_ms']:.3f} | {r['ort_ms']:.3f} "
+            f"| {r['xconv_jax_ms']:.3f} | {r['jax_vs_torch']:.2f}× | {r['jax_vs_ort']:.2f}× "
+            f"| {r['max_abs_err']:.1e} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeat", type=int, default=20)
-    args = p.parse_args()
+    p.add_argument("--out", type=Path, default=OUT_MD)
+    args = p.parse_args(argv)
+    commit = _doc.commit_or_refuse("bench_jax", args.out, OUT_MD)
+    if commit is None:
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import jax
+    import onnxruntime as ort
+    import torch
+
     from fixtures.torch_models import make_resnet, make_transformer
 
-    print(
-        f"{'model':12} {'batch':>5} {'torch ms':>9} {'ort ms':>8} {'xconv-jax ms':>12} "
-        f"{'jax/torch':>9} {'jax/ort':>8} {'max err':>8}"
-    )
+    load = _doc.load()
+    rows = []
     for name, factory in (("resnet", make_resnet), ("transformer", make_transformer)):
         for batch in (1, 32):
-            r = bench(name, factory, batch, args.repeat)
-            print(
-                f"{name:12} {batch:5d} {r['torch_ms']:9.3f} {r['ort_ms']:8.3f} "
-                f"{r['xconv_jax_ms']:12.3f} {r['jax_vs_torch']:8.2f}x {r['jax_vs_ort']:7.2f}x "
-                f"{r['max_abs_err']:8.1e}"
-            )
-    print("ratios: >1 means the jitted xconv JAX function is faster than the peer.")
+            rows.append({"model": name, "batch": batch, **bench(name, factory, batch, args.repeat)})
+            print(f"{name} b={batch}: done", file=sys.stderr)
+    versions = f"jax {jax.__version__}, onnxruntime {ort.__version__}, torch {torch.__version__}"
+    _doc.write(args.out, render(rows, _doc.run_stamp(commit, load, versions)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -5,7 +5,7 @@ Everything is warmed up first (compile and first-call costs excluded); times are
 The budget is: a passing check costs at most 3x (reference + candidate + oracle). The cost
 of a failing check (which also traces every scope on the three sides) is printed too.
 
-    python benchmarks/bench_parity.py [--repeats 5] [--blocks 6] [--size 32]
+    python benchmarks/bench_parity.py [--repeats 5] [--blocks 6] [--size 32]   # writes parity.md
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import _doc  # noqa: E402
+
+OUT_MD = Path(__file__).with_name("parity.md")
+BUDGET = 3.0
+
 
 def _median(fn, repeats: int) -> float:
     times = []
@@ -31,22 +36,27 @@ def _median(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main(argv: list[str] | None = None) -> float:
+def main(argv: list[str] | None = None) -> int:
     import jax
     import torch
 
     import xconv
     from tests.parity.models import SmallCNN, cnn_ir
 
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--blocks", type=int, default=6)
     p.add_argument("--channels", type=int, default=16)
     p.add_argument("--size", type=int, default=32)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (noise control)")
+    p.add_argument("--out", type=Path, default=OUT_MD)
     args = p.parse_args(argv)
+    commit = _doc.commit_or_refuse("bench_parity", args.out, OUT_MD)
+    if commit is None:
+        return 2
     torch.set_num_threads(args.threads)
+    load = _doc.load()
 
     torch.manual_seed(0)
     net = SmallCNN(c=args.channels, blocks=args.blocks)
@@ -94,19 +104,36 @@ def main(argv: list[str] | None = None) -> float:
     ratio = statistics.median(r[3] / (r[0] + r[1] + r[2]) for r in rounds)
     t_fail = _median(check_failing, max(1, args.repeats // 2))
     baseline = t_ref + t_oracle + t_cand
-    print(f"fixture: SmallCNN c={args.channels} blocks={args.blocks} input={list(shape)}")
-    print(f"reference (torch fp32)   {t_ref * 1e3:8.1f} ms")
-    print(f"oracle    (torch fp64)   {t_oracle * 1e3:8.1f} ms")
-    print(f"candidate (xconv jax)    {t_cand * 1e3:8.1f} ms")
-    print(f"baseline (sum)           {baseline * 1e3:8.1f} ms")
-    print(f"check_parity (passing)   {t_check * 1e3:8.1f} ms  [{args.repeats} interleaved rounds]")
-    print(
-        f"check_parity (failing, localised) {t_fail * 1e3:8.1f} ms "
-        f"({t_fail / baseline:.2f}x baseline)"
-    )
-    print(f"ratio check/baseline = {ratio:.2f}x (budget 3x): {'OK' if ratio <= 3 else 'OVER'}")
-    return ratio
+    fixture = f"SmallCNN c={args.channels} blocks={args.blocks}, input {list(shape)}"
+    lines = [
+        "# The cost of a parity check",
+        "",
+        "Written by `benchmarks/bench_parity.py`; do not edit by hand.",
+        "",
+        f"- run: {_doc.run_stamp(commit, load, f'jax {jax.__version__}, torch {torch.__version__}')}",
+        f"- fixture: {fixture} (`tests/parity/models.py`), torch float32 reference, its float64 "
+        f"twin as the oracle, the candidate `xconv.to_jax`; torch on {args.threads} thread(s); "
+        "everything warmed up first (compile and first calls excluded)",
+        f"- passing check: median of {args.repeats} interleaved rounds (reference, oracle, "
+        "candidate, check); the ratio is the median of the rounds' ratios. Failing check (a "
+        "BatchNorm epsilon off in `blocks.1.bn`, localised by tracing every scope on the three "
+        "sides): median of its own calls",
+        "",
+        "| call | ms | × (reference + oracle + candidate) |",
+        "|---|---:|---:|",
+        f"| reference (torch float32) | {t_ref * 1e3:.1f} | |",
+        f"| oracle (torch float64) | {t_oracle * 1e3:.1f} | |",
+        f"| candidate (xconv to_jax) | {t_cand * 1e3:.1f} | |",
+        f"| reference + oracle + candidate | {baseline * 1e3:.1f} | ×1.00 |",
+        f"| `check_parity`, passing | {t_check * 1e3:.1f} | ×{ratio:.2f} |",
+        f"| `check_parity`, failing and localised | {t_fail * 1e3:.1f} | ×{t_fail / baseline:.2f} |",
+        "",
+        f"Budget for a passing check: ×{BUDGET:g}: "
+        + ("met." if ratio <= BUDGET else f"**over** (×{ratio:.2f})."),
+    ]
+    _doc.write(args.out, "\n".join(lines) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -25,14 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import throughput_store as store  # noqa: E402
+from benchmarks import _doc  # noqa: E402
 from benchmarks.bench_throughput import (  # noqa: E402
     JaxPath,
-    _cpu,
     _first,
     _import_file,
     _limit_threads,
-    _load,
     _nest,
     _split,
     build_torch,
@@ -227,24 +225,16 @@ def main(argv=None) -> int:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         parser.error(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
-    commit = store.commit((args.out,))
-    if store.DIRTY in commit and args.out.resolve() == OUT_MD.resolve():
-        print(
-            f"bench_roofline: uncommitted changes ({commit}); commit first or pass --out",
-            file=sys.stderr,
-        )
+    commit = _doc.commit_or_refuse("bench_roofline", args.out, OUT_MD)
+    if commit is None:
         return 2
     _limit_threads(1)
     import jax
 
-    load = _load()
+    load = _doc.load()
     rows = measure(args.repeat, models)
-    run = (
-        f"commit `{commit}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{_cpu()}, jax {jax.__version__}, load average {load} before / {_load()} after"
-    )
-    args.out.write_text(render(rows, run))
-    print(f"wrote {args.out}", file=sys.stderr)
+    run = _doc.run_stamp(commit, load, f"jax {jax.__version__}")
+    _doc.write(args.out, render(rows, run))
     return 0
 
 

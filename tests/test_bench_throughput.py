@@ -396,3 +396,43 @@ def test_roofline_counts_a_paths_flops_and_renders_its_rate():
     text = rl.render(rows, "test")
     assert "| bert | 1 | infer | xconv to_jax | 1.00 | 9.0 | 111 | 111 % | ×0.90 |" in text
     assert "| bert | 1 | infer | 100 % | ×1.00 | ×0.90 |" in text
+
+
+def test_jax_and_interop_docs_render_their_rows():
+    """benchmarks/bench_jax.py and bench_interop.py write their tables (no table in the
+    README typed by hand): a peer that does not run says why instead of a time."""
+    from benchmarks import bench_interop, bench_jax
+
+    row = {"torch_ms": 2.0, "ort_ms": 0.5, "xconv_jax_ms": 1.0, "jax_vs_torch": 2.0}
+    text = bench_jax.render(
+        [{"model": "resnet", "batch": 32, **row, "jax_vs_ort": 0.5, "max_abs_err": 2e-7}], "test"
+    )
+    assert (
+        "| ResNet-style CNN 3×32×32 (32) | 2.000 | 0.500 | 1.000 | 2.00× | 0.50× | 2.0e-07 |"
+        in text
+    )
+    rows = [
+        {
+            "model": "mlp",
+            "batch": 1,
+            "xconv_ms": 0.05,
+            "t2j_ms": 0.1,
+            "xconv_err": 6e-8,
+            "t2j_err": 1e-4,
+        },
+        {
+            "model": "cnn",
+            "batch": 1,
+            "xconv_ms": 0.2,
+            "xconv_err": 6e-8,
+            "t2j_error": "KeyError: x",
+        },
+    ]
+    bridge = {"jax_ms": 0.02, "j2t_ms": 0.14, "jax_fb_ms": 0.06, "j2t_fb_ms": 0.45, "grad_err": 0.0}
+    text = bench_interop.render(rows, bridge, "test")
+    assert "| MLP 16-32-32-8 (1) | 0.050 | 0.100 | 0.50 | 6.0e-08 | 1.0e-04 |" in text
+    assert (
+        "| ResNet-style CNN 3×32×32 (1) | 0.200 | — | — | 6.0e-08 | does not run: KeyError: x |"
+        in text
+    )
+    assert "| forward, `torch.no_grad()` | 0.020 | 0.140 | 7.0× |" in text
