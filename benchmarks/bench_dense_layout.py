@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import throughput_store as store  # noqa: E402
+from benchmarks import _doc  # noqa: E402
 from benchmarks.bench_throughput import (  # noqa: E402
-    _cpu,
     _limit_threads,
-    _load,
     interleaved_medians,
 )
 
@@ -228,24 +225,15 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--out", type=Path, default=OUT_MD)
     args = parser.parse_args(argv)
-    commit = store.commit((args.out,))
-    if store.DIRTY in commit and args.out.resolve() == OUT_MD.resolve():
-        print(
-            f"bench_dense_layout: uncommitted changes ({commit}); commit first or pass --out",
-            file=sys.stderr,
-        )
+    commit = _doc.commit_or_refuse("bench_dense_layout", args.out, OUT_MD)
+    if commit is None:
         return 2
     _limit_threads(1)
     import jax
 
-    load = _load()
+    load = _doc.load()
     rows = measure(args.repeat)
-    run = (
-        f"commit `{commit}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{_cpu()}, jax {jax.__version__}, load average {load} before / {_load()} after"
-    )
-    args.out.write_text(render(rows, run))
-    print(f"wrote {args.out}", file=sys.stderr)
+    _doc.write(args.out, render(rows, _doc.run_stamp(commit, load, f"jax {jax.__version__}")))
     return 0
 
 
