@@ -42,14 +42,14 @@ class Block(torch.nn.Module):
 class SmallCNN(torch.nn.Module):
     """stem conv -> N x (conv, bn, gelu) -> global pool -> flatten -> fc."""
 
-    def __init__(self, c: int = 8, blocks: int = 2, classes: int = 10) -> None:
+    def __init__(self, c: int = 8, blocks: int = 2, classes: int = 10, seed: int = 0) -> None:
         super().__init__()
         self.stem = torch.nn.Conv2d(3, c, 3, padding=1)
         self.blocks = torch.nn.Sequential(*[Block(c) for _ in range(blocks)])
         self.pool = torch.nn.AdaptiveAvgPool2d(1)
         self.flatten = torch.nn.Flatten()
         self.fc = torch.nn.Linear(c, classes)
-        _seeded(self)
+        _seeded(self, seed)
         g = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for m in self.modules():

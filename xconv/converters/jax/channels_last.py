@@ -40,6 +40,7 @@ from xconv.converters.ops import formulation, shapes
 from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.layout import channels_last, conversion
 from xconv.converters.ops.normalization import apply_batch_norm
+from xconv.converters.ops.reduce import mean
 from xconv.ir.passes.layout import ELEMENTWISE
 
 #: Ops whose JAX handler moves the channels last itself: called on the IR layout, their
@@ -133,7 +134,7 @@ class ChannelsLast:
         if op == "BatchNormalization":
             return (apply_batch_norm(KERNEL, jnp, *args, attrs["epsilon"], axis=-1),)
         if op == "GlobalAveragePool":
-            return (jnp.mean(args[0], axis=tuple(range(1, len(perm) - 1)), keepdims=True),)
+            return (mean(jnp, args[0], tuple(range(1, len(perm) - 1)), True),)
         if op == "GlobalMaxPool":
             return (jnp.max(args[0], axis=tuple(range(1, len(perm) - 1)), keepdims=True),)
         return None

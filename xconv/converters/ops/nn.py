@@ -19,6 +19,7 @@ import numpy as np
 from xconv.converters.ops import shapes
 from xconv.converters.ops.arrays import astype
 from xconv.converters.ops.attrs import CONV_ATTRS, check_choice
+from xconv.converters.ops.reduce import mean
 
 
 class NnKernel(Protocol):
@@ -236,7 +237,7 @@ def _register_global_pools(builtin: Callable[..., Any], kern: NnKernel, required
     def global_average_pool(ctx, x):
         """GlobalAveragePool(X) -> Y: mean over all spatial axes, kept as size 1."""
         x = kern.asarray(x)
-        return xp.mean(x, axis=spatial_axes(x), keepdims=True)
+        return mean(xp, x, spatial_axes(x), True)
 
     @builtin("GlobalMaxPool")
     def global_max_pool(ctx, x):

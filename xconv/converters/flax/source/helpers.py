@@ -111,6 +111,16 @@ def _flat_dot(lhs, rhs, dimension_numbers, out_sharding=None, **kwargs):
     y = lax.dot_general(lhs.reshape(-1, lhs.shape[-1]), rhs, (((1,), (0,)), ((), ())), **kwargs)
     return y.reshape(*lhs.shape[:-1], rhs.shape[-1])
 ''',
+    # xconv.converters.ops.reduce.mean: XLA:CPU sums all the reduced elements of an output in
+    # one running sum, whose rounding error on a near-constant map grows with their count.
+    "mean": '''
+def _mean(x, axis, keepdims=False):
+    """jnp.mean over the axes ``axis``, one axis at a time: the same mean, with each axis's
+    values summed on their own, which XLA:CPU rounds less on a near-constant map."""
+    for a in sorted(axis, reverse=True):
+        x = jnp.mean(x, axis=a, keepdims=True)
+    return x if keepdims else jnp.squeeze(x, axis)
+''',
     # ONNX's and torch's exact GELU in their erf form: jax.nn.gelu(approximate=False) goes
     # through erfc, which XLA:CPU runs about 3x slower.
     "gelu": '''

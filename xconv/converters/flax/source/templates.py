@@ -65,6 +65,11 @@ class OpCall(TemplateCall):
     def dtype(self, index: int = 0) -> str:
         return dtype_expr(self.node.outputs[index].dtype, self.xp)
 
+    def float_output(self, index: int = 0) -> bool:
+        """Whether output ``index`` is known to be a floating-point tensor."""
+        dtype = self.node.outputs[index].dtype
+        return dtype is not None and dtype.is_floating_point()
+
 
 @dataclass(frozen=True)
 class Template(Handler):

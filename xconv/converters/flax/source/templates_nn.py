@@ -147,6 +147,9 @@ def _avg_pool(c: OpCall) -> str:
 @template("GlobalAveragePool", layout="channels_last")
 def _global_avg_pool(c: OpCall) -> str:
     n = c.need_rank() - 2
+    if n > 1 and c.float_output():
+        c.helpers.add("mean")
+        return f"_mean({c.args[0]}, axis={tuple(range(1, n + 1))}, keepdims=True)"
     return f"jnp.mean({c.args[0]}, axis={tuple(range(1, n + 1))}, keepdims=True)"
 
 

@@ -35,6 +35,9 @@ def _reduce(fn: str, pre: str = "{0}", post: str = "{0}") -> Callable[[OpCall], 
                 return c.args[0]
             return post.format(f"{c.xp}.{fn}({x}{keep})")
         phys = tuple(sorted(c.axis(int(a)) for a in np.asarray(axes).reshape(-1)))
+        if fn == "mean" and len(phys) > 1 and c.float_output():
+            c.helpers.add("mean")
+            return post.format(f"_mean({x}, axis={phys}{keep})")
         return post.format(f"{c.xp}.{fn}({x}, axis={phys}{keep})")
 
     return emit
