@@ -93,11 +93,16 @@ def merge(store: dict, backend: str, result: dict, stamp: dict) -> dict:
             continue
         row = dict(new)
         row["run"] = {m: {} for m in MODES}
+        row["processes"] = {m: _ints(new.get("processes", {}).get(m, {})) for m in MODES}
         if old is not None:
             for k in _timing_keys():
                 row[k] = {**_ints(old[k]), **new[k]}
             for m in MODES:
                 row["run"][m] = _ints(old.get("run", {}).get(m, {}))
+                # a batch measured again keeps only the new run's per-process timings
+                kept = _ints(old.get("processes", {}).get(m, {}))
+                kept = {b: t for b, t in kept.items() if b not in new[m]}
+                row["processes"][m] = {**kept, **row["processes"][m]}
         for m, batches in measured.items():
             row["run"][m].update({b: run_id for b in batches})
         stored[_key(new)] = row
@@ -111,7 +116,9 @@ def combine(results: list[dict]) -> dict:
     script's ``--processes``): each timing the median over the processes that measured it, a
     row's parity the first that is not a pass (else the first process's), its note the first
     process's. A process that failed is left out; if every one did, the first's error stands.
-    The meta records how many processes each timing is the median of."""
+    The meta records how many processes each timing is the median of; each row's
+    ``processes`` keeps every process's own timing, for the spread of a ratio between paths
+    (a path's calls and another's interleave within one process)."""
     ok = [r for r in results if "error" not in r]
     if not ok:
         return results[0]
@@ -126,6 +133,16 @@ def combine(results: list[dict]) -> dict:
                 b: statistics.median(_ints(r[k])[b] for r in same if b in _ints(r[k]))
                 for b in batches
             }
+        # Each process's own timing, in process order (None where it measured none): a
+        # path's ratio to another in one process pairs calls interleaved in the same rounds.
+        out["processes"] = {
+            m: {
+                b: [_ints(r[m]).get(b) for r in same]
+                for b in out[m]
+                if len(same) > 1 and len(same) == len(ok)
+            }
+            for m in MODES
+        }
         conv = [r["conversion_s"] for r in same if r.get("conversion_s") is not None]
         out["conversion_s"] = statistics.median(conv) if conv else None
         bad = [
@@ -178,6 +195,7 @@ def results(store: dict, backend: str, order: list[str]) -> list[dict]:
                 **r,
                 **{k: _ints(r[k]) for k in _timing_keys()},
                 "run": {m: _ints(r.get("run", {}).get(m, {})) for m in MODES},
+                "processes": {m: _ints(r.get("processes", {}).get(m, {})) for m in MODES},
             }
             for r in entry["rows"]
         ]

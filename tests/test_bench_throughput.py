@@ -230,8 +230,42 @@ def test_processes_combine_into_per_timing_medians():
     assert xc["parity"].startswith("FAIL")  # one failing process fails the row
     assert hand["parity"] == "pass"
     assert combined["meta"]["processes"] == 3
+    # every process's own timing, in process order, where all three measured the batch
+    assert hand["processes"]["infer"] == {1: [1.0, 3.0, 2.0], 8: [9.0, 5.0, 7.0]}
+    assert xc["processes"]["infer"] == {1: [2.0, 1.0, 5.0], 8: [None, 4.0, None]}
     assert store.combine(results[1:2])["error"]  # every process failed: the error stands
     assert store.combine(results[:1])["rows"][0]["infer"] == {1: 1.0, 8: 9.0}
+    assert store.combine(results[:1])["rows"][0]["processes"]["infer"] == {}
+
+
+def test_a_missed_target_names_its_ratio_over_the_processes():
+    from benchmarks import bench_throughput as bt
+    from benchmarks import throughput_store as store
+
+    def run(hand, xc):
+        rows = [
+            _row("hand-written Flax + jit", "fp32", {1: hand}),
+            _row("xconv to_jax + jit", "fp32", {1: xc}),
+        ]
+        return json.loads(json.dumps(_result(rows)))
+
+    # per process x0.90, x1.00, x1.10: the median x1.00 misses x0.95, by less than the spread
+    stored = store.merge(
+        {}, "cpu", store.combine([run(1.0, 0.9), run(2.0, 2.0), run(3.0, 3.3)]), _stamp("a")
+    )
+    stored = json.loads(json.dumps(stored))
+    (result,) = store.results(stored, "cpu", ["cnn"])
+    targets = "\n".join(bt.render_model(result)).split("Targets")[1]
+    assert (
+        "xconv to_jax + jit fp32 infer b=1: ×1.00 the hand-written Flax "
+        "(target ≤ ×0.95; ×0.90–×1.10 in the 3 processes)"
+    ) in targets
+    # a single-process rerun of the batch replaces the medians: no stale spread stays
+    store.merge(stored, "cpu", run(1.0, 1.2), _stamp("b"))
+    stored = json.loads(json.dumps(stored))
+    (result,) = store.results(stored, "cpu", ["cnn"])
+    targets = "\n".join(bt.render_model(result)).split("Targets")[1]
+    assert "×1.20 the hand-written Flax (target ≤ ×0.95)" in targets
 
 
 def test_the_default_doc_is_not_written_from_uncommitted_code(monkeypatch):
