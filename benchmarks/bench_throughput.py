@@ -65,6 +65,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import _memory  # noqa: E402
 from benchmarks import throughput_store as store  # noqa: E402
 
 OUT_MD = ROOT / "benchmarks" / "throughput.md"
@@ -122,6 +123,8 @@ class Row:
     train: dict = field(default_factory=dict)
     infer_compile: dict = field(default_factory=dict)  # batch -> first-call seconds
     train_compile: dict = field(default_factory=dict)
+    infer_peak: dict = field(default_factory=dict)  # batch -> first call's peak RSS added, MiB
+    train_peak: dict = field(default_factory=dict)
     conversion_s: float | None = None
     parity: str = ""
     note: str = ""
@@ -258,6 +261,18 @@ def timed_first(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def first_call(fn) -> tuple[float, float | None]:
+    """The first (compiling) call's seconds and the peak resident memory it added to the
+    process in MiB (``/proc``'s peak mark reset before it; None where that cannot be read):
+    what the path needs beside what the process already holds, its compilation included."""
+    try:
+        base = _memory.reset_peak()
+    except OSError:
+        base = None
+    seconds = timed_first(fn)
+    return seconds, (_memory.peak_above_mib(base) if base else None)
 
 
 def warm_up(fn, first_s: float) -> None:
@@ -417,16 +432,17 @@ class Bench:
         if row.dtype == "bf16" and not self.args.bf16_all_batches and self.name in BF16_BATCHES:
             batches = [b for b in batches if b in BF16_BATCHES[self.name]] or batches[:1]
         for b in batches:
-            with _note_errors(row, f"inference b={b}"):
-                call = infer(b)
-                row.infer_compile[b] = timed_first(call)
-                warm_up(call, row.infer_compile[b])
-                self.pending.append((row, "infer", b, call))
+            if not self.args.no_infer:
+                with _note_errors(row, f"inference b={b}"):
+                    call = infer(b)
+                    row.infer_compile[b], row.infer_peak[b] = first_call(call)
+                    warm_up(call, row.infer_compile[b])
+                    self.pending.append((row, "infer", b, call))
             train_ok = self.args.train_all_batches or b in TRAIN_BATCHES.get(self.name, (b,))
             if train is not None and not self.args.no_train and train_ok:
                 with _note_errors(row, f"training b={b}"):
                     call = train(b)
-                    row.train_compile[b] = timed_first(call)
+                    row.train_compile[b], row.train_peak[b] = first_call(call)
                     warm_up(call, row.train_compile[b])
                     self.pending.append((row, "train", b, call))
         self.rows.append(row)
@@ -893,8 +909,8 @@ def _ratio(t: float | None, ref: float | None) -> str:
 def render_model(result: dict) -> list[str]:
     name, batches, rows = result["model"], result["batches"], result["rows"]
     for r in rows:
-        for key in ("infer", "train", "infer_compile", "train_compile"):
-            r[key] = {int(k): v for k, v in r[key].items()}
+        for key in store.timing_keys():
+            r[key] = {int(k): v for k, v in r.get(key, {}).items()}
     unit = UNIT[name]
     lines = [f"### {MODELS[name]}", ""]
     if result.get("runs") or result.get("last_error"):
@@ -920,6 +936,7 @@ def render_model(result: dict) -> list[str]:
             head += [f"b={b} {unit}", "×best JAX", "×hand Flax"]
         head += [
             "compile s (b=" + "/".join(map(str, batches)) + ")",
+            "peak MiB (b=" + "/".join(map(str, batches)) + ")",
             "conversion s",
             "parity vs torch (b=1)",
             "note",
@@ -979,10 +996,14 @@ def render_model(result: dict) -> list[str]:
                     f"{r[mode + '_compile'][b]:.1f}" if b in r[mode + "_compile"] else "—"
                     for b in batches
                 )
+                peak = "/".join(
+                    f"{r[mode + '_peak'][b]:,.0f}" if r[mode + "_peak"].get(b) is not None else "—"
+                    for b in batches
+                )
                 conv = f"{r['conversion_s']:.1f}" if r["conversion_s"] is not None else "—"
                 runs = r.get("run", {}).get(mode, {})
                 run = "/".join(str(runs[b]) if b in runs else "—" for b in batches)
-                cells += [compile_s, conv, r["parity"] or "—", r["note"] or "", run]
+                cells += [compile_s, peak, conv, r["parity"] or "—", r["note"] or "", run]
                 lines.append("| " + " | ".join(cells) + " |")
                 misses += _targets(r, rows, mode, batches, best, hand, per)
         lines.append("")
@@ -1086,6 +1107,9 @@ def render(sections: dict[str, list[dict]], header: dict) -> str:
         "- throughput in items/s (higher is better); ×best JAX = time / fastest of t2j, torchax and "
         "the hand-written Flax in the same dtype, of those whose parity verdict is not a FAIL "
         "(a failing path computes another function); ×hand Flax = time / hand-written Flax (< 1: faster)",
+        "- peak MiB: the resident memory the path's first call at that batch added to the "
+        "process (`/proc` peak mark reset before it; the compilation included), measured in runs "
+        "since 2026-12-04 (— before)",
         "- `xconv to_jax + jit`: `to_jax`'s default `kernel_layout`; "
         '`xconv to_jax(kernel_layout="HWIO") + jit`: convolution kernels stored (*k, I, O)',
         "- training step: forward, 0.5·mean(out²), backward, SGD update; eval-mode model on every "
@@ -1215,6 +1239,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     parser.add_argument("--no-train", action="store_true")
+    parser.add_argument(
+        "--no-infer", action="store_true", help="training steps only (their missing batches)"
+    )
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: batch 1, 2 repeats, fp32, no torch.compile"
     )

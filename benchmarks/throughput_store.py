@@ -86,7 +86,7 @@ def merge(store: dict, backend: str, result: dict, stamp: dict) -> dict:
     entry["batches"] = sorted(set(entry["batches"]) | set(result["batches"]))
     stored = {_key(r): r for r in entry["rows"]}
     for new in result["rows"]:
-        new = {**new, **{k: _ints(new[k]) for k in _timing_keys()}}
+        new = {**new, **{k: _ints(new.get(k, {})) for k in timing_keys()}}
         measured = {m: sorted(new[m]) for m in MODES if new[m]}
         old = stored.get(_key(new))
         if old is not None and not measured and any(old[m] for m in MODES):
@@ -95,8 +95,8 @@ def merge(store: dict, backend: str, result: dict, stamp: dict) -> dict:
         row["run"] = {m: {} for m in MODES}
         row["processes"] = {m: _ints(new.get("processes", {}).get(m, {})) for m in MODES}
         if old is not None:
-            for k in _timing_keys():
-                row[k] = {**_ints(old[k]), **new[k]}
+            for k in timing_keys():
+                row[k] = {**_ints(old.get(k, {})), **new[k]}
             for m in MODES:
                 row["run"][m] = _ints(old.get("run", {}).get(m, {}))
                 # a batch measured again keeps only the new run's per-process timings
@@ -127,11 +127,11 @@ def combine(results: list[dict]) -> dict:
     for i, row in enumerate(first["rows"]):
         same = [r["rows"][i] for r in ok if i < len(r["rows"]) and _key(r["rows"][i]) == _key(row)]
         out = dict(row)
-        for k in _timing_keys():
-            batches = sorted({int(b) for r in same for b in r[k]})
+        for k in timing_keys():
+            got = [_ints(r.get(k, {})) for r in same]
+            batches = sorted({b for g in got for b in g})
             out[k] = {
-                b: statistics.median(_ints(r[k])[b] for r in same if b in _ints(r[k]))
-                for b in batches
+                b: _median([g[b] for g in got if b in g and g[b] is not None]) for b in batches
             }
         # Each process's own timing, in process order (None where it measured none): a
         # path's ratio to another in one process pairs calls interleaved in the same rounds.
@@ -169,8 +169,14 @@ def drop(store: dict, backend: str, path: str) -> int:
     return gone
 
 
-def _timing_keys() -> tuple[str, ...]:
-    return ("infer", "train", "infer_compile", "train_compile")
+def timing_keys() -> tuple[str, ...]:
+    """A row's per-batch entries: the timings, the first calls' seconds and their peak memory
+    (absent from rows stored before it was measured)."""
+    return ("infer", "train", "infer_compile", "train_compile", "infer_peak", "train_peak")
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _compact(entry: dict) -> None:
@@ -193,7 +199,7 @@ def results(store: dict, backend: str, order: list[str]) -> list[dict]:
         rows = [
             {
                 **r,
-                **{k: _ints(r[k]) for k in _timing_keys()},
+                **{k: _ints(r.get(k, {})) for k in timing_keys()},
                 "run": {m: _ints(r.get("run", {}).get(m, {})) for m in MODES},
                 "processes": {m: _ints(r.get("processes", {}).get(m, {})) for m in MODES},
             }

@@ -207,6 +207,31 @@ def test_runs_merge_into_the_store_and_each_section_names_its_runs():
     assert "- run 3: commit `ccc`" in text and "fp32 b=8" in text
 
 
+def test_a_training_only_run_keeps_the_inference_cells_and_shows_peak_memory():
+    from benchmarks import bench_throughput as bt
+    from benchmarks import throughput_store as store
+
+    stored: dict = {}
+    old = _row("xconv to_jax + jit", "fp32", {32: 2.0})
+    del old["infer_compile"], old["train_compile"]  # a row stored before peaks were kept
+    store.merge(stored, "cpu", _result([old], batches=(32,)), _stamp("aaa"))
+    new = _row("xconv to_jax + jit", "fp32", {})
+    new.update(train={32: 6.0}, train_compile={32: 9.0}, train_peak={32: 1536.4})
+    store.merge(stored, "cpu", _result([new], batches=(32,)), _stamp("bbb"))
+    stored = json.loads(json.dumps(stored))
+    (result,) = store.results(stored, "cpu", ["cnn"])
+    (row,) = result["rows"]
+    assert row["infer"] == {32: 2.0} and row["train"] == {32: 6.0}
+    assert row["run"] == {"infer": {32: 1}, "train": {32: 2}}
+    text = "\n".join(bt.render_model(result))
+    infer, train = (x for x in text.splitlines() if x.startswith("| xconv to_jax + jit"))
+    assert "| — | 1.0 |" in infer  # no peak stored for the older run: a dash, then conversion s
+    assert "| 9.0 | 1,536 | 1.0 |" in train  # compile s, peak MiB, conversion s
+    # The first call's peak: what it added to the process's resident memory.
+    seconds, peak = bt.first_call(lambda: np.ones(64 << 20, np.uint8).sum())
+    assert seconds > 0 and (peak is None or 60 < peak < 200), peak
+
+
 def test_processes_combine_into_per_timing_medians():
     from benchmarks import throughput_store as store
 
