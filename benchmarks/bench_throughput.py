@@ -534,19 +534,17 @@ class Bench:
             why = "--no-compile / --quick" if self.args.no_compile else "not in --compile-models"
             self.rows.append(Row("torch.compile", "fp32", note=f"not run ({why})"))
             return
-        row = Row("torch.compile", "fp32")
+        # Timed first, its parity after: the first call at each batch is the one that compiles.
+        note = "first call per batch compiles (dynamic shapes after the second size)"
+        row = Row("torch.compile", "fp32", note=note)
+        compiled = torch.compile(self.module)
+        self.measure(row, infer_for(compiled), train_for(torch.compile(copy.deepcopy(self.module))))
         try:
-            compiled = torch.compile(self.module)
-            compiled_train = torch.compile(copy.deepcopy(self.module))
             with torch.no_grad():
                 got = compiled(self.torch_in(x1)).float().cpu().numpy()
             row.parity = self.parity(None, x1, got)
-            row.note = "first call per batch compiles (dynamic shapes after the second size)"
         except Exception as e:  # noqa: BLE001
             row.note = f"does not run: {_short(e)}"
-            self.rows.append(row)
-            return
-        self.measure(row, infer_for(compiled), train_for(compiled_train))
 
     # onnxruntime
     def ort_rows(self, model) -> None:
