@@ -1265,7 +1265,11 @@ def main(argv=None) -> int:
     if args.quick:
         args.batches, args.repeat, args.dtypes, args.no_compile = (1,), 2, ["fp32"], True
     if args.worker:
-        result = worker(args)
+        # torch.compile's first call compiles from scratch, not from an earlier run's kernels
+        # in inductor's on-disk cache.
+        with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
+            os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache)
+            result = worker(args)
         args.json.write_text(json.dumps(result))
         return 0
 
