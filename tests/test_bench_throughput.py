@@ -212,8 +212,7 @@ def test_a_training_only_run_keeps_the_inference_cells_and_shows_peak_memory():
     from benchmarks import throughput_store as store
 
     stored: dict = {}
-    old = _row("xconv to_jax + jit", "fp32", {32: 2.0})
-    del old["infer_compile"], old["train_compile"]  # a row stored before peaks were kept
+    old = _row("xconv to_jax + jit", "fp32", {32: 2.0})  # no peak fields: stored before them
     store.merge(stored, "cpu", _result([old], batches=(32,)), _stamp("aaa"))
     new = _row("xconv to_jax + jit", "fp32", {})
     new.update(train={32: 6.0}, train_compile={32: 9.0}, train_peak={32: 1536.4})
@@ -229,7 +228,9 @@ def test_a_training_only_run_keeps_the_inference_cells_and_shows_peak_memory():
     assert "| 9.0 | 1,536 | 1.0 |" in train  # compile s, peak MiB, conversion s
     # The first call's peak: what it added to the process's resident memory.
     seconds, peak = bt.first_call(lambda: np.ones(64 << 20, np.uint8).sum())
-    assert seconds > 0 and (peak is None or 60 < peak < 200), peak
+    assert seconds > 0
+    if Path("/proc/self/clear_refs").exists():  # Linux: the peak mark must be read
+        assert peak is not None and 60 < peak < 200, peak
 
 
 def test_processes_combine_into_per_timing_medians():
