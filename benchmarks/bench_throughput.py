@@ -422,7 +422,37 @@ class Bench:
             return f"error: {_short(e)}"
         what = "bf16 policy, " if bf16 else ""
         err = f"max rel err {rel:.1e}" if bf16 else f"max err {float(np.abs(got - ref).max()):.1e}"
-        return f"{'pass' if report.passed else 'FAIL'} ({what}{err})"
+        failing = sorted(
+            {r.device for r in report.matrix if r.role == "candidate" and not r.passed}
+        )
+        on_cpu = [d for d in failing if d.startswith("cpu")]
+        where = f" on {', '.join(failing)}" if len(on_cpu) < len(failing) else ""
+        verdict = f"{'pass' if report.passed else 'FAIL'}{where} ({what}{err})"
+        if where and not on_cpu and not bf16:  # only off the CPU: its dots' precision?
+            verdict += "; " + self._at_highest(candidate, x, policy)
+        return verdict
+
+    def _at_highest(self, candidate, x, policy) -> str:
+        """The verdict again with JAX's float32 dots and convolutions at full precision: on a
+        GPU they default to TF32, where torch's float32 matmuls do not."""
+        import jax
+
+        import xconv
+
+        try:
+            with jax.default_matmul_precision("highest"):
+                report = xconv.check_parity(
+                    self.module,
+                    candidate,
+                    [x],
+                    policy=policy,
+                    intermediates=False,
+                    n_random=0,
+                    edges=False,
+                )
+        except Exception as e:  # noqa: BLE001
+            return f"at matmul precision highest: error: {_short(e)}"
+        return f"{'pass' if report.passed else 'FAIL'} at matmul precision highest"
 
     def measure(self, row: Row, infer, train=None) -> None:
         """``infer(batch)`` / ``train(batch)`` give a zero-argument call for that batch: its
@@ -722,7 +752,7 @@ class Bench:
             kw: dict[str, Any] = {}
             if dtype == "bf16":
                 kw = {"dtype": "bfloat16"}
-            for layout in (None, _other_layout()):
+            for layout in (None,) if self.args.one_layout else (None, _other_layout()):
                 self._to_jax_row(model, dtype, kw, layout)
             # generated Flax
             row = Row("xconv generated Flax + jit", dtype)
@@ -1121,6 +1151,15 @@ def render(sections: dict[str, list[dict]], header: dict) -> str:
     for backend, title in (("cpu", "CPU"), ("gpu", "GPU")):
         results = sections.get(backend) or []
         lines += [f"## {title}", ""]
+        if results and backend == "gpu":
+            lines += [
+                "Every path on the GPU: the JAX paths on `jax.devices()[0]`, torch on CUDA. Each "
+                "run line names the device and the versions it ran with (the lent machine's "
+                "image, not the header's). Paths a run left out (its arguments: `--skip`, "
+                "`--no-compile`, `--one-layout`) have no timings. `peak MiB` here is the host "
+                "memory the first call added, not the device's.",
+                "",
+            ]
         if not results and backend == "gpu":
             lines += [
                 "Not measured (no device lent): no GPU rows were run (`jax.devices()` at the "
@@ -1183,6 +1222,16 @@ def _cpu() -> str:
     return f"{model}, {os.cpu_count()} cores" + (f", {simd.upper()}" if simd else "")
 
 
+def _accelerator(backend: str) -> dict:
+    """For a run off the CPU: the device it ran on and the versions it ran with (a lent device
+    machine has its own image, so the doc's header versions are not this run's)."""
+    if backend == "cpu":
+        return {}
+    import jax
+
+    return {"device": jax.devices()[0].device_kind, "versions": _versions()}
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -1237,6 +1286,11 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     parser.add_argument("--no-train", action="store_true")
+    parser.add_argument(
+        "--one-layout",
+        action="store_true",
+        help="to_jax at its default kernel_layout only (leave out the other layout's row)",
+    )
     parser.add_argument(
         "--no-infer", action="store_true", help="training steps only (their missing batches)"
     )
@@ -1317,6 +1371,7 @@ def main(argv=None) -> int:
             "load_before": load_before,
             "load_after": _load(),
             "cpu": _cpu(),
+            **_accelerator(backend),
             "argv": ["--models", name, *_strip_models(argv)],
         }
         # Merged and written after each model, so a stopped run keeps what it measured.

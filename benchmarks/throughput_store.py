@@ -235,5 +235,6 @@ def describe(run: dict[str, Any]) -> str:
         f"commit `{run.get('commit', '?')}`, {run.get('date', '?')}, load average "
         f"{run.get('load_before', '?')} before / {run.get('load_after', '?')} after"
         + (f", {run['cpu']}" if run.get("cpu") else "")
+        + (f", on {run['device']} with {run['versions']}" if run.get("device") else "")
         + (f", `{argv}`" if argv else "")
     )

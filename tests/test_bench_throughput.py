@@ -233,6 +233,27 @@ def test_a_training_only_run_keeps_the_inference_cells_and_shows_peak_memory():
         assert peak is not None and 60 < peak < 200, peak
 
 
+def test_a_gpu_run_names_its_device_and_versions_in_its_own_section():
+    from benchmarks import bench_throughput as bt
+    from benchmarks import throughput_store as store
+
+    stored: dict = {}
+    cpu = _row("xconv to_jax + jit", "fp32", {1: 2.0})
+    store.merge(stored, "cpu", _result([cpu]), _stamp("aaa"))
+    gpu = _row("xconv to_jax + jit", "fp32", {1: 0.001})
+    stamp = {**_stamp("bbb"), "device": "NVIDIA H200", "versions": "torch 2.11.0, jax 0.11.2"}
+    store.merge(stored, "gpu", _result([gpu]), stamp)
+    stored = json.loads(json.dumps(stored))
+    sections = {b: store.results(stored, b, ["cnn"]) for b in stored}
+    text = bt.render(sections, {"machine": "m", "versions": "v", "devices": "CpuDevice(id=0)"})
+    cpu_text, gpu_text = text.split("## GPU")
+    assert "- run 1: commit `aaa`" in cpu_text and "H200" not in cpu_text
+    assert "- run 1: commit `bbb`" in gpu_text
+    assert "on NVIDIA H200 with torch 2.11.0, jax 0.11.2" in gpu_text
+    assert "not the device's" in gpu_text and "Not measured (no device lent)" not in gpu_text
+    assert bt._accelerator("cpu") == {}  # CPU runs keep the header's versions
+
+
 def test_processes_combine_into_per_timing_medians():
     from benchmarks import throughput_store as store
 
