@@ -2,20 +2,20 @@
 # The GPU rows of benchmarks/throughput.md, run on a machine with a GPU (here: the `device`
 # tool's lent machine, whose own image supplies torch, JAX, Flax, onnx-ir and transformers):
 #
-#   bash benchmarks/gpu_throughput.sh OUT_DIR [MODELS] [STORE]
+#   bash benchmarks/gpu_throughput.sh OUT_DIR [ITEMS] [STORE]
 #
-# Every model in MODELS (default: all four, the seed's two first) runs in one fresh process,
-# batch 1 and 128, fp32 and bf16, inference and training step, every path on the GPU except
-# onnxruntime (no CUDA provider there) and torch.compile (its compile of each model, batch and
-# mode does not fit a device lease); to_jax at its default kernel layout only. The rows merge
-# into OUT_DIR/throughput.json, a copy of STORE (default: the committed
-# benchmarks/throughput.json), after each model, so a run stopped at its time limit keeps the
-# models it finished. Back on the development machine, copy OUT_DIR/throughput.json over
+# ITEMS (default: batch 128 of every model, the seed's two first, then batch 1) are
+# MODEL:BATCH pairs, each run in one fresh process: fp32 and bf16, inference and training
+# step, every path on the GPU except onnxruntime (no CUDA provider there) and torch.compile
+# (its compile of each model, batch and mode does not fit a device lease); to_jax at its
+# default kernel layout only. The rows merge into OUT_DIR/throughput.json, a copy of STORE
+# (default: the committed benchmarks/throughput.json), after each item, so a run stopped at
+# its time limit keeps the items it finished (each one's XLA compiles take minutes). Back on the development machine, copy OUT_DIR/throughput.json over
 # benchmarks/throughput.json and rewrite the doc: bench_throughput.py --render.
 # The PyPI peers (t2j, torchax) are read from $PEERS (default .dev/peers, carried along).
 set -uo pipefail
-out=${1:?usage: gpu_throughput.sh OUT_DIR [MODELS] [STORE]}
-models=${2:-resnet50,bert,transformer,cnn}
+out=${1:?usage: gpu_throughput.sh OUT_DIR [ITEMS] [STORE]}
+items=${2:-bert:128 resnet50:128 transformer:128 cnn:128 bert:1 resnet50:1 transformer:1 cnn:1}
 store=${3:-benchmarks/throughput.json}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
@@ -26,6 +26,10 @@ cp "$store" "$out/throughput.json"
 # parent process, which only asks jax.devices(), would hold that memory from the workers).
 export XLA_PYTHON_CLIENT_PREALLOCATE=false HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 python3 -c "import torch, jax, flax, onnx_ir, transformers; print('torch', torch.__version__, torch.cuda.is_available(), 'jax', jax.__version__, jax.devices(), 'flax', flax.__version__, 'onnx_ir', onnx_ir.__version__, 'transformers', transformers.__version__)"
-python3 benchmarks/bench_throughput.py --out "$out/throughput.md" --models "$models" \
-  --batches 1,128 --train-all-batches --bf16-all-batches --no-compile --skip ort --one-layout \
-  --repeat 20 --peers "${PEERS:-.dev/peers}" 2>&1 | tee "$out/log.txt" | grep -E "^\[|Error|error|wrote"
+for item in $items; do
+  echo "== ${item} ($(date -u +%H:%M:%S))"
+  python3 benchmarks/bench_throughput.py --out "$out/throughput.md" --models "${item%%:*}" \
+    --batches "${item##*:}" --train-all-batches --bf16-all-batches --no-compile --skip ort \
+    --one-layout --repeat 10 --peers "${PEERS:-.dev/peers}" 2>&1 | tee -a "$out/log.txt" |
+    grep -E "^\[|Error|wrote"
+done
