@@ -20,7 +20,9 @@ store=${3:-benchmarks/throughput.json}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
-git rev-parse --short HEAD && git status --porcelain --untracked-files=no | head -5
+# A copy without .git (the device tool sends none) stamps its rows with TREE_COMMIT: the
+# commit of the clean tree it was copied from, as the sender checked it.
+git rev-parse --short HEAD 2>/dev/null || export XCONV_TREE_COMMIT=${TREE_COMMIT:?no .git here: pass TREE_COMMIT}
 cp "$store" "$out/throughput.json"
 # JAX must not take 75 % of the GPU at its first use: torch shares the process (and the
 # parent process, which only asks jax.devices(), would hold that memory from the workers).

@@ -14,6 +14,7 @@ their commit; ``bench_throughput.py`` refuses to write the default doc from such
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 from pathlib import Path
@@ -27,19 +28,24 @@ DIRTY = " plus uncommitted changes"
 def commit(outputs: tuple[Path, ...] = ()) -> str:
     """``HEAD``'s short hash, plus :data:`DIRTY` when tracked files differ from it (the
     script's own ``outputs`` aside: rewriting the doc is not a code change)."""
-    status = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    head = _git("rev-parse", "--short", "HEAD").strip()
+    if not head and os.environ.get("XCONV_TREE_COMMIT"):
+        # A copy of a clean tree without its .git (gpu_throughput.sh on a lent device
+        # machine): the commit it was copied from, as the copying side checked it.
+        return os.environ["XCONV_TREE_COMMIT"] + " (copy)"
+    status = _git("status", "--porcelain", "--untracked-files=no")
     mine = tuple(str(p.resolve().relative_to(ROOT)) for p in outputs if _inside(p))
-    changed = [ln for ln in status.stdout.splitlines() if ln.strip() and not ln.endswith(mine)]
+    changed = [ln for ln in status.splitlines() if ln.strip() and not ln.endswith(mine)]
     return (head or "unknown") + (DIRTY if changed else "")
+
+
+def _git(*args: str) -> str:
+    """``git args`` in the repository: its stdout, empty where git or the repository is missing."""
+    try:
+        proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return ""
+    return proc.stdout if proc.returncode == 0 else ""
 
 
 def _inside(path: Path) -> bool:

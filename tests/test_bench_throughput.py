@@ -517,3 +517,13 @@ def test_jax_and_interop_docs_render_their_rows():
         in text
     )
     assert "| forward, `torch.no_grad()` | 0.020 | 0.140 | 7.0× |" in text
+
+
+def test_a_tree_copy_without_git_is_stamped_with_the_commit_it_was_copied_from(monkeypatch):
+    from benchmarks import throughput_store as store
+
+    monkeypatch.setattr(store, "_git", lambda *args: "")  # no .git (a device machine's copy)
+    monkeypatch.delenv("XCONV_TREE_COMMIT", raising=False)
+    assert store.commit() == "unknown"
+    monkeypatch.setenv("XCONV_TREE_COMMIT", "abc1234")
+    assert store.commit() == "abc1234 (copy)"
