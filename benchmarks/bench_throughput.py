@@ -477,11 +477,15 @@ class Bench:
                     self.pending.append((row, "train", b, call))
         self.rows.append(row)
 
-    def time_pending(self) -> None:
-        """Time the registered calls: per dtype, mode and batch, every path's calls
-        interleaved (the ratios compare paths of one dtype)."""
+    def time_pending(self, kind: str | None = None) -> None:
+        """Time the registered calls (of ``kind``'s paths only, if given): per dtype, mode and
+        batch, every path's calls interleaved (the ratios compare paths of one dtype)."""
         groups: dict[tuple[str, str, int], list[tuple[Row, Any]]] = {}
-        for row, mode, b, call in self.pending:
+        mine, rest = [], []
+        for entry in self.pending:
+            (mine if kind is None or _kind(entry[0].path) == kind else rest).append(entry)
+        self.pending = rest
+        for row, mode, b, call in mine:
             groups.setdefault((row.dtype, mode, b), []).append((row, call))
         for (_, mode, b), entries in groups.items():
             results = interleaved_medians([call for _, call in entries], self.repeat)
@@ -493,7 +497,6 @@ class Bench:
                     )
                 else:
                     getattr(row, mode)[b] = got
-        self.pending.clear()
         for row in self.rows:
             print(
                 f"[{self.name}] {row.path} {row.dtype}: infer {row.infer} train {row.train} "
@@ -664,6 +667,10 @@ class Bench:
             sys.path.insert(0, self.args.peers)
         try:
             self._t2j_row()
+            # torchax's import registers a "jax" torch device, after which torch's training
+            # step on CUDA fails ("PyTorch is not linked with support for jax devices"):
+            # torch's calls are timed before it.
+            self.time_pending("torch")
             self._torchax_row()
         finally:
             if added:
@@ -713,7 +720,9 @@ class Bench:
             params, fn = torchax.extract_jax(self.module.cpu())
             row.conversion_s = time.perf_counter() - start
             self.module.to(self.device)
-            path = JaxPath(lambda p, x: fn(p, (x,)), params)
+            # Integer buffers (batch-norm counters, position ids) are state, not trained.
+            trainable, fixed = _split_float(params)
+            path = JaxPath(lambda p, f, x: fn({**p, **f}, (x,)), trainable, fixed)
             path.output(path.inputs(make_input(self.name, 1)))
         except Exception as e:  # noqa: BLE001
             row.note = f"does not run: {_short(e)}"
@@ -868,6 +877,14 @@ def _split(params, names: set[str]) -> tuple[dict, dict]:
         {k: v for k, v in flat.items() if k in names},
         {k: v for k, v in flat.items() if k not in names},
     )
+
+
+def _split_float(params: dict) -> tuple[dict, dict]:
+    """A flat dict of arrays: (its floating-point entries, the rest)."""
+    import jax.numpy as jnp
+
+    floats = {k: v for k, v in params.items() if jnp.issubdtype(v.dtype, jnp.floating)}
+    return floats, {k: v for k, v in params.items() if k not in floats}
 
 
 def _nest(flat: dict) -> dict:

@@ -20,9 +20,10 @@ store=${3:-benchmarks/throughput.json}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
-# A copy without .git (the device tool sends none) stamps its rows with TREE_COMMIT: the
-# commit of the clean tree it was copied from, as the sender checked it.
-git rev-parse --short HEAD 2>/dev/null || export XCONV_TREE_COMMIT=${TREE_COMMIT:?no .git here: pass TREE_COMMIT}
+# A copy of the tree (the device tool's came with a .git whose HEAD was not the tree's)
+# stamps its rows with TREE_COMMIT: the commit of the clean tree it was copied from, as the
+# sender checked it.
+if [ -n "${TREE_COMMIT:-}" ]; then export XCONV_TREE_COMMIT=$TREE_COMMIT; fi
 cp "$store" "$out/throughput.json"
 # JAX must not take 75 % of the GPU at its first use: torch shares the process (and the
 # parent process, which only asks jax.devices(), would hold that memory from the workers).

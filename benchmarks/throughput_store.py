@@ -28,11 +28,12 @@ DIRTY = " plus uncommitted changes"
 def commit(outputs: tuple[Path, ...] = ()) -> str:
     """``HEAD``'s short hash, plus :data:`DIRTY` when tracked files differ from it (the
     script's own ``outputs`` aside: rewriting the doc is not a code change)."""
-    head = _git("rev-parse", "--short", "HEAD").strip()
-    if not head and os.environ.get("XCONV_TREE_COMMIT"):
-        # A copy of a clean tree without its .git (gpu_throughput.sh on a lent device
-        # machine): the commit it was copied from, as the copying side checked it.
+    if os.environ.get("XCONV_TREE_COMMIT"):
+        # A copy of a clean tree sent to another machine (gpu_throughput.sh on a lent device,
+        # whose copy came with a .git that was not the tree's): the commit it was copied
+        # from, as the sending side checked it.
         return os.environ["XCONV_TREE_COMMIT"] + " (copy)"
+    head = _git("rev-parse", "--short", "HEAD").strip()
     status = _git("status", "--porcelain", "--untracked-files=no")
     mine = tuple(str(p.resolve().relative_to(ROOT)) for p in outputs if _inside(p))
     changed = [ln for ln in status.splitlines() if ln.strip() and not ln.endswith(mine)]

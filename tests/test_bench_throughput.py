@@ -519,11 +519,14 @@ def test_jax_and_interop_docs_render_their_rows():
     assert "| forward, `torch.no_grad()` | 0.020 | 0.140 | 7.0× |" in text
 
 
-def test_a_tree_copy_without_git_is_stamped_with_the_commit_it_was_copied_from(monkeypatch):
+def test_a_tree_copy_is_stamped_with_the_commit_it_was_copied_from(monkeypatch):
     from benchmarks import throughput_store as store
 
-    monkeypatch.setattr(store, "_git", lambda *args: "")  # no .git (a device machine's copy)
+    monkeypatch.setattr(store, "_git", lambda *args: "")  # no .git
     monkeypatch.delenv("XCONV_TREE_COMMIT", raising=False)
     assert store.commit() == "unknown"
     monkeypatch.setenv("XCONV_TREE_COMMIT", "abc1234")
+    assert store.commit() == "abc1234 (copy)"
+    # a copy whose .git is another commit's, its files changed against it: the sender's word
+    monkeypatch.setattr(store, "_git", lambda *a: "577c464" if "rev-parse" in a else " M x.py")
     assert store.commit() == "abc1234 (copy)"

@@ -128,3 +128,19 @@ def test_device_selection():
         xconv.check_parity(
             torch.nn.Identity(), torch.nn.Identity(), np.ones(2, np.float32), devices="tpu"
         )
+
+
+def test_a_torch_module_on_another_device_runs_its_cpu_row_from_a_cpu_copy(monkeypatch):
+    """A module whose weights live on a GPU: the checker's ``cpu`` row must not feed CPU
+    tensors to the module as given (a device mismatch that made the whole check an error)."""
+    from xconv.parity.adapters import TorchAdapter
+
+    module = torch.nn.Linear(3, 2)
+    adapter = TorchAdapter(module)
+    assert adapter._home() == "cpu" and adapter._on("cpu") is module
+    assert TorchAdapter(lambda x: x)._home() == "cpu"
+    monkeypatch.setattr(TorchAdapter, "_home", lambda self: "cuda:0")  # as a CUDA module
+    copy_ = adapter._on("cpu")
+    assert copy_ is not module and next(copy_.parameters()).device.type == "cpu"
+    x = np.ones((1, 3), np.float32)
+    np.testing.assert_allclose(adapter.run([x], "cpu")[0], module(torch.ones(1, 3)).detach())

@@ -185,8 +185,19 @@ class TorchAdapter(Adapter):
             devs += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
         return devs
 
+    def _home(self) -> str:
+        """The device the module's weights live on: ``"cpu"`` for a function or a module
+        without weights."""
+        module = self.module
+        for t in () if module is None else (*module.parameters(), *module.buffers()):
+            dev = t.device
+            return "cpu" if dev.type == "cpu" else f"{dev.type}:{dev.index or 0}"
+        return "cpu"
+
     def _on(self, device: str):
-        if self.module is None or device == "cpu":
+        """The module on ``device``: as given where its weights live, else a moved copy (a
+        module on ``cuda:0`` runs its ``cpu`` row from a CPU copy)."""
+        if self.module is None or device == self._home():
             return self.fn
         if device not in self._moved:
             self._moved[device] = copy.deepcopy(self.module).to(device)
