@@ -417,6 +417,7 @@ class Bench:
                 intermediates=False,
                 n_random=0,
                 edges=False,
+                devices=_parity_devices(),
             )
         except Exception as e:  # noqa: BLE001 - the verdict cell says what went wrong
             return f"error: {_short(e)}"
@@ -449,6 +450,7 @@ class Bench:
                     intermediates=False,
                     n_random=0,
                     edges=False,
+                    devices=_parity_devices(),
                 )
         except Exception as e:  # noqa: BLE001
             return f"at matmul precision highest: error: {_short(e)}"
@@ -847,6 +849,16 @@ class Bench:
         }
 
 
+def _parity_devices() -> str:
+    """Where a parity check runs its candidate: every device on the CPU machine; on a GPU
+    machine the GPU only (the CPU's verdicts are the CPU table's, and each check there
+    compiled ResNet-50 for the host's XLA too: a lent device's minutes went on it)."""
+    import jax
+
+    backend = jax.default_backend()
+    return "all" if backend == "cpu" else backend
+
+
 def _other_layout() -> str:
     """The ``kernel_layout`` that ``to_jax``'s default is not (its second row)."""
     import xconv
@@ -1174,7 +1186,10 @@ def render(sections: dict[str, list[dict]], header: dict) -> str:
                 "run line names the device and the versions it ran with (the lent machine's "
                 "image, not the header's). Paths a run left out (its arguments: `--skip`, "
                 "`--no-compile`, `--one-layout`) have no timings. `peak MiB` here is the host "
-                "memory the first call added, not the device's.",
+                "memory the first call added, not the device's. Parity: the candidate on the "
+                "GPU (its CPU verdicts are the CPU table's); a FAIL names its device and gives the verdict again at matmul precision `highest` "
+                "(JAX runs float32 dots and convolutions in TF32 on such GPUs by default, "
+                "torch's float32 matmuls not).",
                 "",
             ]
         if not results and backend == "gpu":
