@@ -144,3 +144,50 @@ def test_a_torch_module_on_another_device_runs_its_cpu_row_from_a_cpu_copy(monke
     assert copy_ is not module and next(copy_.parameters()).device.type == "cpu"
     x = np.ones((1, 3), np.float32)
     np.testing.assert_allclose(adapter.run([x], "cpu")[0], module(torch.ones(1, 3)).detach())
+
+
+def test_a_jax_candidate_failing_off_the_cpu_only_is_checked_again_at_highest_precision():
+    """JAX computes float32 dots in TF32 on NVIDIA GPUs by default (seen on an H200: a
+    converted ResNet-50 failed there, passed at 'highest'); the report must say which it is.
+    Here a candidate claims a ``gpu:0`` whose default precision adds a 1e-2 error."""
+    import jax
+
+    from xconv.parity.jax_adapters import JaxAdapter
+
+    w = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    module = torch.nn.Linear(4, 3, bias=False)
+    with torch.no_grad():
+        module.weight.copy_(torch.as_tensor(w.T))
+
+    class OffCpu(JaxAdapter):
+        def __init__(self, broken_at_highest=False):
+            super().__init__(lambda p, x: x @ p, w)
+            self.broken_at_highest = broken_at_highest
+
+        def devices(self):
+            return ["cpu:0", "gpu:0"]
+
+        def prepare(self, device):
+            super().prepare("cpu:0")
+
+        def run(self, inputs, device):
+            (out,) = super().run(inputs, "cpu:0")
+            precise = jax.config.jax_default_matmul_precision == "highest"
+            if device == "gpu:0" and (self.broken_at_highest or not precise):
+                out = out * (1 + 1e-2)  # what reduced-precision products do to the output
+            return [out]
+
+    x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
+    report = xconv.check_parity(module, OffCpu(), x, n_random=0, edges=False)
+    assert not report.passed  # the verdict stays as judged at the default precision
+    assert [r.device for r in report.matrix if not r.passed] == ["gpu:0"]
+    assert any(
+        "gpu:0: passes at jax.default_matmul_precision('highest')" in n for n in report.notes
+    )
+    report = xconv.check_parity(module, OffCpu(True), x, n_random=0, edges=False)
+    assert any(
+        "gpu:0: fails at jax.default_matmul_precision('highest') too" in n for n in report.notes
+    )
+    with jax.default_matmul_precision("highest"):  # the user's own choice: no second run
+        report = xconv.check_parity(module, OffCpu(True), x, n_random=0, edges=False)
+    assert not report.passed and not any("default_matmul_precision" in n for n in report.notes)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from xconv.errors import ConversionError, InvalidModelError, ParityConfigError
+from xconv.errors import ConversionError, InvalidModelError, ParityConfigError, require
 from xconv.parity.adapters import Adapter, cpu_device, is_float, to_float64, to_numpy, wrap
 from xconv.parity.grads import check_grads
 from xconv.parity.localize import localize
@@ -288,6 +288,8 @@ def check_parity(
     elif pol.uses_oracle:
         run.float64_oracle()
     report, failing = run.report(arrays, cand_devs, devices)
+    if failing is not None:
+        run.precision_note(report)
     if mesh is not None:
         report.mesh = cand.report()
     if grads:
@@ -434,6 +436,50 @@ class _Run:
             return f"{why}; but its outputs are not all float64"
         self.oracle, self.oracle_outs = oracle, outs
         return why
+
+    def precision_note(self, report: ParityReport) -> None:
+        """A JAX or Flax candidate that fails off the CPU only, at JAX's default matmul
+        precision: its failing rows run again at ``"highest"`` and a note says what that gives.
+        JAX computes float32 dots and convolutions at reduced precision on accelerators by
+        default (TF32 on NVIDIA GPUs since Ampere, bfloat16 passes on TPUs), torch's float32
+        matmuls do not: such a failure is the runtime's precision, not the conversion, and
+        the user needs to know which. The verdict stays as judged."""
+        if self.cand.framework not in ("jax", "flax"):
+            return
+        jax = require("jax", "jax")
+        if jax.config.jax_default_matmul_precision is not None:
+            return  # the user chose the precision: judged as chosen
+        bad = [r for r in report.matrix if r.role == "candidate" and not r.passed]
+        if not bad or any(r.device.startswith("cpu") or r.error is not None for r in bad):
+            return
+        names = self.ref.output_names(len(self.ref_outs[0]))
+        sets = {name: i for i, (name, _) in enumerate(self.sets)}
+        with jax.default_matmul_precision("highest"):
+            again = [
+                _run_row(
+                    self.cand,
+                    "candidate",
+                    r.device,
+                    self.sets[sets[r.inputs]][1],
+                    self.judge_for(sets[r.inputs], names),
+                    {},
+                    r.inputs,
+                )
+                for r in bad
+            ]
+        devs = ", ".join(sorted({r.device for r in bad}))
+        if all(r.passed for r in again):
+            self.notes.append(
+                f"{devs}: passes at jax.default_matmul_precision('highest'): JAX's default "
+                "computes float32 dots and convolutions at reduced precision there (TF32 on "
+                "NVIDIA GPUs); run the model under that setting for the source's float32 "
+                "numbers, or accept the error above"
+            )
+        else:
+            self.notes.append(
+                f"{devs}: fails at jax.default_matmul_precision('highest') too, so the "
+                "difference is not only the device's default matmul precision"
+            )
 
     def judge_for(self, si: int, names: list[str]):
         """Compare a run's outputs with the reference's on input set ``si``."""
