@@ -613,6 +613,10 @@ class Bench:
                 Row("onnxruntime, torch.onnx export", "fp32", note=f"export failed: {_short(e)}")
             )
         path = self.tmp / "xconv.onnx"
+        if model is None:
+            why = f"from_torch failed: {self.meta['from_torch_error']}"
+            self.rows.append(Row("onnxruntime, xconv .onnx", "fp32", note=why))
+            return
         try:
             start = time.perf_counter()
             xconv.save(model, path, canonical=True)  # as the onnx target writes it
@@ -737,9 +741,14 @@ class Bench:
             self.jax_row(row, path, candidate, bf16=dtype == "bf16")
 
     def xconv_rows(self, model) -> None:
-
         import xconv
 
+        if model is None:
+            why = f"from_torch failed: {self.meta['from_torch_error']}"
+            for dtype in self.dtypes:
+                for path in ("xconv to_jax + jit", "xconv generated Flax + jit"):
+                    self.rows.append(Row(path, dtype, note=why))
+            return
         for dtype in self.dtypes:
             kw: dict[str, Any] = {}
             if dtype == "bf16":
@@ -802,10 +811,14 @@ class Bench:
 
         x2 = torch.as_tensor(make_input(self.name, 2))
         start = time.perf_counter()
-        model = xconv.from_torch(self.module.cpu(), x2, dynamic_batch=True)
-        self.meta["from_torch_s"] = time.perf_counter() - start
+        try:
+            model = xconv.from_torch(self.module.cpu(), x2, dynamic_batch=True)
+            self.meta["from_torch_s"] = time.perf_counter() - start
+            self.bf16_policy = _bf16_policy(model)
+        except Exception as e:  # noqa: BLE001 - the other paths still run; xconv's rows say why
+            traceback.print_exc()
+            model, self.meta["from_torch_error"] = None, _short(e)
         self.module.to(self.device)
-        self.bf16_policy = _bf16_policy(model)
         steps = {
             "torch": self.torch_rows,
             "ort": lambda: self.ort_rows(model),
@@ -959,8 +972,11 @@ def render_model(result: dict) -> list[str]:
             *store.run_lines(result),
             "",
         ]
+    meta = result["meta"]
     lines.append(
-        f"from_torch (dynamic batch): {result['meta'].get('from_torch_s', float('nan')):.1f} s. "
+        f"from_torch (dynamic batch) failed: {meta['from_torch_error']}"
+        if "from_torch_error" in meta
+        else f"from_torch (dynamic batch): {meta.get('from_torch_s', float('nan')):.1f} s. "
         "Conversion s includes it for xconv's rows."
     )
     lines.append("")

@@ -530,3 +530,26 @@ def test_a_tree_copy_is_stamped_with_the_commit_it_was_copied_from(monkeypatch):
     # a copy whose .git is another commit's, its files changed against it: the sender's word
     monkeypatch.setattr(store, "_git", lambda *a: "577c464" if "rev-parse" in a else " M x.py")
     assert store.commit() == "abc1234 (copy)"
+
+
+def test_a_model_from_torch_cannot_convert_still_times_the_other_paths(monkeypatch, tmp_path):
+    """torch 2.11's exporter failed on the transformer with a dynamic batch (on the lent GPU
+    machine): the worker then died and the model lost every path's row. Now xconv's rows say
+    why and the others run."""
+    import xconv
+    from benchmarks import bench_throughput as bt
+
+    def broken(*args, **kwargs):
+        raise xconv.errors.ConversionError("torch.onnx could not translate the program")
+
+    monkeypatch.setattr(xconv, "from_torch", broken)
+    out = tmp_path / "result.json"
+    argv = ["--quick", "--skip", "torch,peers", "--worker", "cnn", "--json", str(out)]
+    assert bt.main(argv) == 0
+    result = json.loads(out.read_text())
+    rows = {r["path"]: r for r in result["rows"]}
+    assert rows["hand-written Flax + jit"]["infer"]  # timed
+    for path in ("xconv to_jax + jit", "xconv generated Flax + jit", "onnxruntime, xconv .onnx"):
+        assert "from_torch failed: ConversionError" in rows[path]["note"], rows[path]
+    text = "\n".join(bt.render_model(result))
+    assert "from_torch (dynamic batch) failed: ConversionError" in text
