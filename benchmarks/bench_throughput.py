@@ -707,8 +707,9 @@ class Bench:
             params, fn = torchax.extract_jax(self.module.cpu())
             row.conversion_s = time.perf_counter() - start
             self.module.to(self.device)
-            # Integer buffers (batch-norm counters, position ids) are state, not trained.
-            trainable, fixed = _split_float(params)
+            # Train what torch trains (its integer buffers made jax.grad fail); batch-norm
+            # statistics stay fixed as on every path.
+            trainable, fixed = _split(params, {n for n, _ in self.module.named_parameters()})
             path = JaxPath(lambda p, f, x: fn({**p, **f}, (x,)), trainable, fixed)
             path.output(path.inputs(make_input(self.name, 1)))
         except Exception as e:  # noqa: BLE001
@@ -845,8 +846,8 @@ class Bench:
 
 def _parity_devices() -> str:
     """Where a parity check runs its candidate: every device on the CPU machine; on a GPU
-    machine the GPU only (the CPU's verdicts are the CPU table's, and each check there
-    compiled ResNet-50 for the host's XLA too: a lent device's minutes went on it)."""
+    machine the GPU only (the CPU's verdicts are the CPU table's; each check there also
+    compiled the path for the host's XLA, the likely reason a lent device's run ran out)."""
     import jax
 
     backend = jax.default_backend()
@@ -883,14 +884,6 @@ def _split(params, names: set[str]) -> tuple[dict, dict]:
         {k: v for k, v in flat.items() if k in names},
         {k: v for k, v in flat.items() if k not in names},
     )
-
-
-def _split_float(params: dict) -> tuple[dict, dict]:
-    """A flat dict of arrays: (its floating-point entries, the rest)."""
-    import jax.numpy as jnp
-
-    floats = {k: v for k, v in params.items() if jnp.issubdtype(v.dtype, jnp.floating)}
-    return floats, {k: v for k, v in params.items() if k not in floats}
 
 
 def _nest(flat: dict) -> dict:
@@ -1184,9 +1177,9 @@ def render(sections: dict[str, list[dict]], header: dict) -> str:
                 "image, not the header's). Paths a run left out (its arguments: `--skip`, "
                 "`--no-compile`, `--one-layout`) have no timings. `peak MiB` here is the host "
                 "memory the first call added, not the device's. Parity: the candidate on the "
-                "GPU (its CPU verdicts are the CPU table's); a FAIL names its device and gives the verdict again at matmul precision `highest` "
-                "(JAX runs float32 dots and convolutions in TF32 on such GPUs by default, "
-                "torch's float32 matmuls not).",
+                "GPU (its CPU verdicts are the CPU table's); a FAIL names its device and gives "
+                "the verdict again at matmul precision `highest` (JAX runs float32 dots and "
+                "convolutions in TF32 on such GPUs by default, torch's float32 matmuls not).",
                 "",
             ]
         if not results and backend == "gpu":
