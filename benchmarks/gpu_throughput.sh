@@ -10,8 +10,9 @@
 # (its compile of each model, batch and mode does not fit a device lease); to_jax at its
 # default kernel layout only. The rows merge into OUT_DIR/throughput.json, a copy of STORE
 # (default: the committed benchmarks/throughput.json), after each item, so a run stopped at
-# its time limit keeps the items it finished (each one's XLA compiles take minutes). Back on the development machine, copy OUT_DIR/throughput.json over
-# benchmarks/throughput.json and rewrite the doc: bench_throughput.py --render.
+# its time limit keeps the items it finished (each took 70-190 s on an H200). Back on the
+# development machine, copy OUT_DIR/throughput.json over benchmarks/throughput.json and
+# rewrite the doc: bench_throughput.py --render.
 # The PyPI peers (t2j, torchax) are read from $PEERS (default .dev/peers, carried along).
 set -uo pipefail
 out=${1:?usage: gpu_throughput.sh OUT_DIR [ITEMS] [STORE]}
