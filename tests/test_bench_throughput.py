@@ -543,6 +543,8 @@ def test_a_model_from_torch_cannot_convert_still_times_the_other_paths(monkeypat
         raise xconv.errors.ConversionError("torch.onnx could not translate the program")
 
     monkeypatch.setattr(xconv, "from_torch", broken)
+    # the worker points inductor at a cache folder it deletes after: restored after the test
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     out = tmp_path / "result.json"
     argv = ["--quick", "--skip", "torch,peers", "--worker", "cnn", "--json", str(out)]
     assert bt.main(argv) == 0
