@@ -11,6 +11,7 @@ when an object of theirs is wrapped.
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -189,10 +190,12 @@ class TorchAdapter(Adapter):
         """The device the module's weights live on: ``"cpu"`` for a function or a module
         without weights."""
         module = self.module
-        for t in () if module is None else (*module.parameters(), *module.buffers()):
-            dev = t.device
-            return "cpu" if dev.type == "cpu" else f"{dev.type}:{dev.index or 0}"
-        return "cpu"
+        if module is None:
+            return "cpu"
+        first = next(itertools.chain(module.parameters(), module.buffers()), None)
+        if first is None or first.device.type == "cpu":
+            return "cpu"
+        return f"{first.device.type}:{first.device.index or 0}"
 
     def _on(self, device: str):
         """The module on ``device``: as given where its weights live, else a moved copy (a
