@@ -212,6 +212,39 @@ def test_gather_of_one_constant_index_is_a_slice_and_its_grad_a_pad() -> None:
     np.testing.assert_array_equal(np.asarray(jax.jit(grad)(x)), expected)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_gather_from_a_few_rows_selects_and_its_grad_sums_per_row(dtype) -> None:
+    """A token-type table (at most 8 rows): exact values, and a gradient without the
+    scatter-add a take's would be (a bfloat16 scatter-add of many positions into 2 rows was
+    most of a BERT-base training step on a GPU)."""
+    table = np.random.default_rng(0).standard_normal((2, 2, 6)).astype(dtype)
+    ids = np.array([[0, 1, -1], [1, 0, 0]], np.int32)
+    case = OpCase("gather", "Gather", [table, ids], attrs={"axis": 1})
+    fn, params = xconv.to_jax(xconv.load(build_model(case)))
+    got = jax.jit(lambda t, i: fn(params, t, i)[0])(jnp.asarray(table), jnp.asarray(ids))
+    assert got.dtype == table.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.take(table, ids % 2, axis=1))
+    w = np.random.default_rng(1).standard_normal(got.shape).astype(np.float32)
+    loss = lambda t: jnp.sum(fn(params, t, jnp.asarray(ids))[0].astype(jnp.float32) * w)  # noqa: E731
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss))(jnp.asarray(table)))
+    assert "scatter" not in jaxpr, jaxpr
+    expected = np.zeros(table.shape, np.float32)
+    np.add.at(expected, (slice(None), ids.reshape(-1) % 2), w.reshape(2, -1, 6))
+    got_grad = np.asarray(jax.jit(jax.grad(loss))(jnp.asarray(table)), np.float32)
+    np.testing.assert_allclose(got_grad, expected, rtol=2e-2 if dtype != np.float32 else 1e-6)
+
+
+def test_gather_from_a_large_table_takes() -> None:
+    table, ids = f32(9, 3), np.array([8, -9, 4], np.int32)
+    case = OpCase("gather", "Gather", [table, ids], attrs={"axis": 0})
+    fn, params = xconv.to_jax(xconv.load(build_model(case)))
+    loss = lambda t: jnp.sum(fn(params, t, jnp.asarray(ids))[0])  # noqa: E731
+    assert "scatter" in str(jax.make_jaxpr(jax.grad(loss))(jnp.asarray(table)))
+    np.testing.assert_array_equal(
+        np.asarray(fn(params, jnp.asarray(table), jnp.asarray(ids))[0]), table[[8, 0, 4]]
+    )
+
+
 def test_slice_negative_step_grad() -> None:
     case = OpCase("slice", "Slice", [X], [i64(-1), i64(I64_MIN), i64(2), i64(-2)])
     fn, params = xconv.to_jax(xconv.load(build_model(case)))

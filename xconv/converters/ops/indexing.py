@@ -160,7 +160,15 @@ def register_scatter_ops(
 def register_indexing_ops(builtin: Callable[..., Any], k: IndexingKernel) -> None:
     """Register Gather, GatherElements, GatherND, OneHot, Compress and ReverseSequence with a
     backend's ``builtin`` (``k.overrides["GatherElements"](x, idx, axis)``, where given,
-    replaces :func:`take_elements` on backend arrays)."""
+    replaces :func:`take_elements` on backend arrays; ``k.overrides["Gather"]`` replaces
+    ``xp.take`` on wrapped indices)."""
+
+    own_take = k.overrides.get("Gather")
+
+    def take(xp, x, i, axis):
+        if own_take is not None and xp is not np:
+            return own_take(x, i, axis)
+        return xp.take(x, i, axis=axis)
 
     @builtin("Gather", since=1, attrs={"axis": 0})
     def gather(ctx, x, indices, *, axis):
@@ -175,7 +183,7 @@ def register_indexing_ops(builtin: Callable[..., Any], k: IndexingKernel) -> Non
             # slower than the hand-written Flax).
             at = (slice(None),) * axis + (int(indices) % dim,)
             return k.run(lambda xp, x: x[at], x)
-        return k.run(lambda xp, x, i: xp.take(x, wrap(k, xp, i, dim), axis=axis), x, indices)
+        return k.run(lambda xp, x, i: take(xp, x, wrap(k, xp, i, dim), axis), x, indices)
 
     own_elements = k.overrides.get("GatherElements")
 
