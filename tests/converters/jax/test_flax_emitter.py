@@ -381,6 +381,48 @@ def test_torch_exported_transformer_layer(tmp_path):
 
 
 @pytest.mark.parametrize("api", APIS)
+def test_an_embedding_of_a_few_rows_selects_them(tmp_path, api):
+    """A token-type table (at most 8 rows) is looked up by ``_embed_rows`` on its nn.Embed:
+    torch's numbers, its weights where they were, and no scatter-add in its gradient."""
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = torch.nn.Embedding(20, 8)
+            self.segment = torch.nn.Embedding(2, 8)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, ids, types):
+            return self.head(self.tok(ids) + self.segment(types))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    ids, types = torch.randint(0, 20, (2, 7)), torch.randint(0, 2, (2, 7))
+    with torch.no_grad():
+        expected = net(ids, types).numpy()
+    model = xconv.from_torch(net, (ids, types))
+    out = xconv.to_flax(model, tmp_path / "out", api=api)
+    src = (out / "model.py").read_text()
+    assert src.count("_embed_rows(self.") == 1 and src.count("Embed(2, 8") == 1, src
+    got, handle = run_generated(out, api, ids.numpy(), types.numpy())
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6, atol=1e-6)
+    ok, msg = ruff_ok(out / "model.py")
+    assert ok, msg
+    assert check_grads(api, handle, ids.numpy(), types.numpy()) == 4
+    if api == "linen":
+        _, module, variables = handle
+
+        def loss(params):
+            return _sum_squares(
+                module.apply({**variables, "params": params}, ids.numpy(), types.numpy())
+            )
+
+        jaxpr = str(jax.make_jaxpr(jax.grad(loss))(variables["params"]))
+        assert jaxpr.count("scatter-add") == 1, jaxpr  # the 20-row table's
+
+
+@pytest.mark.parametrize("api", APIS)
 def test_conv1d_groupnorm_batchnorm1d(tmp_path, api):
     from tests.converters.jax.flax_models import conv1d_norms
 

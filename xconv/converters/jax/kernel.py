@@ -9,6 +9,7 @@ import numpy as np
 from jax import lax
 
 from xconv.converters.ops.arrays import namespace, onnx_dtype
+from xconv.converters.ops.indexing import SELECT_ROWS
 
 # This module imports no handler module (they import it): importing any one handler module
 # on its own then works (the registry imports the rest).
@@ -31,14 +32,10 @@ def reference_sum(x, axis: int):
     return jnp.sum(x, axis=axis, keepdims=True)
 
 
-#: Float tables with at most this many rows along the gather axis are gathered by selects.
-SELECT_ROWS = 8
-
-
 def take(x, idx, axis: int):
     """Gather (on wrapped indices) for the shared op: ``jnp.take``, except from a float table
-    of at most :data:`SELECT_ROWS` rows along ``axis`` (a token-type embedding), which is a
-    chain of ``jnp.where`` over its rows.
+    of at most ``indexing.SELECT_ROWS`` rows along ``axis`` (a token-type embedding), which
+    is a chain of ``jnp.where`` over its rows.
 
     Both give the table's values exactly. Their gradients differ: a take's is a scatter-add
     into the table, and on a GPU a bfloat16 scatter-add of many positions into few rows

@@ -16,6 +16,12 @@ import numpy as np
 from xconv.converters.ops.arrays import astype, is_static, normalize_axis
 from xconv.converters.ops.attrs import static_ints
 
+#: A gather from a float table of at most this many rows (a token-type embedding) is written
+#: as ``where`` over its rows where gradients are taken (the JAX runtime, the generated Flax):
+#: the same values as a take, and one sum per row as its gradient instead of a scatter-add,
+#: which GPUs run slowly in bfloat16 when many positions hit few rows.
+SELECT_ROWS = 8
+
 
 class IndexingKernel(Protocol):
     """What a backend provides for the shared indexing ops."""

@@ -45,7 +45,7 @@ from xconv.converters.flax.source.templates import (
     registry,
 )
 from xconv.converters.flax.source.values import _Values, _Var
-from xconv.converters.ops import layout, precision
+from xconv.converters.ops import indexing, layout, precision
 from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, get_scope
 from xconv.ir.passes import canonicalize
@@ -490,6 +490,9 @@ class _Emitter(_Planning, _Values, _Nodes):
                 call = f"_torch_batch_norm(self.{attr}, {x}, train)"
         elif kind == "dropout":
             call = f"self.{attr}({x}, deterministic=not train)"
+        elif kind == "embedding" and h["num_embeddings"] <= indexing.SELECT_ROWS:
+            self.src.helpers.add("embed_rows")
+            call = f"_embed_rows(self.{attr}, {x})"
         if self.low_dtype and kind == "batch_norm" and self.api == "nnx":
             call = f"{call}.astype(jnp.bfloat16)"  # see flax_layers.layer_ctor
         if matmul_conv(kind, h):

@@ -30,6 +30,21 @@ def _torch_batch_norm(bn, x, train):
         bn.var.value += (1 - bn.momentum) * x.var(0) / (len(x) - 1)
     return y
 ''',
+    # A table of a few rows (ops.indexing.SELECT_ROWS): the variables stay nn.Embed's.
+    "embed_rows": '''
+def _embed_rows(embed, ids):
+    """``embed(ids)`` for an embedding of a few rows (token types), by ``jnp.where`` over
+    its rows: the same values as the embedding's ``jnp.take``, and one sum per row as
+    the gradient, where a take's is a scatter-add (slow on GPUs in bfloat16 when many
+    positions hit few rows)."""
+    vectors = embed.embedding[...]
+    vectors = vectors.astype(embed.dtype or vectors.dtype)
+    ids = jnp.where(ids < 0, ids + len(vectors), ids)
+    out = jnp.broadcast_to(vectors[0], (*ids.shape, *vectors.shape[1:]))
+    for row in range(1, len(vectors)):
+        out = jnp.where((ids == row)[..., None], vectors[row], out)
+    return out
+''',
     # torch's nn.MultiheadAttention as one call on its packed weights (torch layout): the
     # variables stay the source's in_proj / out_proj, so the weights mapping is unchanged.
     "torch_mha": '''
