@@ -234,6 +234,24 @@ def test_gather_from_a_few_rows_selects_and_its_grad_sums_per_row(dtype) -> None
     np.testing.assert_allclose(got_grad, expected, rtol=2e-2 if dtype != np.float32 else 1e-6)
 
 
+def test_gather_along_a_symbolic_axis_takes() -> None:
+    """jax.export with a symbolic batch: the row count of the gathered axis is unknown, so
+    it is taken (a comparison of it with the select bound would be inconclusive)."""
+    from jax import export
+
+    case = OpCase(
+        "gather", "Gather", [f32(5, 4), np.array([0, 4, -1], np.int32)], attrs={"axis": 0}
+    )
+    fn, params = xconv.to_jax(xconv.load(build_model(case)))
+    (b,) = export.symbolic_shape("b")
+    exported = export.export(jax.jit(lambda x, i: fn(params, x, i)[0]))(
+        jax.ShapeDtypeStruct((b, 4), jnp.float32), jax.ShapeDtypeStruct((3,), jnp.int32)
+    )
+    x = f32(6, 4)
+    got = exported.call(x, np.array([0, 4, -1], np.int32))
+    np.testing.assert_array_equal(np.asarray(got), x[[0, 4, 5]])
+
+
 def test_gather_from_a_large_table_takes() -> None:
     table, ids = f32(9, 3), np.array([8, -9, 4], np.int32)
     case = OpCase("gather", "Gather", [table, ids], attrs={"axis": 0})

@@ -42,10 +42,11 @@ def take(x, idx, axis: int):
     contends on the same addresses (BERT-base's 2-row token-type table, 16,384 positions at
     batch 128: 200 ms of a 243 ms bfloat16 training step on an H200, the step 30 ms without
     it); the selects' gradient is one masked sum per row. Indices outside the table (an
-    error in ONNX) give its first row.
+    error in ONNX) give its first row. A symbolic axis (``jax.export``'s shape polymorphism)
+    is taken.
     """
     n = x.shape[axis]
-    if n > SELECT_ROWS or not jnp.issubdtype(x.dtype, jnp.floating):
+    if not isinstance(n, int) or n > SELECT_ROWS or not jnp.issubdtype(x.dtype, jnp.floating):
         return jnp.take(x, idx, axis=axis)
     before, after = axis, x.ndim - axis - 1
     mask = jnp.reshape(idx, (1,) * before + tuple(idx.shape) + (1,) * after)
