@@ -10,8 +10,10 @@ whose key matches ``--freeze`` held fixed, so the step takes no gradient for the
 
 * the step's median time over ``--repeat`` calls after its compile and a warm-up;
 * the ops that took the most device time over ``--profiled`` steps under ``jax.profiler``
-  (the trace's ``XLA Ops`` line on a GPU; on a CPU, every XLA thread's events), by HLO name;
-* the step's optimized HLO (``DIR/<path>[-frozen].hlo.txt``), where those names are defined.
+  (on a GPU the kernels on its streams, by HLO fusion or library kernel name, or its
+  ``XLA Ops`` line where the trace has one; on a CPU, every XLA thread's events);
+* the step's optimized HLO (``DIR/<path>-<dtype>-<mode>[-frozen-<regex>].hlo.txt``), where
+  those names are defined.
 
 Everything goes to ``DIR/profile.json`` and is printed. A diagnostic for a ratio that
 ``throughput.md`` cannot explain; it writes no table of the docs.
@@ -199,7 +201,9 @@ def main(argv=None) -> int:
         apply, params, fixed, prepare = paths[name]
         x = jax.device_put(prepare(x_np))
         for freeze in (None, *args.freeze):
-            label = f"{name}-{args.dtype}-{args.mode}" + (f"-frozen-{freeze}" if freeze else "")
+            label = f"{name}-{args.dtype}-{args.mode}"
+            if freeze:  # a file name: the regex's other characters as _
+                label += "-frozen-" + re.sub(r"[^\w.-]+", "_", freeze)
             try:
                 step, trained, frozen, frozen_keys = make_step(apply, params, freeze, args.mode)
                 run = profile(
