@@ -1156,7 +1156,9 @@ def render(sections: dict[str, list[dict]], header: dict) -> str:
         + f" only (`--train-all-batches`); torch.compile for {COMPILE_MODELS} (`--compile-models`)",
         "- throughput in items/s (higher is better); ×best JAX = time / fastest of t2j, torchax and "
         "the hand-written Flax in the same dtype, of those whose parity verdict is not a FAIL "
-        "(a failing path computes another function); ×hand Flax = time / hand-written Flax (< 1: faster)",
+        "(a failing path computes another function; one that fails only at JAX's default GPU "
+        "precision and passes at matmul precision highest counts); ×hand Flax = time / "
+        "hand-written Flax (< 1: faster)",
         "- peak MiB: the resident memory the path's first call at that batch added to the "
         "process (`/proc` peak mark reset before it; the compilation included), measured in runs "
         "since 2026-12-04 (— before)",
