@@ -28,14 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _doc  # noqa: E402
 from benchmarks.bench_throughput import (  # noqa: E402
     JaxPath,
-    _first,
-    _import_file,
     _limit_threads,
-    _nest,
-    _split,
     build_torch,
-    hand_flax,
     interleaved_medians,
+    jax_paths,
     make_input,
 )
 
@@ -48,48 +44,9 @@ MODES = ("infer", "train")
 PEAK_CALLS = 30
 
 
-def paths(name: str, module, tmp: Path) -> dict[str, JaxPath]:
-    """The hand-written Flax, ``to_jax`` and the generated Flax of ``bench_throughput.py``,
-    float32."""
-    import jax.numpy as jnp
-    import torch
-
-    import xconv
-
-    model = xconv.from_torch(module, torch.as_tensor(make_input(name, 2)), dynamic_batch=True)
-    hand, variables, prep = hand_flax(name, module, jnp.float32)
-    fixed = {k: v for k, v in variables.items() if k != "params"}
-    out = {
-        "hand-written Flax": JaxPath(
-            lambda p, f, x, m=hand: m.apply({"params": p, **f}, x),
-            variables["params"],
-            fixed,
-            prepare=prep,
-        )
-    }
-    fn, params = xconv.to_jax(model)
-    trainable, fixed = _split(params, {n for n, _ in module.named_parameters()})
-    out["xconv to_jax"] = JaxPath(
-        lambda p, f, x, fn=fn: fn(_nest({**p, **f}), x)[0], trainable, fixed
-    )
-    flax_dir = xconv.to_flax(model, tmp / f"flax_{name}")
-    generated, variables = _import_file(flax_dir / "model.py", f"xconv_rl_{name}").load(flax_dir)
-    fixed = {k: v for k, v in variables.items() if k != "params"}
-    out["xconv generated Flax"] = JaxPath(
-        lambda p, f, x, m=generated: _first(m.apply({"params": p, **f}, x)),
-        variables["params"],
-        fixed,
-    )
-    return out
-
-
 def flops(path: JaxPath, x, mode: str) -> float:
     """XLA's flop count of the path's compiled inference or SGD step."""
-    if mode == "infer":
-        fn = path._infer
-        args = (path.params, path.fixed, x) if path.fixed is not None else (path.params, x)
-    else:
-        fn, args = path._step, (path.params, path.fixed, x)
+    fn, args = path.jitted(mode, x)
     cost = fn.lower(*args).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return float(cost["flops"])
@@ -128,7 +85,7 @@ def measure(repeat: int, models) -> list[dict]:
         for name in models:
             batches, d = MODELS[name]
             module = build_torch(name)
-            built = paths(name, module, Path(tmp))
+            built = jax_paths(name, module, Path(tmp))
             for batch in batches:
                 for mode in MODES:
                     peak_call, peak_flops = matmul(batch * SEQ, d)

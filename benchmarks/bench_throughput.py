@@ -254,6 +254,44 @@ def hand_flax(name: str, module, dtype):
     return flax_module, fm.from_torch_state(flax_module, example, state), (lambda x: x)
 
 
+def jax_paths(name: str, module, tmp: Path, dtype: str = "fp32") -> dict[str, JaxPath]:
+    """The hand-written Flax, ``to_jax`` and the generated Flax of ``module`` as the table
+    runs them, in ``dtype`` ("fp32" or "bf16"): for the scripts that study those paths
+    (``bench_roofline.py``, ``profile_step.py``)."""
+    import jax.numpy as jnp
+    import torch
+
+    import xconv
+
+    kw = {"dtype": "bfloat16"} if dtype == "bf16" else {}
+    model = xconv.from_torch(module, torch.as_tensor(make_input(name, 2)), dynamic_batch=True)
+    hand, variables, prep = hand_flax(name, module, jnp.bfloat16 if kw else jnp.float32)
+    fixed = {k: v for k, v in variables.items() if k != "params"}
+    out = {
+        "hand-written Flax": JaxPath(
+            lambda p, f, x, m=hand: m.apply({"params": p, **f}, x),
+            variables["params"],
+            fixed,
+            prepare=prep,
+        )
+    }
+    fn, params = xconv.to_jax(model, **kw)
+    trainable, fixed = _split(params, {n for n, _ in module.named_parameters()})
+    out["xconv to_jax"] = JaxPath(
+        lambda p, f, x, fn=fn: fn(_nest({**p, **f}), x)[0], trainable, fixed
+    )
+    flax_dir = xconv.to_flax(model, tmp / f"flax_{name}_{dtype}", **kw)
+    module_name = f"xconv_paths_{name}_{dtype}"
+    generated, variables = _import_file(flax_dir / "model.py", module_name).load(flax_dir)
+    fixed = {k: v for k, v in variables.items() if k != "params"}
+    out["xconv generated Flax"] = JaxPath(
+        lambda p, f, x, m=generated: _first(m.apply({"params": p, **f}, x)),
+        variables["params"],
+        fixed,
+    )
+    return out
+
+
 # --- timing --------------------------------------------------------------------------------
 
 
@@ -324,7 +362,7 @@ class JaxPath:
         import jax
         import jax.numpy as jnp
 
-        self.params, self.fixed, self.prepare = params, fixed, prepare
+        self.apply, self.params, self.fixed, self.prepare = apply, params, fixed, prepare
         self._infer = jax.jit(apply)
 
         def loss(p, f, x):
@@ -344,20 +382,29 @@ class JaxPath:
 
         return jax.device_put(self.prepare(x))
 
+    def jitted(self, mode: str, x) -> tuple[Any, tuple]:
+        """The jitted inference (``"infer"``) or SGD step (``"train"``) and its arguments for
+        input ``x`` (as :meth:`inputs` gives it)."""
+        if mode == "train":
+            return self._step, (self.params, self.fixed, x)
+        args = (self.params, self.fixed, x) if self.fixed is not None else (self.params, x)
+        return self._infer, args
+
     def infer(self, x):
         import jax
 
-        args = (self.params, self.fixed, x) if self.fixed is not None else (self.params, x)
-        return lambda: jax.block_until_ready(self._infer(*args))
+        fn, args = self.jitted("infer", x)
+        return lambda: jax.block_until_ready(fn(*args))
 
     def train(self, x):
         import jax
 
-        return lambda: jax.block_until_ready(self._step(self.params, self.fixed, x))
+        fn, args = self.jitted("train", x)
+        return lambda: jax.block_until_ready(fn(*args))
 
     def output(self, x):
-        args = (self.params, self.fixed, x) if self.fixed is not None else (self.params, x)
-        return np.asarray(self._infer(*args), dtype=np.float32)
+        fn, args = self.jitted("infer", x)
+        return np.asarray(fn(*args), dtype=np.float32)
 
 
 class Bench:

@@ -36,79 +36,35 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import bench_throughput as bt  # noqa: E402
 
-
-def build_paths(name: str, dtype: str, wanted: list[str], tmp: Path) -> dict:
-    """``{path: (apply(params, fixed, x), params, fixed, prepare)}`` for the wanted paths."""
-    import jax.numpy as jnp
-    import torch
-
-    import xconv
-
-    module = bt.build_torch(name)
-    kw = {"dtype": "bfloat16"} if dtype == "bf16" else {}
-    out: dict = {}
-    model = None
-    if {"to_jax", "flax"} & set(wanted):
-        model = xconv.from_torch(
-            module, torch.as_tensor(bt.make_input(name, 2)), dynamic_batch=True
-        )
-    if "to_jax" in wanted:
-        fn, params = xconv.to_jax(model, **kw)
-        trainable, fixed = bt._split(params, {n for n, _ in module.named_parameters()})
-        apply = lambda p, f, x, fn=fn: fn(bt._nest({**p, **f}), x)[0]  # noqa: E731
-        out["to_jax"] = (apply, trainable, fixed, lambda x: x)
-    if "flax" in wanted:
-        written = xconv.to_flax(model, tmp / "flax", **kw)
-        generated = bt._import_file(written / "model.py", f"xconv_profile_{name}")
-        flax_module, variables = generated.load(written)
-        fixed = {k: v for k, v in variables.items() if k != "params"}
-        apply = lambda p, f, x, m=flax_module: bt._first(m.apply({"params": p, **f}, x))  # noqa: E731
-        out["flax"] = (apply, variables["params"], fixed, lambda x: x)
-    if "hand" in wanted:
-        flax_module, variables, prep = bt.hand_flax(
-            name, module, jnp.bfloat16 if dtype == "bf16" else jnp.float32
-        )
-        fixed = {k: v for k, v in variables.items() if k != "params"}
-        apply = lambda p, f, x, m=flax_module: m.apply({"params": p, **f}, x)  # noqa: E731
-        out["hand"] = (apply, variables["params"], fixed, prep)
-    return out
+#: --paths names -> bench_throughput.jax_paths keys.
+PATHS = {
+    "to_jax": "xconv to_jax",
+    "flax": "xconv generated Flax",
+    "hand": "hand-written Flax",
+}
 
 
-def make_step(apply, params, freeze: str | None, mode: str):
-    """A jitted step over (trained, frozen, fixed, x) and its first arguments: trained are the
-    params whose key does not match ``freeze``."""
+def make_step(path, freeze: str | None, mode: str, x):
+    """``path`` (a ``bench_throughput.JaxPath``) with the params whose key matches ``freeze``
+    held fixed: its jitted inference or SGD step (the table's) and the arguments for ``x``,
+    and the keys held fixed."""
     import jax
-    import jax.numpy as jnp
 
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-    keys = [jax.tree_util.keystr(path) for path, _ in leaves]
-    frozen_at = [i for i, k in enumerate(keys) if freeze and re.search(freeze, k)]
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(path.params)
+    keys = [jax.tree_util.keystr(p) for p, _ in leaves]
+    frozen_at = {i for i, k in enumerate(keys) if freeze and re.search(freeze, k)}
     trained = [leaf for i, (_, leaf) in enumerate(leaves) if i not in frozen_at]
-    frozen = [leaves[i][1] for i in frozen_at]
+    frozen = [leaf for i, (_, leaf) in enumerate(leaves) if i in frozen_at]
 
     def full(t, z):
-        t, z = list(t), list(z)
-        return treedef.unflatten(
-            [z.pop(0) if i in frozen_at else t.pop(0) for i in range(len(keys))]
-        )
+        t, z = iter(t), iter(z)
+        return treedef.unflatten([next(z if i in frozen_at else t) for i in range(len(keys))])
 
-    def loss(t, z, f, x):
-        out = apply(full(t, z), f, x)
-        return 0.5 * jnp.mean(jnp.square(out.astype(jnp.float32)))
-
-    if mode == "infer":
-        return (
-            jax.jit(lambda t, z, f, x: apply(full(t, z), f, x)),
-            trained,
-            frozen,
-            [keys[i] for i in frozen_at],
-        )
-
-    def step(t, z, f, x):
-        value, grads = jax.value_and_grad(loss)(t, z, f, x)
-        return value, [a - bt.LR * g.astype(a.dtype) for a, g in zip(t, grads, strict=True)]
-
-    return jax.jit(step), trained, frozen, [keys[i] for i in frozen_at]
+    held = bt.JaxPath(
+        lambda t, zf, x: path.apply(full(t, zf[0]), zf[1], x), trained, (frozen, path.fixed)
+    )
+    fn, args = held.jitted(mode, x)
+    return fn, args, [keys[i] for i in sorted(frozen_at)]
 
 
 def device_ops(trace_dir: str, top: int) -> dict:
@@ -177,7 +133,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--dtype", default="bf16", choices=("fp32", "bf16"))
     parser.add_argument("--mode", default="train", choices=("train", "infer"))
-    parser.add_argument("--paths", default="to_jax,flax,hand")
+    parser.add_argument("--paths", default="to_jax,flax,hand", help=f"of {','.join(PATHS)}")
     parser.add_argument(
         "--freeze", action="append", default=[], help="regex: also run with these held fixed"
     )
@@ -190,27 +146,29 @@ def main(argv=None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     wanted = args.paths.split(",")
+    if set(wanted) - set(PATHS):
+        parser.error(f"--paths: {sorted(set(wanted) - set(PATHS))} not among {list(PATHS)}")
     result = {
         "argv": sys.argv[1:],
         "devices": [str(d) for d in jax.devices()],
         "jax": jax.__version__,
         "runs": {},
     }
-    paths = build_paths(args.model, args.dtype, wanted, Path(tempfile.mkdtemp()))
+    module = bt.build_torch(args.model)
+    paths = bt.jax_paths(args.model, module, Path(tempfile.mkdtemp()), args.dtype)
     x_np = bt.make_input(args.model, args.batch)
     for name in wanted:
-        apply, params, fixed, prepare = paths[name]
-        x = jax.device_put(prepare(x_np))
+        path = paths[PATHS[name]]
+        x = path.inputs(x_np)
         for freeze in (None, *args.freeze):
             label = f"{name}-{args.dtype}-{args.mode}"
             if freeze:  # a file name: the regex's other characters as _
                 label += "-frozen-" + re.sub(r"[^\w.-]+", "_", freeze)
             try:
-                step, trained, frozen, frozen_keys = make_step(apply, params, freeze, args.mode)
+                step, step_args, frozen_keys = make_step(path, freeze, args.mode, x)
                 run = profile(
-                    step, (trained, frozen, fixed, x), args.out, label,
-                    args.repeat, args.profiled, args.top,
-                )  # fmt: skip
+                    step, step_args, args.out, label, args.repeat, args.profiled, args.top
+                )
                 run["frozen"] = len(frozen_keys)
             except Exception as e:  # noqa: BLE001 - the other runs still go
                 run = {"error": f"{type(e).__name__}: {e}"[:500]}
