@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 from jax import lax
 
-from xconv.converters.jax.kernel import reference_sum
+from xconv.converters.jax.kernel import matmul, reference_sum
 from xconv.converters.jax.registry import builtin
 from xconv.converters.ops import attention as ops_attention
 from xconv.converters.ops import formulation
@@ -187,6 +187,7 @@ class JaxAttentionKernel:
     asarray = staticmethod(jnp.asarray)
     stop_gradient = staticmethod(lax.stop_gradient)
     sigmoid = staticmethod(jax.nn.sigmoid)
+    matmul = staticmethod(matmul)
     scan = staticmethod(lax.scan)
 
     @staticmethod

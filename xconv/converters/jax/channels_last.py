@@ -35,7 +35,7 @@ import numpy as np
 import onnx_ir as ir
 from jax import lax
 
-from xconv.converters.jax.kernel import KERNEL
+from xconv.converters.jax.kernel import KERNEL, bf16_dots, bf16_einsum
 from xconv.converters.ops import formulation, shapes
 from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.layout import channels_last, conversion
@@ -265,4 +265,7 @@ def patch_matmul(x, w, strides, padding, *, out_axis: int, in_axis: int):
         patches = jnp.stack(views, axis=-1).reshape(*views[0].shape[:-1], -1)
     else:  # (..., kh·kw, I): offset-major, as the (*k, I, O) kernel
         patches = jnp.concatenate(views, axis=-1)
+    if bf16_dots(patches, w2):
+        rows = "abcdefgh"[: patches.ndim - 1]
+        return bf16_einsum(f"{rows}k,{'nk' if w_axis else 'kn'}->{rows}n", patches, w2)
     return lax.dot_general(patches, w2, (((patches.ndim - 1,), (w_axis,)), ((), ())))

@@ -8,7 +8,8 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from xconv.converters.jax.kernel import KERNEL, index_dtype, reference_sum
+from xconv.converters.jax.kernel import KERNEL, bf16_dots, bf16_einsum, index_dtype, reference_sum
+from xconv.converters.jax.kernel import matmul as kernel_matmul
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops.linalg import (
     register_cumulative_ops,
@@ -28,7 +29,7 @@ _LOW_PRECISION = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 @builtin("MatMul", since=1)
 def matmul(ctx, a, b):
     """MatMul(A, B) -> Y: numpy.matmul semantics (1-D operands promoted, batch broadcast)."""
-    return jnp.matmul(a, b)
+    return kernel_matmul(a, b)
 
 
 @builtin(
@@ -42,7 +43,7 @@ def gemm(ctx, a, b, c=None, *, alpha, beta, transA, transB, broadcast):
     dtype = jnp.result_type(a)
     a = a.T if transA else a
     b = b.T if transB else b
-    y = jnp.matmul(a, b)
+    y = kernel_matmul(a, b)
     if np.dtype(dtype).kind in "iu" and (alpha != 1.0 or (c is not None and beta != 1.0)):
         # Integer Gemm with fractional alpha / beta: scale in floating point, then truncate
         # back to the integer type (as the reference's numpy arithmetic does).
@@ -59,12 +60,27 @@ def gemm(ctx, a, b, c=None, *, alpha, beta, transA, transB, broadcast):
     return y.astype(dtype)
 
 
+def _transposable(eq: str) -> bool:
+    """Whether the two-operand einsum ``eq`` is one :func:`bf16_einsum` takes: an explicit
+    output, no ellipsis, no index twice in an operand, every index of each operand in the
+    other or in the output (so each gradient is an einsum too)."""
+    if "->" not in eq or "." in eq or eq.count(",") != 1:
+        return False
+    ins, out = eq.split("->")
+    a, b = ins.split(",")
+    if any(len(set(s)) != len(s) for s in (a, b, out)):
+        return False
+    return set(a) <= set(b) | set(out) and set(b) <= set(a) | set(out) and set(out) <= set(a + b)
+
+
 @builtin("Einsum", since=12, attrs={"equation": REQUIRED})
 def einsum(ctx, *inputs, equation):
     """Einsum(Inputs...) -> Output, by Einstein summation over ``equation``."""
     eq = equation.decode() if isinstance(equation, bytes) else equation
     eq = eq.replace(" ", "")
     dtype = jnp.result_type(*inputs)
+    if len(inputs) == 2 and bf16_dots(*inputs) and _transposable(eq):
+        return bf16_einsum(eq, *inputs)
     if np.dtype(dtype) in _LOW_PRECISION:
         out = jnp.einsum(eq, *inputs, preferred_element_type=jnp.float32)
         return out.astype(dtype)

@@ -36,10 +36,30 @@ a torch ``Linear``'s ``(out, in)`` weight and contracts ``x @ w.T``, whose gradi
 fuses already. Other backends, and every ``nn.Dense`` under ``"reference"``, keep
 ``lax.dot_general``.
 
-The environment variables ``XCONV_JAX_ATTENTION``, ``XCONV_JAX_CONV`` and ``XCONV_JAX_DENSE``
-set the defaults; :func:`use` overrides them for a block (benchmarks compare both). The choice
-is read when a function is traced (or when Flax source is written): a jitted function keeps the
-formulation it was traced with.
+``bf16_dot``: ``"auto"`` (default) computes a product of two bfloat16 operands on the CPU as
+``jnp.einsum(..., preferred_element_type=float32)`` rounded once to bfloat16, with a custom
+gradient whose two products are computed the same way
+(:func:`xconv.converters.jax.kernel.bf16_einsum`). ``to_jax`` does so for ``MatMul``,
+``Gemm``, a two-operand ``Einsum``, the attention reference's matmuls and a convolution run as
+a patch matmul; the Flax emitter of a bfloat16 model gives every ``nn.Dense`` its ``_flat_dot``
+and writes ``_torch_mha``'s projections, ``_attention``'s products and ``_matmul_conv``'s patch
+product with its ``_bf16_einsum`` helper. XLA:CPU computes a bfloat16 dot with a bfloat16
+result by converting its operands to float32, a float32 dot and one rounding; a dot of bfloat16
+operands with a float32 result it runs on the bfloat16 operands (AVX512-BF16): the same values
+(products of bfloat16 numbers are exact in float32; both accumulate in float32) in about half
+the time (a 4096×768 by 768×3072 product, one thread: 68 ms against 127 ms; in float32 124 ms).
+JAX's own gradient of such a dot would take the float32 cotangent of the float32 accumulator
+and run its two products in float32, hence the custom one; a product contracting only the
+leading axis of both operands (a weight's gradient) is given a unit axis contracted beside it,
+without which XLA:CPU computes it on float32 copies (2.2× slower). BERT-base and the
+transformer in bfloat16: ``benchmarks/throughput.md``. Products in float32 or float16, other
+backends, matmuls broadcasting a batch axis of size 1, and every product under ``"reference"``
+are JAX's own, as is a convolution not run as a patch matmul.
+
+The environment variables ``XCONV_JAX_ATTENTION``, ``XCONV_JAX_CONV``, ``XCONV_JAX_DENSE`` and
+``XCONV_JAX_BF16_DOT`` set the defaults; :func:`use` overrides them for a block (benchmarks
+compare both). The choice is read when a function is traced (or when Flax source is written): a
+jitted function keeps the formulation it was traced with.
 """
 
 from __future__ import annotations
@@ -54,6 +74,7 @@ _CHOICES = {
     "attention": ("auto", "reference"),
     "conv": ("auto", "reference"),
     "dense": ("auto", "reference"),
+    "bf16_dot": ("auto", "reference"),
 }
 _current: dict[str, str] = {}
 
@@ -66,7 +87,8 @@ def _default(name: str) -> str:
 
 
 def get(name: str) -> str:
-    """The formulation in force for ``name`` (``"attention"``, ``"conv"``, ``"dense"``)."""
+    """The formulation in force for ``name`` (``"attention"``, ``"conv"``, ``"dense"``,
+    ``"bf16_dot"``)."""
     return _current.get(name) or _default(name)
 
 

@@ -50,6 +50,7 @@ class TorchAttentionKernel(xp.TensorConstructors):
 
     xp = xp
     sigmoid = staticmethod(torch.sigmoid)
+    matmul = staticmethod(torch.matmul)
     reference_sum = staticmethod(reference_sum)
     dtype = staticmethod(_onnx_dtype)
     scan = staticmethod(_scan)

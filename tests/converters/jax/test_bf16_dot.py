@@ -1,0 +1,225 @@
+"""On the CPU, ``to_jax`` computes a product of two bfloat16 operands (MatMul, Gemm, a
+two-operand Einsum, the attention reference's matmuls) as bfloat16 products accumulated in
+float32 and rounded once (formulation ``bf16_dot``): the values XLA gives the bfloat16 dot,
+and gradients whose products take bfloat16 operands too. Under ``"reference"`` every product
+is JAX's own, whose gradient products run in float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+jax = pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+
+import jax.numpy as jnp  # noqa: E402
+
+import xconv  # noqa: E402
+from xconv.converters.jax import kernel  # noqa: E402
+from xconv.converters.jax.linalg import _transposable  # noqa: E402
+from xconv.converters.ops import formulation  # noqa: E402
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU formulation")
+
+
+def _dots(jaxpr) -> list:
+    """Every ``dot_general`` equation in ``jaxpr`` and the jaxprs it calls."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _dots(inner)
+    return found
+
+
+def _bf16_accumulating(eqn) -> bool:
+    operands = {str(v.aval.dtype) for v in eqn.invars}
+    return operands == {"bfloat16"} and eqn.params["preferred_element_type"] == jnp.float32
+
+
+SHAPES = [
+    ((6, 8), (8, 3)),
+    ((4, 5, 8), (8, 3)),
+    ((2, 3, 5, 8), (2, 3, 8, 4)),
+    ((8,), (8, 3)),
+    ((5, 8), (8,)),
+    ((5, 8), (2, 8, 3)),
+]
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), SHAPES)
+def test_a_bf16_matmul_and_its_gradient_keep_xlas_values_with_bf16_operands(a_shape, b_shape):
+    rng = np.random.default_rng(0)
+    a, b = (jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in (a_shape, b_shape))
+    ct = jnp.asarray(rng.standard_normal(jnp.matmul(a, b).shape), jnp.bfloat16)
+
+    def pullback(f):
+        y, vjp = jax.vjp(f, a, b)
+        return (y, *vjp(ct))
+
+    got, want = pullback(kernel.matmul), pullback(jnp.matmul)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+    dots = _dots(jax.make_jaxpr(lambda a, b: pullback(kernel.matmul))(a, b).jaxpr)
+    assert len(dots) == 3 and all(map(_bf16_accumulating, dots)), dots
+    with formulation.use(bf16_dot="reference"):
+        plain = _dots(jax.make_jaxpr(lambda a, b: pullback(kernel.matmul))(a, b).jaxpr)
+    assert not any(map(_bf16_accumulating, plain))
+
+
+def test_a_matmul_broadcasting_a_batch_axis_of_one_or_in_float32_stays_jaxs():
+    a = jnp.ones((2, 1, 5, 8), jnp.bfloat16)
+    b = jnp.ones((3, 8, 4), jnp.bfloat16)
+    assert kernel.matmul_spec(a.shape, b.shape) is None
+    assert not any(map(_bf16_accumulating, _dots(jax.make_jaxpr(kernel.matmul)(a, b).jaxpr)))
+    f32 = jax.make_jaxpr(kernel.matmul)(a[0, 0].astype(jnp.float32), b[0].astype(jnp.float32))
+    assert _dots(f32.jaxpr)[0].params["preferred_element_type"] == jnp.float32
+    assert {str(v.aval.dtype) for v in _dots(f32.jaxpr)[0].invars} == {"float32"}
+
+
+def test_einsums_whose_gradients_are_einsums_take_the_bf16_form():
+    assert _transposable("bhqd,bhkd->bhqk")
+    assert _transposable("ij,jk->ik")
+    assert not _transposable("ii,ij->j")  # an index twice in one operand
+    assert not _transposable("ij,jk->k")  # i only in a: its gradient would broadcast
+    assert not _transposable("...ij,jk->...ik")
+    assert not _transposable("ij,jk")
+
+
+def _graph_of_products() -> onnx.ModelProto:
+    """MatMul on tokens, Gemm (transposed B, a bias), a batched Einsum, all bfloat16."""
+    bf = TensorProto.BFLOAT16
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Reshape", ["h", "rows"], ["h2"]),
+        helper.make_node("Gemm", ["h2", "g", "c"], ["y"], transB=1),
+        helper.make_node("Einsum", ["x", "h"], ["s"], equation="btd,bte->bde"),
+    ]
+    rng = np.random.default_rng(1)
+
+    def init(name, *shape):
+        return onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+    inits = [init("w", 8, 6), init("g", 5, 6), init("c", 5)]
+    inits = [helper.make_tensor(t.name, bf, t.dims, onnx.numpy_helper.to_array(t)) for t in inits]
+    inits.append(onnx.numpy_helper.from_array(np.array([-1, 6], np.int64), "rows"))
+    graph = helper.make_graph(
+        nodes,
+        "products",
+        [helper.make_tensor_value_info("x", bf, [2, 4, 8])],
+        [
+            helper.make_tensor_value_info("y", bf, None),
+            helper.make_tensor_value_info("s", bf, None),
+        ],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _step_and_dots(model, choice: str, x):
+    """``to_jax``'s loss value and gradient (params and input) under ``bf16_dot=choice``
+    (a jitted function keeps the formulation it was traced with), and its products."""
+    with formulation.use(bf16_dot=choice):
+        fn, params = xconv.to_jax(model)
+
+        def loss(p, x):
+            outs = fn(p, x)
+            return sum(jnp.sum(o.astype(jnp.float32) ** 2) for o in outs)
+
+        step = jax.value_and_grad(loss, argnums=(0, 1))
+        return step(params, x), _dots(jax.make_jaxpr(step)(params, x).jaxpr)
+
+
+def test_to_jax_products_of_a_bf16_graph_and_their_gradients_keep_their_values():
+    model = xconv.load(_graph_of_products())
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((2, 4, 8)), jnp.bfloat16)
+    got, dots = _step_and_dots(model, "auto", x)
+    assert len(dots) == 9 and all(map(_bf16_accumulating, dots)), dots
+    want, plain = _step_and_dots(model, "reference", x)
+    # JAX's own: only the Einsum's forward product accumulates bfloat16 operands in float32
+    assert sum(map(_bf16_accumulating, plain)) == 1
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+
+
+class _Block(torch.nn.Module):
+    """Self-attention (SDPA with a padding mask: the reference form in bfloat16 on the CPU)
+    and an MLP on (B, T, E) tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 16)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        h = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + h.transpose(1, 2).reshape(b, t, 16)
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+def test_a_bf16_torch_block_trains_with_bf16_products_and_the_reference_numbers():
+    torch.manual_seed(0)
+    module = _Block().eval()
+    x = torch.randn(3, 5, 16)
+    model = xconv.from_torch(module, x, dynamic_batch=True)
+    xs = jnp.asarray(x.numpy())
+
+    def step_and_dots(choice):
+        with formulation.use(bf16_dot=choice):
+            fn, params = xconv.to_jax(model, dtype="bfloat16")
+
+            def loss(p):
+                return jnp.mean(fn(p, xs)[0].astype(jnp.float32) ** 2)
+
+            step = jax.value_and_grad(loss)
+            out = np.asarray(fn(params, xs)[0], np.float32)
+            return out, step(params), _dots(jax.make_jaxpr(step)(params).jaxpr)
+
+    out, got, dots = step_and_dots("auto")
+    assert len(dots) >= 15 and all(map(_bf16_accumulating, dots)), dots
+    _, want, plain = step_and_dots("reference")
+    assert not any(map(_bf16_accumulating, plain))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    # and the source's numbers, at the bf16 policy's order of error
+    ref = module(x).detach().numpy()
+    assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 5e-2
+
+
+def test_a_bf16_convolution_run_as_a_patch_matmul_keeps_its_values():
+    # a 1x1 convolution and a 3x3 one on 64 channels: matmuls over their patches on the CPU
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(64, 64, 1), torch.nn.ReLU(), torch.nn.Conv2d(64, 8, 3, padding=1)
+    ).eval()
+    x = torch.randn(2, 64, 6, 6)
+    model = xconv.from_torch(module, x)
+    xs = jnp.asarray(x.numpy())
+
+    def step_and_dots(choice):
+        with formulation.use(bf16_dot=choice):
+            fn, params = xconv.to_jax(model, dtype="bfloat16")
+
+            def loss(p):
+                return jnp.mean(fn(p, xs)[0].astype(jnp.float32) ** 2)
+
+            step = jax.value_and_grad(loss)
+            return step(params), _dots(jax.make_jaxpr(step)(params).jaxpr)
+
+    got, dots = step_and_dots("auto")
+    # each layer's product and its gradient's two
+    assert len(dots) == 6 and all(map(_bf16_accumulating, dots)), dots
+    want, plain = step_and_dots("reference")
+    assert not any(map(_bf16_accumulating, plain))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
