@@ -1,8 +1,9 @@
 """On the CPU, ``to_jax`` computes a product of two bfloat16 operands (MatMul, Gemm, a
-two-operand Einsum, the attention reference's matmuls) as bfloat16 products accumulated in
-float32 and rounded once (formulation ``bf16_dot``): the values XLA gives the bfloat16 dot,
-and gradients whose products take bfloat16 operands too. Under ``"reference"`` every product
-is JAX's own, whose gradient products run in float32."""
+two-operand Einsum, the attention reference's matmuls, a patch matmul) as bfloat16 products
+accumulated in float32 and rounded once (formulation ``bf16_dot``): the values XLA gives the
+bfloat16 dot, and gradients whose products take bfloat16 operands too. The Flax emitter's
+bfloat16 modules do the same in their dense layers and helpers (``_bf16_einsum``). Under
+``"reference"`` every product is JAX's own, whose gradient products run in float32."""
 
 from __future__ import annotations
 
@@ -196,6 +197,70 @@ def test_a_bf16_torch_block_trains_with_bf16_products_and_the_reference_numbers(
     assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 5e-2
 
 
+class _Encoder(torch.nn.Module):
+    """torch's MultiheadAttention (the generated ``_torch_mha``) and an MLP on tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 16)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        x = x + self.attn(x, x, x, need_weights=False)[0]
+        x = x + self.down(torch.nn.functional.gelu(self.up(x)))
+        return self.head(x.mean(1))
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+def test_generated_bf16_flax_products_are_bf16_einsums_with_the_reference_numbers(tmp_path, api):
+    from tests.converters.jax.generated import import_generated
+
+    torch.manual_seed(0)
+    module = _Encoder().eval()
+    x = torch.randn(3, 5, 16)
+    model = xconv.from_torch(module, x, dynamic_batch=True)
+    xs = jnp.asarray(x.numpy())
+
+    def generate(choice):
+        with formulation.use(bf16_dot=choice):
+            out = xconv.to_flax(model, tmp_path / choice, api=api, dtype="bfloat16")
+        gen, src = import_generated(out), (out / "model.py").read_text()
+        if api == "linen":
+            flax_model, variables = gen.load(out)
+
+            def loss(v):
+                return jnp.mean(flax_model.apply(v, xs).astype(jnp.float32) ** 2)
+
+            step = jax.value_and_grad(loss)
+            return src, step(variables), _dots(jax.make_jaxpr(step)(variables).jaxpr)
+        from flax import nnx
+
+        graph, state = nnx.split(gen.load(out))
+
+        def loss(s):
+            return jnp.mean(nnx.merge(graph, s)(xs).astype(jnp.float32) ** 2)
+
+        step = jax.value_and_grad(loss)
+        return src, step(state), _dots(jax.make_jaxpr(step)(state).jaxpr)
+
+    src, got, dots = generate("auto")
+    assert src.count("dot_general=_flat_dot") == 3, src  # up, down and the 2-D head
+    assert "\ndef _bf16_einsum(spec, a, b):\n" in src and "mm(x, cast(m.in_proj_kernel))" in src
+    # the products of the 3 dense layers and 2 projections and their gradients' (5 x 3), and
+    # the attention's scores (float32 scores of bfloat16 heads, in either formulation)
+    assert sum(map(_bf16_accumulating, dots)) == 16, dots
+    plain_src, want, plain = generate("reference")
+    assert "_bf16_einsum" not in plain_src
+    assert sum(map(_bf16_accumulating, plain)) == 1
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    # the source's numbers at the bf16 policy's order of error
+    loss_ref = float((module(x) ** 2).mean())
+    assert abs(float(got[0]) - loss_ref) / loss_ref < 5e-2
+
+
 def test_a_bf16_convolution_run_as_a_patch_matmul_keeps_its_values():
     # a 1x1 convolution and a 3x3 one on 64 channels: matmuls over their patches on the CPU
     torch.manual_seed(0)
@@ -220,6 +285,36 @@ def test_a_bf16_convolution_run_as_a_patch_matmul_keeps_its_values():
     # each layer's product and its gradient's two
     assert len(dots) == 6 and all(map(_bf16_accumulating, dots)), dots
     want, plain = step_and_dots("reference")
+    assert not any(map(_bf16_accumulating, plain))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+
+
+def test_a_generated_bf16_patch_matmul_keeps_its_values(tmp_path):
+    from tests.converters.jax.generated import import_generated
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(64, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 64, 6, 6)
+    model = xconv.from_torch(module, x)
+    xs = jnp.asarray(x.numpy())
+
+    def generate(choice):
+        with formulation.use(bf16_dot=choice):
+            out = xconv.to_flax(model, tmp_path / choice, dtype="bfloat16")
+        flax_model, variables = import_generated(out).load(out)
+
+        def loss(v):
+            return jnp.mean(flax_model.apply(v, xs).astype(jnp.float32) ** 2)
+
+        step = jax.value_and_grad(loss)
+        src = (out / "model.py").read_text()
+        return src, step(variables), _dots(jax.make_jaxpr(step)(variables).jaxpr)
+
+    src, got, dots = generate("auto")
+    assert "conv_general_dilated=_matmul_conv" in src and "_bf16_einsum(f" in src
+    assert len(dots) == 3 and all(map(_bf16_accumulating, dots)), dots
+    _, want, plain = generate("reference")
     assert not any(map(_bf16_accumulating, plain))
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)

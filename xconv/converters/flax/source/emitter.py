@@ -45,7 +45,7 @@ from xconv.converters.flax.source.templates import (
     registry,
 )
 from xconv.converters.flax.source.values import _Values, _Var
-from xconv.converters.ops import indexing, layout, precision
+from xconv.converters.ops import formulation, indexing, layout, precision
 from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, get_scope
 from xconv.ir.passes import canonicalize
@@ -495,11 +495,12 @@ class _Emitter(_Planning, _Values, _Nodes):
             call = f"_embed_rows(self.{attr}, {x})"
         if self.low_dtype and kind == "batch_norm" and self.api == "nnx":
             call = f"{call}.astype(jnp.bfloat16)"  # see flax_layers.layer_ctor
+        bf16 = self.low_dtype and formulation.get("bf16_dot") == "auto"
         if matmul_conv(kind, h):
-            self.src.helpers.add("matmul_conv")
+            self.src.helpers |= {"matmul_conv_bf16", "bf16_einsum"} if bf16 else {"matmul_conv"}
         dot = ""
-        if flat_dense(kind, rank):
-            self.src.helpers.add("flat_dot")
+        if flat_dense(kind, rank, bool(self.low_dtype)):
+            self.src.helpers |= {"flat_dot_bf16", "bf16_einsum"} if bf16 else {"flat_dot"}
             dot = "_flat_dot"
         linen, nnx_ = layer_ctor(kind, h, pdt, "jnp.bfloat16" if self.low_dtype else "", dot)
         self.src.setup.append((f"self.{attr} = {linen}", f"self.{attr} = {nnx_}"))
@@ -538,6 +539,8 @@ class _Emitter(_Planning, _Values, _Nodes):
         if not sub.has_constants and packed_self_attention(p):
             # the same variables, the body one call (the source's ``self.attn(x, x, x)``)
             sub.src.body, sub.src.helpers = [], {"torch_mha", "dot_product_attention"}
+            if self.low_dtype and formulation.get("bf16_dot") == "auto":
+                sub.src.helpers = {"torch_mha_bf16", "bf16_einsum", "dot_product_attention"}
             low = ", dtype=jnp.bfloat16" if self.low_dtype else ""
             sub.outputs = [f"_torch_mha(self, {sub.inputs[0]}, heads={p.hyper['num_heads']}{low})"]
             if self.low_dtype:

@@ -126,6 +126,54 @@ def _flat_dot(lhs, rhs, dimension_numbers, out_sharding=None, **kwargs):
     y = lax.dot_general(lhs.reshape(-1, lhs.shape[-1]), rhs, (((1,), (0,)), ((), ())), **kwargs)
     return y.reshape(*lhs.shape[:-1], rhs.shape[-1])
 ''',
+    # The same in a bfloat16 model, whose products on the CPU are bfloat16 products accumulated
+    # in float32 (xconv.converters.ops.formulation "bf16_dot"; to_jax's kernel.bf16_einsum).
+    "flat_dot_bf16": '''
+def _flat_dot(lhs, rhs, dimension_numbers, out_sharding=None, **kwargs):
+    """A dense layer's product on the CPU as one matmul over the flattened leading axes of its
+    (..., in) input, which XLA:CPU trains faster, and of bfloat16 operands as _bf16_einsum;
+    other backends contract as the layer does."""
+    contract, batch = dimension_numbers
+    plain = tuple(map(tuple, contract)) == ((lhs.ndim - 1,), (0,)) and not any(batch)
+    unsharded_cpu = jax.default_backend() == "cpu" and out_sharding is None
+    if not unsharded_cpu or lhs.ndim < 2 or rhs.ndim != 2 or not plain:
+        return lax.dot_general(lhs, rhs, dimension_numbers, out_sharding=out_sharding, **kwargs)
+    flat = lhs.reshape(-1, lhs.shape[-1])
+    if lhs.dtype == rhs.dtype == jnp.bfloat16 and kwargs.get("preferred_element_type") is None:
+        y = _bf16_einsum("mk,kn->mn", flat, rhs)
+    else:
+        y = lax.dot_general(flat, rhs, (((1,), (0,)), ((), ())), **kwargs)
+    return y.reshape(*lhs.shape[:-1], rhs.shape[-1])
+''',
+    "bf16_einsum": '''
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _bf16_einsum(spec, a, b):
+    """jnp.einsum(spec, a, b) of two bfloat16 arrays with the values XLA gives it: bfloat16
+    products accumulated in float32 and rounded once. XLA:CPU converts the operands of a dot
+    with a bfloat16 result to float32 first, and runs this one on them as they are
+    (AVX512-BF16): about twice as fast. Its gradient's two products are computed the same way
+    (JAX's own would run them in float32). ``spec`` names every index of each operand in the
+    other or in the output, none twice in an operand."""
+    (sa, sb), out = spec.split("->")[0].split(","), spec.split("->")[1]
+    if sa[0] == sb[0] and set(sa) & set(sb) - set(out) == {sa[0]}:
+        # XLA:CPU computes a product contracting only the leading axis of both (a weight's
+        # gradient) on float32 copies; with a unit axis contracted beside it, on these
+        spec, a, b = f"z{sa},z{sb}->{out}", a[None], b[None]
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+
+
+def _bf16_einsum_fwd(spec, a, b):
+    return _bf16_einsum(spec, a, b), (a, b)
+
+
+def _bf16_einsum_bwd(spec, res, g):
+    (a, b), (operands, out) = res, spec.split("->")
+    sa, sb = operands.split(",")
+    return _bf16_einsum(f"{out},{sb}->{sa}", g, b), _bf16_einsum(f"{sa},{out}->{sb}", a, g)
+
+
+_bf16_einsum.defvjp(_bf16_einsum_fwd, _bf16_einsum_bwd)
+''',
     # xconv.converters.ops.reduce.mean: XLA:CPU sums all the reduced elements of an output in
     # one running sum, whose rounding error on a near-constant map grows with their count.
     "mean": '''
@@ -378,5 +426,47 @@ def _lstm(x, w, r, b, lens, h0, c0, p, *, reverse, batch_first):
     return y, h, c
 """,
 }
+
+# In a bfloat16 model, torch's MultiheadAttention's projections on the CPU as _bf16_einsum.
+_BUILTIN["torch_mha_bf16"] = (
+    _BUILTIN["torch_mha"]
+    .replace(
+        "    x = cast(x.reshape(b * t, e))\n",
+        "    x = cast(x.reshape(b * t, e))\n"
+        "    # on the CPU, bfloat16 products accumulated in float32 (see _bf16_einsum)\n"
+        '    cpu = jax.default_backend() == "cpu"\n'
+        '    mm = lambda a, w: _bf16_einsum("mk,nk->mn", a, w) if cpu else a @ w.T  # noqa: E731\n',
+    )
+    .replace("(x @ cast(m.in_proj_kernel).T", "(mm(x, cast(m.in_proj_kernel))")
+    .replace(
+        "h.reshape(b * t, e) @ cast(m.out_proj_kernel).T",
+        "mm(h.reshape(b * t, e), cast(m.out_proj_kernel))",
+    )
+)
+assert _BUILTIN["torch_mha_bf16"].count("mm(") == 2
+
+# In a bfloat16 model, ONNX Attention's two products on the CPU as _bf16_einsum.
+_BUILTIN["attention_bf16"] = (
+    _BUILTIN["attention"]
+    .replace(
+        "    groups = q.shape[head] // k.shape[head]\n",
+        "    # on the CPU, bfloat16 products accumulated in float32 (see _bf16_einsum)\n"
+        '    einsum = _bf16_einsum if jax.default_backend() == "cpu" else jnp.einsum\n'
+        "    groups = q.shape[head] // k.shape[head]\n",
+    )
+    .replace("jnp.einsum(lhs, q, k)", "einsum(lhs, q, k)")
+    .replace("jnp.einsum(rhs, probs, v)", "einsum(rhs, probs, v)")
+)
+assert _BUILTIN["attention_bf16"].count(" einsum(") == 2
+
+# In a bfloat16 model, the patches' product on the CPU as _bf16_einsum.
+_BUILTIN["matmul_conv_bf16"] = _BUILTIN["matmul_conv"].replace(
+    '    return lax.dot_general(patches, kernel, dims, kwargs.get("precision"))\n',
+    "    if patches.dtype == kernel.dtype == jnp.bfloat16:  # see _bf16_einsum\n"
+    '        rows = "abcdefgh"[: x.ndim - 1]\n'
+    '        return _bf16_einsum(f"{rows}k,kn->{rows}n", patches, kernel)\n'
+    '    return lax.dot_general(patches, kernel, dims, kwargs.get("precision"))\n',
+)
+assert "_bf16_einsum" in _BUILTIN["matmul_conv_bf16"]
 
 registry.helpers.update(_BUILTIN)

@@ -66,10 +66,15 @@ def _dense(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
     )
 
 
-def flat_dense(kind: str, rank: int | None) -> bool:
-    """Whether a dense layer is given the module's ``_flat_dot`` as its product (formulation
-    ``dense``, :mod:`xconv.converters.ops.formulation`): its input has 3+ axes."""
-    return kind == "dense" and rank is not None and rank >= 3 and formulation.get("dense") == "auto"
+def flat_dense(kind: str, rank: int | None, low: bool = False) -> bool:
+    """Whether a dense layer is given the module's ``_flat_dot`` as its product (formulations
+    ``dense`` and ``bf16_dot``, :mod:`xconv.converters.ops.formulation`): its input has 3+
+    axes, or the model computes in bfloat16 (``low``)."""
+    if kind != "dense" or rank is None:
+        return False
+    if low and formulation.get("bf16_dot") == "auto":
+        return True
+    return rank >= 3 and formulation.get("dense") == "auto"
 
 
 def matmul_conv(kind: str, h: dict[str, Any]) -> bool:

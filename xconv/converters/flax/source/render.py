@@ -35,6 +35,8 @@ def _imports(text: str, api: str) -> list[str]:
         std.insert(0, "import math")
     if re.search(r"(?<![\w.])itertools\.", text):
         std.insert(0, "import itertools")
+    if re.search(r"(?<![\w.])functools\.", text):
+        std.insert(0, "import functools")
     third = []
     if api == "linen" or re.search(r"(?<![\w.])nn\.", text):
         third.append("import flax.linen as nn")

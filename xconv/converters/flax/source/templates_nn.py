@@ -256,7 +256,10 @@ def _attention(c: OpCall) -> str:
     direct = dot_product_attention(c, mask, causal) if name == "attention" else None
     if direct is not None:
         return direct
-    c.helpers.add(name)
+    if name == "attention" and c.low and formulation.get("bf16_dot") == "auto":
+        c.helpers |= {"attention_bf16", "bf16_einsum"}
+    else:
+        c.helpers.add(name)
     # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
     args = bhsd_operands(c) + ([mask] if mask != "None" else [])
     if causal:
