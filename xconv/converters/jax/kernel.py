@@ -178,9 +178,17 @@ def _bf16_einsum_bwd(spec, res, g):
 bf16_einsum.defvjp(_bf16_einsum_fwd, _bf16_einsum_bwd)
 
 
+def _same_dim(a, b) -> bool:
+    """Whether two dimensions are known to be equal (symbolic ones may not compare)."""
+    try:
+        return bool(a == b)
+    except Exception:  # jax.export's InconclusiveDimensionOperation
+        return False
+
+
 def matmul_spec(a_shape, b_shape) -> str | None:
     """``numpy.matmul(a, b)`` as an einsum for :func:`bf16_einsum`, or None where it
-    broadcasts a batch axis of size 1 against a longer one."""
+    broadcasts a batch axis of size 1 against a longer one (or cannot tell)."""
     letters = iter(string.ascii_lowercase.replace("m", "").replace("k", "").replace("n", ""))
     a_batch, b_batch = a_shape[:-2], b_shape[:-2]
     width = max(len(a_batch), len(b_batch))
@@ -188,7 +196,7 @@ def matmul_spec(a_shape, b_shape) -> str | None:
     for i in range(width):
         da = a_batch[i - width + len(a_batch)] if i >= width - len(a_batch) else None
         db = b_batch[i - width + len(b_batch)] if i >= width - len(b_batch) else None
-        if da is not None and db is not None and da != db:
+        if da is not None and db is not None and not _same_dim(da, db):
             return None
         c = next(letters)
         sa += c if da is not None else ""
