@@ -52,10 +52,26 @@ def _eqns(jaxpr):
 
 
 def _dtypes(fn, *args) -> dict[str, set[tuple[str, ...]]]:
-    """Primitive name -> the operand dtype tuples it is called with."""
+    """Primitive name -> the operand dtype tuples it is called with. A float32 operand that is
+    the float32 copy of a bfloat16 value counts as bfloat16 (on the CPU a bfloat16
+    convolution's forward runs on such copies: formulation ``bf16_dot``)."""
+    eqns = list(_eqns(jax.make_jaxpr(fn)(*args).jaxpr))
+    upcast = [
+        e.outvars[0]
+        for e in eqns
+        if e.primitive.name == "convert_element_type"
+        and str(e.invars[0].aval.dtype) == BF16
+        and str(e.outvars[0].aval.dtype) == "float32"
+    ]
     found: dict[str, set[tuple[str, ...]]] = {}
-    for e in _eqns(jax.make_jaxpr(fn)(*args).jaxpr):
-        ins = tuple(str(v.aval.dtype) for v in e.invars if hasattr(v.aval, "dtype"))
+    for e in eqns:
+        ins = tuple(
+            BF16
+            if e.primitive.name == "conv_general_dilated" and any(v is u for u in upcast)
+            else str(v.aval.dtype)
+            for v in e.invars
+            if hasattr(v.aval, "dtype")
+        )
         found.setdefault(e.primitive.name, set()).add(ins)
     return found
 
@@ -208,8 +224,10 @@ def test_bad_dtype_is_a_clear_error():
     for bad in ("float16", "int8", "bfloat"):
         with pytest.raises(ConversionError, match="float32.*bfloat16"):
             resolve_dtype(bad)
+    from xconv.demo import build_demo_model  # xconv.demo is a submodule, not a lazy name
+
     with pytest.raises(ConversionError, match="compute dtype"):
-        xconv.to_jax(xconv.demo.build_demo_model(), dtype="float64")
+        xconv.to_jax(build_demo_model(), dtype="float64")
 
 
 def test_cli_dtype_bfloat16_writes_the_policy_bound(tmp_path):

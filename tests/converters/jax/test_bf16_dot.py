@@ -318,3 +318,63 @@ def test_a_generated_bf16_patch_matmul_keeps_its_values(tmp_path):
     assert not any(map(_bf16_accumulating, plain))
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", ["to_jax", "linen", "nnx"])
+def test_a_bf16_convolution_runs_forward_in_float32_with_the_same_values(tmp_path, path):
+    # 8 input channels: a convolution on every path (too few channels for a patch matmul)
+    from tests.converters.jax.generated import import_generated
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 8, 9, 9)
+    model = xconv.from_torch(module, x)
+    xs = jnp.asarray(x.numpy())
+
+    def step_and_jaxpr(choice):
+        with formulation.use(bf16_dot=choice):
+            if path == "to_jax":
+                fn, params = xconv.to_jax(model, dtype="bfloat16")
+                apply = lambda p: fn(p, xs)[0]  # noqa: E731
+            else:
+                out = xconv.to_flax(model, tmp_path / choice, api=path, dtype="bfloat16")
+                gen = import_generated(out)
+                if path == "linen":
+                    flax_model, params = gen.load(out)
+                    apply = lambda p: flax_model.apply(p, xs)  # noqa: E731
+                else:
+                    from flax import nnx
+
+                    graph, params = nnx.split(gen.load(out))
+                    apply = lambda p: nnx.merge(graph, p)(xs)  # noqa: E731
+
+            def loss(p):
+                return jnp.mean(apply(p).astype(jnp.float32) ** 2)
+
+            step = jax.value_and_grad(loss)
+            return step(params), jax.make_jaxpr(step)(params).jaxpr
+
+    def operands(jaxpr):
+        convs = [e for e in _all_eqns(jaxpr) if e.primitive.name == "conv_general_dilated"]
+        return sorted(str(e.invars[0].aval.dtype) for e in convs)
+
+    got, jaxpr = step_and_jaxpr("auto")
+    # the forward convolution on float32 operands, its gradient's two on bfloat16 ones (the
+    # input's unused: XLA drops it)
+    assert operands(jaxpr) == ["bfloat16", "bfloat16", "float32"]
+    want, plain = step_and_jaxpr("reference")
+    assert operands(plain) == ["bfloat16"] * 2  # JAX's own: the kernel's gradient only
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+
+
+def _all_eqns(jaxpr) -> list:
+    found = []
+    for eqn in jaxpr.eqns:
+        found.append(eqn)
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _all_eqns(inner)
+    return found

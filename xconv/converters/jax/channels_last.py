@@ -36,6 +36,7 @@ import onnx_ir as ir
 from jax import lax
 
 from xconv.converters.jax.kernel import KERNEL, bf16_dots, bf16_einsum
+from xconv.converters.jax.kernel import conv as kernel_conv
 from xconv.converters.ops import formulation, shapes
 from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.layout import channels_last, conversion
@@ -204,7 +205,7 @@ def _conv(
     else:
         last = (0, n + 1, *range(1, n + 1))
         dn = lax.ConvDimensionNumbers(lhs_spec=last, rhs_spec=rhs, out_spec=last)
-        y = lax.conv_general_dilated(
+        y = kernel_conv(
             x,
             w,
             tuple(s),

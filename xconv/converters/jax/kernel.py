@@ -213,3 +213,41 @@ def matmul(a, b):
     if bf16_dots(a, b) and (spec := matmul_spec(a.shape, b.shape)) is not None:
         return bf16_einsum(spec, a, b)
     return jnp.matmul(a, b)
+
+
+def _conv_f32(conv, x, w):
+    return conv(x.astype(jnp.float32), w.astype(jnp.float32)).astype(x.dtype)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _bf16_conv(conv, x, w):
+    return _conv_f32(conv, x, w)
+
+
+def _bf16_conv_fwd(conv, x, w):
+    return _conv_f32(conv, x, w), (x, w)
+
+
+def _bf16_conv_bwd(conv, res, g):
+    x, w = res
+    (dx,) = jax.linear_transpose(lambda v: conv(v, w), x)(g)
+    (dw,) = jax.linear_transpose(lambda v: conv(x, v), w)(g)
+    return dx, dw
+
+
+_bf16_conv.defvjp(_bf16_conv_fwd, _bf16_conv_bwd)
+
+
+def conv(x, w, *args, **kwargs):
+    """``lax.conv_general_dilated(x, w, ...)``. On the CPU, for bfloat16 ``x`` and ``w``, its
+    forward is the float32 convolution of their float32 copies rounded once, the same values:
+    XLA:CPU runs a bfloat16 convolution slower than the float32 one (a 3×3 kernel, 64 channels,
+    32×56×56, one thread: 63 ms against 37 ms). Its gradient is the bfloat16 convolution's,
+    which XLA:CPU runs faster than the float32 one's (89 ms against 139 ms there)."""
+
+    def fn(x, w):
+        return lax.conv_general_dilated(x, w, *args, **kwargs)
+
+    if bf16_dots(x, w):
+        return _bf16_conv(fn, x, w)
+    return fn(x, w)

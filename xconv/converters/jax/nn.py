@@ -19,6 +19,7 @@ import numpy as np
 from jax import lax
 
 from xconv.converters.jax.kernel import KERNEL
+from xconv.converters.jax.kernel import conv as kernel_conv
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops import shapes
 from xconv.converters.ops.nn import (
@@ -453,7 +454,7 @@ class JaxNnKernel:
 
     @staticmethod
     def conv(x, w, strides, padding, dilations, groups, lhs_dilation):
-        return lax.conv_general_dilated(
+        return kernel_conv(
             x,
             w,
             tuple(strides),

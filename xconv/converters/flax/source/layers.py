@@ -46,11 +46,15 @@ def layer_ctor(
         h: Its hyper-parameters (``xconv.layer`` metadata).
         pdt: The ``param_dtype`` expression (``jnp.bfloat16``), or ``""`` for float32.
         dt: The compute ``dtype`` expression (``jnp.bfloat16``), or ``""`` (the inputs').
-        dot: A dense layer's ``dot_general`` (``_flat_dot``, see :func:`flat_dense`), or ``""``.
+        dot: A dense layer's ``dot_general`` (``_flat_dot``, see :func:`flat_dense`) or a
+            convolution's ``conv_general_dilated`` (``_matmul_conv``, see :func:`matmul_conv`),
+            or ``""``.
     """
     extra = {"dtype": (dt, ""), "param_dtype": (pdt, "")}
     if kind == "dense":
         extra["dot_general"] = (dot, "")
+    if kind == "conv":
+        extra["conv_general_dilated"] = (dot, "")
     norm = {"dtype": (dt, "")}
     return _CTORS.get(kind, _dropout)(h, extra, norm)
 
@@ -102,7 +106,6 @@ def _conv(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
         "feature_group_count": (h["groups"], 1),
         "use_bias": (bool(h["use_bias"]), True),
         **extra,
-        "conv_general_dilated": ("_matmul_conv" if matmul_conv("conv", h) else None, None),
     }
     return (
         f"nn.Conv({_args(h['out_channels'], k, **kw)})",
