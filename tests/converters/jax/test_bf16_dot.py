@@ -25,18 +25,58 @@ from xconv.converters.ops import formulation  # noqa: E402
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU formulation")
 
 
-def _dots(jaxpr) -> list:
-    """Every ``dot_general`` equation in ``jaxpr`` and the jaxprs it calls."""
+def _all_eqns(jaxpr) -> list:
+    """Every equation of ``jaxpr`` and of the jaxprs it calls."""
     found = []
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            found.append(eqn)
+        found.append(eqn)
         for param in eqn.params.values():
             for sub in param if isinstance(param, tuple | list) else (param,):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
-                    found += _dots(inner)
+                    found += _all_eqns(inner)
     return found
+
+
+def _dots(jaxpr) -> list:
+    """Every ``dot_general`` equation in ``jaxpr`` and the jaxprs it calls."""
+    return [e for e in _all_eqns(jaxpr) if e.primitive.name == "dot_general"]
+
+
+def _train(model, xs, choice: str, path: str = "to_jax", out_dir=None):
+    """A bfloat16 conversion of ``model`` under ``bf16_dot=choice`` (a jitted function keeps
+    the formulation it was traced with): ``to_jax``'s, or the linen / nnx module ``to_flax``
+    writes to ``out_dir/choice``. Its output on ``xs``, the mean square's value and gradient
+    for its params, and that step's jaxpr."""
+    with formulation.use(bf16_dot=choice):
+        if path == "to_jax":
+            fn, params = xconv.to_jax(model, dtype="bfloat16")
+            apply = lambda p: fn(p, xs)[0]  # noqa: E731
+        else:
+            from tests.converters.jax.generated import import_generated
+
+            out = xconv.to_flax(model, out_dir / choice, api=path, dtype="bfloat16")
+            gen = import_generated(out)
+            if path == "linen":
+                flax_model, params = gen.load(out)
+                apply = lambda p: flax_model.apply(p, xs)  # noqa: E731
+            else:
+                from flax import nnx
+
+                graph, params = nnx.split(gen.load(out))
+                apply = lambda p: nnx.merge(graph, p)(xs)  # noqa: E731
+
+        def loss(p):
+            return jnp.mean(apply(p).astype(jnp.float32) ** 2)
+
+        step = jax.value_and_grad(loss)
+        out = np.asarray(apply(params), np.float32)
+        return out, step(params), jax.make_jaxpr(step)(params).jaxpr
+
+
+def _assert_same(got, want) -> None:
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
 
 
 def _bf16_accumulating(eqn) -> bool:
@@ -173,25 +213,12 @@ def test_a_bf16_torch_block_trains_with_bf16_products_and_the_reference_numbers(
     module = _Block().eval()
     x = torch.randn(3, 5, 16)
     model = xconv.from_torch(module, x, dynamic_batch=True)
-    xs = jnp.asarray(x.numpy())
-
-    def step_and_dots(choice):
-        with formulation.use(bf16_dot=choice):
-            fn, params = xconv.to_jax(model, dtype="bfloat16")
-
-            def loss(p):
-                return jnp.mean(fn(p, xs)[0].astype(jnp.float32) ** 2)
-
-            step = jax.value_and_grad(loss)
-            out = np.asarray(fn(params, xs)[0], np.float32)
-            return out, step(params), _dots(jax.make_jaxpr(step)(params).jaxpr)
-
-    out, got, dots = step_and_dots("auto")
+    out, got, jaxpr = _train(model, jnp.asarray(x.numpy()), "auto")
+    dots = _dots(jaxpr)
     assert len(dots) >= 15 and all(map(_bf16_accumulating, dots)), dots
-    _, want, plain = step_and_dots("reference")
-    assert not any(map(_bf16_accumulating, plain))
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    _, want, plain = _train(model, jnp.asarray(x.numpy()), "reference")
+    assert not any(map(_bf16_accumulating, _dots(plain)))
+    _assert_same(got, want)
     # and the source's numbers, at the bf16 policy's order of error
     ref = module(x).detach().numpy()
     assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 5e-2
@@ -215,47 +242,22 @@ class _Encoder(torch.nn.Module):
 
 @pytest.mark.parametrize("api", ["linen", "nnx"])
 def test_generated_bf16_flax_products_are_bf16_einsums_with_the_reference_numbers(tmp_path, api):
-    from tests.converters.jax.generated import import_generated
-
     torch.manual_seed(0)
     module = _Encoder().eval()
     x = torch.randn(3, 5, 16)
     model = xconv.from_torch(module, x, dynamic_batch=True)
     xs = jnp.asarray(x.numpy())
-
-    def generate(choice):
-        with formulation.use(bf16_dot=choice):
-            out = xconv.to_flax(model, tmp_path / choice, api=api, dtype="bfloat16")
-        gen, src = import_generated(out), (out / "model.py").read_text()
-        if api == "linen":
-            flax_model, variables = gen.load(out)
-
-            def loss(v):
-                return jnp.mean(flax_model.apply(v, xs).astype(jnp.float32) ** 2)
-
-            step = jax.value_and_grad(loss)
-            return src, step(variables), _dots(jax.make_jaxpr(step)(variables).jaxpr)
-        from flax import nnx
-
-        graph, state = nnx.split(gen.load(out))
-
-        def loss(s):
-            return jnp.mean(nnx.merge(graph, s)(xs).astype(jnp.float32) ** 2)
-
-        step = jax.value_and_grad(loss)
-        return src, step(state), _dots(jax.make_jaxpr(step)(state).jaxpr)
-
-    src, got, dots = generate("auto")
+    _, got, jaxpr = _train(model, xs, "auto", api, tmp_path)
+    src = (tmp_path / "auto" / "model.py").read_text()
     assert src.count("dot_general=_flat_dot") == 3, src  # up, down and the 2-D head
     assert "\ndef _bf16_einsum(spec, a, b):\n" in src and "mm(x, cast(m.in_proj_kernel))" in src
     # the products of the 3 dense layers and 2 projections and their gradients' (5 x 3), and
     # the attention's scores (float32 scores of bfloat16 heads, in either formulation)
-    assert sum(map(_bf16_accumulating, dots)) == 16, dots
-    plain_src, want, plain = generate("reference")
-    assert "_bf16_einsum" not in plain_src
-    assert sum(map(_bf16_accumulating, plain)) == 1
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    assert sum(map(_bf16_accumulating, _dots(jaxpr))) == 16, _dots(jaxpr)
+    _, want, plain = _train(model, xs, "reference", api, tmp_path)
+    assert "_bf16_einsum" not in (tmp_path / "reference" / "model.py").read_text()
+    assert sum(map(_bf16_accumulating, _dots(plain))) == 1
+    _assert_same(got, want)
     # the source's numbers at the bf16 policy's order of error
     loss_ref = float((module(x) ** 2).mean())
     assert abs(float(got[0]) - loss_ref) / loss_ref < 5e-2
@@ -269,112 +271,47 @@ def test_a_bf16_convolution_run_as_a_patch_matmul_keeps_its_values():
     ).eval()
     x = torch.randn(2, 64, 6, 6)
     model = xconv.from_torch(module, x)
-    xs = jnp.asarray(x.numpy())
-
-    def step_and_dots(choice):
-        with formulation.use(bf16_dot=choice):
-            fn, params = xconv.to_jax(model, dtype="bfloat16")
-
-            def loss(p):
-                return jnp.mean(fn(p, xs)[0].astype(jnp.float32) ** 2)
-
-            step = jax.value_and_grad(loss)
-            return step(params), _dots(jax.make_jaxpr(step)(params).jaxpr)
-
-    got, dots = step_and_dots("auto")
+    _, got, jaxpr = _train(model, jnp.asarray(x.numpy()), "auto")
     # each layer's product and its gradient's two
+    dots = _dots(jaxpr)
     assert len(dots) == 6 and all(map(_bf16_accumulating, dots)), dots
-    want, plain = step_and_dots("reference")
-    assert not any(map(_bf16_accumulating, plain))
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    _, want, plain = _train(model, jnp.asarray(x.numpy()), "reference")
+    assert not any(map(_bf16_accumulating, _dots(plain)))
+    _assert_same(got, want)
 
 
 def test_a_generated_bf16_patch_matmul_keeps_its_values(tmp_path):
-    from tests.converters.jax.generated import import_generated
-
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Conv2d(64, 8, 3, padding=1), torch.nn.ReLU()).eval()
     x = torch.randn(2, 64, 6, 6)
     model = xconv.from_torch(module, x)
-    xs = jnp.asarray(x.numpy())
-
-    def generate(choice):
-        with formulation.use(bf16_dot=choice):
-            out = xconv.to_flax(model, tmp_path / choice, dtype="bfloat16")
-        flax_model, variables = import_generated(out).load(out)
-
-        def loss(v):
-            return jnp.mean(flax_model.apply(v, xs).astype(jnp.float32) ** 2)
-
-        step = jax.value_and_grad(loss)
-        src = (out / "model.py").read_text()
-        return src, step(variables), _dots(jax.make_jaxpr(step)(variables).jaxpr)
-
-    src, got, dots = generate("auto")
+    _, got, jaxpr = _train(model, jnp.asarray(x.numpy()), "auto", "linen", tmp_path)
+    src = (tmp_path / "auto" / "model.py").read_text()
     assert "conv_general_dilated=_matmul_conv" in src and "_bf16_einsum(f" in src
+    dots = _dots(jaxpr)
     assert len(dots) == 3 and all(map(_bf16_accumulating, dots)), dots
-    _, want, plain = generate("reference")
-    assert not any(map(_bf16_accumulating, plain))
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    _, want, plain = _train(model, jnp.asarray(x.numpy()), "reference", "linen", tmp_path)
+    assert not any(map(_bf16_accumulating, _dots(plain)))
+    _assert_same(got, want)
 
 
 @pytest.mark.parametrize("path", ["to_jax", "linen", "nnx"])
 def test_a_bf16_convolution_runs_forward_in_float32_with_the_same_values(tmp_path, path):
     # 8 input channels: a convolution on every path (too few channels for a patch matmul)
-    from tests.converters.jax.generated import import_generated
-
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU()).eval()
     x = torch.randn(2, 8, 9, 9)
     model = xconv.from_torch(module, x)
-    xs = jnp.asarray(x.numpy())
-
-    def step_and_jaxpr(choice):
-        with formulation.use(bf16_dot=choice):
-            if path == "to_jax":
-                fn, params = xconv.to_jax(model, dtype="bfloat16")
-                apply = lambda p: fn(p, xs)[0]  # noqa: E731
-            else:
-                out = xconv.to_flax(model, tmp_path / choice, api=path, dtype="bfloat16")
-                gen = import_generated(out)
-                if path == "linen":
-                    flax_model, params = gen.load(out)
-                    apply = lambda p: flax_model.apply(p, xs)  # noqa: E731
-                else:
-                    from flax import nnx
-
-                    graph, params = nnx.split(gen.load(out))
-                    apply = lambda p: nnx.merge(graph, p)(xs)  # noqa: E731
-
-            def loss(p):
-                return jnp.mean(apply(p).astype(jnp.float32) ** 2)
-
-            step = jax.value_and_grad(loss)
-            return step(params), jax.make_jaxpr(step)(params).jaxpr
 
     def operands(jaxpr):
         convs = [e for e in _all_eqns(jaxpr) if e.primitive.name == "conv_general_dilated"]
         return sorted(str(e.invars[0].aval.dtype) for e in convs)
 
-    got, jaxpr = step_and_jaxpr("auto")
+    _, got, jaxpr = _train(model, jnp.asarray(x.numpy()), "auto", path, tmp_path)
     # the forward convolution on float32 operands, its gradient's two on bfloat16 ones (the
     # input's unused: XLA drops it)
     assert operands(jaxpr) == ["bfloat16", "bfloat16", "float32"]
-    want, plain = step_and_jaxpr("reference")
+    _, want, plain = _train(model, jnp.asarray(x.numpy()), "reference", path, tmp_path)
     assert operands(plain) == ["bfloat16"] * 2  # JAX's own: the kernel's gradient only
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
-
-
-def _all_eqns(jaxpr) -> list:
-    found = []
-    for eqn in jaxpr.eqns:
-        found.append(eqn)
-        for param in eqn.params.values():
-            for sub in param if isinstance(param, tuple | list) else (param,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    found += _all_eqns(inner)
-    return found
