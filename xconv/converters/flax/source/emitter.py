@@ -495,13 +495,13 @@ class _Emitter(_Planning, _Values, _Nodes):
             call = f"_embed_rows(self.{attr}, {x})"
         if self.low_dtype and kind == "batch_norm" and self.api == "nnx":
             call = f"{call}.astype(jnp.bfloat16)"  # see flax_layers.layer_ctor
-        bf16 = self.low_dtype and formulation.get("bf16_dot") == "auto"
+        bf16 = bool(self.low_dtype) and formulation.get("bf16_dot") == "auto"
         dot = ""
         if matmul_conv(kind, h) or (bf16 and kind == "conv"):
             helpers = {"matmul_conv_bf16", "bf16_einsum", "bf16_conv"}
             self.src.helpers |= helpers if bf16 else {"matmul_conv"}
             dot = "_matmul_conv"
-        if flat_dense(kind, rank, bool(self.low_dtype)):
+        if flat_dense(kind, rank, bf16):
             self.src.helpers |= {"flat_dot_bf16", "bf16_einsum"} if bf16 else {"flat_dot"}
             dot = "_flat_dot"
         linen, nnx_ = layer_ctor(kind, h, pdt, "jnp.bfloat16" if self.low_dtype else "", dot)

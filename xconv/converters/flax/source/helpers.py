@@ -459,53 +459,65 @@ def _lstm(x, w, r, b, lens, h0, c0, p, *, reverse, batch_first):
 """,
 }
 
+
+def _edited(name: str, *edits: tuple[str, str]) -> str:
+    """Helper ``name``'s source with each ``(old, new)`` edit made; each ``old`` must occur
+    exactly once (a float32 helper rewritten so that a bfloat16 variant no longer matches
+    fails at import, not in a generated module)."""
+    text = _BUILTIN[name]
+    for old, new in edits:
+        assert text.count(old) == 1, (name, old)
+        text = text.replace(old, new)
+    return text
+
+
 # In a bfloat16 model, torch's MultiheadAttention's projections on the CPU as _bf16_einsum.
-_BUILTIN["torch_mha_bf16"] = (
-    _BUILTIN["torch_mha"]
-    .replace(
+_BUILTIN["torch_mha_bf16"] = _edited(
+    "torch_mha",
+    (
         "    x = cast(x.reshape(b * t, e))\n",
         "    x = cast(x.reshape(b * t, e))\n"
         "    # on the CPU, bfloat16 products accumulated in float32 (see _bf16_einsum)\n"
         '    cpu = jax.default_backend() == "cpu"\n'
         '    mm = lambda a, w: _bf16_einsum("mk,nk->mn", a, w) if cpu else a @ w.T  # noqa: E731\n',
-    )
-    .replace("(x @ cast(m.in_proj_kernel).T", "(mm(x, cast(m.in_proj_kernel))")
-    .replace(
+    ),
+    ("(x @ cast(m.in_proj_kernel).T", "(mm(x, cast(m.in_proj_kernel))"),
+    (
         "h.reshape(b * t, e) @ cast(m.out_proj_kernel).T",
         "mm(h.reshape(b * t, e), cast(m.out_proj_kernel))",
-    )
+    ),
 )
 assert _BUILTIN["torch_mha_bf16"].count("mm(") == 2
 
 # In a bfloat16 model, ONNX Attention's two products on the CPU as _bf16_einsum.
-_BUILTIN["attention_bf16"] = (
-    _BUILTIN["attention"]
-    .replace(
+_BUILTIN["attention_bf16"] = _edited(
+    "attention",
+    (
         "    groups = q.shape[head] // k.shape[head]\n",
         "    # on the CPU, bfloat16 products accumulated in float32 (see _bf16_einsum)\n"
         '    einsum = _bf16_einsum if jax.default_backend() == "cpu" else jnp.einsum\n'
         "    groups = q.shape[head] // k.shape[head]\n",
-    )
-    .replace("jnp.einsum(lhs, q, k)", "einsum(lhs, q, k)")
-    .replace("jnp.einsum(rhs, probs, v)", "einsum(rhs, probs, v)")
+    ),
+    ("jnp.einsum(lhs, q, k)", "einsum(lhs, q, k)"),
+    ("jnp.einsum(rhs, probs, v)", "einsum(rhs, probs, v)"),
 )
 assert _BUILTIN["attention_bf16"].count(" einsum(") == 2
 
 # In a bfloat16 model, the patches' product on the CPU as _bf16_einsum, and a convolution as
 # _bf16_conv (every convolution of such a model is given _matmul_conv).
-_BUILTIN["matmul_conv_bf16"] = (
-    _BUILTIN["matmul_conv"]
-    .replace(
+_BUILTIN["matmul_conv_bf16"] = _edited(
+    "matmul_conv",
+    (
         '    return lax.dot_general(patches, kernel, dims, kwargs.get("precision"))\n',
         "    if patches.dtype == kernel.dtype == jnp.bfloat16:  # see _bf16_einsum\n"
         '        rows = "abcdefgh"[: x.ndim - 1]\n'
         '        return _bf16_einsum(f"{rows}k,kn->{rows}n", patches, kernel)\n'
         '    return lax.dot_general(patches, kernel, dims, kwargs.get("precision"))\n',
-    )
-    .replace(
+    ),
+    (
         "        return lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)\n",
         "        return _bf16_conv(lhs, rhs, window_strides, padding, **kwargs)\n",
-    )
+    ),
 )
 assert _BUILTIN["matmul_conv_bf16"].count("_bf16_") == 3
 

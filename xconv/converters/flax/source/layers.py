@@ -70,15 +70,14 @@ def _dense(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
     )
 
 
-def flat_dense(kind: str, rank: int | None, low: bool = False) -> bool:
+def flat_dense(kind: str, rank: int | None, bf16: bool = False) -> bool:
     """Whether a dense layer is given the module's ``_flat_dot`` as its product (formulations
     ``dense`` and ``bf16_dot``, :mod:`xconv.converters.ops.formulation`): its input has 3+
-    axes, or the model computes in bfloat16 (``low``)."""
+    axes, or the model's products are bfloat16 ones (``bf16``: a bfloat16 model under
+    ``bf16_dot="auto"``)."""
     if kind != "dense" or rank is None:
         return False
-    if low and formulation.get("bf16_dot") == "auto":
-        return True
-    return rank >= 3 and formulation.get("dense") == "auto"
+    return bf16 or (rank >= 3 and formulation.get("dense") == "auto")
 
 
 def matmul_conv(kind: str, h: dict[str, Any]) -> bool:
