@@ -275,11 +275,10 @@ def jax_paths(name: str, module, tmp: Path, dtype: str = "fp32") -> dict[str, Ja
             prepare=prep,
         )
     }
-    fn, params = xconv.to_jax(model, **kw)
-    trainable, fixed = _split(params, {n for n, _ in module.named_parameters()})
-    out["xconv to_jax"] = JaxPath(
-        lambda p, f, x, fn=fn: fn(_nest({**p, **f}), x)[0], trainable, fixed
-    )
+    for key, layout in (("xconv to_jax", None), ("xconv to_jax (other layout)", _other_layout())):
+        fn, params = xconv.to_jax(model, **kw, **({"kernel_layout": layout} if layout else {}))
+        trainable, fixed = _split(params, {n for n, _ in module.named_parameters()})
+        out[key] = JaxPath(lambda p, f, x, fn=fn: fn(_nest({**p, **f}), x)[0], trainable, fixed)
     flax_dir = xconv.to_flax(model, tmp / f"flax_{name}_{dtype}", **kw)
     module_name = f"xconv_paths_{name}_{dtype}"
     generated, variables = _import_file(flax_dir / "model.py", module_name).load(flax_dir)

@@ -39,6 +39,7 @@ from benchmarks import bench_throughput as bt  # noqa: E402
 #: --paths names -> bench_throughput.jax_paths keys.
 PATHS = {
     "to_jax": "xconv to_jax",
+    "to_jax_other": "xconv to_jax (other layout)",
     "flax": "xconv generated Flax",
     "hand": "hand-written Flax",
 }
