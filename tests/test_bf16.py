@@ -17,6 +17,7 @@ import pytest
 
 jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
+from jax.extend.core import Literal  # noqa: E402
 
 import xconv  # noqa: E402
 from xconv.converters.ops.precision import resolve_dtype, rounding_depth  # noqa: E402
@@ -51,24 +52,41 @@ def _eqns(jaxpr):
                     yield from _eqns(inner)
 
 
+#: Primitives that only move values: a float32 result of bfloat16 values holds bf16 values.
+_MOVES = frozenset(
+    {"pad", "slice", "concatenate", "reshape", "broadcast_in_dim", "transpose", "squeeze"}
+)
+
+
 def _dtypes(fn, *args) -> dict[str, set[tuple[str, ...]]]:
-    """Primitive name -> the operand dtype tuples it is called with. A float32 operand that is
-    the float32 copy of a bfloat16 value counts as bfloat16 (on the CPU a bfloat16
-    convolution's forward runs on such copies: formulation ``bf16_dot``)."""
+    """Primitive name -> the operand dtype tuples it is called with. A product's float32
+    operand holding a bfloat16 value's exact float32 copy counts as bfloat16: formulation ``bf16_dot`` runs a
+    bfloat16 convolution's forward, and a patch product that stacks its views, in float32 on
+    such copies. A copy is the result of a cast of one bfloat16 array to float32 of its shape
+    (``convert_element_type``, or ``kernel.to_f32``'s call), or of pads, slices, stacks and
+    reshapes of copies only."""
     eqns = list(_eqns(jax.make_jaxpr(fn)(*args).jaxpr))
-    upcast = [
-        e.outvars[0]
-        for e in eqns
-        if e.primitive.name == "convert_element_type"
-        and str(e.invars[0].aval.dtype) == BF16
-        and str(e.outvars[0].aval.dtype) == "float32"
-    ]
+    copies: set[int] = set()
+
+    def bf16_valued(v) -> bool:
+        return str(v.aval.dtype) == BF16 or id(v) in copies
+
     found: dict[str, set[tuple[str, ...]]] = {}
     for e in eqns:
+        floats = [
+            v for v in e.invars if hasattr(v, "aval") and str(v.aval.dtype) in (BF16, "float32")
+        ]
+        runtime = [v for v in floats if not isinstance(v, Literal)]
+        out = e.outvars[0] if len(e.outvars) == 1 else None
+        if out is not None and str(out.aval.dtype) == "float32" and runtime:
+            cast = len(runtime) == 1 and str(runtime[0].aval.dtype) == BF16
+            cast = cast and runtime[0].aval.shape == out.aval.shape
+            moved = e.primitive.name in _MOVES and all(id(v) in copies for v in runtime)
+            if cast or moved:
+                copies.add(id(out))
+        product = e.primitive.name in ("dot_general", "conv_general_dilated")
         ins = tuple(
-            BF16
-            if e.primitive.name == "conv_general_dilated" and any(v is u for u in upcast)
-            else str(v.aval.dtype)
+            BF16 if product and bf16_valued(v) else str(v.aval.dtype)
             for v in e.invars
             if hasattr(v.aval, "dtype")
         )

@@ -43,14 +43,14 @@ def _dots(jaxpr) -> list:
     return [e for e in _all_eqns(jaxpr) if e.primitive.name == "dot_general"]
 
 
-def _train(model, xs, choice: str, path: str = "to_jax", out_dir=None):
+def _train(model, xs, choice: str, path: str = "to_jax", out_dir=None, **to_jax):
     """A bfloat16 conversion of ``model`` under ``bf16_dot=choice`` (a jitted function keeps
-    the formulation it was traced with): ``to_jax``'s, or the linen / nnx module ``to_flax``
-    writes to ``out_dir/choice``. Its output on ``xs``, the mean square's value and gradient
-    for its params, and that step's jaxpr."""
+    the formulation it was traced with): ``to_jax``'s (given ``to_jax``'s other arguments),
+    or the linen / nnx module ``to_flax`` writes to ``out_dir/choice``. Its output on ``xs``,
+    the mean square's value and gradient for its params, and that step's jaxpr."""
     with formulation.use(bf16_dot=choice):
         if path == "to_jax":
-            fn, params = xconv.to_jax(model, dtype="bfloat16")
+            fn, params = xconv.to_jax(model, dtype="bfloat16", **to_jax)
             apply = lambda p: fn(p, xs)[0]  # noqa: E731
         else:
             from tests.converters.jax.generated import import_generated
@@ -278,6 +278,50 @@ def test_a_bf16_convolution_run_as_a_patch_matmul_keeps_its_values():
     _, want, plain = _train(model, jnp.asarray(x.numpy()), "reference")
     assert not any(map(_bf16_accumulating, _dots(plain)))
     _assert_same(got, want)
+
+
+def test_a_bf16_patch_matmul_that_stacks_its_views_runs_in_float32_with_the_same_values():
+    # an ONNX-layout 3x3 kernel outweighing its patches (batch 1, 2x2 input): the views
+    # stacked in float32, one float32 product on the operands' float32 copies
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU()).eval()
+    x = jnp.asarray(torch.randn(1, 64, 2, 2).numpy())
+    model = xconv.from_torch(module, torch.as_tensor(np.asarray(x)))
+    out, got, jaxpr = _train(model, x, "auto", kernel_layout="onnx")
+    dots = _dots(jaxpr)
+    assert [str(v.aval.dtype) for v in dots[0].invars] == ["float32", "float32"], dots
+    # and the kernel's gradient: JAX's gradient of the float32 product and the casts around it
+    assert len(dots) == 2 and not any(map(_bf16_accumulating, dots)), dots
+    ref, want, plain = _train(model, x, "reference", kernel_layout="onnx")
+    assert str(_dots(plain)[0].invars[0].aval.dtype) == "bfloat16"
+    np.testing.assert_array_equal(out, ref)
+    _assert_same(got, want)
+
+
+def test_fast_casts_keep_xlas_values_and_gradients():
+    rng = np.random.default_rng(0)
+    special = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 3.4e38, -3.4e38, 1e-40, -1e-45]
+    ties = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2**-126 * (1 + 2**-8)]  # halfway: to even
+    a = jnp.asarray(np.concatenate([special, ties, rng.standard_normal(10_000) * 1e3]), "float32")
+    fast, slow = jax.jit(kernel.to_bf16)(a), a.astype(jnp.bfloat16)
+    assert fast.dtype == jnp.bfloat16
+    bits = lambda v: np.asarray(v).view(np.uint16)  # noqa: E731
+    nan = np.isnan(np.asarray(a))
+    assert np.isnan(np.asarray(fast, np.float32))[nan].all()
+    np.testing.assert_array_equal(bits(fast)[~nan], bits(slow)[~nan])
+    back = jax.jit(kernel.to_f32)(slow)
+    assert back.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(back)[~nan], np.asarray(slow, np.float32)[~nan])
+    # gradients: the cotangent cast back, as the casts' own
+    c = jnp.asarray(rng.standard_normal(a.shape), "float32")
+    g_fast = jax.grad(lambda v: jnp.sum(kernel.to_f32(kernel.to_bf16(v)) * c))(a)
+    g_slow = jax.grad(lambda v: jnp.sum(v.astype(jnp.bfloat16).astype(jnp.float32) * c))(a)
+    np.testing.assert_array_equal(np.asarray(g_fast), np.asarray(g_slow))
+    # under "reference", and for static (numpy) values, the casts are JAX's own
+    with formulation.use(bf16_dot="reference"):
+        jaxpr = jax.make_jaxpr(lambda v: kernel.to_bf16(v))(a)  # not jit's trace cache
+    assert [e.primitive.name for e in jaxpr.eqns] == ["convert_element_type"]
+    assert isinstance(kernel.to_bf16(np.ones(3, np.float32)), jax.Array)
 
 
 def test_a_generated_bf16_patch_matmul_keeps_its_values(tmp_path):

@@ -35,7 +35,7 @@ import numpy as np
 import onnx_ir as ir
 from jax import lax
 
-from xconv.converters.jax.kernel import KERNEL, bf16_dots, bf16_einsum
+from xconv.converters.jax.kernel import KERNEL, bf16_dots, bf16_einsum, to_bf16, to_f32
 from xconv.converters.jax.kernel import conv as kernel_conv
 from xconv.converters.ops import formulation, shapes
 from xconv.converters.ops.arrays import is_static
@@ -234,18 +234,26 @@ def patch_matmul(x, w, strides, padding, *, out_axis: int, in_axis: int):
     kernel); otherwise it is transposed to HWIO, as is a kernel held any other way. XLA:CPU
     transposes a kernel at a few GB/s and interleaves stacked views slowly, so each pays
     where the other is the larger (a 3×3 kernel, float32, batch 1: on 7×7×512 inputs the
-    transpose took 61 % of the forward pass's time, on 56×56×64 the stacking 65 %). In
-    bfloat16 the stacked views ran slower still (the CNN benchmark at batch 1: 1.4x the
-    transposing form), so a bfloat16 kernel is transposed."""
+    transpose took 61 % of the forward pass's time, on 56×56×64 the stacking 65 %). XLA:CPU
+    stacks bfloat16 views slower still, so a bfloat16 product that stacks runs in float32 on
+    the operands' float32 copies, rounded once: the same values (products of bfloat16
+    numbers are exact in float32, and both accumulate in float32), and its gradient that of
+    the casts and a float32 product (on 7×7×512 inputs, batch 1, one thread: 2.4 ms against
+    5.3 ms transposing the kernel, the gradient 5.7 ms against 15.3 ms)."""
     n = x.ndim - 2
     spatial = [a for a in range(w.ndim) if a not in (out_axis, in_axis)]
     kernel = tuple(w.shape[a] for a in spatial)
     out = shapes.conv_output(x.shape[1:-1], padding, kernel, strides)
     patch_size = int(x.shape[0]) * int(np.prod(out)) * int(np.prod(kernel)) * int(x.shape[-1])
     onnx = (out_axis, in_axis) == (0, 1) and spatial == list(range(2, n + 2))
-    stackable = x.dtype == jnp.float32 and w.size >= STACK_RATIO * patch_size
+    low = bf16_dots(x, w)
+    stackable = (x.dtype == jnp.float32 or low) and w.size >= STACK_RATIO * patch_size
+    f32_products = False
     if onnx and (stackable or set(kernel) <= {1}):
         stack, w2, w_axis = True, w.reshape(w.shape[0], -1), 1  # (O, I·kh·kw)
+        if low and stackable and not set(kernel) <= {1}:
+            f32_products = True
+            x, w2 = to_f32(x), to_f32(w2)
     else:
         if (in_axis, out_axis) != (n, n + 1) or spatial != list(range(n)):
             w = jnp.transpose(w, (*spatial, in_axis, out_axis))
@@ -269,4 +277,5 @@ def patch_matmul(x, w, strides, padding, *, out_axis: int, in_axis: int):
     if bf16_dots(patches, w2):
         rows = "abcdefgh"[: patches.ndim - 1]
         return bf16_einsum(f"{rows}k,{'nk' if w_axis else 'kn'}->{rows}n", patches, w2)
-    return lax.dot_general(patches, w2, (((patches.ndim - 1,), (w_axis,)), ((), ())))
+    y = lax.dot_general(patches, w2, (((patches.ndim - 1,), (w_axis,)), ((), ())))
+    return to_bf16(y) if f32_products else y
