@@ -268,53 +268,8 @@ def matmul_spec(a_shape, b_shape) -> str | None:
     return f"{sa},{sb}->{so}"
 
 
-#: On the CPU a matmul of a weight (a 2-D ``b``) by at least ``ROW_BLOCKS_MIN`` rows runs in
-#: blocks of ``ROW_BLOCK`` rows (formulation ``row_blocks``).
-ROW_BLOCK = 2048
-ROW_BLOCKS_MIN = 4 * ROW_BLOCK
-
-
-def _row_blocks(a, b) -> int:
-    """How many ``ROW_BLOCK``-row blocks :func:`matmul` splits ``a @ b`` into (0: none)."""
-    if not (isinstance(a, jax.Array) and getattr(b, "ndim", 0) == 2 and a.ndim >= 2):
-        return 0
-    if formulation.get("row_blocks") != "auto" or jax.default_backend() != "cpu":
-        return 0
-    try:
-        rows = int(np.prod(a.shape[:-1]))
-    except Exception:  # a symbolic dimension (jax.export)
-        return 0
-    return rows // ROW_BLOCK if rows >= ROW_BLOCKS_MIN and rows % ROW_BLOCK == 0 else 0
-
-
 def matmul(a, b):
-    """``jnp.matmul(a, b)``; two bfloat16 operands on the CPU through :func:`bf16_einsum`.
-
-    On the CPU, ``a``'s rows times a 2-D ``b`` (a weight) in ``ROW_BLOCK``-row blocks, one
-    block after another (``lax.map``), where ``a`` has at least ``ROW_BLOCKS_MIN`` rows: the
-    same products, but XLA:CPU runs one dot over many rows slower per row (768 by 3072, one
-    thread: 16,384 rows 575 ms in one dot, 423 ms in 2,048-row blocks; 8,192 rows 276 / 208
-    ms; 4,096 rows no faster). Its gradient is the one dot's (a weight's gradient summed over
-    blocks would round each block's in bfloat16, and ran no faster)."""
-    return _blocked_matmul(a, b) if _row_blocks(a, b) else _matmul(a, b)
-
-
-@jax.custom_vjp
-def _blocked_matmul(a, b):
-    rows = a.reshape(_row_blocks(a, b), ROW_BLOCK, a.shape[-1])
-    y = lax.map(lambda block: _matmul(block, b), rows)
-    return y.reshape(*a.shape[:-1], b.shape[-1])
-
-
-def _blocked_matmul_bwd(res, g):
-    a, b = res
-    return jax.vjp(_matmul, a, b)[1](g)
-
-
-_blocked_matmul.defvjp(lambda a, b: (_blocked_matmul(a, b), (a, b)), _blocked_matmul_bwd)
-
-
-def _matmul(a, b):
+    """``jnp.matmul(a, b)``; two bfloat16 operands on the CPU through :func:`bf16_einsum`."""
     if bf16_dots(a, b) and (spec := matmul_spec(a.shape, b.shape)) is not None:
         return bf16_einsum(spec, a, b)
     return jnp.matmul(a, b)

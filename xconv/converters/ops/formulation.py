@@ -65,14 +65,8 @@ operands' float32 copies, rounded once (``channels_last.patch_matmul``). ``to_ja
 run-time arrays between float32 and bfloat16 are integer operations on their bits
 (``kernel.to_bf16`` / ``to_f32``; XLA:CPU's own cast runs 1.5-20× slower).
 
-``row_blocks``: ``"auto"`` (default) has ``to_jax`` compute, on the CPU, a matmul of a weight
-(a 2-D right operand) by at least 8,192 rows in 2,048-row blocks, one after another
-(``lax.map``; :func:`xconv.converters.jax.kernel.matmul`): the same products, but XLA:CPU runs
-one dot over many rows slower per row (16,384 by 768 by 3072, one thread: 575 ms against
-423 ms in blocks). Other backends, fewer rows, batched matmuls and ``"reference"`` keep one dot.
-
-The environment variables ``XCONV_JAX_ATTENTION``, ``XCONV_JAX_CONV``, ``XCONV_JAX_DENSE``,
-``XCONV_JAX_BF16_DOT`` and ``XCONV_JAX_ROW_BLOCKS`` set the defaults; :func:`use` overrides them for a block (benchmarks
+The environment variables ``XCONV_JAX_ATTENTION``, ``XCONV_JAX_CONV``, ``XCONV_JAX_DENSE`` and
+``XCONV_JAX_BF16_DOT`` set the defaults; :func:`use` overrides them for a block (benchmarks
 compare both). The choice is read when a function is traced (or when Flax source is written): a
 jitted function keeps the formulation it was traced with.
 """
@@ -90,7 +84,6 @@ _CHOICES = {
     "conv": ("auto", "reference"),
     "dense": ("auto", "reference"),
     "bf16_dot": ("auto", "reference"),
-    "row_blocks": ("auto", "reference"),
 }
 _current: dict[str, str] = {}
 
@@ -104,7 +97,7 @@ def _default(name: str) -> str:
 
 def get(name: str) -> str:
     """The formulation in force for ``name`` (``"attention"``, ``"conv"``, ``"dense"``,
-    ``"bf16_dot"``, ``"row_blocks"``)."""
+    ``"bf16_dot"``)."""
     return _current.get(name) or _default(name)
 
 
