@@ -181,9 +181,9 @@ def _traced(a, dtype) -> bool:
 def to_bf16(a):
     """``jnp.asarray(a, jnp.bfloat16)``, the same values. On the CPU a float32 array computed
     at run time (a parameter, an activation) is rounded by integer operations on its bits
-    (gradient: the cotangent as float32, as the cast's): XLA:CPU's own cast runs 1.5-20× slower
-    (a 768×3072 weight, one thread: 423 µs against 168 µs; a 3×3 kernel flattened to
-    512×4608: 4.8 ms against 0.22 ms)."""
+    (gradient: the cotangent as float32, as the cast's): XLA:CPU's own casts run 1.5-20×
+    slower (one thread: a 768×3072 weight to bfloat16, 423 µs against 168 µs; a 3×3 kernel
+    rounded to bfloat16 values and read as 512×4608 float32, 4.8 ms against 0.22 ms)."""
     if _traced(a, jnp.float32) and _fast_casts():
         return _cast_to_bf16(a)
     return jnp.asarray(a, jnp.bfloat16)
