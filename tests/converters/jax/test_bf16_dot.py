@@ -324,6 +324,34 @@ def test_fast_casts_keep_xlas_values_and_gradients():
     assert isinstance(kernel.to_bf16(np.ones(3, np.float32)), jax.Array)
 
 
+def test_only_convolution_kernels_are_cast_by_bit_operations():
+    # A kernel's cast XLA:CPU fuses with its transpose into a slow copy; elsewhere its own
+    # casts fuse into the ops beside them and are the faster (kernel.to_bf16).
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(4, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(512, 10)
+    ).eval()
+    x = torch.randn(1, 4, 10, 10)
+    model = xconv.from_torch(module, x)
+    fn, params = xconv.to_jax(model, dtype="bfloat16")
+    eqns = _all_eqns(jax.make_jaxpr(lambda p: fn(p, x.numpy())[0])(params).jaxpr)
+
+    def cast_sizes(name, dtype):
+        return sorted(
+            e.invars[0].aval.size
+            for e in eqns
+            if e.primitive.name == name and e.invars[0].aval.dtype == dtype
+        )
+
+    assert cast_sizes("bitcast_convert_type", jnp.float32) == [8 * 4 * 3 * 3]  # the kernel
+    converts = cast_sizes("convert_element_type", jnp.float32)
+    assert 512 * 10 in converts and 8 * 4 * 3 * 3 not in converts  # the Linear's weight
+    with formulation.use(bf16_dot="reference"):
+        fn, params = xconv.to_jax(model, dtype="bfloat16")
+        plain = _all_eqns(jax.make_jaxpr(lambda p: fn(p, x.numpy())[0])(params).jaxpr)
+    assert not any(e.primitive.name == "bitcast_convert_type" for e in plain)
+
+
 def test_a_generated_bf16_patch_matmul_keeps_its_values(tmp_path):
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Conv2d(64, 8, 3, padding=1), torch.nn.ReLU()).eval()

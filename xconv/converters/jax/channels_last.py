@@ -35,7 +35,7 @@ import numpy as np
 import onnx_ir as ir
 from jax import lax
 
-from xconv.converters.jax.kernel import KERNEL, bf16_dots, bf16_einsum, to_bf16, to_f32
+from xconv.converters.jax.kernel import KERNEL, bf16_dots, bf16_einsum, to_f32
 from xconv.converters.jax.kernel import conv as kernel_conv
 from xconv.converters.ops import formulation, shapes
 from xconv.converters.ops.arrays import is_static
@@ -253,7 +253,7 @@ def patch_matmul(x, w, strides, padding, *, out_axis: int, in_axis: int):
         stack, w2, w_axis = True, w.reshape(w.shape[0], -1), 1  # (O, I·kh·kw)
         if low and stackable and not set(kernel) <= {1}:
             f32_products = True
-            x, w2 = to_f32(x), to_f32(w2)
+            x, w2 = x.astype(jnp.float32), to_f32(w2)
     else:
         if (in_axis, out_axis) != (n, n + 1) or spatial != list(range(n)):
             w = jnp.transpose(w, (*spatial, in_axis, out_axis))
@@ -278,4 +278,4 @@ def patch_matmul(x, w, strides, padding, *, out_axis: int, in_axis: int):
         rows = "abcdefgh"[: patches.ndim - 1]
         return bf16_einsum(f"{rows}k,{'nk' if w_axis else 'kn'}->{rows}n", patches, w2)
     y = lax.dot_general(patches, w2, (((patches.ndim - 1,), (w_axis,)), ((), ())))
-    return to_bf16(y) if f32_products else y
+    return y.astype(jnp.bfloat16) if f32_products else y

@@ -19,7 +19,7 @@ import onnx_ir as ir
 
 from xconv.converters.jax.channels_last import NATIVE, ChannelsLast
 from xconv.converters.jax.context import JaxContext
-from xconv.converters.jax.kernel import to_bf16, to_f32
+from xconv.converters.jax.kernel import to_bf16
 from xconv.converters.ops import precision
 from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.context import find_handler, graph_env, handler_errors
@@ -178,7 +178,7 @@ def _is_low(a: Any) -> bool:
 
 
 def _as_low(a: Any) -> Any:
-    return to_bf16(a)
+    return jnp.asarray(a, jnp.bfloat16)
 
 
 def _lower(node: ir.Node, args: list[Any], attrs: dict[str, Any]) -> tuple[list, dict, Any]:
@@ -196,7 +196,7 @@ def _lower(node: ir.Node, args: list[Any], attrs: dict[str, Any]) -> tuple[list,
     if how == "float32":
         for i in floats:
             if _is_low(args[i]):
-                args[i] = to_f32(args[i])
+                args[i] = jnp.asarray(args[i], jnp.float32)
         return args, attrs, True
     if how == "cast":
         target = attrs.get("to") if op == "Cast" else node.inputs[1].dtype
@@ -213,7 +213,7 @@ def _lower(node: ir.Node, args: list[Any], attrs: dict[str, Any]) -> tuple[list,
                 # runs as a tree of unvectorised reduce-windows: the bias gradients were 10 %
                 # of the transformer benchmark's bf16 training step.
                 a = jnp.broadcast_to(a, shape)
-            args[i] = _as_low(a)
+            args[i] = to_bf16(a) if i == 1 and op == "Conv" else _as_low(a)  # a kernel
     if op in precision.FLOAT32_SOFTMAX and attrs.get("softmax_precision") is None:
         attrs = {**attrs, "softmax_precision": int(ir.DataType.FLOAT)}
     return args, attrs, False

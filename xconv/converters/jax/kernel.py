@@ -179,11 +179,15 @@ def _traced(a, dtype) -> bool:
 
 
 def to_bf16(a):
-    """``jnp.asarray(a, jnp.bfloat16)``, the same values. On the CPU a float32 array computed
-    at run time (a parameter, an activation) is rounded by integer operations on its bits
-    (gradient: the cotangent as float32, as the cast's): XLA:CPU's own casts run 1.5-20×
-    slower (one thread: a 768×3072 weight to bfloat16, 423 µs against 168 µs; a 3×3 kernel
-    rounded to bfloat16 values and read as 512×4608 float32, 4.8 ms against 0.22 ms)."""
+    """``jnp.asarray(a, jnp.bfloat16)``, the same values; on the CPU, of a float32 array
+    computed at run time, by integer operations on its bits (gradient: the cotangent as
+    float32, as the cast's). For convolution kernels: XLA:CPU fuses its own cast of a kernel
+    with the kernel's transpose or reshape into a slow copy (one thread: a 3×3 kernel rounded
+    to bfloat16 values and read as 512×4608 float32, 4.8 ms against 0.22 ms; the CNN
+    benchmark's convolutions at batch 1, ONNX kernel layout, 2.29 against 0.95 ms a forward
+    pass). Not for activations or matmul weights: there XLA's casts fuse into the ops beside
+    them, and the bit operations made the transformer benchmark's forward pass at batch 1
+    slower (4.59 and 4.57 ms against 4.26 ms)."""
     if _traced(a, jnp.float32) and _fast_casts():
         return _cast_to_bf16(a)
     return jnp.asarray(a, jnp.bfloat16)
@@ -208,7 +212,7 @@ def _einsum_f32(spec: str, a, b):
     if sa[:1] == sb[:1] != "" and set(sa) & set(sb) - set(out) == {sa[0]}:
         unit = next(c for c in string.ascii_letters if c not in spec)
         spec, a, b = f"{unit}{sa},{unit}{sb}->{out}", a[None], b[None]
-    return _bits_to_bf16(jnp.einsum(spec, a, b, preferred_element_type=jnp.float32))
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -276,7 +280,7 @@ def matmul(a, b):
 
 
 def _conv_f32(conv, x, w):
-    return _bits_to_bf16(conv(_bits_to_f32(x), _bits_to_f32(w)))
+    return conv(x.astype(jnp.float32), _bits_to_f32(w)).astype(jnp.bfloat16)  # see to_bf16
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))

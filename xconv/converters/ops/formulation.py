@@ -62,8 +62,10 @@ and its gradient as the bfloat16 convolution's, which it runs faster than the fl
 ``_matmul_conv``, which falls back to its ``_bf16_conv`` helper). A patch matmul whose
 ONNX-layout kernel outweighs its patches (batch 1) stacks its views and runs in float32 on the
 operands' float32 copies, rounded once (``channels_last.patch_matmul``). ``to_jax``'s casts of
-run-time arrays between float32 and bfloat16 are integer operations on their bits
-(``kernel.to_bf16`` / ``to_f32``; XLA:CPU's own cast runs 1.5-20× slower).
+convolution kernels between float32 and bfloat16 are integer operations on their bits
+(``kernel.to_bf16`` / ``to_f32``): XLA:CPU fuses its own cast of a kernel with the kernel's
+transpose or reshape into a slow copy; other casts are XLA's, which fuse into the ops beside
+them.
 
 The environment variables ``XCONV_JAX_ATTENTION``, ``XCONV_JAX_CONV``, ``XCONV_JAX_DENSE`` and
 ``XCONV_JAX_BF16_DOT`` set the defaults; :func:`use` overrides them for a block (benchmarks
