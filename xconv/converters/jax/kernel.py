@@ -187,9 +187,10 @@ def to_bf16(a):
     benchmark's convolutions at batch 1, ONNX kernel layout, 2.29 against 0.95 ms a forward
     pass). Not for activations or matmul weights: there XLA's casts fuse into the ops beside
     them, and the bit operations made the transformer benchmark's forward pass at batch 1
-    slower (4.59 and 4.57 ms against 4.26 ms). One exception measured and not yet explained:
-    BERT-base's bf16 inference at batch 32 ran 2.25 s with its activations bit-cast against
-    2.65 s (its training, and the transformer's at batch 16, did not gain)."""
+    slower (4.59 and 4.57 ms against 4.26 ms). One exception measured: BERT-base's bf16
+    inference at batch 32 ran 2.25 s with its activations or its products' rounding bit-cast
+    against 2.65 s, as XLA:CPU otherwise merges each layer, casts included, into one slow
+    YNNPACK fusion (its training, and the transformer's at batch 16, did not gain)."""
     if _traced(a, jnp.float32) and _fast_casts():
         return _cast_to_bf16(a)
     return jnp.asarray(a, jnp.bfloat16)
