@@ -224,6 +224,28 @@ def test_a_bf16_torch_block_trains_with_bf16_products_and_the_reference_numbers(
     assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 5e-2
 
 
+def test_bf16_products_are_fusion_boundaries():
+    # Without the boundary XLA:CPU merged each of BERT-base's layers into one slower fused
+    # GEMM (kernel._einsum_f32): every bfloat16 product of the training step passes one.
+    torch.manual_seed(0)
+    module = _Block().eval()
+    x = torch.randn(3, 5, 16)
+    model = xconv.from_torch(module, x, dynamic_batch=True)
+    counts = {}
+    for choice in ("auto", "reference"):
+        with formulation.use(bf16_dot=choice):
+            fn, params = xconv.to_jax(model, dtype="bfloat16")
+            loss = lambda p, fn=fn: jnp.sum(fn(p, x.numpy())[0].astype(jnp.float32) ** 2)  # noqa: E731
+            text = jax.jit(jax.grad(loss)).lower(params).as_text()
+        counts[choice] = [text.count(f"stablehlo.{op}") for op in DOT_AND_BARRIER]
+    dots, barriers = counts["auto"]
+    assert dots >= 12 and barriers == dots, counts
+    assert counts["reference"][1] == 0, counts
+
+
+DOT_AND_BARRIER = ("dot_general", "optimization_barrier")
+
+
 class _Encoder(torch.nn.Module):
     """torch's MultiheadAttention (the generated ``_torch_mha``) and an MLP on tokens."""
 
