@@ -215,11 +215,12 @@ def _einsum_f32(spec: str, a, b):
     BERT-base's layers at batch 32 (three products, their float32 weights and casts, the
     LayerNorm) into one YNNPACK fusion, ~150 ms a layer; behind it, the fusions are the
     products' own. In one process, one thread, interleaved (bfloat16, ms a step): BERT-base
-    inference at batch 32 2,518 -> 2,074 (-18 %), training 9,019 -> 8,710; batch 1, the
-    transformer, the CNN and ResNet-50 at batch 1 and 32 within ±1 % or faster (ResNet-50 at
-    batch 1: 75.6 -> 72.6 inference, 229.9 -> 222.2 training). The generated Flax's
-    ``_bf16_einsum`` has no barrier: there it measured no gain (BERT-base inference at batch 32,
-    2,365 / 2,433 ms without, 2,401 / 2,373 with, alternating processes).
+    inference at batch 32 2,518 -> 2,074 (-18 %), training 9,019 -> 8,710; at batch 1
+    inference 165.2 -> 165.3, training 539 -> 564 in one run and 502 -> 504 in a second; the
+    transformer (batch 1, 16), the CNN and ResNet-50 (batch 1, 32) within ±1 % or faster
+    (ResNet-50 at batch 1: 75.6 -> 72.6 inference, 229.9 -> 222.2 training). The generated
+    Flax's ``_bf16_einsum`` has no barrier: there it measured no gain (BERT-base inference at
+    batch 32, 2,365 / 2,433 ms without, 2,401 / 2,373 with, alternating processes).
     """
     (sa, sb), out = spec.split("->")[0].split(","), spec.split("->")[1]
     if sa[:1] == sb[:1] != "" and set(sa) & set(sb) - set(out) == {sa[0]}:
