@@ -237,13 +237,11 @@ def test_bf16_products_are_fusion_boundaries():
             fn, params = xconv.to_jax(model, dtype="bfloat16")
             loss = lambda p, fn=fn: jnp.sum(fn(p, x.numpy())[0].astype(jnp.float32) ** 2)  # noqa: E731
             text = jax.jit(jax.grad(loss)).lower(params).as_text()
-        counts[choice] = [text.count(f"stablehlo.{op}") for op in DOT_AND_BARRIER]
+        ops = ("dot_general", "optimization_barrier")
+        counts[choice] = [text.count(f"stablehlo.{op}") for op in ops]
     dots, barriers = counts["auto"]
     assert dots >= 12 and barriers == dots, counts
     assert counts["reference"][1] == 0, counts
-
-
-DOT_AND_BARRIER = ("dot_general", "optimization_barrier")
 
 
 class _Encoder(torch.nn.Module):

@@ -187,10 +187,8 @@ def to_bf16(a):
     benchmark's convolutions at batch 1, ONNX kernel layout, 2.29 against 0.95 ms a forward
     pass). Not for activations or matmul weights: there XLA's casts fuse into the ops beside
     them, and the bit operations made the transformer benchmark's forward pass at batch 1
-    slower (4.59 and 4.57 ms against 4.26 ms). BERT-base's bf16 inference at batch 32 ran
-    faster with its activations or its products' rounding bit-cast (2.25 against 2.65 s), as
-    XLA:CPU otherwise merged each layer, casts included, into one slow YNNPACK fusion; the
-    products' ``optimization_barrier`` (:func:`_einsum_f32`) now splits it without them."""
+    slower (4.59 and 4.57 ms against 4.26 ms). At BERT-base's batch 32 the products' barrier
+    (:func:`_einsum_f32`), not bit casts, keeps XLA's casts out of one slow fusion."""
     if _traced(a, jnp.float32) and _fast_casts():
         return _cast_to_bf16(a)
     return jnp.asarray(a, jnp.bfloat16)
