@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,8 @@ def _run(tmp_path: Path, *flags: str) -> dict:
 
 def test_generated_torch_source_under_fsdp2_and_ddp_matches_one_process(default_run):
     r = default_run["torch_fsdp"]  # run by the shared worker launch (conftest.default_run)
+    if "spawn_retried" in r:  # a rank died of a signal once (fsdp_worker.run); say so
+        warnings.warn(f"gloo ranks spawned twice: {r['spawn_retried']}", stacklevel=1)
     assert r["single"]["vs_flax"] < 1e-5  # the generated module is the Flax model
     assert r["single"]["moved"] > 1e-3  # the step changed the weights
     fsdp = r["fsdp"]
