@@ -1,10 +1,11 @@
-"""On the CPU, ``to_jax``'s exact Gelu of a large input ends in a select (``where(x == x, y,
-x)``, the same values), which keeps XLA:CPU from merging it with the products beside it into
-one slower YNNPACK fusion (``elementwise._Kernel.gelu``); a small input keeps the plain form.
-Both compute torch's numbers."""
+"""On the CPU, the exact Gelu of a large input ends in a select (``where(x == x, y, x)``, the
+same values), in ``to_jax`` (``elementwise._Kernel.gelu``) and in the generated Flax's
+``_gelu``: it keeps XLA:CPU from merging the GELU with the products beside it into one slower
+YNNPACK fusion. A small input keeps the plain form. Both compute torch's numbers."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import numpy as np
@@ -47,13 +48,31 @@ def layer():
     return module, xconv.from_torch(module, example, dynamic_batch=True)
 
 
+def _converted(model, how: str, tmp):
+    """``(fn, params)``: ``fn(params, attended, x)`` returns the outputs' tuple."""
+    if how == "to_jax":
+        return xconv.to_jax(model)
+    folder = xconv.to_flax(model, tmp / "flax")
+    spec = importlib.util.spec_from_file_location("gelu_split_flax", folder / "model.py")
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    flax_model, variables = generated.load(folder)
+    return (lambda v, *xs: (flax_model.apply(v, *xs),)), variables
+
+
+PATHS = ("to_jax", "generated Flax")
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU formulation")
+@pytest.mark.parametrize("how", PATHS)
 @pytest.mark.parametrize(("batch", "tokens", "split"), [(3, 128, True), (1, 8, False)])
-def test_a_large_gelu_ends_in_a_select_with_torchs_numbers(layer, batch, tokens, split):
+def test_a_large_gelu_ends_in_a_select_with_torchs_numbers(
+    layer, how, batch, tokens, split, tmp_path
+):
     module, model = layer
     # the GELU's input: batch × tokens × 3072 elements (1.2·10⁶ at 3 × 128)
     assert (batch * tokens * 3072 >= elementwise.GELU_SPLIT) is split
-    fn, params = xconv.to_jax(model)
+    fn, params = _converted(model, how, tmp_path)
     fn = jax.jit(fn)
     xs = [torch.randn(batch, tokens, 768) for _ in range(2)]
     with torch.no_grad():
@@ -66,9 +85,10 @@ def test_a_large_gelu_ends_in_a_select_with_torchs_numbers(layer, batch, tokens,
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU formulation")
-def test_the_gelu_is_not_fused_with_the_products(layer):
+@pytest.mark.parametrize("how", PATHS)
+def test_the_gelu_is_not_fused_with_the_products(layer, how, tmp_path):
     # BERT-base at batch 32: without the select, XLA:CPU fused the GELU with all three products
-    fn, params = xconv.to_jax(layer[1])
+    fn, params = _converted(layer[1], how, tmp_path)
     spec = jax.ShapeDtypeStruct((32, 128, 768), np.float32)
     hlo = jax.jit(fn).lower(params, spec, spec).compile().as_text()
     erf = [f.count(" dot(") for f in _fusions(hlo) if " erf(" in f]
