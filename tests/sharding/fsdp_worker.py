@@ -149,7 +149,7 @@ def run(root: Path, *flags: str) -> dict:
         mp.spawn(rank_main, args=(str(root),), nprocs=WORLD, join=True)
     except mp.ProcessExitedException as e:
         # A rank killed by a signal (once in CI: SIGABRT, "terminate called without an active
-        # exception", inside gloo after both ranks had run) is run again, once; a Python
+        # exception", after both ranks had begun the FSDP step) is run again, once; a Python
         # error in a rank (ProcessRaisedException) is not, nor a second signal.
         if e.signal_name is None:
             raise
