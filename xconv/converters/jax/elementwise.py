@@ -31,14 +31,6 @@ from xconv.converters.ops.elementwise import (
 GELU_SPLIT = 1 << 20
 
 
-def _large(x, limit: int) -> bool:
-    """Whether ``x`` has at least ``limit`` elements (a symbolic size counts as large)."""
-    try:
-        return int(np.prod(x.shape)) >= limit
-    except Exception:  # jax.export's symbolic dimensions
-        return True
-
-
 class _Kernel:
     """The JAX side of :mod:`xconv.converters.ops.elementwise`: everything in ``jax.numpy``."""
 
@@ -73,7 +65,9 @@ class _Kernel:
         if tanh:
             return jax.nn.gelu(x, approximate=True).astype(x.dtype)
         y = x * 0.5 * (1 + jax.lax.erf(x * 0.7071067811865476))
-        if jax.default_backend() == "cpu" and _large(x, GELU_SPLIT):
+        # a symbolic (jax.export) size counts as large
+        large = not isinstance(x.size, int) or x.size >= GELU_SPLIT
+        if jax.default_backend() == "cpu" and large:
             y = jnp.where(x == x, y, x)
         return y
 
