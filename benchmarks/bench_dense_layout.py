@@ -20,6 +20,12 @@ in interleaved rounds (``bench_throughput.interleaved_medians``), one intra-op t
 of a 3-D input is such a dot, contracting the batch and sequence axes; flattened first, it is
 a 2-D one.
 
+A second table times one product with a torch ``Linear``'s ``(out, in)`` weight over few rows,
+as ``to_jax`` holds it: ``x @ w.T``, and weight-major (``kernel.weight_product``: ``(w @
+x.T).T``, the weight the left operand), beside the ``(in, out)`` kernel's ``x @ k``; forward
+and SGD step (of ``w`` and the bias), at 2-256 rows and BERT-base's and the transformer
+benchmark's widths. Its ``to_jax`` column says which form ``kernel.weight_major`` picks there.
+
     python benchmarks/bench_dense_layout.py            # writes benchmarks/dense_layout.md
 """
 
@@ -196,7 +202,68 @@ def measure(repeat: int) -> list[dict]:
     return rows
 
 
-def render(rows: list[dict], run: str) -> str:
+#: (in, out) widths and row counts of the single products.
+PRODUCT_WIDTHS = ((768, 768), (3072, 768), (768, 3072), (1024, 256))
+PRODUCT_ROWS = (2, 8, 32, 64, 96, 128, 256)
+
+
+def measure_products(repeat: int) -> list[dict]:
+    """One ``(out, in)`` weight's product three ways (see the module's doc) per width and row
+    count: forward and SGD-step medians, interleaved."""
+    import jax
+    import jax.numpy as jnp
+
+    from xconv.converters.jax.kernel import weight_major, weight_product
+
+    forms = {
+        "(out, in), x @ w.T": (lambda x, w: x @ w.T, False),
+        "(out, in), weight-major": (lambda x, w: weight_product(x, w.T), False),
+        "(in, out), x @ k": (lambda x, k: x @ k, True),
+    }
+    rows = []
+    rng = np.random.default_rng(0)
+    for d_in, d_out in PRODUCT_WIDTHS:
+        w = (rng.standard_normal((d_out, d_in)) / np.sqrt(d_in)).astype(np.float32)
+        b = (0.1 * rng.standard_normal(d_out)).astype(np.float32)
+        for m in PRODUCT_ROWS:
+            x = jax.device_put(rng.standard_normal((m, d_in)).astype(np.float32))
+            calls, info, reference = [], [], None
+            for name, (product, kernel) in forms.items():
+                params = (jnp.asarray(w.T.copy() if kernel else w), jnp.asarray(b))
+
+                def apply(p, x, product=product):
+                    return product(x, p[0]) + p[1]
+
+                infer, step = jax.jit(apply), _step(apply)
+                out = np.asarray(infer(params, x))
+                reference = out if reference is None else reference
+                jax.block_until_ready(step(params, x))
+                calls += [
+                    lambda f=infer, p=params, x=x: jax.block_until_ready(f(p, x)),
+                    lambda f=step, p=params, x=x: jax.block_until_ready(f(p, x)),
+                ]
+                info.append((name, float(np.max(np.abs(out - reference)))))
+            times = interleaved_medians(calls, repeat)
+            picked = weight_major(x, jnp.asarray(w).T)
+            for i, (name, err) in enumerate(info):
+                rows.append(
+                    {
+                        "width": f"{d_in} -> {d_out}",
+                        "rows": m,
+                        "path": name,
+                        "infer_ms": 1e3 * times[2 * i],
+                        "infer_ratio": times[2 * i] / times[0],
+                        "train_ms": 1e3 * times[2 * i + 1],
+                        "train_ratio": times[2 * i + 1] / times[1],
+                        "to_jax": "weight-major" if picked else "x @ w.T",
+                        "max_err": err,
+                    }
+                )
+        print(f"products {d_in} -> {d_out}: done", file=sys.stderr)
+    return rows
+
+
+def render(rows: list[dict], run: str, products: list[dict] = ()) -> str:
     lines = [
         "# Dense kernel layout on XLA:CPU",
         "",
@@ -217,6 +284,24 @@ def render(rows: list[dict], run: str) -> str:
             f"| ×{r['infer_ratio']:.2f} | {r['train_ms']:.2f} | ×{r['train_ratio']:.2f} "
             f"| {r['eigen_dots']} | {r['max_err']:.1e} |"
         )
+    if products:
+        lines += [
+            "",
+            "## One product with a torch `Linear`'s `(out, in)` weight, few rows",
+            "",
+            "Ratios to `(out, in), x @ w.T` (< 1: faster); `to_jax`: the form "
+            "`kernel.weight_major` picks for a float32 `MatMul(x, Transpose(w))` on the CPU.",
+            "",
+            "| in -> out | rows | weight, product | forward ms | ×x @ w.T | SGD step ms "
+            "| ×x @ w.T | to_jax | max diff |",
+            "|---|---:|---|---:|---:|---:|---:|---|---:|",
+        ]
+        for r in products:
+            lines.append(
+                f"| {r['width']} | {r['rows']} | {r['path']} | {r['infer_ms']:.3f} "
+                f"| ×{r['infer_ratio']:.2f} | {r['train_ms']:.3f} | ×{r['train_ratio']:.2f} "
+                f"| {r['to_jax']} | {r['max_err']:.1e} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -233,7 +318,9 @@ def main(argv=None) -> int:
 
     load = _doc.load()
     rows = measure(args.repeat)
-    _doc.write(args.out, render(rows, _doc.run_stamp(commit, load, f"jax {jax.__version__}")))
+    products = measure_products(args.repeat)
+    stamp = _doc.run_stamp(commit, load, f"jax {jax.__version__}")
+    _doc.write(args.out, render(rows, stamp, products))
     return 0
 
 

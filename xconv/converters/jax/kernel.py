@@ -292,6 +292,36 @@ def matmul(a, b):
     return jnp.matmul(a, b)
 
 
+def weight_major(a, w_t) -> bool:
+    """Whether ``a @ w_t``, where ``w_t`` is the transpose of a 2-D ``(out, in)`` array (a
+    torch ``Linear`` weight), runs as :func:`weight_product`: the ``dense`` formulation is
+    ``"auto"``, JAX computes on the CPU, both are float32, and ``a`` has ``m`` rows (its
+    leading axes, known when traced) with ``2 <= m <= 64``, or ``m <= 128`` where ``in >=
+    2·out``. There XLA:CPU runs ``a @ w.T`` packing the whole weight on each call; as ``(w @
+    a.T).T`` it packs the rows instead, in less time, forward and SGD step
+    (``benchmarks/dense_layout.md``). One row (a matrix-vector product) and more rows run as
+    they are."""
+    if formulation.get("dense") != "auto" or jax.default_backend() != "cpu":
+        return False
+    if a.dtype != jnp.float32 or w_t.dtype != jnp.float32 or w_t.ndim != 2 or a.ndim < 2:
+        return False
+    if not all(isinstance(d, int) for d in a.shape):
+        return False
+    m = int(np.prod(a.shape[:-1]))
+    k, n = w_t.shape
+    return m >= 2 and (m <= 64 or (m <= 128 and k >= 2 * n))
+
+
+def weight_product(a, w_t):
+    """``a @ w_t`` (``w_t`` the transpose of an ``(out, in)`` weight ``w``) as ``(w @
+    a.T).T`` over ``a``'s rows flattened: the weight the left operand (see
+    :func:`weight_major`). The product passes an ``optimization_barrier``; without it XLA's
+    simplifier turns the transposed product back into ``a @ w.T``."""
+    rows = a.reshape(-1, a.shape[-1])
+    y_t = lax.dot_general(w_t, rows, (((0,), (1,)), ((), ())))
+    return lax.optimization_barrier(y_t).T.reshape(*a.shape[:-1], w_t.shape[1])
+
+
 def _conv_f32(conv, x, w):
     return conv(x.astype(jnp.float32), _bits_to_f32(w)).astype(jnp.bfloat16)  # see to_bf16
 

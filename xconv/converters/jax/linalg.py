@@ -8,7 +8,15 @@ import ml_dtypes
 import numpy as np
 from jax import lax
 
-from xconv.converters.jax.kernel import KERNEL, bf16_dots, bf16_einsum, index_dtype, reference_sum
+from xconv.converters.jax.kernel import (
+    KERNEL,
+    bf16_dots,
+    bf16_einsum,
+    index_dtype,
+    reference_sum,
+    weight_major,
+    weight_product,
+)
 from xconv.converters.jax.kernel import matmul as kernel_matmul
 from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops.linalg import (
@@ -26,9 +34,23 @@ _LOW_PRECISION = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 # Matrix products
 
 
+def _transposed_matrix(value) -> bool:
+    """Whether the IR ``value`` is a 2-D ``Transpose`` output (an exported ``Linear``'s
+    ``MatMul(x, Transpose(W))``)."""
+    node = value.producer() if value is not None else None
+    if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return False
+    perm = node.attributes.get("perm")
+    shape = node.inputs[0].shape if node.inputs else None
+    rank_2 = shape is not None and len(shape) == 2
+    return rank_2 and (perm is None or list(perm.as_ints()) == [1, 0])
+
+
 @builtin("MatMul", since=1)
 def matmul(ctx, a, b):
     """MatMul(A, B) -> Y: numpy.matmul semantics (1-D operands promoted, batch broadcast)."""
+    if _transposed_matrix(ctx.node.inputs[1]) and weight_major(a, b):
+        return weight_product(a, b)
     return kernel_matmul(a, b)
 
 

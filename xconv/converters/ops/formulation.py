@@ -33,8 +33,18 @@ contracting the leading axes, slower than that of the 2-D product: the SGD step 
 blocks (the transformer benchmark's and BERT-base's widths, batch 1 and 16) takes ×0.86-0.96 of
 plain ``nn.Dense``'s, the forward ×1.01-1.09 (``benchmarks/dense_layout.md``). ``to_jax`` holds
 a torch ``Linear``'s ``(out, in)`` weight and contracts ``x @ w.T``, whose gradient XLA:CPU
-fuses already. Other backends, and every ``nn.Dense`` under ``"reference"``, keep
-``lax.dot_general``.
+fuses already; over few rows it computes that product weight-major, ``(w @ x.T).T``
+(:func:`xconv.converters.jax.kernel.weight_major`): a float32 ``MatMul(x, Transpose(w))`` on
+the CPU whose ``x`` has 2-64 rows (its leading axes flattened), or up to 128 where ``in >=
+2·out``. XLA:CPU packs a product's right operand on each call: as ``x @ w.T``, the whole
+weight, as ``(w @ x.T).T`` only the rows. At 2-64 rows the product took ×0.4-0.9 the time of
+``x @ w.T``, forward and SGD step; at 96-128 rows it gains only where the weight is at least
+twice as wide on its input side (BERT-base's FFN down-projection at batch 1, 128 rows:
+×0.9); beyond 128 rows, or at 96-128 rows with a narrower input side, it was slower (up to
+×1.3 the forward), and at one row (a matrix-vector product) the same
+(``benchmarks/dense_layout.md``'s second table). Other backends, other dtypes, a matrix
+multiplied as stored, and every product under ``"reference"`` keep ``lax.dot_general`` as
+written.
 
 ``bf16_dot``: ``"auto"`` (default) computes a product of two bfloat16 operands on the CPU as
 ``jnp.einsum(..., preferred_element_type=float32)`` rounded once to bfloat16, with a custom
