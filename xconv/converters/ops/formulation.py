@@ -40,9 +40,9 @@ the CPU whose ``x`` has 2-64 rows (its leading axes flattened), or up to 128 whe
 weight, as ``(w @ x.T).T`` only the rows. At 2-64 rows the product took ×0.4-0.9 the time of
 ``x @ w.T``, forward and SGD step; at 96-128 rows it gains only where the weight is at least
 twice as wide on its input side (BERT-base's FFN down-projection at batch 1, 128 rows:
-×0.9); beyond 128 rows, or at 96-128 rows with a narrower input side, it was slower (up to
-×1.3 the forward), and at one row (a matrix-vector product) the same
-(``benchmarks/dense_layout.md``'s second table). Other backends, other dtypes, a matrix
+×0.9); beyond 128 rows, or at 96-128 rows with a narrower input side, its forward was up to
+×1.2 slower (its SGD step ×0.89-0.97: the rule follows the forward), and at one row (a
+matrix-vector product) the same (``benchmarks/dense_layout.md``'s second table). Other backends, other dtypes, a matrix
 multiplied as stored, and every product under ``"reference"`` keep ``lax.dot_general`` as
 written.
 
