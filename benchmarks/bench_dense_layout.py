@@ -157,6 +157,40 @@ def _eigen_dots(compiled_text: str) -> int:
     return len(re.findall(r"= \S+ dot\(", entry))
 
 
+def _time_paths(paths: dict, x, repeat: int) -> list[dict]:
+    """Each ``name -> (apply, params)`` of ``paths`` on ``x``: its jitted forward and SGD step
+    timed in interleaved rounds, ratios to the first path's, the compiled step's Eigen dots,
+    and the forward's max |diff| against the first path's."""
+    import jax
+
+    calls, info, reference = [], [], None
+    for name, (apply, params) in paths.items():
+        infer, step = jax.jit(apply), _step(apply)
+        out = np.asarray(infer(params, x))
+        reference = out if reference is None else reference
+        dots = _eigen_dots(step.lower(params, x).compile().as_text())
+        for fn in (infer, step):
+            jax.block_until_ready(fn(params, x))  # compile + warm-up
+        calls += [
+            lambda f=infer, p=params, x=x: jax.block_until_ready(f(p, x)),
+            lambda f=step, p=params, x=x: jax.block_until_ready(f(p, x)),
+        ]
+        info.append((name, dots, float(np.max(np.abs(out - reference)))))
+    times = interleaved_medians(calls, repeat)
+    return [
+        {
+            "path": name,
+            "infer_ms": 1e3 * times[2 * i],
+            "infer_ratio": times[2 * i] / times[0],
+            "train_ms": 1e3 * times[2 * i + 1],
+            "train_ratio": times[2 * i + 1] / times[1],
+            "eigen_dots": dots,
+            "max_err": err,
+        }
+        for i, (name, dots, err) in enumerate(info)
+    ]
+
+
 def measure(repeat: int) -> list[dict]:
     import jax
 
@@ -165,39 +199,9 @@ def measure(repeat: int) -> list[dict]:
         paths = _paths(d, layers)
         for batch in BATCHES:
             x = np.random.default_rng(1).standard_normal((batch, seq, d)).astype(np.float32)
-            x = jax.device_put(x)
-            calls, info = [], []
-            reference = None
-            for name, (apply, params) in paths.items():
-                infer, step = jax.jit(apply), _step(apply)
-                out = np.asarray(infer(params, x))
-                reference = out if reference is None else reference
-                err = float(np.max(np.abs(out - reference)))
-                dots = _eigen_dots(step.lower(params, x).compile().as_text())
-                for fn in (infer, step):
-                    jax.block_until_ready(fn(params, x))  # compile + warm-up
-                calls += [
-                    lambda f=infer, p=params, x=x: jax.block_until_ready(f(p, x)),
-                    lambda f=step, p=params, x=x: jax.block_until_ready(f(p, x)),
-                ]
-                info.append((name, dots, err))
-            times = interleaved_medians(calls, repeat)
-            base_infer, base_train = times[0], times[1]
-            for i, (name, dots, err) in enumerate(info):
-                t_infer, t_train = times[2 * i], times[2 * i + 1]
-                rows.append(
-                    {
-                        "shape": f"{shape_name} (d={d}, {layers} blocks, seq {seq})",
-                        "batch": batch,
-                        "path": name,
-                        "infer_ms": 1e3 * t_infer,
-                        "infer_ratio": t_infer / base_infer,
-                        "train_ms": 1e3 * t_train,
-                        "train_ratio": t_train / base_train,
-                        "eigen_dots": dots,
-                        "max_err": err,
-                    }
-                )
+            shape = f"{shape_name} (d={d}, {layers} blocks, seq {seq})"
+            for row in _time_paths(paths, jax.device_put(x), repeat):
+                rows.append({"shape": shape, "batch": batch, **row})
             print(f"{shape_name} b={batch}: done", file=sys.stderr)
     return rows
 
@@ -227,38 +231,16 @@ def measure_products(repeat: int) -> list[dict]:
         b = (0.1 * rng.standard_normal(d_out)).astype(np.float32)
         for m in PRODUCT_ROWS:
             x = jax.device_put(rng.standard_normal((m, d_in)).astype(np.float32))
-            calls, info, reference = [], [], None
-            for name, (product, kernel) in forms.items():
-                params = (jnp.asarray(w.T.copy() if kernel else w), jnp.asarray(b))
-
-                def apply(p, x, product=product):
-                    return product(x, p[0]) + p[1]
-
-                infer, step = jax.jit(apply), _step(apply)
-                out = np.asarray(infer(params, x))
-                reference = out if reference is None else reference
-                jax.block_until_ready(step(params, x))
-                calls += [
-                    lambda f=infer, p=params, x=x: jax.block_until_ready(f(p, x)),
-                    lambda f=step, p=params, x=x: jax.block_until_ready(f(p, x)),
-                ]
-                info.append((name, float(np.max(np.abs(out - reference)))))
-            times = interleaved_medians(calls, repeat)
-            picked = weight_major(x, jnp.asarray(w).T)
-            for i, (name, err) in enumerate(info):
-                rows.append(
-                    {
-                        "width": f"{d_in} -> {d_out}",
-                        "rows": m,
-                        "path": name,
-                        "infer_ms": 1e3 * times[2 * i],
-                        "infer_ratio": times[2 * i] / times[0],
-                        "train_ms": 1e3 * times[2 * i + 1],
-                        "train_ratio": times[2 * i + 1] / times[1],
-                        "to_jax": "weight-major" if picked else "x @ w.T",
-                        "max_err": err,
-                    }
+            paths = {
+                name: (
+                    lambda p, x, product=product: product(x, p[0]) + p[1],
+                    (jnp.asarray(w.T.copy() if kernel else w), jnp.asarray(b)),
                 )
+                for name, (product, kernel) in forms.items()
+            }
+            picked = "weight-major" if weight_major(x, jnp.asarray(w).T) else "x @ w.T"
+            for row in _time_paths(paths, x, repeat):
+                rows.append({"width": f"{d_in} -> {d_out}", "rows": m, "to_jax": picked, **row})
         print(f"products {d_in} -> {d_out}: done", file=sys.stderr)
     return rows
 
