@@ -42,9 +42,9 @@ weight, as ``(w @ x.T).T`` only the rows. At 2-64 rows the product took ×0.4-0.
 twice as wide on its input side (BERT-base's FFN down-projection at batch 1, 128 rows:
 ×0.9); beyond 128 rows, or at 96-128 rows with a narrower input side, its forward was up to
 ×1.2 slower (its SGD step ×0.89-0.97: the rule follows the forward), and at one row (a
-matrix-vector product) the same (``benchmarks/dense_layout.md``'s second table). Other backends, other dtypes, a matrix
-multiplied as stored, and every product under ``"reference"`` keep ``lax.dot_general`` as
-written.
+matrix-vector product) the same (``benchmarks/dense_layout.md``'s second table). Other
+backends, other dtypes, a matrix multiplied as stored, and every product under
+``"reference"`` keep ``lax.dot_general`` as written.
 
 ``bf16_dot``: ``"auto"`` (default) computes a product of two bfloat16 operands on the CPU as
 ``jnp.einsum(..., preferred_element_type=float32)`` rounded once to bfloat16, with a custom
