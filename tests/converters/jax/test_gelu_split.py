@@ -5,7 +5,6 @@ YNNPACK fusion. A small input keeps the plain form. Both compute torch's numbers
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import numpy as np
@@ -15,6 +14,7 @@ torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
 
 import xconv  # noqa: E402
+from tests.converters.jax.generated import import_generated  # noqa: E402
 from xconv.converters.jax import elementwise  # noqa: E402
 
 
@@ -53,10 +53,7 @@ def _converted(model, how: str, tmp):
     if how == "to_jax":
         return xconv.to_jax(model)
     folder = xconv.to_flax(model, tmp / "flax")
-    spec = importlib.util.spec_from_file_location("gelu_split_flax", folder / "model.py")
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
-    flax_model, variables = generated.load(folder)
+    flax_model, variables = import_generated(folder).load(folder)
     return (lambda v, *xs: (flax_model.apply(v, *xs),)), variables
 
 

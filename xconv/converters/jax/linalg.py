@@ -25,6 +25,7 @@ from xconv.converters.ops.linalg import (
     register_softmax_ops,
     register_topk,
 )
+from xconv.ir.passes.layout import transpose_of
 
 #: Types whose products accumulate in float32 (as the ONNX reference does for Einsum).
 _LOW_PRECISION = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
@@ -34,22 +35,11 @@ _LOW_PRECISION = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 # Matrix products
 
 
-def _transposed_matrix(value) -> bool:
-    """Whether the IR ``value`` is a 2-D ``Transpose`` output (an exported ``Linear``'s
-    ``MatMul(x, Transpose(W))``)."""
-    node = value.producer() if value is not None else None
-    if node is None or node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
-        return False
-    perm = node.attributes.get("perm")
-    shape = node.inputs[0].shape if node.inputs else None
-    rank_2 = shape is not None and len(shape) == 2
-    return rank_2 and (perm is None or list(perm.as_ints()) == [1, 0])
-
-
 @builtin("MatMul", since=1)
 def matmul(ctx, a, b):
     """MatMul(A, B) -> Y: numpy.matmul semantics (1-D operands promoted, batch broadcast)."""
-    if _transposed_matrix(ctx.node.inputs[1]) and weight_major(a, b):
+    transposed = transpose_of(ctx.node.inputs[1])  # an exported Linear: MatMul(x, W^T)
+    if transposed is not None and transposed[1] == [1, 0] and weight_major(a, b):
         return weight_product(a, b)
     return kernel_matmul(a, b)
 

@@ -106,7 +106,7 @@ class TransposeSinkingPass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=modified)
 
 
-def _transpose_of(value: ir.Value | None) -> tuple[ir.Node, list[int]] | None:
+def transpose_of(value: ir.Value | None) -> tuple[ir.Node, list[int]] | None:
     """``(node, perm)`` when ``value`` is the output of a plain Transpose with a known perm."""
     producer = value.producer() if value is not None else None
     if (
@@ -127,7 +127,7 @@ def _sink_elementwise(graph: ir.Graph, node: ir.Node, dynamic: set[ir.Value]) ->
         return False
     perm = None
     for i in data:
-        found = _transpose_of(node.inputs[i])
+        found = transpose_of(node.inputs[i])
         if found is None or (perm is not None and found[1] != perm):
             return False
         perm = found[1]
@@ -232,7 +232,7 @@ def _rebuild(
 
 
 def _sink_reduction(graph: ir.Graph, node: ir.Node, dynamic: set[ir.Value]) -> bool:
-    found = _transpose_of(node.inputs[0])
+    found = transpose_of(node.inputs[0])
     if found is None or len(node.outputs) != 1:
         return False
     _, perm = found
@@ -275,7 +275,7 @@ def _sink_reduction(graph: ir.Graph, node: ir.Node, dynamic: set[ir.Value]) -> b
 
 
 def _sink_axis_op(graph: ir.Graph, node: ir.Node) -> bool:
-    found = _transpose_of(node.inputs[0])
+    found = transpose_of(node.inputs[0])
     if found is None or len(node.outputs) != 1 or len(node.inputs) != 1:
         return False
     _, perm = found
