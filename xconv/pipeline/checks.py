@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from xconv.errors import ConversionError
 from xconv.pipeline.options import LAYERWISE_BYTES, ConvertOptions, Progress, _Imported
-from xconv.pipeline.source import _as_input_tuple, _differential
+from xconv.pipeline.source import _as_input_tuple, _differential, jax_float64, torch_float64
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +138,7 @@ def _run_differential(
         fn, params = to_jax(imported.model)
         want = fn(params, *inputs)
         what, runtime = f"generated Flax ({options.api})", "to_jax"
+        oracle = lambda: jax_float64(imported.model, inputs)  # noqa: E731
     else:
         import torch
 
@@ -148,8 +149,9 @@ def _run_differential(
         with torch.no_grad():
             got, want = candidate(*targs), runtime_module(*targs)
         what, runtime = "generated torch source", "to_torch"
+        oracle = lambda: torch_float64(imported.model, inputs)  # noqa: E731
     del candidate
-    _differential(imported.model, what, runtime, got, want)
+    _differential(imported.model, what, runtime, got, want, oracle=oracle)
 
 
 def _weights_from_file(model: ir.Model, path: Path) -> None:

@@ -18,8 +18,12 @@ import onnx_ir as ir
 from xconv.pipeline.targets import _load_generated
 
 #: Generated source and the IR's runtime run the same graph in the same framework: they may
-#: differ by float reassociation, never by more.
+#: differ by float reassociation, never by more. Within these, always; beyond them, an output
+#: of a float32 run still passes within :data:`DIFFERENTIAL_NOISE` times the runtime's own
+#: error against its float64 run (deep networks: float32 reassociation alone reaches ~1e-5
+#: of the output's scale; see :func:`_differential`).
 DIFFERENTIAL_RTOL, DIFFERENTIAL_ATOL = 1e-4, 1e-5
+DIFFERENTIAL_NOISE = 4.0
 
 
 def to_flax(
@@ -72,7 +76,8 @@ def to_flax(
         fn, params = to_jax(model) if low is None else to_jax(model, dtype=low)
         bound = None if low is None else bf16_differential_bound(model)
         what = f"generated Flax ({api}{', bfloat16' if low else ''})"
-        _differential(model, what, "to_jax", got, fn(params, *inputs), bound)
+        want = fn(params, *inputs)
+        _differential(model, what, "to_jax", got, want, bound, lambda: jax_float64(model, inputs))
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -103,8 +108,41 @@ def to_torch_source(model: ir.Model, example_inputs: Any = None) -> tuple[str, d
     runtime, _ = to_torch(model)
     with torch.no_grad():
         got, want = generated(*inputs), runtime(*inputs)
-    _differential(model, "generated torch source", "to_torch", got, want)
+    oracle = lambda: torch_float64(model, inputs)  # noqa: E731
+    _differential(model, "generated torch source", "to_torch", got, want, oracle=oracle)
     return source, state
+
+
+def jax_float64(model: ir.Model, inputs: tuple[Any, ...]) -> list[np.ndarray]:
+    """``to_jax`` of ``model`` cast to float64 (weights, value types, casts), run on
+    ``inputs`` (float ones as float64) under ``jax.enable_x64``: the differential check's
+    measure of the runtime's own float32 rounding."""
+    import jax
+
+    from xconv.converters.jax.interpreter import to_jax
+    from xconv.parity.adapters import to_float64
+    from xconv.parity.onnx_adapters import cast_model_to_double
+
+    with jax.enable_x64(True):
+        fn, params = to_jax(cast_model_to_double(model))
+        out = fn(params, *to_float64([np.asarray(x) for x in inputs]))
+        return [np.asarray(o) for o in jax.tree_util.tree_leaves(out)]
+
+
+def torch_float64(model: ir.Model, inputs: tuple[Any, ...]) -> list[np.ndarray]:
+    """``to_torch`` of ``model`` cast to float64, run on ``inputs`` (float ones as float64):
+    as :func:`jax_float64`, for the torch source's check."""
+    import torch
+
+    from xconv.converters.torch.emitter import to_torch
+    from xconv.parity.adapters import to_float64
+    from xconv.parity.onnx_adapters import cast_model_to_double
+
+    module, _ = to_torch(cast_model_to_double(model))
+    xs = [torch.as_tensor(x) for x in to_float64([_numpy(x) for x in inputs])]
+    with torch.no_grad():
+        out = module(*xs)
+    return [_numpy(o) for o in (out if isinstance(out, tuple | list) else [out])]
 
 
 def _as_input_tuple(example_inputs: Any) -> tuple[Any, ...]:
@@ -123,11 +161,25 @@ def bf16_differential_bound(model: ir.Model) -> float:
 
 
 def _differential(
-    model: ir.Model, what: str, runtime: str, got: Any, want: Any, bf16: float | None = None
+    model: ir.Model,
+    what: str,
+    runtime: str,
+    got: Any,
+    want: Any,
+    bf16: float | None = None,
+    oracle: Any = None,
 ) -> None:
     """Raise ParityError at the first output where ``got`` and ``want`` disagree (within
-    ``bf16`` relative to the element and the output's largest magnitude, when given)."""
+    ``bf16`` relative to the element and the output's largest magnitude, when given).
+
+    ``oracle`` (called at most once, only when a float32 output is outside the fixed bound)
+    returns the runtime's outputs computed in float64: such an output then passes where
+    every element is within the fixed bound plus :data:`DIFFERENTIAL_NOISE` times the
+    runtime's largest error against it. Two runs that each round as float32 does differ by
+    about their own errors; an emitter's mistake sits well above them."""
     from xconv.errors import ParityError
+
+    f64: list[np.ndarray] | None = None
 
     got = list(got) if isinstance(got, tuple | list) else [got]
     want = list(want) if isinstance(want, tuple | list) else [want]
@@ -156,17 +208,46 @@ def _differential(
             if bf16 is not None:
                 bound = bf16 * (scale + np.abs(w64))
             with np.errstate(invalid="ignore"):
-                close = np.abs(g64 - w64) <= bound
                 same = np.isclose(g64, w64, equal_nan=True)  # inf / nan by position
-                bad = ~np.where(finite, close, same)
+                bad = ~np.where(finite, np.abs(g64 - w64) <= bound, same)
+                noted = ""
+                if bad.any() and bf16 is None and oracle is not None and w.dtype == np.float32:
+                    if f64 is None:
+                        f64 = _float64_run(oracle, len(want))
+                    noise = _runtime_error(w64, f64[i] if f64 else None)
+                    if noise is not None:
+                        allowed = bound + DIFFERENTIAL_NOISE * noise
+                        bad = ~np.where(finite, np.abs(g64 - w64) <= allowed, same)
+                        noted = (
+                            f" (beyond {DIFFERENTIAL_NOISE:g} x {runtime}'s own float32 error "
+                            f"on it, {noise:.3g} against its float64 run)"
+                        )
         if bad.any():
             where = tuple(int(j) for j in np.argwhere(bad)[0])
             raise ParityError(
                 f"{what} disagrees with {runtime} first at output {i} ({name!r}): "
                 f"{int(bad.sum())} of {bad.size} elements, first at index {where}: "
-                f"{g[where]!r} vs {w[where]!r}. The source emitter and the IR runtime differ "
-                "on this graph: please report it."
+                f"{g[where]!r} vs {w[where]!r}{noted}. The source emitter and the IR runtime "
+                "differ on this graph: please report it."
             )
+
+
+def _float64_run(oracle: Any, n: int) -> list[np.ndarray]:
+    """``oracle()``'s outputs as float64 arrays, or ``[]`` where it cannot run or gives
+    another number of outputs (the fixed bound then stands alone)."""
+    try:
+        out = [np.asarray(o, np.float64) for o in oracle()]
+    except Exception:  # noqa: BLE001 - an op without float64: the fixed bound decides
+        return []
+    return out if len(out) == n else []
+
+
+def _runtime_error(w64: np.ndarray, f64: np.ndarray | None) -> float | None:
+    """The runtime's largest |error| against its float64 run over the finite elements."""
+    if f64 is None or f64.shape != w64.shape:
+        return None
+    both = np.isfinite(w64) & np.isfinite(f64)
+    return float(np.abs(w64 - f64)[both].max()) if both.any() else None
 
 
 def _numpy(x: Any) -> np.ndarray:
