@@ -83,10 +83,16 @@ def _classify(case: str, emitter: str, emit, run, want: list[Any], model) -> Out
     except Exception as e:  # noqa: BLE001
         return Outcome(case, emitter, "crash", _first_line(e))
     try:
-        _differential(model, emitter, "runtime", list(got), want)
+        _differential(model, emitter, "runtime", _flat(got), _flat(want))
     except ParityError as e:
         return Outcome(case, emitter, "disagree", _first_line(e))
     return Outcome(case, emitter, "agree")
+
+
+def _flat(outputs) -> list[Any]:
+    """The outputs with each sequence output (a list) spread into its tensors: a generated
+    module returns a tuple for several outputs and a list for one sequence output."""
+    return [t for o in outputs for t in (o if isinstance(o, list) else [o])]
 
 
 def _gap(e: BaseException) -> str:
@@ -160,8 +166,8 @@ def _run_flax(loaded, api: str, inputs, ctx):
             got = module.apply(variables, *inputs)
         else:
             got = loaded(*inputs)
-        got = got if isinstance(got, tuple | list) else (got,)
-        return [np.asarray(g) for g in got]
+        got = got if isinstance(got, tuple) else (got,)  # a list: one sequence output
+        return [[np.asarray(t) for t in g] if isinstance(g, list) else np.asarray(g) for g in got]
 
 
 def _torch_case(case: harness.Case, inputs, expected) -> list[Outcome]:
@@ -191,8 +197,7 @@ def _torch_case(case: harness.Case, inputs, expected) -> list[Outcome]:
         module.load_state_dict(state)
         with torch.no_grad():
             got = module(*(to_tensor(x) for x in inputs))
-        got = got if isinstance(got, tuple | list) else (got,)
-        return got
+        return got if isinstance(got, tuple) else (got,)  # a list: one sequence output
 
     return [_classify(case.name, "torch-source", emit, run_source, list(want), model)]
 
