@@ -44,6 +44,14 @@ CASES = [
         {},
         ["x", "s"],
     ),  # fmt: skip
+    (  # a shape computed at run time: its 0 copies the input's dimension (allowzero=0)
+        "reshape_runtime_shape_zero",
+        "Reshape",
+        {"x": f32(2, 3, 4), "s": i64(2, 0, -1, 1)},
+        {},
+        {},
+        ["x", "s"],
+    ),  # fmt: skip
     ("add_scalar", "Add", {"x": f32(2, 3)}, {"c": np.array(2.5, np.float32)}, {}, ["x", "c"]),
     ("sub_bcast", "Sub", {"x": f32(2, 3), "y": f32(3)}, {}, {}, ["x", "y"]),
     ("div_int", "Div", {"x": i64(7, -7, 9), "y": i64(2, 2, 4)}, {}, {}, ["x", "y"]),

@@ -101,7 +101,11 @@ def _size(c: OpCall) -> str:
 @template("Reshape", allowzero=0)
 def _reshape(c: OpCall) -> str:
     if c.consts[1] is None:
-        return f"{c.args[0]}.reshape({c.args[1]}.tolist())"
+        if c.attrs["allowzero"]:
+            return f"{c.args[0]}.reshape({c.args[1]}.tolist())"
+        # A 0 in a shape computed at run time copies the input's dimension (allowzero=0).
+        x = c.args[0]
+        return f"{x}.reshape([{x}.shape[i] if d == 0 else d for i, d in enumerate({c.args[1]}.tolist())])"
     target = np.asarray(c.consts[1]).reshape(-1)
     if not target.size:  # to a scalar: reshape() takes no empty argument list
         return f"{c.args[0]}.reshape(())"
