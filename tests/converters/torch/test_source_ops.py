@@ -52,6 +52,8 @@ CASES = [
         {},
         ["x", "s"],
     ),  # fmt: skip
+    ("flatten_rank_1", "Flatten", {"x": f32(3)}, {}, {"axis": 1}, ["x"]),
+    ("flatten_at_rank", "Flatten", {"x": f32(2, 3)}, {}, {"axis": 2}, ["x"]),
     ("add_scalar", "Add", {"x": f32(2, 3)}, {"c": np.array(2.5, np.float32)}, {}, ["x", "c"]),
     ("sub_bcast", "Sub", {"x": f32(2, 3), "y": f32(3)}, {}, {}, ["x", "y"]),
     ("div_int", "Div", {"x": i64(7, -7, 9), "y": i64(2, 2, 4)}, {}, {}, ["x", "y"]),

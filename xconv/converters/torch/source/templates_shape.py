@@ -122,6 +122,8 @@ def _flatten(c: OpCall) -> str:
         a += c.need_rank()
     if a == 0:
         return f"{c.args[0]}.reshape(1, -1)"
+    if a == c.rank():  # every dimension before the axis: (size, 1); flatten(a) would refuse
+        return f"{c.args[0]}.reshape(-1, 1)"
     if a == 1:
         return f"{c.args[0]}.flatten(1)"
     return f"{c.args[0]}.flatten(0, {a - 1}).flatten(1)"
