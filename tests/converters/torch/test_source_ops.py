@@ -53,6 +53,16 @@ CASES = [
         ["x", "s"],
     ),  # fmt: skip
     ("flatten_rank_1", "Flatten", {"x": f32(3)}, {}, {"axis": 1}, ["x"]),
+    # pooling pads torch's padding argument cannot take: asymmetric (TensorFlow's SAME with
+    # stride 2) or wider than half the window, written with F.pad
+    *(
+        (f"{op}_pads_{tag}{'_counted' if extra else ''}", op, {"x": f32(1, 2, 7, 7)}, {},
+         {"kernel_shape": [3, 3], "strides": [2, 2], "pads": pads, **extra}, ["x"])
+        for tag, pads in (("asymmetric", [0, 0, 1, 1]), ("wide", [2, 2, 2, 2]))
+        for op, extra in (
+            ("MaxPool", {}), ("AveragePool", {}), ("AveragePool", {"count_include_pad": 1})
+        )
+    ),  # fmt: skip
     ("flatten_at_rank", "Flatten", {"x": f32(2, 3)}, {}, {"axis": 2}, ["x"]),
     ("add_scalar", "Add", {"x": f32(2, 3)}, {"c": np.array(2.5, np.float32)}, {}, ["x", "c"]),
     ("sub_bcast", "Sub", {"x": f32(2, 3), "y": f32(3)}, {}, {}, ["x", "y"]),

@@ -80,15 +80,39 @@ def _max_pool(c: OpCall) -> str:
         raise c.fail("MaxPool with an Indices output is not supported")
     k = c.attrs["kernel_shape"]
     n = len(k)
-    pad = _sym_pads(c, n)
     s = c.attrs["strides"] or [1] * n
     d = c.attrs["dilations"] or [1] * n
-    args = [c.args[0], _compact(k)]
+    x, pad = _pool_pads(c, n, [(ki - 1) * di + 1 for ki, di in zip(k, d, strict=True)])
+    if pad is None:  # the window's padding reads as -inf: it never wins
+        x, pad = f"F.pad({x}, {_pad_order(c, n)}, value=float('-inf'))", [0] * n
+    args = [x, _compact(k)]
     args += [f"stride={_compact(s)}"] if list(s) != list(k) else []  # torch: stride = kernel
     args += [f"padding={_compact(pad)}"] if any(pad) else []
     args += [f"dilation={_compact(d)}"] if any(x != 1 for x in d) else []
     args += ["ceil_mode=True"] if c.attrs["ceil_mode"] else []
     return f"F.max_pool{n}d({', '.join(args)})"
+
+
+def _pool_pads(c: OpCall, n: int, window: list[int]) -> tuple[str, list[int] | None]:
+    """``(input, pads)`` of a pooling: its symmetric pads where torch's ``padding`` takes
+    them (at most half the window), else ``None``: asymmetric pads (TensorFlow's SAME) or
+    wider ones are written with ``F.pad`` (:func:`_pad_order`). Not with ``ceil_mode``:
+    torch then drops a last window that starts in the padding, ONNX keeps it."""
+    pads = c.attrs.get("pads") or [0] * (2 * n)
+    if c.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise c.fail("auto_pad SAME_* is not supported; canonicalise to explicit pads")
+    lo, hi = list(pads[:n]), list(pads[n:])
+    if lo == hi and all(p <= w // 2 for p, w in zip(lo, window, strict=True)):
+        return c.args[0], lo
+    if c.attrs["ceil_mode"]:
+        raise c.fail(f"pads {list(pads)} with ceil_mode have no torch padding argument")
+    return c.args[0], None
+
+
+def _pad_order(c: OpCall, n: int) -> str:
+    """The ONNX ``pads`` as ``F.pad`` lists them: the last dimension first, low then high."""
+    pads = c.attrs.get("pads") or [0] * (2 * n)
+    return int_tuple([int(v) for i in reversed(range(n)) for v in (pads[i], pads[n + i])])
 
 
 def _compact(values) -> str:
@@ -103,10 +127,18 @@ def _avg_pool(c: OpCall) -> str:
     n = len(k)
     if c.attrs["dilations"] and any(x != 1 for x in c.attrs["dilations"]):
         raise c.fail("dilated AveragePool has no torch counterpart")
-    pad = _sym_pads(c, n)
     s = c.attrs["strides"] or [1] * n
-    args = [c.args[0], _compact(k)]
-    args += [f"stride={_compact(s)}"] if list(s) != list(k) else []  # torch: stride = kernel
+    x, pad = _pool_pads(c, n, list(k))
+    stride = [f"stride={_compact(s)}"] if list(s) != list(k) else []  # torch: stride = kernel
+    if pad is None:  # zeros in the window; without count_include_pad, divide by the count
+        order = _pad_order(c, n)
+        mean = f"F.avg_pool{n}d(F.pad({x}, {order}), {', '.join([_compact(k), *stride])})"
+        if c.attrs["count_include_pad"]:
+            return mean
+        ones = f"torch.ones_like({x}[:1, :1])"
+        share = f"F.avg_pool{n}d(F.pad({ones}, {order}), {', '.join([_compact(k), *stride])})"
+        return f"{mean} / {share}"
+    args = [x, _compact(k), *stride]
     args += [f"padding={_compact(pad)}"] if any(pad) else []
     args += ["ceil_mode=True"] if c.attrs["ceil_mode"] else []
     if any(pad) and not c.attrs["count_include_pad"]:  # ONNX's default, not torch's
