@@ -250,3 +250,26 @@ def test_op(tmp_path, op, data, consts, attrs, order):
     for g, e in zip(got, expected, strict=True):
         assert np.asarray(g).shape == e.shape
         np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-5)
+
+
+def test_max_pool_indices_as_a_graph_output_is_refused(tmp_path):
+    """A MaxPool whose Indices output the graph returns: the emitter refuses it by name (it
+    wrote ``y, i = nn.max_pool(...)``, which failed when run); unused, it is dropped."""
+    from xconv.errors import UnsupportedAttributeError
+
+    for returned in (False, True):
+        outs = [h.make_tensor_value_info("y", T.FLOAT, None)]
+        outs += [h.make_tensor_value_info("i", T.INT64, None)] if returned else []
+        node = h.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2], strides=[2, 2])
+        x = [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])]
+        proto = h.make_model(
+            h.make_graph([node], "g", x, outs), opset_imports=[h.make_opsetid("", 23)]
+        )
+        model = ir.serde.deserialize_model(proto)
+        if returned:
+            with pytest.raises(UnsupportedAttributeError, match="MaxPool indices output"):
+                xconv.to_flax(model, tmp_path / "refused")
+            continue
+        data = f32(1, 2, 4, 4)
+        got, _ = run_generated(xconv.to_flax(model, tmp_path / "out"), "linen", data, jit=False)
+        np.testing.assert_array_equal(np.asarray(got), data.reshape(1, 2, 2, 2, 2, 2).max((3, 5)))

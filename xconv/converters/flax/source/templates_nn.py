@@ -106,7 +106,8 @@ def _pool_pads(c: OpCall, n: int, kernel, strides) -> list[tuple[int, int]]:
 
 @template("MaxPool", layout="channels_last", **ex.MAX_POOL_ATTRS)
 def _max_pool(c: OpCall) -> str:
-    if len(c.node.outputs) > 1 and c.node.outputs[1].uses():
+    indices = c.node.outputs[1] if len(c.node.outputs) > 1 else None
+    if indices is not None and (indices.uses() or indices.is_graph_output()):
         raise c.fail("MaxPool indices output")
     k = tuple(c.attrs["kernel_shape"])
     n = len(k)
