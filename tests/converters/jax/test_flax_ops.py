@@ -26,6 +26,23 @@ def i64(*values):
 
 # (id, op, data inputs {name: array}, constants {name: array}, attrs, input order)
 CASES = [
+    # shapes computed at run time: 0 copies the input's dimension, or with allowzero is one
+    (
+        "reshape_runtime_zero",
+        "Reshape",
+        {"x": f32(2, 3, 4), "s": i64(2, 0, -1)},
+        {},
+        {},
+        ["x", "s"],
+    ),
+    (
+        "reshape_runtime_allowzero",
+        "Reshape",
+        {"x": np.zeros((0, 3, 4), np.float32), "s": i64(3, 4, 0)},
+        {},
+        {"allowzero": 1},
+        ["x", "s"],
+    ),
     (
         "conv_transpose_s2",
         "ConvTranspose",

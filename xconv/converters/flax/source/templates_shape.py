@@ -103,6 +103,8 @@ def _reshape(c: OpCall) -> str:
         if len(dims) == 1 and dims[0].startswith("*"):
             return f"{c.xp}.reshape({c.args[0]}, {dims[0][1:]})"  # the input's leading dims
         return f"{c.xp}.reshape({c.args[0]}, ({', '.join(dims)}{',' if len(dims) == 1 else ''}))"
+    if c.attrs["allowzero"]:  # a 0 in the shape is a dimension of size 0
+        return f"{c.xp}.reshape({c.args[0]}, tuple(int(d) for d in {c.args[1]}))"
     c.helpers.add("reshape")
     return f"_reshape({c.args[0]}, {c.args[1]})"
 
