@@ -162,3 +162,45 @@ GEMM_ATTRS = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
 CONV_TRANSPOSE_ATTRS = {**CONV_ATTRS, "output_padding": None, "output_shape": None}
 MAX_POOL_ATTRS = {**POOL_ATTRS, "kernel_shape": REQUIRED, "storage_order": 0}
 AVERAGE_POOL_ATTRS = {**POOL_ATTRS, "kernel_shape": REQUIRED, "count_include_pad": 0}
+
+
+RESIZE_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+RESIZE_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def resize_plan(
+    c: TemplateCall, modes: tuple[str, ...], static: bool = True
+) -> tuple[list[int | None], list[float | None], bool]:
+    """A Resize both source emitters can write: ``(output sizes, scale per axis, whether the
+    node gave scales)``, from constant ``scales`` or ``sizes``. Raises the emitter's refusal
+    for a mode outside ``modes``, another coordinate mode, antialias, axes, exclude_outside,
+    scales and sizes known only at run time, or (with ``static``) an input shape not static;
+    without it, a size or scale that depends on an unknown dimension is ``None``."""
+    a = c.attrs
+    mode, coord = a["mode"], a["coordinate_transformation_mode"]
+    if mode not in modes:
+        raise c.fail(f"Resize mode={mode!r}; the {c.emitter} writes {', '.join(map(repr, modes))}")
+    if coord not in RESIZE_COORDS or a["nearest_mode"] not in RESIZE_NEAREST:
+        raise c.fail(
+            f"Resize coordinate_transformation_mode={coord!r} / nearest_mode="
+            f"{a['nearest_mode']!r}; supported: {', '.join(RESIZE_COORDS)} / "
+            f"{', '.join(RESIZE_NEAREST)}"
+        )
+    if a["antialias"] or a["axes"] is not None or a["exclude_outside"]:
+        raise c.fail("Resize with antialias, axes or exclude_outside")
+    shape = c.shapes[0]
+    if shape is None or (static and any(d is None for d in shape)):
+        raise c.fail("Resize of an input whose shape is not static")
+    scales = c.consts[2] if len(c.consts) > 2 and c.has(2) else None
+    sizes = c.consts[3] if len(c.consts) > 3 and c.has(3) else None
+    if sizes is not None and np.size(sizes):
+        out = [int(s) for s in np.asarray(sizes).reshape(-1)]
+        factors = [None if n is None else o / n for o, n in zip(out, shape, strict=True)]
+        return out, factors, False
+    if scales is not None and np.size(scales):
+        factors = [float(s) for s in np.asarray(scales).reshape(-1)]
+        out = [
+            None if n is None else int(np.floor(n * f)) for n, f in zip(shape, factors, strict=True)
+        ]
+        return out, factors, True
+    raise c.fail("Resize needs constant scales or sizes")

@@ -56,14 +56,85 @@ CASES = [
     # pooling pads torch's padding argument cannot take: asymmetric (TensorFlow's SAME with
     # stride 2) or wider than half the window, written with F.pad
     *(
-        (f"{op}_pads_{tag}{'_counted' if extra else ''}", op, {"x": f32(1, 2, 7, 7)}, {},
-         {"kernel_shape": [3, 3], "strides": [2, 2], "pads": pads, **extra}, ["x"])
+        (
+            f"{op}_pads_{tag}{'_counted' if extra else ''}",
+            op,
+            {"x": f32(1, 2, 7, 7)},
+            {},
+            {"kernel_shape": [3, 3], "strides": [2, 2], "pads": pads, **extra},
+            ["x"],
+        )
         for tag, pads in (("asymmetric", [0, 0, 1, 1]), ("wide", [2, 2, 2, 2]))
         for op, extra in (
-            ("MaxPool", {}), ("AveragePool", {}), ("AveragePool", {"count_include_pad": 1})
+            ("MaxPool", {}),
+            ("AveragePool", {}),
+            ("AveragePool", {"count_include_pad": 1}),
         )
     ),  # fmt: skip
     ("flatten_at_rank", "Flatten", {"x": f32(2, 3)}, {}, {"axis": 2}, ["x"]),
+    # Resize as F.interpolate (Keras UpSampling2D(interpolation="bilinear") exports the first)
+    *(
+        (
+            f"resize_{tag}",
+            "Resize",
+            {"x": f32(*shape)},
+            {key: value},
+            attrs,
+            ["x", "", "s"] if key == "s" else ["x", "", "", "z"],
+        )
+        for tag, shape, key, value, attrs in (
+            (
+                "linear_half_pixel",
+                (1, 2, 4, 4),
+                "s",
+                np.array([1, 1, 2, 2], np.float32),
+                {"mode": "linear"},
+            ),
+            (
+                "linear_align_corners",
+                (1, 2, 4, 3),
+                "z",
+                i64(1, 2, 7, 5),
+                {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+            ),
+            (
+                "linear_pytorch_half_pixel",
+                (1, 2, 4, 3),
+                "z",
+                i64(1, 2, 2, 5),
+                {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"},
+            ),
+            ("linear_1d", (2, 3, 5), "s", np.array([1, 1, 2.5], np.float32), {"mode": "linear"}),
+            (
+                "trilinear",
+                (1, 1, 2, 3, 4),
+                "s",
+                np.array([1, 1, 2, 2, 1.5], np.float32),
+                {"mode": "linear"},
+            ),
+            (
+                "nearest_floor",
+                (1, 2, 3, 4),
+                "s",
+                np.array([1, 1, 2, 3], np.float32),
+                {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+            ),
+            (
+                "nearest_floor_sizes",
+                (1, 2, 3, 4),
+                "z",
+                i64(1, 2, 7, 9),
+                {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+            ),
+            (
+                "cubic_half_pixel",
+                (1, 2, 5, 4),
+                "s",
+                np.array([1, 1, 2, 1.5], np.float32),
+                {"mode": "cubic"},
+            ),
+        )
+    ),  # fmt: skip
     ("add_scalar", "Add", {"x": f32(2, 3)}, {"c": np.array(2.5, np.float32)}, {}, ["x", "c"]),
     ("sub_bcast", "Sub", {"x": f32(2, 3), "y": f32(3)}, {}, {}, ["x", "y"]),
     ("div_int", "Div", {"x": i64(7, -7, 9), "y": i64(2, 2, 4)}, {}, {}, ["x", "y"]),
@@ -344,3 +415,40 @@ def test_conv_with_asymmetric_pads_pads_explicitly():
     with torch.no_grad():
         got = module(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_resize_torch_cannot_match_is_refused():
+    """Resizes F.interpolate computes otherwise are refused by name, not written wrong: an
+    output axis of one element with half-pixel coordinates (torch samples the middle), ONNX's
+    default nearest rounding (round_prefer_floor), the channel axis."""
+    from xconv.errors import UnsupportedAttributeError
+
+    for sizes, attrs, message in (
+        ((1, 2, 1, 5), {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"},
+         "has no F.interpolate mode"),
+        ((1, 2, 8, 6), {}, "F.interpolate's 'nearest' is asymmetric / floor"),
+        ((1, 4, 4, 3), {"mode": "linear"}, "batch or channel axis"),
+    ):  # fmt: skip
+        proto = _model("Resize", {"x": f32(1, 2, 4, 3)}, {"z": i64(*sizes)}, attrs,
+                       ["x", "", "", "z"], 1)  # fmt: skip
+        with pytest.raises(UnsupportedAttributeError, match=message):
+            to_torch_source(ir.from_proto(proto))
+
+
+def test_resize_by_scales_of_a_dynamic_batch():
+    """Keras UpSampling2D(interpolation="bilinear") through tf2onnx: a Resize by constant
+    scales of an input whose batch is symbolic, written as F.interpolate(scale_factor=2.0)."""
+    x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 2, 4, 3])
+    y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    scales = onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s")
+    node = h.make_node("Resize", ["x", "", "s"], ["y"], mode="linear")
+    proto = h.make_model(h.make_graph([node], "g", [x], [y], [scales]),
+                         opset_imports=[h.make_opsetid("", OPSET)])  # fmt: skip
+    source, _ = to_torch_source(ir.from_proto(proto))
+    assert 'F.interpolate(x, scale_factor=2.0, mode="bilinear", align_corners=False)' in source
+    ns: dict = {}
+    exec(compile(source, "<generated>", "exec"), ns)
+    data = f32(3, 2, 4, 3)
+    with torch.no_grad():
+        got = ns["Model"]()(torch.from_numpy(data)).numpy()
+    np.testing.assert_allclose(got, ReferenceEvaluator(proto).run(None, {"x": data})[0], atol=1e-6)

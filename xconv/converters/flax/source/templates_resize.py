@@ -9,12 +9,9 @@ neighbours with edge clamping (linear), one axis at a time.
 
 from __future__ import annotations
 
-import numpy as np
-
+from xconv.converters import expressions as ex
 from xconv.converters.flax.source.templates import OpCall, registry, template
-
-_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
-_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+from xconv.converters.ops.resize import RESIZE_ATTRS
 
 registry.helpers["gather_nd"] = '''
 def _gather_nd(data, indices, batch_dims):
@@ -74,45 +71,12 @@ def _gather_nd(c: OpCall) -> str:
     return f"_gather_nd({c.args[0]}, {c.args[1]}, {int(c.attrs['batch_dims'])})"
 
 
-@template(
-    "Resize",
-    antialias=0,
-    axes=None,
-    coordinate_transformation_mode="half_pixel",
-    cubic_coeff_a=-0.75,
-    exclude_outside=0,
-    extrapolation_value=0.0,
-    keep_aspect_ratio_policy="stretch",
-    mode="nearest",
-    nearest_mode="round_prefer_floor",
-)
+@template("Resize", **RESIZE_ATTRS)
 def _resize(c: OpCall) -> str:
     a = c.attrs
-    mode, coord = a["mode"], a["coordinate_transformation_mode"]
-    if mode not in ("nearest", "linear"):
-        raise c.fail(f"Resize mode={mode!r}; the Flax emitter writes 'nearest' and 'linear'")
-    if coord not in _COORDS or a["nearest_mode"] not in _NEAREST:
-        raise c.fail(
-            f"Resize coordinate_transformation_mode={coord!r} / nearest_mode="
-            f"{a['nearest_mode']!r}; supported: {', '.join(_COORDS)} / {', '.join(_NEAREST)}"
-        )
-    if a["antialias"] or a["axes"] is not None or a["exclude_outside"]:
-        raise c.fail("Resize with antialias, axes or exclude_outside")
-    shape = c.shapes[0]
-    if shape is None or any(d is None for d in shape):
-        raise c.fail("Resize of an input whose shape is not static")
-    scales = c.consts[2] if len(c.consts) > 2 and c.has(2) else None
-    sizes = c.consts[3] if len(c.consts) > 3 and c.has(3) else None
-    if sizes is not None and np.size(sizes):
-        out = [int(s) for s in np.asarray(sizes).reshape(-1)]
-        factors = [o / n for o, n in zip(out, shape, strict=True)]
-    elif scales is not None and np.size(scales):
-        factors = [float(s) for s in np.asarray(scales).reshape(-1)]
-        out = [int(np.floor(n * f)) for n, f in zip(shape, factors, strict=True)]
-    else:
-        raise c.fail("Resize needs constant scales or sizes")
+    out, factors, _ = ex.resize_plan(c, ("nearest", "linear"))
     c.helpers.add("resize")
     return (
         f"_resize({c.args[0]}, {tuple(out)}, {tuple(float(f) for f in factors)}, "
-        f'"{mode}", "{coord}", "{a["nearest_mode"]}")'
+        f'"{a["mode"]}", "{a["coordinate_transformation_mode"]}", "{a["nearest_mode"]}")'
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from xconv.converters import expressions as ex
 from xconv.converters.codegen import int_tuple, scalar_literal
+from xconv.converters.ops.resize import RESIZE_ATTRS
 from xconv.converters.registry import REQUIRED
 from xconv.converters.torch.source.templates import (
     OpCall,
@@ -258,3 +259,51 @@ def _attention(c: OpCall) -> str:
         extra.append("enable_gqa=True")
     tail = "".join(f", {e}" for e in extra)
     return f"F.scaled_dot_product_attention({q}, {k}, {v}{tail})"
+
+
+# ---------------------------------------------------------------- resampling
+
+#: F.interpolate's mode per rank for ONNX's linear and cubic modes.
+_INTERPOLATE = {"linear": {3: "linear", 4: "bilinear", 5: "trilinear"}, "cubic": {4: "bicubic"}}
+
+
+@template("Resize", **RESIZE_ATTRS)
+def _resize(c: OpCall) -> str:
+    """``F.interpolate`` where it computes ONNX's Resize exactly: over the spatial axes only;
+    ``nearest`` with ``asymmetric`` coordinates rounded down (torch's ``"nearest"``);
+    ``linear`` (and 4-D ``cubic`` at ``a = -0.75``, torch's) with ``align_corners``, or half
+    pixel coordinates where no output axis has one element (there ``half_pixel`` and
+    ``pytorch_half_pixel`` both differ from torch 2.x, which samples the middle). The scales
+    are passed as given (torch then maps coordinates by them, as ONNX does), else the
+    sizes."""
+    a = c.attrs
+    out, factors, from_scales = ex.resize_plan(c, ("nearest", "linear", "cubic"), static=False)
+    mode, coord, rank = a["mode"], a["coordinate_transformation_mode"], len(out)
+    if factors[:2] != [1.0, 1.0] or not 3 <= rank <= 5:
+        raise c.fail("Resize of the batch or channel axis has no F.interpolate counterpart")
+    if mode == "nearest":
+        if coord != "asymmetric" or a["nearest_mode"] != "floor":
+            raise c.fail(
+                f"Resize nearest with {coord} / {a['nearest_mode']}: F.interpolate's "
+                "'nearest' is asymmetric / floor"
+            )
+        extra = ""
+    else:
+        torch_mode = _INTERPOLATE[mode].get(rank)
+        wide = all(
+            f >= 2 if o is None else o > 1 for o, f in zip(out[2:], factors[2:], strict=True)
+        )
+        half = coord in ("half_pixel", "pytorch_half_pixel") and wide
+        if torch_mode is None or not (half or coord == "align_corners"):
+            raise c.fail(f"Resize {mode} of rank {rank} with {coord} has no F.interpolate mode")
+        if mode == "cubic" and a["cubic_coeff_a"] != -0.75:
+            raise c.fail(f"Resize cubic_coeff_a={a['cubic_coeff_a']} (torch's bicubic: -0.75)")
+        mode = torch_mode
+        extra = f", align_corners={coord == 'align_corners'}"
+    if from_scales:
+        spatial = [float(f) for f in factors[2:]]
+        arg = f"scale_factor={spatial[0] if len(set(spatial)) == 1 else tuple(spatial)}"
+    else:
+        spatial = [int(o) for o in out[2:]]
+        arg = f"size={spatial[0] if len(set(spatial)) == 1 else tuple(spatial)}"
+    return f'F.interpolate({c.args[0]}, {arg}, mode="{mode}"{extra})'
