@@ -22,7 +22,7 @@ CASES = [
 ]
 
 
-def _resize_model(mode, coord, nearest, scales, sizes) -> ir.Model:
+def _resize_model(mode, coord, nearest, scales, sizes, x_shape=(2, 3, 4, 5)) -> ir.Model:
     inits, names = [], ["x", ""]
     if scales is not None:
         inits.append(h.make_tensor("scales", T.FLOAT, [4], scales))
@@ -41,7 +41,7 @@ def _resize_model(mode, coord, nearest, scales, sizes) -> ir.Model:
     graph = h.make_graph(
         [node],
         "resize",
-        [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4, 5])],
+        [h.make_tensor_value_info("x", T.FLOAT, list(x_shape))],
         [h.make_tensor_value_info("y", T.FLOAT, None)],
         inits,
     )
@@ -84,3 +84,19 @@ def test_gather_nd_matches_onnxruntime(tmp_path, batch_dims):
     np.testing.assert_array_equal(np.asarray(got), want)
     ok, msg = ruff_ok(out / "model.py")
     assert ok, msg
+
+
+def test_resize_by_scales_of_a_symbolic_batch(tmp_path):
+    """Keras UpSampling2D(interpolation="bilinear") through tf2onnx: scales of an input
+    whose batch is symbolic; the batch axis, scale 1, is kept whole. A size of an axis whose
+    input size is unknown is refused."""
+    model = _resize_model("linear", "half_pixel", "floor", [1.0, 1.0, 2.0, 2.0], None,
+                          x_shape=("N", 3, 4, 5))  # fmt: skip
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    (want,) = ort_run(model, x)
+    got, _ = run_generated(xconv.to_flax(model, tmp_path / "out", api="linen"), "linen", x)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    sized = _resize_model("linear", "half_pixel", "floor", None, [2, 3, 8, 10],
+                          x_shape=("N", 3, 4, 5))  # fmt: skip
+    with pytest.raises(xconv.errors.UnsupportedAttributeError, match="size is not static"):
+        xconv.to_flax(sized, tmp_path / "sized", api="linen")

@@ -34,7 +34,7 @@ def _resize(x, sizes, scales, mode, coord, nearest_mode):
     """ONNX Resize (nearest or linear), axis by axis."""
     for axis, (out, scale) in enumerate(zip(sizes, scales, strict=True)):
         n = x.shape[axis]
-        if out == n and scale == 1.0:
+        if scale == 1.0 and out in (None, n):  # None: an axis kept whole (a symbolic batch)
             continue
         i = jnp.arange(out, dtype=jnp.float32)
         if coord == "align_corners":
@@ -74,7 +74,9 @@ def _gather_nd(c: OpCall) -> str:
 @template("Resize", **RESIZE_ATTRS)
 def _resize(c: OpCall) -> str:
     a = c.attrs
-    out, factors, _ = ex.resize_plan(c, ("nearest", "linear"))
+    out, factors, _ = ex.resize_plan(c, ("nearest", "linear"), static=False)
+    if any(f is None or (o is None and f != 1.0) for o, f in zip(out, factors, strict=True)):
+        raise c.fail("Resize of an axis whose size is not static")
     c.helpers.add("resize")
     return (
         f"_resize({c.args[0]}, {tuple(out)}, {tuple(float(f) for f in factors)}, "
