@@ -137,22 +137,34 @@ def _register_activation(builtin, k: ElementwiseKernel, op: str) -> None:
     builtin(op, since=first, attrs=attrs)(handler)
 
 
+def prelu_slope_shape(x_shape, slope_shape) -> tuple[int, ...] | None:
+    """The shape to give PRelu's slope so it broadcasts to X, or None where it does as it
+    is. Opset < 7 models put a per-channel slope of shape [C] against NC...: it is aligned
+    with the one dimension of X that has C elements. Raises ValueError where neither holds.
+    The runtimes reshape the slope by it; the source emitters write the reshape."""
+    try:
+        np.broadcast_shapes(tuple(slope_shape), tuple(x_shape))
+        return None
+    except ValueError:
+        size = math.prod(slope_shape)
+        matches = [i for i, d in enumerate(x_shape) if d == size]
+        if len(slope_shape) != 1 or len(matches) != 1:
+            raise ValueError(
+                f"slope of shape {tuple(slope_shape)} does not broadcast to {tuple(x_shape)}"
+            ) from None
+        shape = [1] * len(x_shape)
+        shape[matches[0]] = size
+        return tuple(shape)
+
+
 def _prelu(ctx, xp, x, slope):
     slope = astype(xp, slope, x.dtype)
-    size = math.prod(slope.shape)
     try:
-        np.broadcast_shapes(tuple(slope.shape), tuple(x.shape))
-    except ValueError:
-        # Opset < 7 models put a per-channel slope of shape [C] against NC...: align it
-        # with the one dimension of x that has C elements.
-        matches = [i for i, d in enumerate(x.shape) if d == size]
-        if slope.ndim != 1 or len(matches) != 1:
-            raise ctx.error(
-                f"slope of shape {tuple(slope.shape)} does not broadcast to {tuple(x.shape)}"
-            ) from None
-        shape = [1] * x.ndim
-        shape[matches[0]] = size
-        slope = xp.reshape(slope, tuple(shape))
+        shape = prelu_slope_shape(x.shape, slope.shape)
+    except ValueError as e:
+        raise ctx.error(str(e)) from None
+    if shape is not None:
+        slope = xp.reshape(slope, shape)
     return xp.where(x < 0, x * slope, x)
 
 

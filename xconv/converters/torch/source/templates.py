@@ -19,6 +19,7 @@ import onnx_ir as ir
 
 from xconv.converters import expressions as ex
 from xconv.converters.codegen import TemplateCall, scalar_literal
+from xconv.converters.ops.elementwise import prelu_slope_shape
 from xconv.converters.registry import REQUIRED, Handler, TemplateRegistry
 
 INT64_MAX = np.iinfo(np.int64).max
@@ -229,8 +230,20 @@ registry.builtin("Where")(lambda c: ex.where_expr(c, "torch"))
 
 @template("PRelu")
 def _prelu(c: OpCall) -> str:
-    x, s = c.args[0], c.args[1]
+    x, s = c.args[0], _prelu_slope(c)
     return f"torch.where({x} >= 0, {x}, {x} * {s})"
+
+
+def _prelu_slope(c: OpCall) -> str:
+    """PRelu's slope, reshaped where it broadcasts to X only as opset < 7 aligns it
+    (:func:`~xconv.converters.ops.elementwise.prelu_slope_shape`)."""
+    if c.shapes[0] is None or c.shapes[1] is None or None in (*c.shapes[0], *c.shapes[1]):
+        return c.args[1]
+    try:
+        shape = prelu_slope_shape(c.shapes[0], c.shapes[1])
+    except ValueError as e:
+        raise c.fail(str(e)) from None
+    return c.args[1] if shape is None else f"{c.args[1]}.reshape{shape}"
 
 
 def _variadic(fn: str) -> Callable[[OpCall], str]:
