@@ -242,11 +242,20 @@ def _from_keras(model: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
         tf.TensorSpec(v.shape, tf.as_dtype(v.dtype), name=f"{_WEIGHT_PREFIX}{i}")
         for i, v in enumerate(variables)
     ]
-    proto = _convert_function(tf.function(call), [*specs, *weight_specs])
-    model_ir = _load(proto)
-    owners = _owners(model, variables)
-    _inputs_to_weights(model_ir.graph, variables)
     layers_by_path = _layer_paths(model)
+    if any(type(layer).__name__ in _RECURRENT for layer in layers_by_path.values()):
+        # tf2onnx writes a recurrent layer as ONNX's LSTM (or a Loop) only from constant
+        # weights: traced with the weights frozen in, they are named back by value (the
+        # recurrent kernels, rearranged into W / R / B, keep tf2onnx's names).
+        def frozen(*xs):
+            return model(xs[0] if single else list(xs), **kwargs)
+
+        model_ir = _load(_convert_function(tf.function(frozen), specs))
+        _name_by_value(model_ir.graph, variables, by_path=True)
+    else:
+        model_ir = _load(_convert_function(tf.function(call), [*specs, *weight_specs]))
+        _inputs_to_weights(model_ir.graph, variables)
+    owners = _owners(model, variables)
     _set_scopes(model_ir.graph, owners, layers_by_path)
     _split_separable(model_ir.graph, owners)
     _replace_norms(model_ir.graph, owners)
@@ -263,6 +272,10 @@ def _from_keras(model: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
         scopes.setdefault(path, layer)
     keras_layers.annotate_layers(model_ir.graph, scopes, weights)
     return model_ir
+
+
+#: Keras layers whose weights must be constants for tf2onnx to translate them.
+_RECURRENT = frozenset({"LSTM", "GRU", "SimpleRNN", "RNN", "Bidirectional"})
 
 
 def _takes_training(model: Any) -> bool:

@@ -87,9 +87,12 @@ def _inputs_to_weights(graph: ir.Graph, variables: Sequence[Any]) -> None:
         graph.register_initializer(value)
 
 
-def _name_by_value(graph: ir.Graph, variables: Sequence[Any]) -> None:
-    """Rename frozen initializers to the captured variable they equal (unique match only)."""
-    values = [(v.name.split(":")[0], np.asarray(v.numpy())) for v in variables]
+def _name_by_value(graph: ir.Graph, variables: Sequence[Any], by_path: bool = False) -> None:
+    """Rename frozen initializers to the captured variable they equal (unique match only):
+    to its name, or with ``by_path`` to its Keras path (``lstm/lstm_cell/kernel``)."""
+    values = [
+        (v.path if by_path else v.name.split(":")[0], np.asarray(v.numpy())) for v in variables
+    ]
     taken = set(graph.initializers)
     for name, value in list(graph.initializers.items()):
         if value.const_value is None:
