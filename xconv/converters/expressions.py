@@ -164,7 +164,9 @@ MAX_POOL_ATTRS = {**POOL_ATTRS, "kernel_shape": REQUIRED, "storage_order": 0}
 AVERAGE_POOL_ATTRS = {**POOL_ATTRS, "kernel_shape": REQUIRED, "count_include_pad": 0}
 
 
-RESIZE_COORDS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+RESIZE_COORDS = (
+    "half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn"
+)  # fmt: skip
 RESIZE_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 

@@ -19,6 +19,7 @@ CASES = [
     ("linear", "pytorch_half_pixel", "round_prefer_floor", None, [2, 3, 3, 7]),
     ("linear", "align_corners", "round_prefer_floor", [1.0, 1.0, 2.0, 2.0], None),
     ("linear", "asymmetric", "round_prefer_floor", None, [2, 3, 8, 2]),
+    ("nearest", "tf_half_pixel_for_nn", "floor", None, [2, 3, 7, 9]),  # Keras Resizing
 ]
 
 

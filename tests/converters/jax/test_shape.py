@@ -422,3 +422,39 @@ def test_vmap_matches_per_example(name: str) -> None:
     model = build_model(case)
     for i in range(2):
         assert_close(y[i], reference(model, [batch[i]], case.oracle)[0], 1e-5, 1e-5)
+
+
+def tf_half_pixel_resize(opset: int = 19) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """Resize nearest with opset 11's ``tf_half_pixel_for_nn`` coordinates (tf2onnx writes
+    them for Keras' ``Resizing(interpolation="nearest")``; the reference evaluator refuses
+    them, onnxruntime reads them): ``(model, x, expected)``, ``expected[i] = x[floor((i +
+    0.5) / scale)]`` per axis."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    node = h.make_node(
+        "Resize", ["x", "", "", "sizes"], ["y"], mode="nearest",
+        coordinate_transformation_mode="tf_half_pixel_for_nn", nearest_mode="floor",
+    )  # fmt: skip
+    graph = h.make_graph(
+        [node], "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 3, 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, None)],
+        [h.make_tensor("sizes", T.INT64, [4], [1, 2, 7, 9])],
+    )  # fmt: skip
+    x = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
+    rows = np.floor((np.arange(7) + 0.5) / (7 / 3)).astype(int)
+    cols = np.floor((np.arange(9) + 0.5) / (9 / 4)).astype(int)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    return model, x, x[:, :, rows][:, :, :, cols]
+
+
+def test_resize_tf_half_pixel_for_nn(tmp_path):
+    from tests.converters.jax.generated import run_generated
+
+    proto, x, want = tf_half_pixel_resize()
+    model = xconv.load(proto)
+    fn, params = xconv.to_jax(model)
+    np.testing.assert_array_equal(np.asarray(fn(params, x)[0]), want)
+    out = xconv.to_flax(model, tmp_path / "flax", example_inputs=x)
+    got, _ = run_generated(out, "linen", x)
+    np.testing.assert_array_equal(np.asarray(got), want)

@@ -452,3 +452,23 @@ def test_resize_by_scales_of_a_dynamic_batch():
     with torch.no_grad():
         got = ns["Model"]()(torch.from_numpy(data)).numpy()
     np.testing.assert_allclose(got, ReferenceEvaluator(proto).run(None, {"x": data})[0], atol=1e-6)
+
+
+def test_resize_tf_half_pixel_for_nn_as_nearest_exact():
+    """Keras' Resizing(interpolation="nearest") through tf2onnx: F.interpolate's
+    "nearest-exact", and the torch runtime, against the definition."""
+    import xconv
+    from tests.converters.jax.test_shape import tf_half_pixel_resize
+
+    proto, x, want = tf_half_pixel_resize()
+    model = xconv.load(proto)
+    runtime, _ = xconv.to_torch(model)
+    source, _ = xconv.to_torch_source(model, example_inputs=(x,))
+    assert 'mode="nearest-exact"' in source
+    ns: dict = {}
+    exec(compile(source, "<generated>", "exec"), ns)
+    with torch.no_grad():
+        for module in (runtime, ns["Model"]()):
+            got = module(torch.from_numpy(x))
+            got = got[0] if isinstance(got, tuple | list) else got
+            np.testing.assert_array_equal(got.numpy(), want)

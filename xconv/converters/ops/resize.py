@@ -43,6 +43,8 @@ def source_coords(
     elif mode == "half_pixel_symmetric":
         offset = in_size / 2 * (1 - out_size / out_width)
         x = offset + (y + 0.5) / scale - 0.5
+    elif mode == "tf_half_pixel_for_nn":  # opset 11's; tf2onnx still writes it (Keras Resizing)
+        x = (y + 0.5) / scale
     else:
         raise ValueError(mode)
     return x, outside
@@ -206,6 +208,7 @@ _COORD_MODES = (
     "align_corners",
     "asymmetric",
     "tf_crop_and_resize",
+    "tf_half_pixel_for_nn",
 )
 _NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 

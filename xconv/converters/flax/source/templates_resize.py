@@ -43,6 +43,8 @@ def _resize(x, sizes, scales, mode, coord, nearest_mode):
             src = i / scale
         elif coord == "pytorch_half_pixel" and out == 1:
             src = jnp.zeros_like(i)
+        elif coord == "tf_half_pixel_for_nn":
+            src = (i + 0.5) / scale
         else:
             src = (i + 0.5) / scale - 0.5
         if mode == "nearest":

@@ -270,7 +270,8 @@ _INTERPOLATE = {"linear": {3: "linear", 4: "bilinear", 5: "trilinear"}, "cubic":
 @template("Resize", **RESIZE_ATTRS)
 def _resize(c: OpCall) -> str:
     """``F.interpolate`` where it computes ONNX's Resize exactly: over the spatial axes only;
-    ``nearest`` with ``asymmetric`` coordinates rounded down (torch's ``"nearest"``);
+    ``nearest`` rounded down from ``asymmetric`` coordinates (torch's ``"nearest"``) or from
+    ``tf_half_pixel_for_nn`` ones (its ``"nearest-exact"``: Keras' ``Resizing``);
     ``linear`` (and 4-D ``cubic`` at ``a = -0.75``, torch's) with ``align_corners``, or half
     pixel coordinates where no output axis has one element (there ``half_pixel`` and
     ``pytorch_half_pixel`` both differ from torch 2.x, which samples the middle). The scales
@@ -282,12 +283,13 @@ def _resize(c: OpCall) -> str:
     if factors[:2] != [1.0, 1.0] or not 3 <= rank <= 5:
         raise c.fail("Resize of the batch or channel axis has no F.interpolate counterpart")
     if mode == "nearest":
-        if coord != "asymmetric" or a["nearest_mode"] != "floor":
+        torch_mode = {"asymmetric": "nearest", "tf_half_pixel_for_nn": "nearest-exact"}
+        if coord not in torch_mode or a["nearest_mode"] != "floor":
             raise c.fail(
                 f"Resize nearest with {coord} / {a['nearest_mode']}: F.interpolate's "
-                "'nearest' is asymmetric / floor"
+                "'nearest' is asymmetric / floor, its 'nearest-exact' tf_half_pixel_for_nn / floor"
             )
-        extra = ""
+        mode, extra = torch_mode[coord], ""
     else:
         torch_mode = _INTERPOLATE[mode].get(rank)
         wide = all(
