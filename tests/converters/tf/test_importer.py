@@ -411,3 +411,35 @@ def test_keras_recurrent_layers_translate_with_frozen_weights(tmp_path):
     assert _max_err(model, net, (x,)) < ATOL
     got, _ = run_generated(xconv.to_flax(model, tmp_path / "flax"), "linen", x)
     np.testing.assert_allclose(np.asarray(got), want, atol=ATOL)
+
+
+def test_depth_multiplier_kernels_reach_every_target(tmp_path):
+    """A depthwise kernel (H, W, C, M) with M > 1 is stored (H, W, 1, C*M), tf2onnx's reshape
+    of it, under its Keras path: a plain (I=1, O) kernel. Its layout was "HWIM", which the
+    Flax emitter could not permute and the torch source loaded with the wrong shape."""
+    import keras
+    import torch
+
+    from tests.converters.jax.generated import run_generated
+
+    layers = keras.layers
+    inp = keras.Input((9, 9, 4))
+    h = layers.DepthwiseConv2D(3, depth_multiplier=2, padding="same")(inp)
+    h = layers.SeparableConv2D(5, 3, depth_multiplier=3)(h)
+    net = keras.Model(inp, h)
+    x = np.random.default_rng(0).random((2, 9, 9, 4)).astype(np.float32)
+    want = np.asarray(net(x))
+    model = from_tf(net, (x,))
+    assert model.graph.initializers["depthwise_conv2d/kernel"].shape == (3, 3, 1, 8)
+    assert model.graph.initializers["separable_conv2d/depthwise_kernel"].shape == (3, 3, 1, 24)
+    assert _max_err(model, net, (x,)) < ATOL
+    got, _ = run_generated(xconv.to_flax(model, tmp_path / "flax", example_inputs=x), "linen", x)
+    np.testing.assert_allclose(np.asarray(got), want, atol=ATOL)
+    source, state = xconv.to_torch_source(model, example_inputs=(x,))
+    ns: dict = {}
+    exec(compile(source, "<generated>", "exec"), ns)
+    module = ns["Model"]().eval()
+    module.load_state_dict(state)
+    with torch.no_grad():
+        out = module(torch.from_numpy(x))
+    np.testing.assert_allclose(out.numpy(), want, atol=ATOL)

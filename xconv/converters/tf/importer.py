@@ -261,6 +261,7 @@ def _from_keras(model: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
     _replace_norms(model_ir.graph, owners)
     _split_activations(model_ir.graph, owners)
     _finish(model_ir, "keras")
+    keras_layers.flatten_depthwise_kernels(model_ir.graph, owners)
     keras_layers.annotate_weights(model_ir.graph, owners)
     _canonicalize(model_ir)
     weights: dict[str, dict[str, str]] = {}

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from xconv.ir.layers import mark_layer, mark_weight
@@ -73,15 +74,16 @@ def weight_spec(
         return {"kernel": ("kernel", layout), "bias": ("bias", "O")}.get(leaf, (leaf, None))
     if cls in ("DepthwiseConv2D", "DepthwiseConv1D"):
         # (H, W, in, multiplier): channel c*M + m of the output reads input channel c. With
-        # M == 1 that is (H, W, O, I=in/groups=1): a plain permutation of ONNX's OIHW.
+        # M == 1 that is (H, W, O, I=in/groups=1): a plain permutation of ONNX's OIHW; with
+        # M > 1 it is stored (H, W, 1, in*M) (flatten_depthwise_kernels): (H, W, I=1, O).
         return {
-            "kernel": ("kernel", _SPATIAL.get(rank - 2, "") + ("OI" if multiplier == 1 else "IM")),
+            "kernel": ("kernel", _SPATIAL.get(rank - 2, "") + _depthwise_io(multiplier)),
             "bias": ("bias", "O"),
         }.get(leaf, (leaf, None))
     if cls in ("SeparableConv1D", "SeparableConv2D"):
         spatial = _SPATIAL.get(rank - 2, "")
         return {
-            "depthwise_kernel": ("kernel", spatial + ("OI" if multiplier == 1 else "IM")),
+            "depthwise_kernel": ("kernel", spatial + _depthwise_io(multiplier)),
             "pointwise_kernel": ("kernel", spatial + "IO"),
             "bias": ("bias", "O"),
         }.get(leaf, (leaf, None))
@@ -99,6 +101,50 @@ def weight_spec(
     if cls == "MultiHeadAttention":
         return _MHA_ROLES.get(leaf, (leaf.replace("/", "_"), None))
     return leaf.replace("/", "_"), None
+
+
+def _depthwise_io(multiplier: int | None) -> str:
+    """A depthwise kernel's last two axes: ``(C, 1)`` is ``OI``; flattened, ``(1, C*M)`` (its
+    last dimension then not 1) is ``IO``."""
+    return "OI" if multiplier == 1 else "IO"
+
+
+_DEPTHWISE_KERNELS = {
+    "DepthwiseConv1D": "kernel",
+    "DepthwiseConv2D": "kernel",
+    "SeparableConv1D": "depthwise_kernel",
+    "SeparableConv2D": "depthwise_kernel",
+}
+
+
+def flatten_depthwise_kernels(graph: ir.Graph, owners: Mapping[str, tuple[str, Any, str]]) -> None:
+    """Store each depthwise kernel ``(*k, C, M)`` with a depth multiplier ``M > 1`` as
+    ``(*k, 1, C*M)``, the shape tf2onnx reshapes it to (output channel ``c*M + m`` reads input
+    channel ``c``), dropping that Reshape: the kernel is then a plain ``(*k, I=1, O)`` one that
+    every target permutes into its layout. Left as is where it is read otherwise."""
+    from xconv.converters.tf.rewrite import _replace_value
+    from xconv.ir.passes._utils import constant_of
+
+    for name, (_scope, layer, leaf) in owners.items():
+        value = graph.initializers.get(name)
+        if _DEPTHWISE_KERNELS.get(class_name(layer)) != leaf or value is None:
+            continue
+        if value.const_value is None or value.shape is None or len(value.shape) < 3:
+            continue
+        arr = value.const_value.numpy()
+        *k, c, m = arr.shape
+        target = (*k, 1, c * m)
+        uses = list(value.uses())
+        if m == 1 or not uses or any(n.op_type != "Reshape" or i != 0 for n, i in uses):
+            continue
+        shapes = [constant_of(n.inputs[1], False) for n, _ in uses]
+        if any(s is None or np.empty(arr.shape).reshape(s).shape != target for s in shapes):
+            continue
+        value.const_value = ir.tensor(arr.reshape(target), name=name)
+        value.shape = ir.Shape(target)
+        for node, _ in uses:
+            _replace_value(graph, node.outputs[0], value)
+            graph.remove(node, safe=True)
 
 
 def sub_scope(cls: str, leaf: str) -> str | None:
@@ -263,10 +309,18 @@ def _mark_depthwise(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
     anchor = _find(body, "Conv", leaf["kernel"])
     if anchor is None:
         return None
-    c, mult = int(kernel.shape[-2]), int(kernel.shape[-1])
-    params = _conv_params(anchor, layer, c, c * mult, c, cfg["use_bias"])
+    c, out = _depthwise_channels(anchor, kernel)
+    params = _conv_params(anchor, layer, c, out, c, cfg["use_bias"])
     mark_layer(anchor, "conv", **params)
     return "conv"
+
+
+def _depthwise_channels(conv: ir.Node, kernel: ir.Value) -> tuple[int, int]:
+    """A depthwise convolution's ``(input channels, output channels)``: its ``group`` and the
+    kernel's last two axes' product (``(C, M)`` as Keras holds it, or ``(1, C*M)`` flattened)."""
+    group = conv.attributes.get("group")
+    out = int(kernel.shape[-2]) * int(kernel.shape[-1])
+    return (int(group.value) if group is not None else int(kernel.shape[-2])), out
 
 
 def _mark_separable(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
@@ -278,9 +332,11 @@ def _mark_separable(graph, bodies, scope, layer, cls, cfg, leaf) -> str | None:
         anchor = _find(sub_body, "Conv", w.name)
         if anchor is None:
             continue
-        c = int(w.shape[-2])
-        out = c * int(w.shape[-1]) if sub == "depthwise" else int(w.shape[-1])
-        groups = c if sub == "depthwise" else 1
+        if sub == "depthwise":
+            c, out = _depthwise_channels(anchor, w)
+            groups = c
+        else:
+            c, out, groups = int(w.shape[-2]), int(w.shape[-1]), 1
         mark_layer(anchor, "conv", **_conv_params(anchor, layer, c, out, groups, bias))
         marked = "conv"
     return marked
