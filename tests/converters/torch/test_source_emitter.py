@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -164,12 +165,37 @@ def test_train_mode_batch_norm_updates_running_stats():
     assert not gen.bn1.training
 
 
-def test_unsupported_ops_listed_before_writing(tmp_path):
+def test_recurrent_layers_are_written_and_ruff_clean(tmp_path):
+    """torch's LSTM and GRU (bidirectional, two layers) as ONNX's recurrent ops: written as
+    calls of the generated _lstm / _gru, matching the module, ruff-clean."""
     module, inputs, model = _converted("seq_model")
+    out = write_torch(model, tmp_path / "seq")
+    text = (out / "model.py").read_text()
+    assert "def _lstm(" in text and "def _gru(" in text and "def _rnn_scan(" in text
+    assert _ruff(out / "model.py").returncode == 0, _ruff(out / "model.py").stdout
+    spec = importlib.util.spec_from_file_location("gen_seq", out / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with torch.no_grad():
+        got, want = mod.load(out)(*inputs), module(*inputs)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_ops_listed_before_writing(tmp_path):
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 3])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    nodes = [
+        onnx.helper.make_node("Hardmax", ["x"], ["a"]),
+        onnx.helper.make_node("Det", ["a"], ["y"]),
+    ]
+    graph = onnx.helper.make_graph(nodes, "g", [x], [y])
+    model = xconv.load(
+        onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 23)])
+    )
     with pytest.raises(UnsupportedOpError) as err:
-        write_torch(model, tmp_path / "seq")
-    assert "GRU" in str(err.value) and "LSTM" in str(err.value)
-    assert not (tmp_path / "seq").exists()
+        write_torch(model, tmp_path / "out")
+    assert "Hardmax" in str(err.value) and "Det" in str(err.value)
+    assert not (tmp_path / "out").exists()
 
 
 def _flax_style_model(relu_scope: str | None = None):

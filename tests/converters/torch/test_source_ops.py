@@ -11,6 +11,7 @@ from onnx.reference import ReferenceEvaluator
 
 torch = pytest.importorskip("torch")
 
+from tests.converters.jax.test_flax_emitter_rnn import CASES as RNN_CASES  # noqa: E402
 from xconv.converters.torch.source.emitter import to_torch_source  # noqa: E402
 from xconv.errors import UnsupportedOpError  # noqa: E402
 from xconv.ir import OPSET  # noqa: E402
@@ -472,3 +473,32 @@ def test_resize_tf_half_pixel_for_nn_as_nearest_exact():
             got = module(torch.from_numpy(x))
             got = got[0] if isinstance(got, tuple | list) else got
             np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize(("op", "direction", "kw"), RNN_CASES)
+def test_recurrent_ops_as_generated_helpers(op, direction, kw):
+    """ONNX RNN / GRU / LSTM (peepholes, sequence lengths, reverse, both layouts) as calls of
+    the generated _rnn / _gru / _lstm, against onnxruntime or the ONNX reference: the Flax
+    emitter's cases, its call (expressions.recurrent_call), torch's helpers."""
+    import xconv
+    from tests.converters.jax.test_flax_emitter import ort_run
+    from tests.converters.jax.test_flax_emitter_rnn import _rnn_model
+
+    model, feeds = _rnn_model(op, direction, **kw)
+    if kw.get("layout"):  # onnxruntime's CPU kernels refuse layout=1
+        names = [v.name for v in model.graph.inputs]
+        feed = dict(zip(names, feeds, strict=True))
+        expected = ReferenceEvaluator(ir.to_proto(model)).run(None, feed)
+    else:
+        expected = ort_run(model, *feeds)
+    source, state = xconv.to_torch_source(model, example_inputs=tuple(feeds))
+    assert f"def _{op.lower()}(" in source and "def _rnn_scan(" in source
+    ns: dict = {}
+    exec(compile(source, "<generated>", "exec"), ns)
+    module = ns["Model"]().eval()
+    module.load_state_dict(state)
+    with torch.no_grad():
+        got = module(*(torch.from_numpy(f) for f in feeds))
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g.numpy(), e, rtol=1e-5, atol=1e-5)

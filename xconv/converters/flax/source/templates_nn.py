@@ -278,56 +278,6 @@ def _attention(c: OpCall) -> str:
 
 _RNN_ATTRS = COMMON_ATTRS
 
-#: op -> (default activations, number of outputs of the helper)
-_RNN_DEFAULTS = {
-    "RNN": (("Tanh",), 2),
-    "GRU": (("Sigmoid", "Tanh"), 2),
-    "LSTM": (("Sigmoid", "Tanh", "Tanh"), 3),
-}
-
-
-def _zero_or_none(c: OpCall, i: int) -> str:
-    """The argument expression, or ``None`` when absent or a constant zero (initial states)."""
-    if not c.has(i):
-        return "None"
-    const = c.consts[i]
-    return "None" if const is not None and not np.asarray(const).any() else c.args[i]
-
-
-def _recurrent(c: OpCall) -> str:
-    """ONNX RNN / GRU / LSTM as a call of the generated ``_rnn`` / ``_gru`` / ``_lstm``."""
-    op = c.node.op_type
-    defaults, n_out = _RNN_DEFAULTS[op]
-    acts = c.attrs["activations"]
-    if acts is not None and [a.lower() for a in acts] not in (
-        [a.lower() for a in defaults],
-        [a.lower() for a in defaults * 2],
-    ):
-        raise c.fail(f"activations={list(acts)}; the Flax emitter writes {list(defaults)}")
-    if c.attrs["clip"] is not None:
-        raise c.fail("clip; the Flax emitter writes unclipped cells")
-    direction = c.attrs["direction"]
-    if direction not in ("forward", "reverse", "bidirectional"):
-        raise c.fail(f"direction={direction!r}; supported: forward, reverse, bidirectional")
-    if op == "LSTM" and c.attrs["input_forget"]:
-        raise c.fail("input_forget=1")
-    if c.attrs["layout"] not in (0, 1):
-        raise c.fail(f"layout={c.attrs['layout']}; supported: 0, 1")
-    b = c.args[3] if c.has(3) else "None"
-    lens = c.args[4] if c.has(4) else "None"
-    args = [c.args[0], c.args[1], c.args[2], b, lens, _zero_or_none(c, 5)]
-    if op == "LSTM":
-        args += [_zero_or_none(c, 6), c.args[7] if c.has(7) else "None"]
-    kw = f"reverse={direction == 'reverse'}, batch_first={bool(c.attrs['layout'])}"
-    if op == "GRU":
-        kw += f", linear_before_reset={bool(c.attrs['linear_before_reset'])}"
-    name = op.lower()
-    c.helpers |= {name, "rnn_scan"}
-    call = f"_{name}({', '.join(args)}, {kw})"
-    n = len(c.node.outputs)
-    return f"{call}[0]" if n == 1 else call if n == n_out else f"{call}[:{n}]"
-
-
-registry.builtin("RNN", attrs=_RNN_ATTRS)(_recurrent)
-registry.builtin("GRU", attrs={**_RNN_ATTRS, "linear_before_reset": 0})(_recurrent)
-registry.builtin("LSTM", attrs={**_RNN_ATTRS, "input_forget": 0})(_recurrent)
+registry.builtin("RNN", attrs=_RNN_ATTRS)(ex.recurrent_call)
+registry.builtin("GRU", attrs={**_RNN_ATTRS, "linear_before_reset": 0})(ex.recurrent_call)
+registry.builtin("LSTM", attrs={**_RNN_ATTRS, "input_forget": 0})(ex.recurrent_call)

@@ -100,6 +100,7 @@ class _Emitter:
         self.uses_scope = False
         self.uses_f = False
         self.helpers: set[str] = set()  # generated helper classes (BatchNorm2d, ...)
+        self.functions: set[str] = set()  # generated helper functions (registry.helpers)
         self.modules = source_tree.node_classes(self.graph)
         self.modules.update(source_tree.user_classes(model.metadata_props.get("xconv.modules")))
 
@@ -275,7 +276,9 @@ class _Emitter:
             else tuple(d if isinstance(d, int) else None for d in v.shape)
             for v in node.inputs
         ]
-        expr = tpl.fn(OpCall(node, args, consts, shapes, attrs))
+        call = OpCall(node, args, consts, shapes, attrs)
+        expr = tpl.fn(call)
+        self.functions |= call.helpers
         outs = []
         for o in node.outputs:
             if o.name and (o.uses() or o.is_graph_output()):
@@ -484,7 +487,8 @@ def render(em: _Emitter, inputs: list[str], outputs: list[str], name: str) -> st
     em.uses_scope = any(
         "Scope()" in line or "(Scope):" in line for line in [*em.init, *tree.classes]
     )
-    helpers = [_BIASED_BATCH_NORM.replace("{n}", name[-2]) for name in sorted(em.helpers)]
+    helpers = [registry.helpers[name].strip() for name in sorted(em.functions)]
+    helpers += [_BIASED_BATCH_NORM.replace("{n}", name[-2]) for name in sorted(em.helpers)]
     parts = (
         ([_SCOPE_CLASS] if em.uses_scope else []) + helpers + tree.classes + ["\n".join(cls), _LOAD]
     )

@@ -10,7 +10,7 @@ bookkeeping is needed here (unlike ``xconv/converters/flax/source/templates.py``
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import ml_dtypes
@@ -30,6 +30,8 @@ class OpCall(TemplateCall):
     """What a template sees for one node."""
 
     emitter: ClassVar[str] = "PyTorch source emitter"
+    #: Generated helper functions the expression calls (``registry.helpers``' names).
+    helpers: set[str] = field(default_factory=set)
 
     def ints(self, i: int) -> str:
         """Input ``i`` as a Python int list: a literal when constant, else ``.tolist()``."""
@@ -288,6 +290,6 @@ def _einsum(c: OpCall) -> str:
 
 
 # The op families register into ``registry`` on import (they import it from this module).
-from xconv.converters.torch.source import templates_nn, templates_shape  # noqa: E402
+from xconv.converters.torch.source import templates_nn, templates_rnn, templates_shape  # noqa: E402
 
-del templates_nn, templates_shape
+del templates_nn, templates_rnn, templates_shape
