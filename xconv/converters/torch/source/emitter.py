@@ -34,7 +34,14 @@ from xconv.converters.module_tree import LINE_LENGTH, inline_chains
 from xconv.converters.torch.source import tree as source_tree
 from xconv.converters.torch.source.fuse import fuse_activations
 from xconv.converters.torch.source.plan import TORCH_NAMES, plan_layers
-from xconv.converters.torch.source.templates import OpCall, dtype_expr, registry, tensor_literal
+from xconv.converters.torch.source.templates import (
+    WIDE_UNSIGNED,
+    OpCall,
+    dtype_expr,
+    registry,
+    tensor_literal,
+    widened,
+)
 from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, ROLE, get_scope
 from xconv.ir.naming import split_path
@@ -276,9 +283,15 @@ class _Emitter:
             else tuple(d if isinstance(d, int) else None for d in v.shape)
             for v in node.inputs
         ]
+        wide = widened(node)
+        if wide:  # uint16/32/64 operands computed in int64 (see templates.WIDENED_OPS)
+            args = [a if a is None or re.fullmatch(r"-?\d+", a) else f"{a}.to(torch.int64)"
+                    for a in args]  # fmt: skip
         call = OpCall(node, args, consts, shapes, attrs)
         expr = tpl.fn(call)
         self.functions |= call.helpers
+        if wide and node.outputs[0].dtype in WIDE_UNSIGNED:
+            expr = f"({expr}).to({dtype_expr(node.outputs[0].dtype)})"
         outs = []
         for o in node.outputs:
             if o.name and (o.uses() or o.is_graph_output()):

@@ -21,6 +21,7 @@ from xconv.converters import expressions as ex
 from xconv.converters.codegen import TemplateCall, scalar_literal
 from xconv.converters.ops.elementwise import prelu_slope_shape
 from xconv.converters.registry import REQUIRED, Handler, TemplateRegistry
+from xconv.errors import UnsupportedAttributeError
 
 INT64_MAX = np.iinfo(np.int64).max
 
@@ -74,6 +75,35 @@ def template(*ops: str, bare: bool = False, **attrs: Any):
 
 def dtype_expr(dtype: ir.DataType | None) -> str:
     return f"torch.{ex.dtype_name(ex.DTYPE_NAMES, dtype, 'PyTorch source emitter')}"
+
+
+#: Wide unsigned types: torch has CPU kernels for few of their elementwise ops (2.x: no add,
+#: sub, div, comparison, max / min, abs); the written code computes these in int64.
+WIDE_UNSIGNED = frozenset({ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.UINT64})
+#: The elementwise ops computed so: int64 holds every uint16 / uint32 value, and for uint64 it
+#: gives the same bits under +, -, * and == (modular); the others order values or divide.
+WIDENED_OPS = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Sum", "Abs", "Clip"}
+    | {"Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal"}
+)
+_BITWISE_UINT64 = frozenset({"Add", "Sub", "Mul", "Sum", "Equal"})
+
+
+def widened(node: ir.Node) -> bool:
+    """Whether ``node`` is written over its inputs cast to int64 (and its output cast back):
+    an op of :data:`WIDENED_OPS` on a wide unsigned type. Raises where int64 does not give
+    uint64's result (ordering or dividing values from 2**63)."""
+    types = {v.dtype for v in node.inputs if v is not None} & WIDE_UNSIGNED
+    if node.op_type not in WIDENED_OPS or not types:
+        return False
+    if ir.DataType.UINT64 in types and node.op_type not in _BITWISE_UINT64:
+        raise UnsupportedAttributeError(
+            f"{node.op_type} of uint64: torch has no kernel for it, and int64 orders and "
+            "divides values from 2**63 otherwise",
+            op=node.op_type,
+            node=node.name,
+        )
+    return True
 
 
 def tensor_literal(a: np.ndarray, *, bare_scalar: bool = False) -> str:
