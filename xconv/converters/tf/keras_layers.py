@@ -61,11 +61,12 @@ def class_name(layer: Any) -> str:
 
 
 def weight_spec(
-    cls: str, leaf: str, rank: int, multiplier: int | None = None
+    cls: str, leaf: str, rank: int, multiplier: int | None = None, channels: int | None = None
 ) -> tuple[str, str | None]:
     """``(role, layout)`` of the Keras variable ``leaf`` (path inside its layer) of ``cls``.
 
-    ``multiplier`` is a depthwise kernel's last dimension (its depth multiplier).
+    ``multiplier`` and ``channels`` are a depthwise kernel's last two dimensions (its depth
+    multiplier and input channels as Keras holds it; ``C*M`` and 1 flattened).
     """
     if cls == "Dense" or cls == "EinsumDense":
         return {"kernel": ("kernel", "IO"), "bias": ("bias", "O")}.get(leaf, (leaf, None))
@@ -77,13 +78,13 @@ def weight_spec(
         # M == 1 that is (H, W, O, I=in/groups=1): a plain permutation of ONNX's OIHW; with
         # M > 1 it is stored (H, W, 1, in*M) (flatten_depthwise_kernels): (H, W, I=1, O).
         return {
-            "kernel": ("kernel", _SPATIAL.get(rank - 2, "") + _depthwise_io(multiplier)),
+            "kernel": ("kernel", _SPATIAL.get(rank - 2, "") + _depthwise_io(multiplier, channels)),
             "bias": ("bias", "O"),
         }.get(leaf, (leaf, None))
     if cls in ("SeparableConv1D", "SeparableConv2D"):
         spatial = _SPATIAL.get(rank - 2, "")
         return {
-            "depthwise_kernel": ("kernel", spatial + _depthwise_io(multiplier)),
+            "depthwise_kernel": ("kernel", spatial + _depthwise_io(multiplier, channels)),
             "pointwise_kernel": ("kernel", spatial + "IO"),
             "bias": ("bias", "O"),
         }.get(leaf, (leaf, None))
@@ -103,10 +104,10 @@ def weight_spec(
     return leaf.replace("/", "_"), None
 
 
-def _depthwise_io(multiplier: int | None) -> str:
-    """A depthwise kernel's last two axes: ``(C, 1)`` is ``OI``; flattened, ``(1, C*M)`` (its
-    last dimension then not 1) is ``IO``."""
-    return "OI" if multiplier == 1 else "IO"
+def _depthwise_io(multiplier: int | None, channels: int | None) -> str:
+    """A depthwise kernel's last two axes: ``(C, 1)`` is ``OI``; flattened, ``(1, C*M)`` is
+    ``IO``; ``(C, M)`` left as Keras holds it is ``IM``, which no target permutes."""
+    return "OI" if multiplier == 1 else "IO" if channels == 1 else "IM"
 
 
 _DEPTHWISE_KERNELS = {
@@ -167,7 +168,8 @@ def annotate_weights(graph: ir.Graph, owners: Mapping[str, tuple[str, Any, str]]
         _scope, layer, leaf = owners[name]
         shape = list(value.shape) if value.shape is not None else []
         multiplier = int(shape[-1]) if shape and isinstance(shape[-1], int) else None
-        role, layout = weight_spec(class_name(layer), leaf, len(shape), multiplier)
+        channels = int(shape[-2]) if len(shape) > 1 and isinstance(shape[-2], int) else None
+        role, layout = weight_spec(class_name(layer), leaf, len(shape), multiplier, channels)
         mark_weight(value, role, layout)
 
 
