@@ -423,10 +423,11 @@ def test_llama_1_5b_streamed_in_bounded_memory(tmp_path):
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
-        assert proc.returncode == 0, log.read()[-3000:].decode(errors="replace")
+        text = log.read()[-3000:].decode(errors="replace")
+    assert proc.returncode == 0, text
     peak = usage.ru_maxrss * 1024
     largest = CheckpointIndex(ckpt).largest_shard_bytes()
-    assert peak <= largest + 2 * 2**30, (peak / 2**30, largest / 2**30)
+    assert peak <= largest + 2 * 2**30, (peak / 2**30, largest / 2**30, text)
     report = json.loads((out / "parity.json").read_text())
     assert report["passed"] and len(report["blocks"]) == 32
     from xconv.pipeline import _load_generated
