@@ -16,6 +16,7 @@ import onnx_ir as ir
 
 from xconv.converters.codegen import TemplateCall, nested_literal, scalar_literal
 from xconv.converters.ops.attrs import CONV_ATTRS
+from xconv.converters.ops.elementwise import prelu_slope_shape
 from xconv.converters.ops.nn import POOL_ATTRS
 from xconv.converters.registry import REQUIRED
 from xconv.errors import ConversionError
@@ -258,3 +259,16 @@ def _zero_or_none(c: TemplateCall, i: int) -> str:
         return "None"
     const = c.consts[i]
     return "None" if const is not None and not np.asarray(const).any() else c.args[i]
+
+
+def prelu_slope(c: TemplateCall) -> tuple[int, ...] | None:
+    """The shape PRelu's slope is written reshaped to, or None where it broadcasts to X as it
+    is or a shape is unknown (:func:`~xconv.converters.ops.elementwise.prelu_slope_shape`:
+    opset < 7's per-channel slope [C] against NC...); the emitter's refusal where neither."""
+    x, slope = c.shapes[0], c.shapes[1]
+    if x is None or slope is None or None in (*x, *slope):
+        return None
+    try:
+        return prelu_slope_shape(x, slope)
+    except ValueError as e:
+        raise c.fail(str(e)) from None

@@ -28,7 +28,6 @@ import onnx_ir as ir
 
 from xconv.converters import expressions as ex
 from xconv.converters.codegen import TemplateCall, int_tuple, scalar_literal
-from xconv.converters.ops.elementwise import prelu_slope_shape
 from xconv.converters.registry import REQUIRED, Handler, TemplateRegistry
 from xconv.errors import (
     ConversionError,
@@ -340,15 +339,10 @@ registry.builtin("Where", layout="binary", static_ok=True)(lambda c: ex.where_ex
 @template("PRelu", layout="binary")
 def _prelu(c: OpCall) -> str:
     x, s = c.args
-    known = c.shapes[0] is not None and c.shapes[1] is not None
-    if known and None not in (*c.shapes[0], *c.shapes[1]):
-        try:  # opset < 7: a per-channel slope [C] against NC... (see prelu_slope_shape)
-            shape = prelu_slope_shape(c.shapes[0], c.shapes[1])
-        except ValueError as e:
-            raise c.fail(str(e)) from None
-        if shape is not None and c.perm is not None:
-            raise c.fail("a per-channel (opset < 7) PRelu slope in a channels-last layout")
-        s = s if shape is None else f"jnp.reshape({s}, {shape})"
+    shape = ex.prelu_slope(c)  # opset < 7: a per-channel slope [C] against NC...
+    if shape is not None and c.perm is not None:
+        raise c.fail("a per-channel (opset < 7) PRelu slope in a channels-last layout")
+    s = s if shape is None else f"jnp.reshape({s}, {shape})"
     return f"jnp.where({x} >= 0, {x}, {s} * {x})"
 
 

@@ -19,7 +19,6 @@ import onnx_ir as ir
 
 from xconv.converters import expressions as ex
 from xconv.converters.codegen import TemplateCall, scalar_literal
-from xconv.converters.ops.elementwise import prelu_slope_shape
 from xconv.converters.registry import REQUIRED, Handler, TemplateRegistry
 from xconv.errors import UnsupportedAttributeError
 
@@ -267,14 +266,8 @@ def _prelu(c: OpCall) -> str:
 
 
 def _prelu_slope(c: OpCall) -> str:
-    """PRelu's slope, reshaped where it broadcasts to X only as opset < 7 aligns it
-    (:func:`~xconv.converters.ops.elementwise.prelu_slope_shape`)."""
-    if c.shapes[0] is None or c.shapes[1] is None or None in (*c.shapes[0], *c.shapes[1]):
-        return c.args[1]
-    try:
-        shape = prelu_slope_shape(c.shapes[0], c.shapes[1])
-    except ValueError as e:
-        raise c.fail(str(e)) from None
+    """PRelu's slope, reshaped where it broadcasts to X only as opset < 7 aligns it."""
+    shape = ex.prelu_slope(c)
     return c.args[1] if shape is None else f"{c.args[1]}.reshape{shape}"
 
 
