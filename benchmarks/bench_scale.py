@@ -27,7 +27,6 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._memory import run_measured  # noqa: E402
 
 # ------------------------------------------------------------------------------- models
 
@@ -183,23 +183,11 @@ class Run:
 
 def _child(argv: list[str], cwd: Path) -> Run:
     """Run ``argv`` in a fresh process; its wall time and its own peak RSS."""
-    code = (
-        "import resource, subprocess, sys, time, json\n"
-        "t = time.perf_counter()\n"
-        "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-        "dt = time.perf_counter() - t\n"
-        "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
-        "print(json.dumps({'s': dt, 'kib': peak, 'rc': p.returncode,"
-        " 'out': p.stdout[-4000:], 'err': p.stderr[-4000:]}))\n"
-    )
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TERM="dumb")
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *argv], cwd=cwd, env=env, capture_output=True, text=True
+    run = run_measured(argv, env=env, cwd=cwd)
+    return Run(
+        run.seconds, run.peak_gib, run.returncode, tail=run.stdout[-4000:] + run.stderr[-4000:]
     )
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-2000:])
-    data = json.loads(proc.stdout.strip().splitlines()[-1])
-    return Run(data["s"], data["kib"] / 2**20, data["rc"], tail=data["out"] + data["err"])
 
 
 _MAKE = """

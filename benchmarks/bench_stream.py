@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._memory import run_measured  # noqa: E402
+
 BEGIN, END = "<!-- streamed: begin -->", "<!-- streamed: end -->"
 
 _FLOOR = """
@@ -111,21 +113,11 @@ print(json.dumps({{"load_s": t1 - t, "s": time.perf_counter() - t, "shape": list
 
 def _child(code: str) -> tuple[dict, float, float]:
     """Run ``code`` in a fresh Python; (its last JSON line, wall s, peak RSS GiB)."""
-    runner = (
-        "import json, resource, subprocess, sys, time\n"
-        "t = time.perf_counter()\n"
-        "p = subprocess.run([sys.executable, '-c', sys.argv[1]], capture_output=True, text=True)\n"
-        "print(json.dumps({'s': time.perf_counter() - t, 'rc': p.returncode, 'out': p.stdout,"
-        " 'err': p.stderr[-3000:],"
-        " 'kib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))\n"
-    )
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", runner, code], capture_output=True, text=True,
-                          env=env, check=True)  # fmt: skip
-    data = json.loads(proc.stdout.strip().splitlines()[-1])
-    if data["rc"] != 0:
-        raise RuntimeError(data["err"])
-    return json.loads(data["out"].strip().splitlines()[-1]), data["s"], data["kib"] / 2**20
+    run = run_measured([sys.executable, "-c", code], env=env)
+    if run.returncode != 0:
+        raise RuntimeError(run.stderr[-3000:])
+    return json.loads(run.stdout.strip().splitlines()[-1]), run.seconds, run.peak_gib
 
 
 def evict(ckpt: Path) -> None:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._memory import run_measured
+
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,21 +36,11 @@ def _export(builder: str, pt2: Path) -> None:
 
 
 def _convert(pt2: Path, out: Path) -> tuple[int, float, str]:
-    """Run the CLI in a child that reports its own child's peak RSS (GiB)."""
-    code = (
-        "import resource, subprocess, sys;"
-        "p = subprocess.run(sys.argv[1:], capture_output=True, text=True);"
-        "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss);"
-        "print(p.stdout[-3000:] + p.stderr[-3000:])"
-    )
+    """Run the CLI; its exit code, its own peak RSS (GiB) and its output's tail."""
     argv = [sys.executable, "-m", "xconv.cli", "torch-to-flax", str(pt2), "-o", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=5400
-    )
-    first, _, rest = proc.stdout.partition("\n")
-    rc, kib = first.split()
-    return int(rc), int(kib) * 1024 / GIB, rest
+    run = run_measured(argv, env=env, timeout=5400)
+    return run.returncode, run.peak_gib, run.stdout[-3000:] + run.stderr[-3000:]
 
 
 @pytest.mark.slow
