@@ -171,3 +171,21 @@ def test_float64_runs_of_both_runtimes(model_and_input):
         (got,) = run(model, (x,))
         assert got.dtype == np.float64, run.__name__
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=run.__name__)
+
+
+def test_an_integer_output_that_disagrees_is_named():
+    """Integer outputs compare exactly; a mismatch raises ParityError with its first index
+    (it raised UnboundLocalError: the message read a note only float outputs set)."""
+    import onnx_ir as ir
+
+    from xconv.pipeline.source import _differential
+
+    x = ir.Value(name="x", shape=ir.Shape([3]), type=ir.TensorType(ir.DataType.UINT8))
+    node = ir.node("Identity", [x])
+    node.outputs[0].name = "y"
+    graph = ir.Graph([x], node.outputs, nodes=[node], opset_imports={"": 21})
+    model = ir.Model(graph, ir_version=10)
+    got, want = np.array([1, 2, 3], np.uint8), np.array([1, 2, 4], np.uint8)
+    with pytest.raises(ParityError, match=r"output 0 \('y'\): 1 of 3 elements, first at index"):
+        _differential(model, "generated torch", "to_torch", got, want)
+    _differential(model, "generated torch", "to_torch", got, got.copy())

@@ -189,6 +189,7 @@ def _differential(
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         g, w = _numpy(g), _numpy(w)
         name = names[i] if i < len(names) else str(i)
+        noted = ""
         if g.shape != w.shape:
             raise ParityError(
                 f"{what} disagrees with {runtime} first at output {i} ({name!r}): shape "
@@ -210,7 +211,6 @@ def _differential(
             with np.errstate(invalid="ignore"):
                 same = np.isclose(g64, w64, equal_nan=True)  # inf / nan by position
                 bad = ~np.where(finite, np.abs(g64 - w64) <= bound, same)
-                noted = ""
                 if bad.any() and bf16 is None and oracle is not None and w.dtype == np.float32:
                     if f64 is None:
                         f64 = _float64_run(oracle, len(want))
