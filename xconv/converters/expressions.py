@@ -17,6 +17,7 @@ import onnx_ir as ir
 from xconv.converters.codegen import TemplateCall, nested_literal, scalar_literal
 from xconv.converters.ops.attrs import CONV_ATTRS
 from xconv.converters.ops.elementwise import prelu_slope_shape
+from xconv.converters.ops.linalg import LOSS_REDUCTIONS
 from xconv.converters.ops.nn import POOL_ATTRS
 from xconv.converters.registry import REQUIRED
 from xconv.errors import ConversionError
@@ -272,3 +273,23 @@ def prelu_slope(c: TemplateCall) -> tuple[int, ...] | None:
         return prelu_slope_shape(x, slope)
     except ValueError as e:
         raise c.fail(str(e)) from None
+
+
+#: NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (opset 12 on): attributes, defaults.
+LOSS_ATTRS = {"reduction": "mean", "ignore_index": None}
+
+
+def loss_keywords(c: TemplateCall) -> list[str]:
+    """The keywords of a loss call that differ from torch's ``F.nll_loss`` defaults (and the
+    Flax helper's, which are the same): ``reduction``, ``ignore_index``. Refused by name: a
+    reduction ONNX does not define, an input of rank < 2."""
+    reduction = c.attrs["reduction"]
+    if reduction not in LOSS_REDUCTIONS:
+        raise c.fail(f"reduction={reduction!r}; ONNX defines {list(LOSS_REDUCTIONS)}")
+    rank = c.rank(0)
+    if rank is not None and rank < 2:
+        raise c.fail(f"the scores must have shape (N, C, ...), got rank {rank}")
+    kw = [] if reduction == "mean" else [f"reduction={reduction!r}"]
+    if c.attrs["ignore_index"] is not None:
+        kw.append(f"ignore_index={int(c.attrs['ignore_index'])}")
+    return kw

@@ -74,6 +74,24 @@ CASES = [
         for dt in types
         for bits in (np.dtype(dt).itemsize * 8,)
     ),  # fmt: skip
+    # BitShift through int64: uint8's left shift wraps, uint64's right shift is logical from
+    # 2**63 (int64's >> copies the sign bit)
+    *(
+        (
+            f"bitshift_{d.lower()}_{np.dtype(dt).name}",
+            "BitShift",
+            {
+                "a": np.array([1, 2**bits - 1, 2 ** (bits - 1) + 3, 5], dt),
+                "b": np.array([1, 3, bits - 1, 0], dt),
+            },
+            {},
+            {"direction": d},
+            ["a", "b"],
+        )
+        for dt in (np.uint8, np.uint16, np.uint32, np.uint64)
+        for d in ("LEFT", "RIGHT")
+        for bits in (np.dtype(dt).itemsize * 8,)
+    ),  # fmt: skip
     # pooling pads torch's padding argument cannot take: asymmetric (TensorFlow's SAME with
     # stride 2) or wider than half the window, written with F.pad
     *(

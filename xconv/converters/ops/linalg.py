@@ -90,7 +90,8 @@ def register_topk(builtin: Callable[..., Any], top_k: TopK, required: Any) -> No
 # --------------------------------------------------------------------------------------
 # Losses
 
-_REDUCTIONS = ("none", "sum", "mean")
+#: The reductions of NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
+LOSS_REDUCTIONS = ("none", "sum", "mean")
 
 
 def _nll(xp, index_dtype, logp, target, weight, reduction: str, ignore_index):
@@ -122,8 +123,8 @@ def register_loss_ops(builtin: Callable[..., Any], k: Any, log_softmax: Callable
     ``log_softmax(x, axis)`` is the backend's, on its arrays."""
 
     def nll(ctx, logp, target, weight, reduction, ignore_index):
-        if reduction not in _REDUCTIONS:
-            raise ctx.error(f"reduction {reduction!r} is not one of {list(_REDUCTIONS)}")
+        if reduction not in LOSS_REDUCTIONS:
+            raise ctx.error(f"reduction {reduction!r} is not one of {list(LOSS_REDUCTIONS)}")
         if len(logp.shape) < 2:
             raise ctx.error(f"input must have shape (N, C, ...), got rank {len(logp.shape)}")
         return k.run(

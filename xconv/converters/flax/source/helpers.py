@@ -232,6 +232,34 @@ def _gelu(x, approximate):
         return jnp.where(x == x, y, x)
     return y
 ''',
+    # NegativeLogLikelihoodLoss (xconv.converters.ops.linalg): torch's F.nll_loss.
+    "nll_loss": '''
+def _nll_loss(logp, target, weight=None, reduction="mean", ignore_index=None):
+    """-logp[n, target[n, ...], ...] times weight[target] (entries equal to ``ignore_index``
+    left out), summed, averaged over the weights ("mean") or kept ("none"): torch's
+    F.nll_loss for logp (N, C, ...) and target (N, ...)."""
+    valid = None if ignore_index is None else target != ignore_index
+    safe = target if valid is None else jnp.where(valid, target, 0)
+    safe = jnp.clip(safe, 0, logp.shape[1] - 1)
+    loss = -jnp.take_along_axis(logp, safe[:, None], axis=1)[:, 0]
+    w = None if weight is None else weight.astype(loss.dtype)[safe]
+    if valid is not None:
+        w = jnp.where(valid, jnp.ones_like(loss) if w is None else w, 0).astype(loss.dtype)
+        loss = jnp.where(valid, loss, 0)
+    if w is not None:
+        loss = loss * w
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (loss.size if w is None else w.sum())
+''',
+    "softmax_cross_entropy": '''
+def _softmax_cross_entropy(scores, labels, weight=None, reduction="mean", ignore_index=None):
+    """(loss, log_prob): _nll_loss of the log-softmax over the classes (axis 1), and it."""
+    log_prob = jax.nn.log_softmax(scores, axis=1)
+    return _nll_loss(log_prob, labels, weight, reduction, ignore_index), log_prob
+''',
     "reshape": '''
 def _reshape(x, shape):
     """ONNX Reshape: 0 copies the input dimension, -1 is inferred."""

@@ -315,12 +315,22 @@ def _cast_like(c: OpCall) -> str:
     return f"{_saturated(c, c.node.inputs[1].dtype)}.astype({c.args[1]}.dtype)"
 
 
-_BINARY = {**ex.BINARY, "Pow": "{xp}.power({0}, {1})", "BitShift": None}
+_BINARY = {**ex.BINARY, "Pow": "{xp}.power({0}, {1})"}
 for _op, _fmt in _BINARY.items():
     if _fmt is not None:
         registry.builtin(_op, layout="binary", static_ok=True)(
             lambda c, _f=_fmt: _f.format(*c.args, xp=c.xp)
         )
+
+
+@template("BitShift", layout="binary", direction=REQUIRED)
+def _bit_shift(c: OpCall) -> str:
+    """ONNX shifts unsigned types only, as XLA's logical shifts do: a shift by the width or
+    more gives 0."""
+    direction = c.attrs["direction"]
+    if direction not in ("LEFT", "RIGHT"):
+        raise c.fail(f"direction={direction!r}; ONNX defines 'LEFT', 'RIGHT'")
+    return f"jnp.{direction.lower()}_shift({c.args[0]}, {c.args[1]})"
 
 
 @template("Div", layout="binary", static_ok=True)

@@ -1,6 +1,6 @@
 """Flax source templates for the layers' ops: convolution and pooling, normalisation,
-softmax and attention, recurrent layers (RNN / GRU / LSTM). Importing this module registers
-them in ``templates.registry``.
+softmax and attention, recurrent layers (RNN / GRU / LSTM), losses. Importing this module
+registers them in ``templates.registry``.
 """
 
 from __future__ import annotations
@@ -281,3 +281,23 @@ _RNN_ATTRS = COMMON_ATTRS
 registry.builtin("RNN", attrs=_RNN_ATTRS)(ex.recurrent_call)
 registry.builtin("GRU", attrs={**_RNN_ATTRS, "linear_before_reset": 0})(ex.recurrent_call)
 registry.builtin("LSTM", attrs={**_RNN_ATTRS, "input_forget": 0})(ex.recurrent_call)
+
+
+# ---------------------------------------------------------------- losses
+
+
+@template("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", **ex.LOSS_ATTRS)
+def _loss(c: OpCall) -> str:
+    """``_nll_loss`` (torch's ``F.nll_loss``, written in jnp) of the log-probabilities; for
+    SoftmaxCrossEntropyLoss of ``jax.nn.log_softmax`` over the classes, and with its
+    log_prob output ``_softmax_cross_entropy``, which returns both."""
+    kw = ex.loss_keywords(c)
+    args = [c.args[0], c.args[1], *([c.args[2]] if c.has(2) else [])]
+    c.helpers.add("nll_loss")
+    if c.node.op_type == "NegativeLogLikelihoodLoss":
+        return f"_nll_loss({', '.join(args + kw)})"
+    if len(c.node.outputs) > 1:
+        c.helpers.add("softmax_cross_entropy")
+        return f"_softmax_cross_entropy({', '.join(args + kw)})"
+    args[0] = f"jax.nn.log_softmax({args[0]}, axis=1)"
+    return f"_nll_loss({', '.join(args + kw)})"

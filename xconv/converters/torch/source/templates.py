@@ -255,6 +255,34 @@ def _div(c: OpCall) -> str:
     return f"{c.args[0]} / {c.args[1]}"
 
 
+registry.helpers["bit_shift"] = '''
+def _bit_shift(x, y, left):
+    """ONNX BitShift of ``x`` by ``y`` bits, computed in int64 (torch has no shift kernels for
+    uint16/32/64 and promotes uint8's) and wrapped back to x's width: a shift by the width or
+    more gives 0, or -1 for a negative x shifted right."""
+    dtype, bits = x.dtype, torch.iinfo(x.dtype).bits
+    x, y = x.to(torch.int64), y.to(torch.int64)
+    kept = (y >= 0) & (y < bits)
+    y = torch.where(kept, y, 0)
+    if left:
+        return torch.where(kept, x << y, 0).to(dtype)
+    out = x >> y
+    if bits == 64 and not dtype.is_signed:  # logical: >> copies int64's sign bit down
+        out = out & ~((-1 << (63 - y)) << 1)
+    fill = torch.where(x < 0, -1, 0) if dtype.is_signed else 0
+    return torch.where(kept, out, fill).to(dtype)
+'''
+
+
+@template("BitShift", direction=REQUIRED)
+def _bit_shift(c: OpCall) -> str:
+    direction = c.attrs["direction"]
+    if direction not in ("LEFT", "RIGHT"):
+        raise c.fail(f"direction={direction!r}; ONNX defines 'LEFT', 'RIGHT'")
+    c.helpers.add("bit_shift")
+    return f"_bit_shift({c.args[0]}, {c.args[1]}, left={direction == 'LEFT'})"
+
+
 registry.builtin("Mod", attrs={"fmod": 0}, bare=True)(lambda c: ex.mod_expr(c, "torch"))
 registry.builtin("Where")(lambda c: ex.where_expr(c, "torch"))
 

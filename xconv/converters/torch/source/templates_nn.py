@@ -1,8 +1,10 @@
 """PyTorch source templates for the layers' ops: convolution and pooling, normalisation,
-attention. Importing this module registers them in ``templates.registry``.
+attention, losses. Importing this module registers them in ``templates.registry``.
 """
 
 from __future__ import annotations
+
+import onnx_ir as ir
 
 from xconv.converters import expressions as ex
 from xconv.converters.codegen import int_tuple, scalar_literal
@@ -309,3 +311,24 @@ def _resize(c: OpCall) -> str:
         spatial = [int(o) for o in out[2:]]
         arg = f"size={spatial[0] if len(set(spatial)) == 1 else tuple(spatial)}"
     return f'F.interpolate({c.args[0]}, {arg}, mode="{mode}"{extra})'
+
+
+# ---------------------------------------------------------------- losses
+
+
+@template("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss", **ex.LOSS_ATTRS)
+def _loss(c: OpCall) -> str:
+    """``F.nll_loss`` / ``F.cross_entropy``: ONNX defined both after them (the mean over the
+    weights of the targets kept; torch wants int64 targets); SoftmaxCrossEntropyLoss's
+    log_prob output is ``F.log_softmax`` over the classes."""
+    kw = ex.loss_keywords(c)
+    target = c.args[1]
+    if c.node.inputs[1].dtype != ir.DataType.INT64:
+        target = f"{target}.long()"
+    if c.has(2):
+        kw.insert(0, f"weight={c.args[2]}")
+    nll = c.node.op_type == "NegativeLogLikelihoodLoss"
+    call = f"F.{'nll_loss' if nll else 'cross_entropy'}({', '.join([c.args[0], target, *kw])})"
+    if len(c.node.outputs) > 1:
+        return f"{call}, F.log_softmax({c.args[0]}, dim=1)"
+    return call
