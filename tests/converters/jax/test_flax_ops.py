@@ -112,6 +112,34 @@ CASES = [
     ),
     ("reduce_max_all", "ReduceMax", {"x": f32(2, 3, 4)}, {}, {}, ["x"]),
     ("reduce_l2", "ReduceL2", {"x": f32(2, 3, 4)}, {"a": i64(-1)}, {}, ["x", "a"]),
+    # noop_with_empty_axes keeps the elementwise part; logsumexp of values past exp's range
+    *(
+        (
+            f"{op.lower()}_noop",
+            op,
+            {"x": f32(2, 3)},
+            {"a": i64()},
+            {"noop_with_empty_axes": 1},
+            ["x", "a"],
+        )
+        for op in ("ReduceL2", "ReduceSumSquare", "ReduceLogSumExp")
+    ),  # fmt: skip
+    (
+        "reduce_log_sum_exp_large",
+        "ReduceLogSumExp",
+        {"x": f32(2, 3) * 200},
+        {"a": i64(1)},
+        {},
+        ["x", "a"],
+    ),  # fmt: skip
+    (
+        "reduce_log_sum",
+        "ReduceLogSum",
+        {"x": np.abs(f32(2, 3)) + 0.1},
+        {"a": i64(0)},
+        {},
+        ["x", "a"],
+    ),  # fmt: skip
     (
         "slice_steps",
         "Slice",

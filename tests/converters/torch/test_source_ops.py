@@ -74,6 +74,56 @@ CASES = [
         for dt in types
         for bits in (np.dtype(dt).itemsize * 8,)
     ),  # fmt: skip
+    # reductions over axes the graph computes (dim=_dims(axes, x)), ReduceProd over several
+    # axes (nested torch.prod), ReduceLogSum
+    (
+        "reduce_sum_runtime_axes",
+        "ReduceSum",
+        {"x": f32(2, 3, 4), "a": i64(0, -1)},
+        {},
+        {"keepdims": 0},
+        ["x", "a"],
+    ),
+    (
+        "reduce_max_runtime_empty_axes",
+        "ReduceMax",
+        {"x": f32(2, 3), "a": i64()},
+        {},
+        {},
+        ["x", "a"],
+    ),
+    (
+        "reduce_l2_runtime_noop",
+        "ReduceL2",
+        {"x": f32(2, 3), "a": i64()},
+        {},
+        {"noop_with_empty_axes": 1},
+        ["x", "a"],
+    ),
+    (
+        "reduce_log_sum_exp_noop",
+        "ReduceLogSumExp",
+        {"x": f32(2, 3)},
+        {"a": i64()},
+        {"noop_with_empty_axes": 1},
+        ["x", "a"],
+    ),
+    (
+        "reduce_prod_axes",
+        "ReduceProd",
+        {"x": f32(2, 3, 4)},
+        {"a": i64(0, 2)},
+        {"keepdims": 0},
+        ["x", "a"],
+    ),
+    (
+        "reduce_log_sum",
+        "ReduceLogSum",
+        {"x": np.abs(f32(2, 3)) + 0.1},
+        {"a": i64(1)},
+        {},
+        ["x", "a"],
+    ),
     # BitShift through int64: uint8's left shift wraps, uint64's right shift is logical from
     # 2**63 (int64's >> copies the sign bit)
     *(

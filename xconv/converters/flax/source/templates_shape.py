@@ -23,22 +23,29 @@ from xconv.converters.registry import REQUIRED
 # ---------------------------------------------------------------- reductions
 
 
-def _reduce(fn: str, pre: str = "{0}", post: str = "{0}") -> Callable[[OpCall], str]:
+def _reduce(
+    fn: str, pre: str = "{0}", post: str = "{0}", kept: str | None = None
+) -> Callable[[OpCall], str]:
+    """``post(fn(pre(x), axis))``; ``fn`` in the call's namespace unless it names its own
+    (``jax.nn.logsumexp``). Over no axes with noop_with_empty_axes, ``kept(x)`` (by default
+    ``post(pre(x))``): the elementwise part ONNX keeps (``xconv.converters.ops.reduce``)."""
+
     def emit(c: OpCall) -> str:
         axes = c.attrs.get("axes")
         if c.has(1):
             axes = c.const(1, "axes")
         keep = ", keepdims=True" if c.attrs["keepdims"] else ""  # numpy's default: False
         x = pre.format(c.args[0])
+        call = fn if "." in fn else f"{c.xp}.{fn}"
         if axes is None or len(np.asarray(axes).reshape(-1)) == 0:
             if c.attrs["noop_with_empty_axes"]:
-                return c.args[0]
-            return post.format(f"{c.xp}.{fn}({x}{keep})")
+                return post.format(x) if kept is None else kept.format(c.args[0])
+            return post.format(f"{call}({x}{keep})")
         phys = tuple(sorted(c.axis(int(a)) for a in np.asarray(axes).reshape(-1)))
         if fn == "mean" and len(phys) > 1 and c.float_output():
             c.helpers.add("mean")
             return post.format(f"_mean({x}, axis={phys}{keep})")
-        return post.format(f"{c.xp}.{fn}({x}, axis={phys}{keep})")
+        return post.format(f"{call}({x}, axis={phys}{keep})")
 
     return emit
 
@@ -52,7 +59,9 @@ for _op, _args in {
     "ReduceSumSquare": ("sum", "jnp.square({0})"),
     "ReduceL1": ("sum", "jnp.abs({0})"),
     "ReduceL2": ("sum", "jnp.square({0})", "jnp.sqrt({0})"),
-    "ReduceLogSumExp": ("sum", "jnp.exp({0})", "jnp.log({0})"),
+    # jax.nn.logsumexp subtracts the largest value first
+    "ReduceLogSumExp": ("jax.nn.logsumexp", "{0}", "{0}", "jnp.log(jnp.exp({0}))"),
+    "ReduceLogSum": ("sum", "{0}", "jnp.log({0})"),
 }.items():
     registry.builtin(
         _op,

@@ -30,24 +30,67 @@ _REDUCE = {
     "ReduceL1": "torch.sum(torch.abs({x}), dim={d}, keepdim={k})",
     "ReduceL2": "torch.sqrt(torch.sum(torch.square({x}), dim={d}, keepdim={k}))",
     "ReduceLogSumExp": "torch.logsumexp({x}, dim={d}, keepdim={k})",
+    "ReduceLogSum": "torch.log(torch.sum({x}, dim={d}, keepdim={k}))",
     "ReduceProd": "torch.prod({x}, dim={d}, keepdim={k})",
 }
+
+#: What noop_with_empty_axes keeps of each reduction over no axes: its elementwise part
+#: (``xconv.converters.ops.reduce``), the input itself for the others.
+_KEPT = {
+    "ReduceSumSquare": "torch.square({x})",
+    "ReduceL1": "torch.abs({x})",
+    "ReduceL2": "torch.sqrt(torch.square({x}))",
+    "ReduceLogSumExp": "torch.log(torch.exp({x}))",
+    "ReduceLogSum": "torch.log({x})",
+}
+
+
+def _kept(c: OpCall) -> str:
+    return _KEPT.get(c.node.op_type, "{x}").format(x=c.args[0])
+
+
+registry.helpers["dims"] = '''
+def _dims(axes, x):
+    """ONNX reduction axes computed at run time as torch's dim: all of x's axes when empty."""
+    return tuple(axes.tolist()) or tuple(range(x.dim()))
+'''
+
+
+def _runtime_axes(c: OpCall, fmt: str) -> str:
+    """A reduction over axes the graph computes: ``dim=_dims(axes, x)`` (torch reduces over a
+    tuple of any length, and ``.tolist()`` reads them as the ONNX runtime does); with
+    noop_with_empty_axes, the elementwise part when they are empty."""
+    if c.node.op_type == "ReduceProd":
+        raise c.fail("ReduceProd over axes computed at run time (torch.prod takes one axis)")
+    if c.node.op_type in ("ReduceMax", "ReduceMin") and 0 in (c.shapes[0] or ()):
+        # ONNX gives -inf / inf over an empty set; torch.amax / amin refuse one
+        raise c.fail(f"{c.node.op_type} of an empty input over axes computed at run time")
+    c.helpers.add("dims")
+    x, axes = c.args[0], c.args[1]
+    out = fmt.format(x=x, d=f"_dims({axes}, {x})", k=bool(c.attrs["keepdims"]))
+    out = out.replace(", keepdim=False", "")
+    if not c.attrs["noop_with_empty_axes"]:
+        return out
+    return f"({_kept(c)} if {axes}.numel() == 0 else {out})"
 
 
 def _reduce(fmt: str) -> Callable[[OpCall], str]:
     def fn(c: OpCall) -> str:
+        if c.has(1) and c.consts[1] is None:
+            return _runtime_axes(c, fmt)
         axes = c.const(1, "axes") if c.has(1) else None
         if axes is None or np.asarray(axes).size == 0:
             if c.attrs["noop_with_empty_axes"]:
-                return c.args[0]
+                return _kept(c)
             axes = np.arange(c.need_rank())
         ax = [int(a) for a in np.asarray(axes).reshape(-1)]
-        if c.node.op_type == "ReduceProd":
-            if len(ax) != 1:
-                raise c.fail("ReduceProd over several axes has no single torch call")
-            d = str(ax[0])
-        else:
-            d = str(ax[0]) if len(ax) == 1 else int_tuple(ax)
+        if c.node.op_type == "ReduceProd":  # torch.prod takes one axis: the last first
+            r = c.need_rank()
+            x, k = c.args[0], bool(c.attrs["keepdims"])
+            for a in sorted({a % r for a in ax}, reverse=True):
+                x = fmt.format(x=x, d=a, k=k).replace(", keepdim=False", "")
+            return x
+        d = str(ax[0]) if len(ax) == 1 else int_tuple(ax)
         out = fmt.format(x=c.args[0], d=d, k=bool(c.attrs["keepdims"]))
         return out.replace(", keepdim=False", "")  # torch's default
 
