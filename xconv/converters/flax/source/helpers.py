@@ -274,6 +274,18 @@ def _layer_norm(x, scale, bias, axis, epsilon):
     y = (x - mean) * lax.rsqrt(var + epsilon) * scale
     return y if bias is None else y + bias
 """,
+    # LayerNormalization with its Mean / InvStdDev outputs (xconv.converters.ops.normalization)
+    "layer_norm_stats": """
+def _layer_norm_stats(x, scale, bias, axis, epsilon):
+    \"\"\"(Y, Mean, InvStdDev) of ONNX's LayerNormalization: the statistics in float32 over the
+    axes from ``axis``, kept as size-1 axes.\"\"\"
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    xs = x.astype(jnp.float32)
+    mean = jnp.mean(xs, axis=axes, keepdims=True)
+    inv = lax.rsqrt(jnp.mean(jnp.square(xs - mean), axis=axes, keepdims=True) + epsilon)
+    y = ((xs - mean) * inv).astype(x.dtype) * scale
+    return (y if bias is None else y + bias), mean, inv
+""",
     "rms_norm": """
 def _rms_norm(x, scale, axis, epsilon):
     axes = tuple(range(axis % x.ndim, x.ndim))

@@ -179,14 +179,20 @@ def _batch_norm(c: OpCall) -> str:
 
 @template("LayerNormalization", axis=-1, epsilon=1e-5, stash_type=1)
 def _layer_norm(c: OpCall) -> str:
-    if len(c.node.outputs) > 1 and any(o.uses() or o.is_graph_output() for o in c.node.outputs[1:]):
-        raise c.fail("LayerNormalization mean / inv_std_dev outputs")
-    c.helpers.add("layer_norm")
+    n = len(c.node.outputs)
+    stats = n > 1 and any(o.uses() or o.is_graph_output() for o in c.node.outputs[1:])
+    if stats and c.attrs["stash_type"] != 1:
+        raise c.fail(f"LayerNormalization statistics in stash_type={c.attrs['stash_type']}")
+    name = "layer_norm_stats" if stats else "layer_norm"
+    c.helpers.add(name)
     bias = c.args[2] if c.has(2) else "None"
-    return (
-        f"_layer_norm({c.args[0]}, {c.args[1]}, {bias}, axis={c.attrs['axis']}, "
+    call = (
+        f"_{name}({c.args[0]}, {c.args[1]}, {bias}, axis={c.attrs['axis']}, "
         f"epsilon={scalar_literal(c.attrs['epsilon'])})"
     )
+    if not stats:
+        return call if n == 1 else f"({call},) + (None,) * {n - 1}"
+    return call if n == 3 else f"{call}[:{n}]"
 
 
 @template("RMSNormalization", axis=-1, epsilon=1e-5, stash_type=1)

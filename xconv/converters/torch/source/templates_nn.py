@@ -12,6 +12,7 @@ from xconv.converters.ops.resize import RESIZE_ATTRS
 from xconv.converters.registry import REQUIRED
 from xconv.converters.torch.source.templates import (
     OpCall,
+    registry,
     template,
 )
 
@@ -185,15 +186,32 @@ def _norm_shape(c: OpCall, axis: int) -> str:
     return f"{c.args[0]}.shape[{a}:]"
 
 
+registry.helpers["layer_norm_stats"] = '''
+def _layer_norm_stats(x, weight, bias, axis, eps):
+    """(Y, Mean, InvStdDev) of ONNX's LayerNormalization: the statistics in float32 over the
+    dims from ``axis``, kept as size-1 dims."""
+    xs = x.float()
+    var, mean = torch.var_mean(xs, dim=tuple(range(axis % x.dim(), x.dim())), correction=0,
+                               keepdim=True)
+    inv = torch.rsqrt(var + eps)
+    y = ((xs - mean) * inv).to(x.dtype) * weight
+    return (y if bias is None else y + bias), mean, inv
+'''
+
+
 @template("LayerNormalization", axis=-1, epsilon=1e-5, stash_type=1)
 def _layer_norm(c: OpCall) -> str:
-    if len(c.node.outputs) > 1:
-        raise c.fail("LayerNormalization with Mean / InvStdDev outputs is not supported")
+    n = len(c.node.outputs)
     b = c.args[2] if c.has(2) else "None"
-    return (
-        f"F.layer_norm({c.args[0]}, {_norm_shape(c, c.attrs['axis'])}, {c.args[1]}, {b}, "
-        f"{scalar_literal(c.attrs['epsilon'])})"
-    )
+    eps = scalar_literal(c.attrs["epsilon"])
+    if n > 1 and any(o.uses() or o.is_graph_output() for o in c.node.outputs[1:]):
+        if c.attrs["stash_type"] != 1:
+            raise c.fail(f"LayerNormalization statistics in stash_type={c.attrs['stash_type']}")
+        c.helpers.add("layer_norm_stats")
+        call = f"_layer_norm_stats({c.args[0]}, {c.args[1]}, {b}, {c.attrs['axis']}, {eps})"
+        return call if n == 3 else f"{call}[:{n}]"
+    call = f"F.layer_norm({c.args[0]}, {_norm_shape(c, c.attrs['axis'])}, {c.args[1]}, {b}, {eps})"
+    return call if n == 1 else f"{call}, " + ", ".join(["None"] * (n - 1))
 
 
 @template("RMSNormalization", axis=-1, epsilon=1e-5, stash_type=1)
