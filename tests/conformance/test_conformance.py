@@ -204,7 +204,8 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: Cases of ops both emitters write since the full sweep listed them as not emitted: the
 #: losses (weights, ignore_index, reductions, log_prob, 4-D), BitShift (uint64 right,
 #: signed shifts of the width or more, negative shifts), LayerNormalization's Mean and
-#: InvStdDev outputs.
+#: InvStdDev outputs, Attention's key/value cache (past inputs, present outputs; 3-D, GQA,
+#: causal aligned to the last query, float16) and, in the torch source, 3-D Attention.
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -212,6 +213,10 @@ EMITTED_CASES = (
     "test_bitshift_right_uint64", "test_bitshift_left_uint8",
     "test_bitshift_right_int8_shift_ge_width", "test_bitshift_left_int32_negative_shift",
     "test_layer_normalization_4d_axis_negative_3", "test_layer_normalization_2d_axis0",
+    "test_attention_4d_with_past_and_present", "test_attention_3d_gqa_with_past_and_present",
+    "test_attention_4d_causal_with_past_and_present", "test_attention_3d_causal",
+    "test_attention_4d_diff_heads_with_past_and_present_mask4d",
+    "test_attention_4d_gqa_with_past_and_present_fp16",
 )  # fmt: skip
 
 

@@ -293,3 +293,41 @@ def loss_keywords(c: TemplateCall) -> list[str]:
     if c.attrs["ignore_index"] is not None:
         kw.append(f"ignore_index={int(c.attrs['ignore_index'])}")
     return kw
+
+
+def attention_cache(c: TemplateCall) -> bool:
+    """Whether an ONNX Attention call reads past key / value inputs or writes its present key
+    / value outputs (the emitter then writes a call of its ``_cached_attention`` helper, see
+    :func:`cached_attention_call`). Refused by name: the qk_matmul output, nonpad_kv_seqlen,
+    a past key without its value."""
+    outs = c.node.outputs
+
+    def wanted(i: int) -> bool:
+        return i < len(outs) and bool(outs[i].uses() or outs[i].is_graph_output())
+
+    if wanted(3):
+        raise c.fail("Attention's qk_matmul_output output")
+    if c.has(6):
+        raise c.fail("Attention's nonpad_kv_seqlen input")
+    if c.has(4) != c.has(5):
+        raise c.fail("past_key and past_value must be given together")
+    return c.has(4) or wanted(1) or wanted(2)
+
+
+def cached_attention_call(c: TemplateCall, head: str) -> str:
+    """``head`` (``"_cached_attention("``, the Flax one with its attention helper first)
+    followed by q, k, v, the past key and value, and the keywords that differ from the
+    helper's defaults; indexed down to the node's outputs: (Y, present_key, present_value)."""
+    args = list(c.args[:3]) + ([c.args[4], c.args[5]] if c.has(4) else [])
+    if c.has(3):
+        args.append(f"mask={c.args[3]}")
+    if c.attrs["is_causal"]:
+        args.append("is_causal=True")
+    if c.attrs["scale"] is not None:
+        args.append(f"scale={scalar_literal(c.attrs['scale'])}")
+    for key in ("q_num_heads", "kv_num_heads"):
+        if c.attrs[key]:
+            args.append(f"{key}={c.attrs[key]}")
+    call = f"{head}{', '.join(args)})"
+    n = len(c.node.outputs)
+    return {1: f"{call}[0]", 2: f"{call}[:2]", 3: call}.get(n, f"{call} + (None,)")

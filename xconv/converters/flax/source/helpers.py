@@ -351,6 +351,39 @@ def _attention(q, k, v, mask=None, is_causal=False, scale=None, q_num_heads=0, k
     out = jnp.einsum(rhs, probs, v)
     return jnp.reshape(out, (b, out.shape[1], -1)) if three_d else out
 ''',
+    # ONNX Attention with past key / value inputs or present key / value outputs: the cache
+    # as ONNX keeps it, (B, H, S, D), around the module's attention helper.
+    "cached_attention": '''
+def _cached_attention(
+    attend, q, k, v, past_key=None, past_value=None, mask=None, is_causal=False, scale=None,
+    q_num_heads=0, kv_num_heads=0,
+):
+    """(Y, present_key, present_value) of ONNX Attention: ``attend`` (the module's attention
+    helper) of q over the cached keys and values followed by the new ones, all (B, H, S, D),
+    a causal mask aligned to the last query. 3-D inputs (B, S, H*D) are split into heads
+    first and Y merged back."""
+    b, three_d = q.shape[0], q.ndim == 3
+    if three_d:
+        def heads(t, n):
+            return jnp.swapaxes(jnp.reshape(t, (b, t.shape[1], n, -1)), 1, 2)
+
+        q, k, v = heads(q, q_num_heads), heads(k, kv_num_heads), heads(v, kv_num_heads)
+    past = 0
+    if past_key is not None:
+        past = past_key.shape[2]
+        k = jnp.concatenate([past_key.astype(k.dtype), k], axis=2)
+        v = jnp.concatenate([past_value.astype(v.dtype), v], axis=2)
+    if is_causal:
+        causal = jnp.tril(jnp.ones((q.shape[2], k.shape[2]), dtype=bool), past)
+        if mask is None or mask.dtype == bool:
+            mask = causal if mask is None else mask & causal
+        else:
+            mask = jnp.where(causal, mask, -jnp.inf)
+    y = attend(q, k, v, mask, scale=scale)
+    if three_d:
+        y = jnp.reshape(jnp.swapaxes(y, 1, 2), (b, y.shape[2], -1))
+    return y, k, v
+''',
     "attention_reference": '''
 def _attention_reference(
     q, k, v, mask=None, is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0

@@ -237,6 +237,15 @@ def _causal_mask(mask: np.ndarray | None) -> bool:
     return bool(np.all(np.where(tril, mask == 0, np.isneginf(mask))))
 
 
+def _attention_helpers(c: OpCall, name: str) -> None:
+    """The attention helper ``_<name>`` (in a bfloat16 model on the CPU, its variant of
+    bfloat16 products accumulated in float32)."""
+    if name == "attention" and c.low and formulation.get("bf16_dot") == "auto":
+        c.helpers |= {"attention_bf16", "bf16_einsum"}
+    else:
+        c.helpers.add(name)
+
+
 @template(
     "Attention",
     is_causal=0,
@@ -248,14 +257,15 @@ def _causal_mask(mask: np.ndarray | None) -> bool:
     softmax_precision=None,
 )
 def _attention(c: OpCall) -> str:
-    if len(c.args) > 4 and any(c.has(i) for i in range(4, len(c.args))):
-        raise c.fail("Attention with past key/value inputs")
-    if any(o.uses() or o.is_graph_output() for o in c.node.outputs[1:]):
-        raise c.fail("Attention present key/value or qk outputs")
+    cached = ex.attention_cache(c)
     if c.attrs["qk_matmul_output_mode"] or c.attrs["softcap"]:
         raise c.fail("Attention qk_matmul_output_mode / softcap")
     # "reference" (xconv.converters.ops.formulation) writes the older einsum-softmax helper.
     name = "attention" if formulation.get("attention") == "auto" else "attention_reference"
+    if cached:
+        _attention_helpers(c, name)
+        c.helpers.add("cached_attention")
+        return ex.cached_attention_call(c, f"_cached_attention(_{name}, ")
     mask = c.args[3] if c.has(3) else "None"
     causal = bool(c.attrs["is_causal"])
     if c.has(3) and _causal_mask(c.consts[3]):
@@ -263,10 +273,7 @@ def _attention(c: OpCall) -> str:
     direct = dot_product_attention(c, mask, causal) if name == "attention" else None
     if direct is not None:
         return direct
-    if name == "attention" and c.low and formulation.get("bf16_dot") == "auto":
-        c.helpers |= {"attention_bf16", "bf16_einsum"}
-    else:
-        c.helpers.add(name)
+    _attention_helpers(c, name)
     # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
     args = bhsd_operands(c) + ([mask] if mask != "None" else [])
     if causal:

@@ -243,6 +243,42 @@ def _log_softmax(c: OpCall) -> str:
 # ---------------------------------------------------------------- attention
 
 
+registry.helpers["cached_attention"] = '''
+def _cached_attention(
+    q, k, v, past_key=None, past_value=None, mask=None, is_causal=False, scale=None,
+    q_num_heads=0, kv_num_heads=0,
+):
+    """(Y, present_key, present_value) of ONNX Attention: F.scaled_dot_product_attention of
+    q over the cached keys and values followed by the new ones, all (B, H, S, D), a causal
+    mask aligned to the last query (and combined with ``mask``). 3-D inputs (B, S, H*D) are
+    split into heads first and Y merged back."""
+    b, three_d = q.shape[0], q.dim() == 3
+    if three_d:
+        q, k, v = (
+            t.reshape(b, t.shape[1], n, -1).transpose(1, 2)
+            for t, n in ((q, q_num_heads), (k, kv_num_heads), (v, kv_num_heads))
+        )
+    past = 0
+    if past_key is not None:
+        past = past_key.shape[2]
+        k = torch.cat([past_key.to(k.dtype), k], dim=2)
+        v = torch.cat([past_value.to(v.dtype), v], dim=2)
+    if is_causal:
+        causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device)
+        causal = causal.tril(past)
+        if mask is None or mask.dtype == torch.bool:
+            mask = causal if mask is None else mask & causal
+        else:
+            mask = mask.masked_fill(~causal, float("-inf"))
+    y = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+    )
+    if three_d:
+        y = y.transpose(1, 2).reshape(b, y.shape[2], -1)
+    return y, k, v
+'''
+
+
 @template(
     "Attention",
     is_causal=0,
@@ -254,21 +290,21 @@ def _log_softmax(c: OpCall) -> str:
     softmax_precision=None,
 )
 def _attention(c: OpCall) -> str:
-    if len([o for o in c.node.outputs if o.name]) > 1 and any(
-        o.uses() or o.is_graph_output() for o in c.node.outputs[1:]
-    ):
-        raise c.fail("Attention's present key/value or qk outputs are not supported")
+    """``F.scaled_dot_product_attention`` on 4-D heads; the generated ``_cached_attention``
+    where ONNX's Attention does more: a key/value cache (past inputs, present outputs), 3-D
+    inputs, a mask together with is_causal."""
     if c.attrs["softcap"] or c.attrs["qk_matmul_output_mode"]:
         raise c.fail("softcap / qk_matmul_output_mode are not supported")
-    if c.need_rank(0) != 4 or c.attrs["q_num_heads"] is not None:
-        raise c.fail("only 4-D (batch, heads, seq, dim) Attention inputs are supported")
-    if any(c.has(i) for i in range(4, len(c.args))):
-        raise c.fail("past key/value inputs are not supported")
+    cached = ex.attention_cache(c)
+    rank = c.need_rank(0)
+    if rank not in (3, 4):
+        raise c.fail(f"Attention inputs of rank {rank}; ONNX defines 3-D and 4-D")
+    if cached or rank == 3 or (c.has(3) and c.attrs["is_causal"]):
+        c.helpers.add("cached_attention")
+        return ex.cached_attention_call(c, "_cached_attention(")
     q, k, v = c.args[:3]
     extra = []
     if c.has(3):
-        if c.attrs["is_causal"]:
-            raise c.fail("is_causal together with attn_mask is not supported")
         extra.append(f"attn_mask={c.args[3]}")
     if c.attrs["is_causal"]:
         extra.append("is_causal=True")
