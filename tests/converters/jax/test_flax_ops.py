@@ -132,6 +132,24 @@ CASES = [
         {},
         ["x", "a"],
     ),  # fmt: skip
+    # OneHot (negative and out-of-range indices, an inner axis), CumSum's exclusive and
+    # reverse
+    (
+        "one_hot",
+        "OneHot",
+        {"i": i64(0, -1, 5, 2, -7, 1).reshape(2, 3)},
+        {"d": np.array(4, np.int64), "v": np.array([-1.0, 3.0], np.float32)},
+        {"axis": 1},
+        ["i", "d", "v"],
+    ),
+    (
+        "cumsum_exclusive_reverse",
+        "CumSum",
+        {"x": f32(3, 4)},
+        {"a": np.array(1, np.int64)},
+        {"exclusive": 1, "reverse": 1},
+        ["x", "a"],
+    ),
     (
         "reduce_log_sum",
         "ReduceLogSum",
@@ -318,3 +336,22 @@ def test_max_pool_indices_as_a_graph_output_is_refused(tmp_path):
         data = f32(1, 2, 4, 4)
         got, _ = run_generated(xconv.to_flax(model, tmp_path / "out"), "linen", data, jit=False)
         np.testing.assert_array_equal(np.asarray(got), data.reshape(1, 2, 2, 2, 2, 2).max((3, 5)))
+
+
+@pytest.mark.parametrize("attrs", [{}, {"exclusive": 1}, {"reverse": 1, "exclusive": 1}])
+def test_cumprod_against_the_onnx_reference(tmp_path, attrs):
+    """CumProd (opset 26, which onnxruntime lacks): jnp.cumprod, or the _cumulative helper."""
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    x = f32(3, 4)
+    node = h.make_node("CumProd", ["x", "a"], ["y"], **attrs)
+    graph = h.make_graph(
+        [node], "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+        [h.make_empty_tensor_value_info("y")], [numpy_helper.from_array(i64(1).reshape(()), "a")],
+    )  # fmt: skip
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 26)])
+    want = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    out = xconv.to_flax(ir.serde.deserialize_model(proto), tmp_path / "out")
+    got, _ = run_generated(out, "linen", x, jit=False)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)

@@ -223,6 +223,13 @@ def _log_softmax(c: OpCall) -> str:
     return f"jax.nn.log_softmax({c.args[0]}, axis={c.axis(c.attrs['axis'])})"
 
 
+@template("Hardmax", layout="axis", axis=-1)
+def _hardmax(c: OpCall) -> str:
+    """1 at the first maximum along ``axis``, 0 elsewhere."""
+    x, a = c.args[0], c.axis(c.attrs["axis"])
+    return f"jax.nn.one_hot(jnp.argmax({x}, axis={a}), {x}.shape[{a}], dtype={x}.dtype, axis={a})"
+
+
 def _causal_mask(mask: np.ndarray | None) -> bool:
     """A constant mask that allows exactly what ``is_causal`` allows: a square lower triangle
     (bool, or additive 0 / -inf), the same for every batch and head."""

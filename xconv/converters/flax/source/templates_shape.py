@@ -73,20 +73,37 @@ for _op, _args in {
 
 @template("ArgMax", "ArgMin", axis=0, keepdims=1, select_last_index=0)
 def _argmax(c: OpCall) -> str:
-    if c.attrs["select_last_index"]:
-        raise c.fail("select_last_index=1")
     fn = "argmax" if c.node.op_type == "ArgMax" else "argmin"
-    return (
-        f"jnp.{fn}({c.args[0]}, axis={c.attrs['axis']}, "
-        f"keepdims={bool(c.attrs['keepdims'])}).astype({c.dtype()})"
-    )
+    x, a, k = c.args[0], c.attrs["axis"], bool(c.attrs["keepdims"])
+    call = f"jnp.{fn}({x}, axis={a}, keepdims={k})"
+    if c.attrs["select_last_index"]:  # the first extremum of the reversed axis
+        call = f"({x}.shape[{a}] - 1 - {call.replace(x, f'jnp.flip({x}, {a})', 1)})"
+    return f"{call}.astype({c.dtype()})"
 
 
-@template("CumSum", exclusive=0, reverse=0)
-def _cumsum(c: OpCall) -> str:
-    if c.attrs["exclusive"] or c.attrs["reverse"]:
-        raise c.fail("CumSum exclusive / reverse")
-    return f"jnp.cumsum({c.args[0]}, axis={int(c.const(1, 'axis'))})"
+registry.helpers["cumulative"] = '''
+def _cumulative(x, axis, fn, identity, exclusive=False, reverse=False):
+    """ONNX CumSum / CumProd: ``fn`` (jnp.cumsum / jnp.cumprod) along ``axis``, from the end
+    when ``reverse``, each output leaving its own element out when ``exclusive``."""
+    if reverse:
+        x = jnp.flip(x, axis)
+    if exclusive:
+        head = jnp.full_like(lax.slice_in_dim(x, 0, 1, axis=axis), identity)
+        x = jnp.concatenate([head, lax.slice_in_dim(x, 0, x.shape[axis] - 1, axis=axis)], axis)
+    y = fn(x, axis=axis, dtype=x.dtype)
+    return jnp.flip(y, axis) if reverse else y
+'''
+
+
+@template("CumSum", "CumProd", exclusive=0, reverse=0)
+def _cumulative(c: OpCall) -> str:
+    axis = int(c.const(1, "axis"))
+    fn, identity = ("jnp.cumsum", 0) if c.node.op_type == "CumSum" else ("jnp.cumprod", 1)
+    if not (c.attrs["exclusive"] or c.attrs["reverse"]):
+        return f"{fn}({c.args[0]}, axis={axis})"
+    c.helpers.add("cumulative")
+    flags = "".join(f", {k}=True" for k in ("exclusive", "reverse") if c.attrs[k])
+    return f"_cumulative({c.args[0]}, {axis}, {fn}, {identity}{flags})"
 
 
 # ---------------------------------------------------------------- shape and indexing
@@ -208,6 +225,59 @@ def _gather(c: OpCall) -> str:
 @template("GatherElements", axis=0)
 def _gather_elements(c: OpCall) -> str:
     return f"jnp.take_along_axis({c.args[0]}, {c.args[1]}, axis={c.attrs['axis']})"
+
+
+#: ONNX's scatter reductions as jax's ``.at[...]`` updates.
+_AT = {"none": "set", "add": "add", "mul": "multiply", "max": "max", "min": "min"}
+
+registry.helpers["scatter_elements"] = '''
+def _scatter_elements(x, indices, updates, axis, reduction="set"):
+    """ONNX ScatterElements: updates[i, j, ...] written into x at index indices[i, j, ...]
+    along ``axis`` (its other coordinates i, j, ... kept), by ``x.at[...]``'s ``reduction``."""
+    where = list(jnp.indices(indices.shape, sparse=True))
+    where[axis] = indices
+    return getattr(jnp.asarray(x).at[tuple(where)], reduction)(updates)
+'''
+
+
+def _at(c: OpCall) -> str:
+    reduction = c.attrs["reduction"]
+    if reduction not in _AT:
+        raise c.fail(f"reduction={reduction!r}; ONNX defines {list(_AT)}")
+    return _AT[reduction]
+
+
+@template("ScatterElements", axis=0, reduction="none")
+def _scatter_elements(c: OpCall) -> str:
+    c.helpers.add("scatter_elements")
+    at, x, i, u = _at(c), *c.args[:3]
+    tail = "" if at == "set" else f", {at!r}"
+    return f"_scatter_elements({x}, {i}, {u}, {c.attrs['axis']}{tail})"
+
+
+@template("ScatterND", reduction="none")
+def _scatter_nd(c: OpCall) -> str:
+    """``x.at[...]`` at the index tuples along the last axis of ``indices``."""
+    x, i, u = c.args[:3]
+    return f"jnp.asarray({x}).at[tuple(jnp.moveaxis({i}, -1, 0))].{_at(c)}({u})"
+
+
+registry.helpers["one_hot"] = '''
+def _one_hot(indices, depth, values, axis):
+    """ONNX OneHot: values[1] at the index along ``axis`` (a negative index counts from
+    ``depth``), values[0] elsewhere and for an index out of range."""
+    indices = indices.astype(jnp.int32)
+    indices = jnp.where(indices < 0, indices + depth, indices)
+    hot = jax.nn.one_hot(indices, depth, dtype=bool, axis=axis)
+    return jnp.where(hot, values[1], values[0])
+'''
+
+
+@template("OneHot", axis=-1)
+def _one_hot(c: OpCall) -> str:
+    depth = int(np.asarray(c.const(1, "depth")).reshape(-1)[0])
+    c.helpers.add("one_hot")
+    return f"_one_hot({c.args[0]}, {depth}, {c.args[2]}, {c.attrs['axis']})"
 
 
 @template("Split", axis=0, num_outputs=None)

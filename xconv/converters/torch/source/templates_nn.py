@@ -240,6 +240,16 @@ def _log_softmax(c: OpCall) -> str:
     return f"torch.log_softmax({c.args[0]}, dim={c.attrs['axis']})"
 
 
+@template("Hardmax", axis=-1)
+def _hardmax(c: OpCall) -> str:
+    """1 at the first maximum along ``axis``, 0 elsewhere (F.one_hot adds its axis last)."""
+    x, a = c.args[0], c.attrs["axis"]
+    hot = f"F.one_hot(torch.argmax({x}, dim={a}), {x}.shape[{a}])"
+    if a not in (-1, c.need_rank() - 1):
+        hot = f"torch.movedim({hot}, -1, {a})"
+    return f"{hot}.to({x}.dtype)"
+
+
 # ---------------------------------------------------------------- attention
 
 

@@ -103,18 +103,41 @@ for _op, _fmt in _REDUCE.items():
 
 @template("ArgMax", "ArgMin", axis=0, keepdims=1, select_last_index=0)
 def _arg(c: OpCall) -> str:
-    if c.attrs["select_last_index"]:
-        raise c.fail("select_last_index=1 is not supported")
     fn = "torch.argmax" if c.node.op_type == "ArgMax" else "torch.argmin"
-    return f"{fn}({c.args[0]}, dim={c.attrs['axis']}, keepdim={bool(c.attrs['keepdims'])})"
+    x, a = c.args[0], c.attrs["axis"]
+    tail = f", dim={a}, keepdim={bool(c.attrs['keepdims'])})"
+    if c.attrs["select_last_index"]:  # the first extremum of the reversed axis
+        return f"({x}.shape[{a}] - 1 - {fn}(torch.flip({x}, ({a},)){tail})"
+    return f"{fn}({x}{tail}"
 
 
-@template("CumSum", exclusive=0, reverse=0)
-def _cumsum(c: OpCall) -> str:
+registry.helpers["cumulative"] = '''
+def _cumulative(x, dim, fn, identity, exclusive=False, reverse=False):
+    """ONNX CumSum / CumProd: ``fn`` (torch.cumsum / torch.cumprod) along ``dim`` in x's
+    dtype, from the end when ``reverse``, each output leaving its own element out when
+    ``exclusive``."""
+    if reverse:
+        x = torch.flip(x, (dim,))
+    if exclusive:
+        head = torch.full_like(x.narrow(dim, 0, 1), identity)
+        x = torch.cat([head, x.narrow(dim, 0, x.shape[dim] - 1)], dim)
+    y = fn(x, dim=dim, dtype=x.dtype)
+    return torch.flip(y, (dim,)) if reverse else y
+'''
+
+
+@template("CumSum", "CumProd", exclusive=0, reverse=0)
+def _cumulative(c: OpCall) -> str:
+    const = c.consts[1]
+    axis = str(int(np.asarray(const).reshape(()))) if const is not None else f"int({c.args[1]})"
+    fn, identity = ("torch.cumsum", 0) if c.node.op_type == "CumSum" else ("torch.cumprod", 1)
     if c.attrs["exclusive"] or c.attrs["reverse"]:
-        raise c.fail("exclusive / reverse CumSum is not supported")
-    axis = int(np.asarray(c.const(1, "axis")).reshape(()))
-    return f"torch.cumsum({c.args[0]}, dim={axis})"
+        c.helpers.add("cumulative")
+        flags = "".join(f", {k}=True" for k in ("exclusive", "reverse") if c.attrs[k])
+        return f"_cumulative({c.args[0]}, {axis}, {fn}, {identity}{flags})"
+    dtype = c.node.inputs[0].dtype  # torch sums and multiplies integers in int64
+    keep = "" if dtype is None or dtype.is_floating_point() else f", dtype={dtype_expr(dtype)}"
+    return f"{fn}({c.args[0]}, dim={axis}{keep})"
 
 
 @template("TopK", axis=-1, largest=1, sorted=1)
@@ -284,13 +307,70 @@ def _gather(c: OpCall) -> str:
     return f"{c.args[0]}[{':, ' * a}{idx}]"
 
 
+def _along(c: OpCall, a: int) -> str:
+    """Input 1's indices along axis ``a`` of input 0, as torch's gather / scatter take them:
+    int64, negatives (ONNX counts them from the end) wrapped."""
+    idx, const = c.args[1], c.consts[1]
+    if const is None or (np.asarray(const) < 0).any():
+        idx = f"({idx} % {c.args[0]}.shape[{a}])"
+    return f"{idx}.long()"
+
+
 @template("GatherElements", axis=0)
 def _gather_elements(c: OpCall) -> str:
-    a, idx = c.attrs["axis"], c.args[1]
-    const = c.consts[1]
-    if const is None or (np.asarray(const) < 0).any():  # ONNX counts negative indices from the end
-        idx = f"({idx} % {c.args[0]}.shape[{a}])"
-    return f"torch.gather({c.args[0]}, {a}, {idx}.long())"
+    a = c.attrs["axis"]
+    return f"torch.gather({c.args[0]}, {a}, {_along(c, a)})"
+
+
+#: ONNX's scatter reductions as ``Tensor.scatter_reduce``'s.
+_SCATTER_REDUCE = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
+
+
+def _scatter_reduction(c: OpCall) -> str:
+    reduction = c.attrs["reduction"]
+    if reduction != "none" and reduction not in _SCATTER_REDUCE:
+        raise c.fail(f"reduction={reduction!r}; ONNX defines none, add, mul, max, min")
+    return reduction
+
+
+@template("ScatterElements", axis=0, reduction="none")
+def _scatter_elements(c: OpCall) -> str:
+    a, reduction = c.attrs["axis"], _scatter_reduction(c)
+    x, u = c.args[0], c.args[2]
+    if reduction == "none":
+        return f"torch.scatter({x}, {a}, {_along(c, a)}, {u})"
+    how = _SCATTER_REDUCE[reduction]
+    return f'torch.scatter_reduce({x}, {a}, {_along(c, a)}, {u}, "{how}")'
+
+
+@template("ScatterND", reduction="none")
+def _scatter_nd(c: OpCall) -> str:
+    """``index_put`` at the index tuples along the last axis of ``indices`` (torch indexes
+    with negatives as ONNX does); ``add`` accumulates, the other reductions are refused."""
+    reduction = _scatter_reduction(c)
+    if reduction not in ("none", "add"):
+        raise c.fail(f"ScatterND reduction={reduction!r} (index_put accumulates sums only)")
+    acc = ", accumulate=True" if reduction == "add" else ""
+    return f"{c.args[0]}.index_put({c.args[1]}.long().unbind(-1), {c.args[2]}{acc})"
+
+
+registry.helpers["one_hot"] = '''
+def _one_hot(indices, depth, values, axis):
+    """ONNX OneHot: values[1] at the index along ``axis`` (a negative index counts from
+    ``depth``), values[0] elsewhere and for an index out of range."""
+    depth, indices = int(depth), indices.long()
+    indices = torch.where(indices < 0, indices + depth, indices)
+    axis = axis % (indices.dim() + 1)
+    classes = torch.arange(depth, device=indices.device)
+    hot = indices.unsqueeze(axis) == classes.view([-1] + [1] * (indices.dim() - axis))
+    return torch.where(hot, values[1], values[0])
+'''
+
+
+@template("OneHot", axis=-1)
+def _one_hot(c: OpCall) -> str:
+    c.helpers.add("one_hot")
+    return f"_one_hot({c.args[0]}, {c.args[1]}, {c.args[2]}, {c.attrs['axis']})"
 
 
 def _split_sizes(c: OpCall, n: int) -> str:
