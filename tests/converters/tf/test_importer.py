@@ -413,6 +413,52 @@ def test_keras_recurrent_layers_translate_with_frozen_weights(tmp_path):
     np.testing.assert_allclose(np.asarray(got), want, atol=ATOL)
 
 
+def test_keras_gru_and_simple_rnn_become_onnx_recurrent_ops(tmp_path):
+    """tf2onnx writes Keras 3's GRU and SimpleRNN as a Loop, which neither source emitter
+    writes: the importer replaces each by ONNX's GRU / RNN (reset_after as
+    linear_before_reset, a go_backwards layer over its reversed input, a bias shared by value
+    with another layer found by value), with W / R / B as trainable weights under the cell's
+    scope. Both generated sources match Keras."""
+    import keras
+    import torch
+
+    from tests.converters.jax.generated import run_generated
+
+    layers = keras.layers
+    inp = keras.Input((7, 8))
+    h = layers.GRU(5, return_sequences=True)(inp)
+    h = layers.Bidirectional(layers.GRU(3, return_sequences=True, reset_after=False))(h)
+    h = layers.SimpleRNN(4)(h)
+    net = keras.Model(inp, layers.Dense(2)(h))
+    rng = np.random.default_rng(0)
+    for v in net.variables:  # trained-looking weights: nonzero biases
+        v.assign(rng.normal(0, 0.3, v.shape).astype(np.float32))
+    x = rng.random((2, 7, 8)).astype(np.float32)
+    want = np.asarray(net(x))
+    model = from_tf(net, (x,))
+    ops = [n.op_type for n in model.graph if n.op_type in ("GRU", "RNN", "Loop")]
+    assert sorted(ops) == ["GRU", "GRU", "GRU", "RNN"]
+    assert {"gru/gru_cell/W", "gru/gru_cell/R", "gru/gru_cell/B"} <= set(model.graph.initializers)
+    assert _max_err(model, net, (x,)) < ATOL
+    out = xconv.to_flax(model, tmp_path / "flax", example_inputs=x)
+    assert '"gru_gru_cell_W"' in (out / "model.py").read_text()  # a param
+    got, _ = run_generated(out, "linen", x)
+    np.testing.assert_allclose(np.asarray(got), want, atol=ATOL)
+    source, state = xconv.to_torch_source(model, example_inputs=(x,))
+    ns: dict = {}
+    exec(compile(source, "<generated>", "exec"), ns)
+    module = ns["Model"]().eval()
+    module.load_state_dict(state)
+    with torch.no_grad():
+        got = module(torch.from_numpy(x))
+    np.testing.assert_allclose(got.numpy(), want, atol=ATOL)
+    # as initialised, both directions' biases are zeros: named by neither, found by value
+    fresh = keras.Model(inp, layers.Bidirectional(layers.GRU(3))(inp))
+    model = from_tf(fresh, (x,))
+    assert [n.op_type for n in model.graph if n.op_type in ("GRU", "Loop")] == ["GRU", "GRU"]
+    assert _max_err(model, fresh, (x,)) < ATOL
+
+
 def test_depth_multiplier_kernels_reach_every_target(tmp_path):
     """A depthwise kernel (H, W, C, M) with M > 1 is stored (H, W, 1, C*M), tf2onnx's reshape
     of it, under its Keras path: a plain (I=1, O) kernel. Its layout was "HWIM", which the

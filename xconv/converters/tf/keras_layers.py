@@ -467,3 +467,145 @@ def _num_features(graph: ir.Graph, leaf: Mapping[str, str], keys: tuple[str, ...
         if key in leaf and leaf[key] in graph.initializers:
             return int(graph.initializers[leaf[key]].shape[0])
     raise KeyError(f"none of {keys}")
+
+
+# ---------------------------------------------------------------- recurrent layers as ONNX ops
+
+#: Keras cells tf2onnx writes as a Loop (its LSTM rewriter alone matches Keras 3's graph):
+#: ONNX op, gates (Keras' kernel column blocks, in ONNX's W order), default activations.
+_LOOP_CELLS = {
+    "GRUCell": ("GRU", 3, ("sigmoid", "tanh")),
+    "SimpleRNNCell": ("RNN", 1, ("tanh",)),
+}
+
+
+def _activation_name(fn: Any) -> str:
+    return str(getattr(fn, "__name__", fn)).lower()
+
+
+def recurrent_loops_as_ops(
+    graph: ir.Graph, owners: Mapping[str, tuple[str, Any, str]], layers: Mapping[str, Any]
+) -> int:
+    """Replace each Loop tf2onnx wrote for a Keras GRU or SimpleRNN layer by ONNX's GRU or
+    RNN over the same time-major input, with W / R / B from the cell's kernel, recurrent
+    kernel and bias (Keras' gate blocks z, r, h are ONNX's; ``reset_after`` is
+    ``linear_before_reset``): the Loop's final state and stacked outputs become the op's,
+    so the nodes around it (the last step's slice, the batch-major transpose) stay; Keras
+    reverses a ``go_backwards`` layer's input before its loop. A layer the op does not
+    compute (other activations, a stateful layer, a mask) keeps its Loop.
+    Returns the number replaced."""
+    replaced = 0
+    for loop in [n for n in graph if n.op_type == "Loop"]:
+        plan = _loop_plan(graph, loop, owners, layers)
+        if plan is None:
+            continue
+        _replace_loop(graph, loop, *plan)
+        replaced += 1
+    return replaced
+
+
+def _loop_plan(graph, loop, owners, layers):
+    """(op, cell scope, cell, weights {leaf: value}, h0 index, time-major input) for a Loop
+    :func:`recurrent_loops_as_ops` replaces; else None."""
+    carried = list(loop.inputs[2:])
+    found = {
+        owners[v.name][2]: (i, v)
+        for i, v in enumerate(carried)
+        if v is not None and v.name in owners
+    }
+    cells = {id(owners[v.name][1]) for _, v in found.values()}
+    if "kernel" not in found or "recurrent_kernel" not in found or len(cells) != 1:
+        return None
+    scope, cell, _ = owners[found["kernel"][1].name]
+    spec = _LOOP_CELLS.get(class_name(cell))
+    rnn = layers.get(scope.rsplit("/", 1)[0]) if "/" in scope else None
+    if spec is None or rnn is None:
+        return None
+    op, _gates, defaults = spec
+    if getattr(cell, "use_bias", False) and "bias" not in found:
+        # a bias equal to another layer's (zeros as initialised) was not named by value
+        bias = np.asarray(cell.bias.numpy())
+        same = [
+            (i, v)
+            for i, v in enumerate(carried)
+            if v is not None and v.const_value is not None and v.shape is not None
+            and tuple(v.shape) == bias.shape and np.array_equal(v.const_value.numpy(), bias)
+        ]  # fmt: skip
+        if len(same) != 1:
+            return None
+        found["bias"] = same[0]
+    acts = (cell.recurrent_activation, cell.activation) if op == "GRU" else (cell.activation,)
+    if tuple(_activation_name(a) for a in acts) != defaults:
+        return None
+    if getattr(rnn, "stateful", False):
+        return None
+    states = [
+        i
+        for i, v in enumerate(carried)
+        if i not in {j for j, _ in found.values()} and v is not None and v.shape is not None
+        and len(v.shape) == 2
+    ]  # fmt: skip
+    n_scan = len(loop.outputs) - len(carried)
+    if len(states) != 1 or n_scan != 1:
+        return None
+    body = loop.attributes["body"].value
+    inner = {v for n in body for v in n.outputs} | set(body.inputs)
+    gathered = [
+        n.inputs[0] for n in body if n.op_type == "Gather" and n.inputs[0] not in inner
+    ]  # the time-major input the body reads step by step
+    if len(gathered) != 1 or gathered[0].shape is None or len(gathered[0].shape) != 3:
+        return None
+    # every other carried output must be unused: the op gives only the state and the outputs
+    for i, out in enumerate(loop.outputs[: len(carried)]):
+        if i != states[0] and (out.uses() or out.is_graph_output()):
+            return None
+    return op, scope, cell, {k: v for k, (_, v) in found.items()}, states[0], gathered[0]
+
+
+def _replace_loop(graph, loop, op, scope, cell, weights, h_index, x_tm) -> None:
+    from xconv.converters.tf.rewrite import _replace_value
+
+    units = int(cell.units)
+    kernel = weights["kernel"].const_value.numpy()
+    recurrent = weights["recurrent_kernel"].const_value.numpy()
+    prefix = f"{scope}/"  # the cell's (the Loop's scope may be a sibling layer's)
+
+    def init(name: str, arr: np.ndarray) -> ir.Value:
+        value = ir.Value(name=prefix + name, shape=ir.Shape(arr.shape),
+                         type=ir.TensorType(ir.DataType.from_numpy(arr.dtype)))  # fmt: skip
+        value.const_value = ir.tensor(arr, name=prefix + name)
+        graph.register_initializer(value)
+        mark_weight(value, name)  # a trainable weight, zero or not
+        return value
+
+    w = init("W", np.ascontiguousarray(kernel.T[None]))
+    r = init("R", np.ascontiguousarray(recurrent.T[None]))
+    ins: list[ir.Value | None] = [x_tm, w, r]
+    if "bias" in weights:
+        bias = weights["bias"].const_value.numpy()
+        bias = bias.reshape(-1) if bias.ndim == 2 else np.concatenate([bias, np.zeros_like(bias)])
+        ins.append(init("B", bias[None]))
+    else:
+        ins.append(None)
+    h0 = loop.inputs[2 + h_index]
+    axes = ir.Value(name=f"{prefix}{op.lower()}_axes0")
+    axes.const_value = ir.tensor(np.array([0], np.int64), name=axes.name)
+    graph.register_initializer(axes)
+    first = ir.node("Unsqueeze", [h0, axes])
+    ins += [None, first.outputs[0]]
+    attrs = {"hidden_size": units}
+    if op == "GRU":
+        attrs["linear_before_reset"] = int(bool(cell.reset_after))
+    rec = ir.node(op, ins, attributes=attrs, num_outputs=2)
+    axes1 = ir.Value(name=f"{prefix}{op.lower()}_axes1")
+    axes1.const_value = ir.tensor(np.array([1], np.int64), name=axes1.name)
+    graph.register_initializer(axes1)
+    ys = ir.node("Squeeze", [rec.outputs[0], axes1])  # (T, 1, B, H) -> (T, B, H)
+    h_last = ir.node("Squeeze", [rec.outputs[1], axes])  # (1, B, H) -> (B, H)
+    new = [first, rec, ys, h_last]
+    for n in new:
+        n.metadata_props[SCOPE] = scope
+    graph.insert_before(loop, new)
+    _replace_value(graph, loop.outputs[-1], ys.outputs[0])
+    _replace_value(graph, loop.outputs[h_index], h_last.outputs[0])
+    graph.remove(loop, safe=True)

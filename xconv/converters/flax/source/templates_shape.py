@@ -262,6 +262,29 @@ def _scatter_nd(c: OpCall) -> str:
     return f"jnp.asarray({x}).at[tuple(jnp.moveaxis({i}, -1, 0))].{_at(c)}({u})"
 
 
+registry.helpers["reverse_sequence"] = '''
+def _reverse_sequence(x, lens, batch_axis, time_axis):
+    """ONNX ReverseSequence: each batch entry's first lens[b] steps along ``time_axis`` in
+    reverse order, the steps after them as they are."""
+    t = jnp.arange(x.shape[time_axis])
+    lens = jnp.asarray(lens).astype(t.dtype)
+    shape = [1] * x.ndim
+    shape[time_axis], shape[batch_axis] = -1, 1
+    t = jnp.reshape(t, shape)
+    shape[time_axis], shape[batch_axis] = 1, -1
+    lens = jnp.reshape(lens, shape)
+    order = jnp.where(t < lens, lens - 1 - t, t)
+    return jnp.take_along_axis(x, jnp.broadcast_to(order, x.shape), axis=time_axis)
+'''
+
+
+@template("ReverseSequence", batch_axis=1, time_axis=0)
+def _reverse_sequence(c: OpCall) -> str:
+    c.helpers.add("reverse_sequence")
+    a = c.attrs
+    return f"_reverse_sequence({c.args[0]}, {c.args[1]}, {a['batch_axis']}, {a['time_axis']})"
+
+
 registry.helpers["one_hot"] = '''
 def _one_hot(indices, depth, values, axis):
     """ONNX OneHot: values[1] at the index along ``axis`` (a negative index counts from

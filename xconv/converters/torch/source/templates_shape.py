@@ -354,6 +354,28 @@ def _scatter_nd(c: OpCall) -> str:
     return f"{c.args[0]}.index_put({c.args[1]}.long().unbind(-1), {c.args[2]}{acc})"
 
 
+registry.helpers["reverse_sequence"] = '''
+def _reverse_sequence(x, lens, batch_axis, time_axis):
+    """ONNX ReverseSequence: each batch entry's first lens[b] steps along ``time_axis`` in
+    reverse order, the steps after them as they are."""
+    t = torch.arange(x.shape[time_axis], device=x.device)
+    shape = [1] * x.dim()
+    shape[time_axis] = -1
+    t = t.view(shape)
+    shape[time_axis], shape[batch_axis] = 1, -1
+    lens = lens.to(t.dtype).view(shape)
+    order = torch.where(t < lens, lens - 1 - t, t)
+    return torch.gather(x, time_axis, order.expand(x.shape))
+'''
+
+
+@template("ReverseSequence", batch_axis=1, time_axis=0)
+def _reverse_sequence(c: OpCall) -> str:
+    c.helpers.add("reverse_sequence")
+    a = c.attrs
+    return f"_reverse_sequence({c.args[0]}, {c.args[1]}, {a['batch_axis']}, {a['time_axis']})"
+
+
 registry.helpers["one_hot"] = '''
 def _one_hot(indices, depth, values, axis):
     """ONNX OneHot: values[1] at the index along ``axis`` (a negative index counts from
