@@ -392,8 +392,8 @@ def test_to_torch_parity(builder):
 def test_keras_recurrent_layers_translate_with_frozen_weights(tmp_path):
     """tf2onnx writes a Keras LSTM (and a Bidirectional one) as ONNX's LSTM only from constant
     weights: fed as function inputs it failed ("'xconv_w0' must be Const"). Traced with the
-    weights frozen in, the model converts, its other weights named back by Keras path; the
-    generated Flax runs it too."""
+    weights frozen in, the model converts, its other weights named back by Keras path, the
+    LSTMs' W / R / B by their layers; the generated Flax runs it too."""
     import keras
 
     from tests.converters.jax.generated import run_generated
@@ -407,6 +407,11 @@ def test_keras_recurrent_layers_translate_with_frozen_weights(tmp_path):
     model = from_tf(net, (x,))
     assert [n.op_type for n in model.graph if n.op_type == "LSTM"] == ["LSTM", "LSTM"]
     assert {"dense/kernel", "dense/bias"} <= set(model.graph.initializers)
+    # tf2onnx's W0__72 / R0__73 / B0__74, matched by value to the cells whose kernels they
+    # rearrange: named under the layer (a Bidirectional layer's for both directions)
+    names = {"lstm/lstm_cell/W", "lstm/lstm_cell/R", "lstm/lstm_cell/B", "bidirectional/W"}
+    assert names <= set(model.graph.initializers)
+    assert model.graph.initializers["bidirectional/W"].metadata_props["xconv.role"] == "W"
     want = np.asarray(net(x))
     assert _max_err(model, net, (x,)) < ATOL
     got, _ = run_generated(xconv.to_flax(model, tmp_path / "flax"), "linen", x)

@@ -258,6 +258,7 @@ def _from_keras(model: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
     owners = _owners(model, variables)
     _set_scopes(model_ir.graph, owners, layers_by_path)
     keras_layers.recurrent_loops_as_ops(model_ir.graph, owners, layers_by_path)
+    keras_layers.name_lstm_weights(model_ir.graph, owners)
     _split_separable(model_ir.graph, owners)
     _replace_norms(model_ir.graph, owners)
     _split_activations(model_ir.graph, owners)

@@ -15,7 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.ir.layers import mark_layer, mark_weight
-from xconv.ir.metadata import MODULE, SCOPE
+from xconv.ir.metadata import MODULE, ROLE, SCOPE
 
 logger = logging.getLogger(__name__)
 
@@ -609,3 +609,69 @@ def _replace_loop(graph, loop, op, scope, cell, weights, h_index, x_tm) -> None:
     _replace_value(graph, loop.outputs[-1], ys.outputs[0])
     _replace_value(graph, loop.outputs[h_index], h_last.outputs[0])
     graph.remove(loop, safe=True)
+
+
+#: ONNX LSTM's gate blocks (i, o, f, c) in a Keras LSTM kernel's column order (i, f, c, o).
+_LSTM_GATES = [0, 3, 1, 2]
+
+
+def name_lstm_weights(graph: ir.Graph, owners: Mapping[str, tuple[str, Any, str]]) -> int:
+    """Give the W / R / B that tf2onnx wrote for each Keras LSTM (``W0__72``: it rearranges
+    the kernels into ONNX's gate order) the layer's name, ``<cell scope>/W`` (a Bidirectional
+    layer's scope for both directions), and mark them trainable weights, as
+    :func:`recurrent_loops_as_ops` names a GRU's: each direction of W is matched by value to
+    the cell whose kernel it rearranges. Returns the number of LSTM nodes named."""
+    kernels = [
+        (scope, layer, np.asarray(layer.kernel.numpy()))
+        for scope, layer, leaf in owners.values()
+        if leaf == "kernel" and class_name(layer) == "LSTMCell"
+    ]  # the layers' own values: tf2onnx folded their initializers into W
+    named = 0
+    for node in [n for n in graph if n.op_type == "LSTM"]:
+        w = node.inputs[1]
+        if w is None or not w.is_initializer() or w.const_value is None or ROLE in w.metadata_props:
+            continue
+        arr = w.const_value.numpy()
+        scopes = []
+        for d in range(arr.shape[0]):
+            hits = [
+                scope
+                for scope, layer, k in kernels
+                if k.T.shape == arr[d].shape
+                and np.array_equal(_lstm_rows(k.T, int(layer.units)), arr[d])
+            ]
+            scopes.append(hits[0] if len(hits) == 1 else None)
+        if None in scopes:
+            continue
+        scope = scopes[0] if len(scopes) == 1 else _common_layer(scopes)
+        if not scope or any(f"{scope}/{r}" in graph.initializers for r in "WRB"):
+            continue
+        for role, value in zip("WRB", node.inputs[1:4], strict=False):
+            if value is None or not value.is_initializer():
+                continue
+            graph.initializers.pop(value.name)
+            value.name = f"{scope}/{role}"
+            if value.const_value is not None:
+                value.const_value.name = value.name
+            graph.register_initializer(value)
+            mark_weight(value, role)
+        node.metadata_props[SCOPE] = scope
+        named += 1
+    return named
+
+
+def _lstm_rows(kernel_t: np.ndarray, units: int) -> np.ndarray:
+    """A Keras LSTM kernel (transposed, gates i, f, c, o) in ONNX's gate order i, o, f, c."""
+    blocks = kernel_t.reshape(4, units, -1)[_LSTM_GATES]
+    return blocks.reshape(kernel_t.shape)
+
+
+def _common_layer(scopes: list[str]) -> str | None:
+    """The layer path the cells' scopes share (a Bidirectional layer's), or None."""
+    parts = [s.split("/") for s in scopes]
+    common = []
+    for level in zip(*parts, strict=False):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return "/".join(common) or None
