@@ -223,6 +223,17 @@ def _log_softmax(c: OpCall) -> str:
     return f"jax.nn.log_softmax({c.args[0]}, axis={c.axis(c.attrs['axis'])})"
 
 
+@template("LpNormalization", layout="axis", axis=-1, p=2)
+def _lp_normalization(c: OpCall) -> str:
+    """x over its L1 / L2 norm along ``axis`` (torch's F.normalize: a norm under 1e-12
+    counted as 1e-12, so a zero vector stays zero as ONNX's reference gives it)."""
+    if c.attrs["p"] not in (1, 2):
+        raise c.fail(f"p={c.attrs['p']}; ONNX defines 1, 2")
+    x, a = c.args[0], c.axis(c.attrs["axis"])
+    norm = f"jnp.linalg.norm({x}, ord={c.attrs['p']}, axis={a}, keepdims=True)"
+    return f"{x} / jnp.maximum({norm}, 1e-12)"
+
+
 @template("Hardmax", layout="axis", axis=-1)
 def _hardmax(c: OpCall) -> str:
     """1 at the first maximum along ``axis``, 0 elsewhere."""

@@ -250,6 +250,35 @@ def _hardmax(c: OpCall) -> str:
     return f"{hot}.to({x}.dtype)"
 
 
+@template("LpNormalization", axis=-1, p=2)
+def _lp_normalization(c: OpCall) -> str:
+    """``F.normalize``: x over its L1 / L2 norm along ``axis`` (a norm under 1e-12 counted as
+    1e-12, so a zero vector stays zero as ONNX's reference gives it)."""
+    if c.attrs["p"] not in (1, 2):
+        raise c.fail(f"p={c.attrs['p']}; ONNX defines 1, 2")
+    return f"F.normalize({c.args[0]}, p={c.attrs['p']}, dim={c.attrs['axis']})"
+
+
+#: ONNX GridSample's modes (opset 20 names, and opset 16's) as F.grid_sample's.
+_GRID_MODES = {"linear": "bilinear", "bilinear": "bilinear", "nearest": "nearest",
+               "cubic": "bicubic", "bicubic": "bicubic"}  # fmt: skip
+
+
+@template("GridSample", align_corners=0, mode="linear", padding_mode="zeros")
+def _grid_sample(c: OpCall) -> str:
+    """``F.grid_sample``, which ONNX's GridSample follows (modes, padding, align_corners)."""
+    a = c.attrs
+    mode = _GRID_MODES.get(a["mode"])
+    if mode is None or a["padding_mode"] not in ("zeros", "border", "reflection"):
+        raise c.fail(f"GridSample mode={a['mode']!r}, padding_mode={a['padding_mode']!r}")
+    if mode == "bicubic" and c.need_rank() != 4:
+        raise c.fail("GridSample cubic of a 5-D input (F.grid_sample's bicubic is 2-D)")
+    return (
+        f'F.grid_sample({c.args[0]}, {c.args[1]}, mode="{mode}", '
+        f'padding_mode="{a["padding_mode"]}", align_corners={bool(a["align_corners"])})'
+    )
+
+
 # ---------------------------------------------------------------- attention
 
 
