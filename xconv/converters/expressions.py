@@ -331,3 +331,15 @@ def cached_attention_call(c: TemplateCall, head: str) -> str:
     call = f"{head}{', '.join(args)})"
     n = len(c.node.outputs)
     return {1: f"{call}[0]", 2: f"{call}[:2]", 3: call}.get(n, f"{call} + (None,)")
+
+
+def rotary_call(c: TemplateCall) -> str:
+    """``_rotary_embedding(x, cos, sin[, position_ids])`` for ONNX RotaryEmbedding, with the
+    attributes that differ from the helper's defaults (each emitter writes its helper)."""
+    args = list(c.args[:3]) + ([c.args[3]] if c.has(3) else [])
+    if c.attrs["interleaved"]:
+        args.append("interleaved=True")
+    for key in ("num_heads", "rotary_embedding_dim"):
+        if c.attrs[key]:
+            args.append(f"{key}={int(c.attrs[key])}")
+    return f"_rotary_embedding({', '.join(args)})"

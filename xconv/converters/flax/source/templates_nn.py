@@ -305,6 +305,41 @@ def _attention(c: OpCall) -> str:
     return f"jnp.swapaxes({out}, 1, 2)" if c.node.metadata_props.get(BSHD) else out
 
 
+registry.helpers["rotary_embedding"] = '''
+def _rotary_embedding(
+    x, cos, sin, position_ids=None, interleaved=False, num_heads=0, rotary_embedding_dim=0
+):
+    """ONNX RotaryEmbedding: the first ``rotary_embedding_dim`` features of each head rotated
+    by the cos / sin caches (their rows at ``position_ids`` when given), as halves or as
+    interleaved pairs; x is (B, H, S, D), or (B, S, H*D) with ``num_heads``."""
+    four_d = x.ndim == 4
+    h = jnp.swapaxes(x, 1, 2) if four_d else jnp.reshape(x, (*x.shape[:2], num_heads, -1))
+    rdim = rotary_embedding_dim or h.shape[-1]
+    half = rdim // 2
+    if position_ids is not None:
+        cos, sin = cos[position_ids], sin[position_ids]
+    cos, sin = cos[:, :, None, :].astype(h.dtype), sin[:, :, None, :].astype(h.dtype)
+    rot, keep = h[..., :rdim], h[..., rdim:]
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    else:
+        x1, x2 = rot[..., :half], rot[..., half:]
+    real, imag = cos * x1 - sin * x2, sin * x1 + cos * x2
+    if interleaved:
+        rot = jnp.reshape(jnp.stack([real, imag], axis=-1), rot.shape)
+    else:
+        rot = jnp.concatenate([real, imag], axis=-1)
+    out = jnp.concatenate([rot, keep], axis=-1)
+    return jnp.swapaxes(out, 1, 2) if four_d else jnp.reshape(out, x.shape)
+'''
+
+
+@template("RotaryEmbedding", interleaved=0, num_heads=0, rotary_embedding_dim=0)
+def _rotary_embedding(c: OpCall) -> str:
+    c.helpers.add("rotary_embedding")
+    return ex.rotary_call(c)
+
+
 # ---------------------------------------------------------------- recurrent layers
 
 _RNN_ATTRS = COMMON_ATTRS

@@ -356,6 +356,41 @@ def _attention(c: OpCall) -> str:
     return f"F.scaled_dot_product_attention({q}, {k}, {v}{tail})"
 
 
+registry.helpers["rotary_embedding"] = '''
+def _rotary_embedding(
+    x, cos, sin, position_ids=None, interleaved=False, num_heads=0, rotary_embedding_dim=0
+):
+    """ONNX RotaryEmbedding: the first ``rotary_embedding_dim`` features of each head rotated
+    by the cos / sin caches (their rows at ``position_ids`` when given), as halves or as
+    interleaved pairs; x is (B, H, S, D), or (B, S, H*D) with ``num_heads``."""
+    four_d = x.ndim == 4
+    h = x.transpose(1, 2) if four_d else x.reshape(*x.shape[:2], num_heads, -1)
+    rdim = rotary_embedding_dim or h.shape[-1]
+    half = rdim // 2
+    if position_ids is not None:
+        cos, sin = cos[position_ids.long()], sin[position_ids.long()]
+    cos, sin = cos[:, :, None, :].to(h.dtype), sin[:, :, None, :].to(h.dtype)
+    rot, keep = h[..., :rdim], h[..., rdim:]
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    else:
+        x1, x2 = rot[..., :half], rot[..., half:]
+    real, imag = cos * x1 - sin * x2, sin * x1 + cos * x2
+    if interleaved:
+        rot = torch.stack([real, imag], dim=-1).reshape(rot.shape)
+    else:
+        rot = torch.cat([real, imag], dim=-1)
+    out = torch.cat([rot, keep], dim=-1)
+    return out.transpose(1, 2) if four_d else out.reshape(x.shape)
+'''
+
+
+@template("RotaryEmbedding", interleaved=0, num_heads=0, rotary_embedding_dim=0)
+def _rotary_embedding(c: OpCall) -> str:
+    c.helpers.add("rotary_embedding")
+    return ex.rotary_call(c)
+
+
 # ---------------------------------------------------------------- resampling
 
 #: F.interpolate's mode per rank for ONNX's linear and cubic modes.
