@@ -207,7 +207,7 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: InvStdDev outputs, Attention's key/value cache (past inputs, present outputs; 3-D, GQA,
 #: causal aligned to the last query, float16) and, in the torch source, 3-D Attention;
 #: ArgMax / ArgMin's select_last_index, ScatterElements (negative indices, reductions),
-#: ScatterND, Hardmax, LpNormalization, RotaryEmbedding.
+#: ScatterND, Hardmax, LpNormalization, RotaryEmbedding, Trilu's k computed at run time.
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -225,12 +225,13 @@ EMITTED_CASES = (
     "test_scatternd", "test_scatternd_add", "test_hardmax_axis_1", "test_hardmax_one_hot",
     "test_l1normalization_axis_0", "test_l2normalization_axis_1",
     "test_rotary_embedding_3d_input", "test_rotary_embedding_with_interleaved_rotary_dim",
-    "test_rotary_embedding_no_position_ids",
+    "test_rotary_embedding_no_position_ids", "test_tril_out_neg", "test_triu_square_neg",
 )  # fmt: skip
 
 
-#: Cases the torch source alone writes: axes, axis and depth computed at run time
-#: (reductions, CumSum's exclusive / reverse, OneHot), which the Flax source needs constant;
+#: Cases the torch source alone writes: axes, axis, depth, pads and bounds computed at run
+#: time (reductions, CumSum's exclusive / reverse, OneHot, Pad, Slice with a negative step),
+#: which the Flax source needs constant;
 #: GridSample (F.grid_sample; the Flax source has no sampler).
 TORCH_SOURCE_CASES = (
     "test_reduce_sum_keepdims_random", "test_reduce_sum_empty_axes_input_noop_example",
@@ -238,7 +239,8 @@ TORCH_SOURCE_CASES = (
     "test_onehot_negative_indices", "test_onehot_out_of_range_indices",
     "test_onehot_with_negative_axis", "test_gridsample_reflection_padding",
     "test_gridsample_bicubic_align_corners_1_additional_1",
-    "test_gridsample_volumetric_nearest_align_corners_0",
+    "test_gridsample_volumetric_nearest_align_corners_0", "test_reflect_pad",
+    "test_constant_pad_negative_axes", "test_slice_neg_steps", "test_slice_end_out_of_bounds",
 )  # fmt: skip
 
 

@@ -391,9 +391,24 @@ def _range(c: OpCall) -> str:
     return f"{c.xp}.arange({c.args[0]}, {c.args[1]}, {c.args[2]}, dtype={c.dtype()})"
 
 
+registry.helpers["trilu"] = '''
+def _trilu(x, k, upper):
+    """ONNX Trilu with k computed at run time (jnp.triu / tril take a static one): x where
+    the column is at least (upper) or at most row + k, else 0."""
+    rows = jnp.arange(x.shape[-2])[:, None]
+    cols = jnp.arange(x.shape[-1])[None, :]
+    k = jnp.reshape(jnp.asarray(k), ()).astype(rows.dtype)
+    keep = cols - rows >= k if upper else cols - rows <= k
+    return jnp.where(keep, x, jnp.zeros((), x.dtype))
+'''
+
+
 @template("Trilu", upper=1)
 def _trilu(c: OpCall) -> str:
     fn = "triu" if c.attrs["upper"] else "tril"
+    if c.has(1) and c.consts[1] is None:
+        c.helpers.add("trilu")
+        return f"_trilu({c.args[0]}, {c.args[1]}, upper={bool(c.attrs['upper'])})"
     k = f", {int(c.const(1, 'k'))}" if c.has(1) else ""
     return f"jnp.{fn}({c.args[0]}{k})"
 

@@ -239,8 +239,31 @@ def _tile(c: OpCall) -> str:
     return f"{c.args[0]}.repeat({c.ints(1)})"
 
 
+registry.helpers["slice"] = '''
+def _slice(x, starts, ends, axes=None, steps=None):
+    """ONNX Slice with bounds computed at run time: Python's slice clamps them as ONNX does;
+    a negative step (which torch's indexing lacks) picks its indices."""
+    starts, ends = starts.tolist(), ends.tolist()
+    axes = range(len(starts)) if axes is None else axes.tolist()
+    steps = [1] * len(starts) if steps is None else steps.tolist()
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        if st > 0:
+            x = x[(slice(None),) * (a % x.dim()) + (slice(s, e, st),)]
+        else:
+            picked = range(*slice(s, e, st).indices(x.shape[a]))
+            x = torch.index_select(x, a, torch.tensor(picked, dtype=torch.int64, device=x.device))
+    return x
+'''
+
+
 @template("Slice")
 def _slice(c: OpCall) -> str:
+    if any(c.has(i) and c.consts[i] is None for i in range(1, 5)):
+        c.helpers.add("slice")
+        args = [c.args[i] if c.has(i) else "None" for i in range(5)]
+        while args[-1] == "None":
+            args.pop()
+        return f"_slice({', '.join(args)})"
     starts = np.asarray(c.const(1, "starts")).reshape(-1)
     ends = np.asarray(c.const(2, "ends")).reshape(-1)
     r = c.need_rank()
@@ -439,8 +462,45 @@ def _sequence_length(c: OpCall) -> str:
     return f"torch.tensor(len({c.args[0]}), dtype=torch.int64)"
 
 
+#: ONNX Pad's modes as F.pad's.
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+
+registry.helpers["pad"] = '''
+def _pad(x, pads, mode="constant", value=None, axes=None):
+    """ONNX Pad with pads (or axes) computed at run time: F.pad's (begin, end) pairs from the
+    last axis down to the first padded one."""
+    r, pads = x.dim(), [int(p) for p in pads.tolist()]
+    axes = range(r) if axes is None else [int(a) % r for a in axes.tolist()]
+    width = dict(zip(axes, zip(pads[: len(pads) // 2], pads[len(pads) // 2 :])))
+    first = min((a for a, w in width.items() if w != (0, 0)), default=r)
+    flat = []
+    for a in range(r - 1, first - 1, -1):
+        flat += width.get(a, (0, 0))
+    if mode != "constant":
+        return F.pad(x, flat, mode=mode)
+    return F.pad(x, flat, value=0 if value is None else value.item())
+'''
+
+
+def _runtime_pad(c: OpCall, mode: str) -> str:
+    c.helpers.add("pad")
+    args = [c.args[0], c.args[1]]
+    if mode != "constant":
+        args.append(f'mode="{mode}"')
+    elif c.has(2):
+        args.append(f"value={c.args[2]}")
+    if c.has(3):
+        args.append(f"axes={c.args[3]}")
+    return f"_pad({', '.join(args)})"
+
+
 @template("Pad", mode="constant")
 def _pad(c: OpCall) -> str:
+    m = _PAD_MODES.get(c.attrs["mode"])
+    if m is None:
+        raise c.fail(f"mode={c.attrs['mode']!r}; supported: {sorted(_PAD_MODES)}")
+    if c.consts[1] is None or (c.has(3) and c.consts[3] is None):
+        return _runtime_pad(c, m)
     pads = [int(p) for p in np.asarray(c.const(1, "pads")).reshape(-1)]
     r = c.need_rank()
     axes = (
@@ -460,10 +520,6 @@ def _pad(c: OpCall) -> str:
         flat += list(per_axis.get(a, (0, 0)))
         if all(per_axis.get(b, (0, 0)) == (0, 0) for b in range(a)):
             break
-    mode = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
-    m = mode.get(c.attrs["mode"])
-    if m is None:
-        raise c.fail(f"mode={c.attrs['mode']!r}; supported: {sorted(mode)}")
     value = ""
     if m == "constant" and c.has(2):
         v = c.const(2, "constant_value")
