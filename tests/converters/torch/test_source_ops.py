@@ -124,6 +124,20 @@ CASES = [
         {},
         ["x", "a"],
     ),
+    # TopK's ties in index order (torch.topk leaves them unordered), k computed at run time
+    *(
+        (
+            f"topk_ties_{'largest' if largest else 'smallest'}",
+            "TopK",
+            {"x": np.array([[1, 3, 3, 2, 3, 1]], np.float32)},
+            {"k": i64(3)},
+            {"largest": largest},
+            ["x", "k"],
+            2,
+        )
+        for largest in (1, 0)
+    ),
+    ("topk_runtime_k", "TopK", {"x": f32(2, 6), "k": i64(2)}, {}, {}, ["x", "k"], 2),
     # BitShift through int64: uint8's left shift wraps, uint64's right shift is logical from
     # 2**63 (int64's >> copies the sign bit)
     *(

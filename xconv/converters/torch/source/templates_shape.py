@@ -13,6 +13,7 @@ from xconv.converters.codegen import int_tuple, reshape_dims, scalar_literal
 from xconv.converters.registry import REQUIRED
 from xconv.converters.torch.source.templates import (
     INT64_MAX,
+    WIDE_UNSIGNED,
     OpCall,
     dtype_expr,
     registry,
@@ -140,13 +141,23 @@ def _cumulative(c: OpCall) -> str:
     return f"{fn}({c.args[0]}, dim={axis}{keep})"
 
 
+registry.helpers["topk"] = '''
+def _topk(x, k, dim, largest):
+    """ONNX TopK: the k largest (or smallest) along ``dim``, equal values in index order
+    (a stable sort; torch.topk leaves the order of ties unspecified)."""
+    values, indices = torch.sort(x, dim=dim, descending=largest, stable=True)
+    return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
+'''
+
+
 @template("TopK", axis=-1, largest=1, sorted=1)
 def _topk(c: OpCall) -> str:
-    k = int(np.asarray(c.const(1, "k")).reshape(-1)[0])
-    return (
-        f"torch.topk({c.args[0]}, {k}, dim={c.attrs['axis']}, "
-        f"largest={bool(c.attrs['largest'])}, sorted={bool(c.attrs['sorted'])})"
-    )
+    if c.node.inputs[0].dtype in WIDE_UNSIGNED:
+        raise c.fail(f"TopK of {c.node.inputs[0].dtype} (torch has no sort kernel for it)")
+    const = c.consts[1]
+    k = int(np.asarray(const).reshape(-1)[0]) if const is not None else f"int({c.args[1]})"
+    c.helpers.add("topk")
+    return f"_topk({c.args[0]}, {k}, {c.attrs['axis']}, largest={bool(c.attrs['largest'])})"
 
 
 # ---------------------------------------------------------------- shape
@@ -212,12 +223,27 @@ def _concat(c: OpCall) -> str:
 def _squeeze(c: OpCall) -> str:
     if not c.has(1):
         return f"{c.args[0]}.squeeze()"
+    if c.consts[1] is None:  # axes computed at run time
+        return f"{c.args[0]}.squeeze(tuple({c.args[1]}.tolist()))"
     axes = [int(a) for a in np.asarray(c.const(1, "axes")).reshape(-1)]
     return f"{c.args[0]}.squeeze({axes[0] if len(axes) == 1 else int_tuple(axes)})"
 
 
+registry.helpers["unsqueeze"] = '''
+def _unsqueeze(x, axes):
+    """ONNX Unsqueeze with axes computed at run time (counted in the output's rank)."""
+    rank = x.dim() + axes.numel()
+    for a in sorted(int(a) % rank for a in axes.tolist()):
+        x = x.unsqueeze(a)
+    return x
+'''
+
+
 @template("Unsqueeze")
 def _unsqueeze(c: OpCall) -> str:
+    if c.consts[1] is None:
+        c.helpers.add("unsqueeze")
+        return f"_unsqueeze({c.args[0]}, {c.args[1]})"
     axes = [int(a) for a in np.asarray(c.const(1, "axes")).reshape(-1)]
     r = c.rank()
     if r is None and any(a < 0 for a in axes) and len(axes) > 1:
