@@ -343,3 +343,43 @@ def rotary_call(c: TemplateCall) -> str:
         if c.attrs[key]:
             args.append(f"{key}={int(c.attrs[key])}")
     return f"_rotary_embedding({', '.join(args)})"
+
+
+#: The integer types the source emitters quantize to and from (narrower ones have no array
+#: dtype in them): their ranges.
+QUANT_INT = {
+    ir.DataType.UINT8: (0, 255),
+    ir.DataType.INT8: (-128, 127),
+    ir.DataType.UINT16: (0, 65535),
+    ir.DataType.INT16: (-32768, 32767),
+}
+
+
+def quant_call(c: TemplateCall, dtype_text: str) -> str:
+    """``_quantize_linear(...)`` / ``_dequantize_linear(...)`` for ONNX QuantizeLinear /
+    DequantizeLinear of 8- and 16-bit integers, per tensor, per axis or blocked (each
+    emitter writes its helpers); ``dtype_text`` writes the quantized type. Refused by name:
+    other types (float8, int4, ...), output_dtype on dequantize, precision on quantize."""
+    a = c.attrs
+    tail = []
+    if a["axis"] != 1:
+        tail.append(f"axis={a['axis']}")
+    if a["block_size"]:
+        tail.append(f"block_size={a['block_size']}")
+    zp = c.args[2] if c.has(2) else "None"
+    if c.node.op_type == "DequantizeLinear":
+        source = c.node.inputs[0].dtype
+        if source not in QUANT_INT and source != ir.DataType.INT32:
+            raise c.fail(f"DequantizeLinear of {source}; the {c.emitter} writes 8/16-bit ints")
+        if a["output_dtype"]:
+            raise c.fail("DequantizeLinear output_dtype")
+        args = [c.args[0], c.args[1], *([zp] if zp != "None" else [])]
+        return f"_dequantize_linear({', '.join(args + tail)})"
+    target = c.node.outputs[0].dtype
+    if target not in QUANT_INT:
+        raise c.fail(f"QuantizeLinear to {target}; the {c.emitter} writes 8/16-bit ints")
+    if a["precision"]:
+        raise c.fail("QuantizeLinear precision")
+    lo, hi = QUANT_INT[target]
+    args = [c.args[0], c.args[1], zp, str(lo), str(hi), dtype_text]
+    return f"_quantize_linear({', '.join(args + tail)})"

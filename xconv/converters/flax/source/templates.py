@@ -342,6 +342,57 @@ def _div(c: OpCall) -> str:
     return f"{c.args[0]} / {c.args[1]}"
 
 
+registry.helpers["quant_param"] = '''
+def _quant_param(p, x, axis, block_size):
+    """A scale or zero point against x: per tensor, per ``axis``, or each entry repeated over
+    a block of ``block_size`` along it."""
+    if p.size == 1:
+        return jnp.reshape(p, ())
+    axis %= x.ndim
+    if block_size:
+        p = jnp.repeat(p, block_size, axis=axis)
+        return lax.slice_in_dim(p, 0, x.shape[axis], axis=axis)
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    return jnp.reshape(p, shape)
+'''
+registry.helpers["dequantize_linear"] = '''
+def _dequantize_linear(x, scale, zero_point=None, axis=1, block_size=0):
+    """ONNX DequantizeLinear of integers: (x - zero_point) * scale, in scale's dtype."""
+    y = x.astype(jnp.float32)
+    if zero_point is not None:
+        y = y - _quant_param(zero_point, x, axis, block_size).astype(jnp.float32)
+    scale = _quant_param(scale, x, axis, block_size)
+    return (y * scale).astype(scale.dtype)
+'''
+registry.helpers["quantize_linear"] = '''
+def _quantize_linear(x, scale, zero_point, lo, hi, dtype, axis=1, block_size=0):
+    """ONNX QuantizeLinear to integers: x / scale rounded half to even, plus the zero point,
+    saturated into [lo, hi]. The division is a true one (XLA would multiply by 1 / scale,
+    which moves ties)."""
+    scale = _quant_param(scale, x, axis, block_size)
+    dt = jnp.promote_types(x.dtype, scale.dtype)
+    x, scale = jnp.broadcast_arrays(x.astype(dt), scale.astype(dt))
+    y = jnp.rint(lax.div(x, lax.optimization_barrier(scale)))
+    if zero_point is not None:
+        zero_point = _quant_param(zero_point, x, axis, block_size)
+        y = y.astype(jnp.float32) + zero_point.astype(jnp.float32)
+    return jnp.clip(y, lo, hi).astype(dtype)
+'''
+
+
+@template("QuantizeLinear", axis=1, saturate=1, block_size=0, output_dtype=0, precision=0)
+def _quantize_linear(c: OpCall) -> str:
+    c.helpers |= {"quantize_linear", "quant_param"}
+    return ex.quant_call(c, c.dtype())
+
+
+@template("DequantizeLinear", axis=1, block_size=0, output_dtype=0)
+def _dequantize_linear(c: OpCall) -> str:
+    c.helpers |= {"dequantize_linear", "quant_param"}
+    return ex.quant_call(c, c.dtype())
+
+
 registry.builtin("Mod", attrs={"fmod": 0}, layout="binary")(lambda c: ex.mod_expr(c, c.xp))
 registry.builtin("Where", layout="binary", static_ok=True)(lambda c: ex.where_expr(c, c.xp))
 

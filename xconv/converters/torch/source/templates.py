@@ -283,6 +283,54 @@ def _bit_shift(c: OpCall) -> str:
     return f"_bit_shift({c.args[0]}, {c.args[1]}, left={direction == 'LEFT'})"
 
 
+registry.helpers["quant_param"] = '''
+def _quant_param(p, x, axis, block_size):
+    """A scale or zero point against x: per tensor, per ``axis``, or each entry repeated over
+    a block of ``block_size`` along it."""
+    if p.numel() == 1:
+        return p.reshape(())
+    axis %= x.dim()
+    if block_size:
+        return p.repeat_interleave(block_size, dim=axis).narrow(axis, 0, x.shape[axis])
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    return p.reshape(shape)
+'''
+registry.helpers["dequantize_linear"] = '''
+def _dequantize_linear(x, scale, zero_point=None, axis=1, block_size=0):
+    """ONNX DequantizeLinear of integers: (x - zero_point) * scale, in scale's dtype."""
+    y = x.to(torch.float32)
+    if zero_point is not None:
+        y = y - _quant_param(zero_point, x, axis, block_size).to(torch.float32)
+    scale = _quant_param(scale, x, axis, block_size)
+    return (y * scale).to(scale.dtype)
+'''
+registry.helpers["quantize_linear"] = '''
+def _quantize_linear(x, scale, zero_point, lo, hi, dtype, axis=1, block_size=0):
+    """ONNX QuantizeLinear to integers: x / scale rounded half to even, plus the zero point,
+    saturated into [lo, hi]."""
+    scale = _quant_param(scale, x, axis, block_size)
+    dt = torch.promote_types(x.dtype, scale.dtype)
+    y = torch.round(x.to(dt) / scale.to(dt))
+    if zero_point is not None:
+        zero_point = _quant_param(zero_point, x, axis, block_size)
+        y = y.to(torch.float32) + zero_point.to(torch.float32)
+    return y.clamp(lo, hi).to(dtype)
+'''
+
+
+@template("QuantizeLinear", axis=1, saturate=1, block_size=0, output_dtype=0, precision=0)
+def _quantize_linear(c: OpCall) -> str:
+    c.helpers |= {"quantize_linear", "quant_param"}
+    return ex.quant_call(c, c.dtype())
+
+
+@template("DequantizeLinear", axis=1, block_size=0, output_dtype=0)
+def _dequantize_linear(c: OpCall) -> str:
+    c.helpers |= {"dequantize_linear", "quant_param"}
+    return ex.quant_call(c, c.dtype())
+
+
 registry.builtin("Mod", attrs={"fmod": 0}, bare=True)(lambda c: ex.mod_expr(c, "torch"))
 registry.builtin("Where")(lambda c: ex.where_expr(c, "torch"))
 
