@@ -208,7 +208,8 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: causal aligned to the last query, float16) and, in the torch source, 3-D Attention;
 #: ArgMax / ArgMin's select_last_index, ScatterElements (negative indices, reductions),
 #: ScatterND, Hardmax, LpNormalization, RotaryEmbedding, Trilu's k computed at run time,
-#: QuantizeLinear / DequantizeLinear of 8- and 16-bit integers (per axis, blocked).
+#: QuantizeLinear / DequantizeLinear of 8- and 16-bit integers (per axis, blocked), LpPool
+#: (pads, auto_pad SAME), an inference Dropout node with its mask.
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -228,7 +229,8 @@ EMITTED_CASES = (
     "test_rotary_embedding_3d_input", "test_rotary_embedding_with_interleaved_rotary_dim",
     "test_rotary_embedding_no_position_ids", "test_tril_out_neg", "test_triu_square_neg",
     "test_quantizelinear_axis", "test_quantizelinear_blocked_asymmetric",
-    "test_dequantizelinear_blocked", "test_dequantizelinear_int16",
+    "test_dequantizelinear_blocked", "test_dequantizelinear_int16", "test_lppool_2d_pads",
+    "test_lppool_2d_same_lower", "test_lppool_3d_default", "test_dropout_default_mask",
 )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from xconv.converters.ops.attrs import CONV_ATTRS
 from xconv.converters.ops.elementwise import prelu_slope_shape
 from xconv.converters.ops.linalg import LOSS_REDUCTIONS
 from xconv.converters.ops.nn import POOL_ATTRS
+from xconv.converters.ops.shapes import conv_padding
 from xconv.converters.registry import REQUIRED
 from xconv.errors import ConversionError
 
@@ -164,6 +165,22 @@ GEMM_ATTRS = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
 CONV_TRANSPOSE_ATTRS = {**CONV_ATTRS, "output_padding": None, "output_shape": None}
 MAX_POOL_ATTRS = {**POOL_ATTRS, "kernel_shape": REQUIRED, "storage_order": 0}
 AVERAGE_POOL_ATTRS = {**POOL_ATTRS, "kernel_shape": REQUIRED, "count_include_pad": 0}
+LP_POOL_ATTRS = {**POOL_ATTRS, "kernel_shape": REQUIRED, "p": 2}
+
+
+def pool_padding(c: TemplateCall) -> list[tuple[int, int]]:
+    """A pooling's ``(low, high)`` padding per spatial axis, auto_pad SAME_* resolved over the
+    input's spatial size (which it then needs)."""
+    k = [int(v) for v in c.attrs["kernel_shape"]]
+    n, mode = len(k), c.attrs["auto_pad"]
+    s = [int(v) for v in c.attrs["strides"] or [1] * n]
+    d = [int(v) for v in c.attrs["dilations"] or [1] * n]
+    spatial = list(c.shapes[0][2:]) if c.shapes[0] is not None else []
+    if mode in ("SAME_UPPER", "SAME_LOWER") and (
+        len(spatial) != n or not all(isinstance(v, int) for v in spatial)
+    ):
+        raise c.fail(f"auto_pad {mode} over an input of unknown spatial size")
+    return conv_padding(c.node, mode, spatial or [0] * n, k, s, d, c.attrs["pads"])
 
 
 RESIZE_COORDS = (

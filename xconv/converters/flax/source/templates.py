@@ -245,6 +245,17 @@ for _op, _fmt in _UNARY.items():
     )(lambda c, _f=_fmt: _f.format(c.args[0], xp=c.xp))
 
 
+@template("Dropout", layout="unary", seed=None, training_mode=None)
+def _dropout(c: OpCall) -> str:
+    """A Dropout node outside a recognised layer (those become ``nn.Dropout``): at inference
+    (no training_mode input, or a constant false one) the identity, its mask all true."""
+    if c.has(2) and (c.consts[2] is None or bool(np.asarray(c.consts[2]))):
+        raise c.fail("a Dropout node in training mode outside a dropout layer")
+    if len(c.node.outputs) > 1:
+        return f"{c.args[0]}, jnp.ones(jnp.shape({c.args[0]}), dtype=bool)"
+    return c.args[0]
+
+
 @template("Gelu", layout="unary", approximate="none")
 def _gelu(c: OpCall) -> str:
     approx = c.attrs["approximate"]

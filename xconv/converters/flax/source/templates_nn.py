@@ -160,6 +160,26 @@ def _global_max_pool(c: OpCall) -> str:
     return f"jnp.max({c.args[0]}, axis={tuple(range(1, n + 1))}, keepdims=True)"
 
 
+@template("LpPool", **ex.LP_POOL_ATTRS)
+def _lp_pool(c: OpCall) -> str:
+    """(sum of |x|**p over each window) ** (1/p), a lax.reduce_window sum over the
+    zero-padded input (NC... layout)."""
+    k, pw = [int(v) for v in c.attrs["kernel_shape"]], c.attrs["p"]
+    n = len(k)
+    if c.attrs["ceil_mode"]:
+        raise c.fail("LpPool ceil_mode")
+    s = [int(v) for v in c.attrs["strides"] or [1] * n]
+    d = [int(v) for v in c.attrs["dilations"] or [1] * n]
+    pairs = ((0, 0), (0, 0), *(tuple(int(v) for v in p) for p in ex.pool_padding(c)))
+    x = c.args[0]
+    power = f"jnp.square({x})" if pw == 2 else f"jnp.abs({x}) ** {pw}"
+    total = (
+        f"lax.reduce_window({power}, 0.0, lax.add, {(1, 1, *k)}, {(1, 1, *s)}, {pairs}, "
+        f"window_dilation={(1, 1, *d)})"
+    )
+    return f"jnp.sqrt({total})" if pw == 2 else f"{total} ** {scalar_literal(1 / pw)}"
+
+
 # ---------------------------------------------------------------- normalisation
 
 

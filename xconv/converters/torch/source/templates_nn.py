@@ -4,6 +4,7 @@ attention, losses. Importing this module registers them in ``templates.registry`
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 
 from xconv.converters import expressions as ex
@@ -123,6 +124,26 @@ def _compact(values) -> str:
     """``3`` for ``(3, 3)``: torch's pooling functions take one int for all dimensions."""
     values = [int(v) for v in values]
     return str(values[0]) if len(set(values)) == 1 else int_tuple(values)
+
+
+@template("LpPool", **ex.LP_POOL_ATTRS)
+def _lp_pool(c: OpCall) -> str:
+    """(sum of |x|**p over each window) ** (1/p): an average pool of the zero-padded powers
+    times the window's size (every window whole: F.lp_pool takes no padding, nor |x|)."""
+    k, pw = c.attrs["kernel_shape"], c.attrs["p"]
+    n = len(k)
+    if c.attrs["dilations"] and any(x != 1 for x in c.attrs["dilations"]):
+        raise c.fail("dilated LpPool has no torch counterpart")
+    if c.attrs["ceil_mode"]:
+        raise c.fail("LpPool ceil_mode")
+    pairs = ex.pool_padding(c)
+    s = c.attrs["strides"] or [1] * n
+    power = f"torch.square({c.args[0]})" if pw == 2 else f"torch.abs({c.args[0]}) ** {pw}"
+    stride = [f"stride={_compact(s)}"] if list(s) != list(k) else []
+    order = [v for lo_hi in reversed(pairs) for v in lo_hi]  # F.pad: the last axis first
+    x = f"F.pad({power}, {int_tuple(order)})" if any(order) else power
+    total = f"F.avg_pool{n}d({', '.join([x, _compact(k), *stride])}) * {int(np.prod(k))}"
+    return f"torch.sqrt({total})" if pw == 2 else f"({total}) ** {scalar_literal(1 / pw)}"
 
 
 @template("AveragePool", **ex.AVERAGE_POOL_ATTRS)
