@@ -237,7 +237,8 @@ EMITTED_CASES = (
 #: Cases the torch source alone writes: axes, axis, depth, pads and bounds computed at run
 #: time (reductions, CumSum's exclusive / reverse, OneHot, Pad, Slice with a negative step),
 #: which the Flax source needs constant;
-#: GridSample (F.grid_sample; the Flax source has no sampler).
+#: GridSample (F.grid_sample; the Flax source has no sampler); Resize with scales or sizes
+#: computed at run time (a generated _interpolate over F.interpolate).
 TORCH_SOURCE_CASES = (
     "test_reduce_sum_keepdims_random", "test_reduce_sum_empty_axes_input_noop_example",
     "test_cumsum_1d_reverse_exclusive", "test_cumsum_1d_int32_exclusive",
@@ -246,6 +247,8 @@ TORCH_SOURCE_CASES = (
     "test_gridsample_bicubic_align_corners_1_additional_1",
     "test_gridsample_volumetric_nearest_align_corners_0", "test_reflect_pad",
     "test_constant_pad_negative_axes", "test_slice_neg_steps", "test_slice_end_out_of_bounds",
+    "test_resize_downsample_scales_linear", "test_resize_upsample_scales_cubic_align_corners",
+    "test_resize_downsample_sizes_cubic",
 )  # fmt: skip
 
 
@@ -266,6 +269,24 @@ def test_generated_source_of_newly_emitted_ops(cases, tmp_path):
              if o.status in ("disagree", "crash")
              or (o.status != "agree" and (o.case, o.emitter) in must)]  # fmt: skip
     assert not wrong, wrong
+
+
+def test_run_time_resize_refuses_what_torch_computes_otherwise(cases, tmp_path):
+    """With sizes known only at run time the torch source cannot refuse at emit time what
+    F.interpolate computes otherwise; its _interpolate raises, naming it: pytorch_half_pixel
+    onto one element, align_corners with a fractional size."""
+    pytest.importorskip("torch")
+    from tests.conformance import differential
+
+    names = {
+        "test_resize_downsample_sizes_linear_pytorch_half_pixel": "pytorch_half_pixel",
+        "test_resize_downsample_scales_linear_align_corners": "fractional size",
+    }
+    for case in [c for c in cases if c.name in names]:
+        (outcome,) = [o for o in differential.run_case(case, tmp_path)
+                      if o.emitter == "torch-source"]  # fmt: skip
+        assert outcome.status == "crash" and "ValueError" in outcome.message, outcome
+        assert names[case.name] in outcome.message
 
 
 @pytest.mark.slow

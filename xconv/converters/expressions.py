@@ -190,13 +190,14 @@ RESIZE_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
 def resize_plan(
-    c: TemplateCall, modes: tuple[str, ...], static: bool = True
+    c: TemplateCall, modes: tuple[str, ...], static: bool = True, runtime: bool = False
 ) -> tuple[list[int | None], list[float | None], bool]:
     """A Resize both source emitters can write: ``(output sizes, scale per axis, whether the
     node gave scales)``, from constant ``scales`` or ``sizes``. Raises the emitter's refusal
     for a mode outside ``modes``, another coordinate mode, antialias, axes, exclude_outside,
-    scales and sizes known only at run time, or (with ``static``) an input shape not static;
-    without it, a size or scale that depends on an unknown dimension is ``None``."""
+    scales and sizes known only at run time (unless ``runtime``: every size and scale is then
+    ``None``), or (with ``static``) an input shape not static; without it, a size or scale
+    that depends on an unknown dimension is ``None``."""
     a = c.attrs
     mode, coord = a["mode"], a["coordinate_transformation_mode"]
     if mode not in modes:
@@ -224,6 +225,9 @@ def resize_plan(
             None if n is None else int(np.floor(n * f)) for n, f in zip(shape, factors, strict=True)
         ]
         return out, factors, True
+    if runtime and (c.has(2) or c.has(3)):
+        sized = len(c.args) > 3 and c.has(3) and c.consts[3] is None
+        return [None] * len(shape), [None] * len(shape), not sized
     raise c.fail("Resize needs constant scales or sizes")
 
 
