@@ -335,6 +335,26 @@ def attention_cache(c: TemplateCall) -> bool:
     return c.has(4) or wanted(1) or wanted(2)
 
 
+def attention_keywords(c: TemplateCall, causal: bool, heads: bool = True) -> list[str]:
+    """An Attention call's keywords where they differ from the defaults (not causal, a scale
+    of 1/sqrt(d), and with ``heads`` 4-D inputs): ``is_causal``, ``scale``, ``q_num_heads``,
+    ``kv_num_heads``."""
+    kw = ["is_causal=True"] if causal else []
+    if c.attrs["scale"] is not None:
+        kw.append(f"scale={scalar_literal(c.attrs['scale'])}")
+    for key in ("q_num_heads", "kv_num_heads") if heads else ():
+        if c.attrs[key]:
+            kw.append(f"{key}={c.attrs[key]}")
+    return kw
+
+
+def reverse_sequence_call(c: TemplateCall) -> str:
+    """ONNX ReverseSequence as a call of the emitter's generated ``_reverse_sequence``."""
+    c.helpers.add("reverse_sequence")
+    a = c.attrs
+    return f"_reverse_sequence({c.args[0]}, {c.args[1]}, {a['batch_axis']}, {a['time_axis']})"
+
+
 def cached_attention_call(c: TemplateCall, head: str) -> str:
     """``head`` (``"_cached_attention("``, the Flax one with its attention helper first)
     followed by q, k, v, the past key and value, and the keywords that differ from the
@@ -342,13 +362,7 @@ def cached_attention_call(c: TemplateCall, head: str) -> str:
     args = list(c.args[:3]) + ([c.args[4], c.args[5]] if c.has(4) else [])
     if c.has(3):
         args.append(f"mask={c.args[3]}")
-    if c.attrs["is_causal"]:
-        args.append("is_causal=True")
-    if c.attrs["scale"] is not None:
-        args.append(f"scale={scalar_literal(c.attrs['scale'])}")
-    for key in ("q_num_heads", "kv_num_heads"):
-        if c.attrs[key]:
-            args.append(f"{key}={c.attrs[key]}")
+    args += attention_keywords(c, bool(c.attrs["is_causal"]))
     call = f"{head}{', '.join(args)})"
     n = len(c.node.outputs)
     return {1: f"{call}[0]", 2: f"{call}[:2]", 3: call}.get(n, f"{call} + (None,)")

@@ -314,14 +314,7 @@ def _attention(c: OpCall) -> str:
     _attention_helpers(c, name)
     # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
     args = bhsd_operands(c) + ([mask] if mask != "None" else [])
-    if causal:
-        args.append("is_causal=True")
-    if c.attrs["scale"] is not None:
-        args.append(f"scale={scalar_literal(c.attrs['scale'])}")
-    for key in ("q_num_heads", "kv_num_heads"):
-        if c.attrs[key]:
-            args.append(f"{key}={c.attrs[key]}")
-    out = f"_{name}({', '.join(args)})"
+    out = f"_{name}({', '.join(args + ex.attention_keywords(c, causal))})"
     return f"jnp.swapaxes({out}, 1, 2)" if c.node.metadata_props.get(BSHD) else out
 
 

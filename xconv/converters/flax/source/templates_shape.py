@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters import expressions as ex
 from xconv.converters.codegen import reshape_dims, scalar_literal
 from xconv.converters.flax.source.templates import (
     INT64_MAX,
@@ -278,11 +279,9 @@ def _reverse_sequence(x, lens, batch_axis, time_axis):
 '''
 
 
-@template("ReverseSequence", batch_axis=1, time_axis=0)
-def _reverse_sequence(c: OpCall) -> str:
-    c.helpers.add("reverse_sequence")
-    a = c.attrs
-    return f"_reverse_sequence({c.args[0]}, {c.args[1]}, {a['batch_axis']}, {a['time_axis']})"
+registry.builtin("ReverseSequence", attrs={"batch_axis": 1, "time_axis": 0})(
+    ex.reverse_sequence_call
+)
 
 
 registry.helpers["one_hot"] = '''

@@ -363,13 +363,8 @@ def _attention(c: OpCall) -> str:
         c.helpers.add("cached_attention")
         return ex.cached_attention_call(c, "_cached_attention(")
     q, k, v = c.args[:3]
-    extra = []
-    if c.has(3):
-        extra.append(f"attn_mask={c.args[3]}")
-    if c.attrs["is_causal"]:
-        extra.append("is_causal=True")
-    if c.attrs["scale"] is not None:
-        extra.append(f"scale={scalar_literal(c.attrs['scale'])}")
+    extra = [f"attn_mask={c.args[3]}"] if c.has(3) else []
+    extra += ex.attention_keywords(c, bool(c.attrs["is_causal"]), heads=False)
     hq, hk = c.shapes[0][1] if c.shapes[0] else None, c.shapes[1][1] if c.shapes[1] else None
     if isinstance(hq, int) and isinstance(hk, int) and hq != hk:
         extra.append("enable_gqa=True")
