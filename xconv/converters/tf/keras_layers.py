@@ -472,10 +472,10 @@ def _num_features(graph: ir.Graph, leaf: Mapping[str, str], keys: tuple[str, ...
 # ---------------------------------------------------------------- recurrent layers as ONNX ops
 
 #: Keras cells tf2onnx writes as a Loop (its LSTM rewriter alone matches Keras 3's graph):
-#: ONNX op, gates (Keras' kernel column blocks, in ONNX's W order), default activations.
+#: the ONNX op (its W's gate blocks are Keras' kernel column blocks), default activations.
 _LOOP_CELLS = {
-    "GRUCell": ("GRU", 3, ("sigmoid", "tanh")),
-    "SimpleRNNCell": ("RNN", 1, ("tanh",)),
+    "GRUCell": ("GRU", ("sigmoid", "tanh")),
+    "SimpleRNNCell": ("RNN", ("tanh",)),
 }
 
 
@@ -521,7 +521,7 @@ def _loop_plan(graph, loop, owners, layers):
     rnn = layers.get(scope.rsplit("/", 1)[0]) if "/" in scope else None
     if spec is None or rnn is None:
         return None
-    op, _gates, defaults = spec
+    op, defaults = spec
     if getattr(cell, "use_bias", False) and "bias" not in found:
         # a bias equal to another layer's (zeros as initialised) was not named by value
         bias = np.asarray(cell.bias.numpy())
@@ -554,7 +554,9 @@ def _loop_plan(graph, loop, owners, layers):
         n.inputs[0] for n in body if n.op_type == "Gather" and n.inputs[0] not in inner
     ]  # the time-major input the body reads step by step
     if len(gathered) != 1 or gathered[0].shape is None or len(gathered[0].shape) != 3:
-        return None
+        return None  # (a masked layer's body gathers its mask too)
+    if gathered[0].dtype != found["kernel"][1].dtype:
+        return None  # mixed precision: the op takes one type
     # every other carried output must be unused: the op gives only the state and the outputs
     for i, out in enumerate(loop.outputs[: len(carried)]):
         if i != states[0] and (out.uses() or out.is_graph_output()):
