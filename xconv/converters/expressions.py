@@ -418,3 +418,20 @@ def quant_call(c: TemplateCall, dtype_text: str) -> str:
     lo, hi = QUANT_INT[target]
     args = [c.args[0], c.args[1], zp, str(lo), str(hi), dtype_text]
     return f"_quantize_linear({', '.join(args + tail)})"
+
+
+def inference_dropout(c: TemplateCall, mask: str) -> str:
+    """An inference Dropout node (no training_mode input, or a constant false one): the
+    identity, and ``mask`` (a format of the input) for its mask output. Refused in training
+    mode, which has no fixed source form."""
+    if c.has(2) and (c.consts[2] is None or bool(np.asarray(c.consts[2]))):
+        raise c.fail("a Dropout node in training mode has no fixed source form")
+    return c.args[0] if len(c.node.outputs) == 1 else f"{c.args[0]}, {mask.format(c.args[0])}"
+
+
+def shift_direction(c: TemplateCall) -> str:
+    """BitShift's direction, ``"LEFT"`` or ``"RIGHT"``; the refusal for another."""
+    direction = c.attrs["direction"]
+    if direction not in ("LEFT", "RIGHT"):
+        raise c.fail(f"direction={direction!r}; ONNX defines 'LEFT', 'RIGHT'")
+    return direction

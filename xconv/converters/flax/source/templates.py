@@ -249,11 +249,7 @@ for _op, _fmt in _UNARY.items():
 def _dropout(c: OpCall) -> str:
     """A Dropout node outside a recognised layer (those become ``nn.Dropout``): at inference
     (no training_mode input, or a constant false one) the identity, its mask all true."""
-    if c.has(2) and (c.consts[2] is None or bool(np.asarray(c.consts[2]))):
-        raise c.fail("a Dropout node in training mode outside a dropout layer")
-    if len(c.node.outputs) > 1:
-        return f"{c.args[0]}, jnp.ones(jnp.shape({c.args[0]}), dtype=bool)"
-    return c.args[0]
+    return ex.inference_dropout(c, "jnp.ones(jnp.shape({0}), dtype=bool)")
 
 
 @template("Gelu", layout="unary", approximate="none")
@@ -338,10 +334,7 @@ for _op, _fmt in _BINARY.items():
 def _bit_shift(c: OpCall) -> str:
     """ONNX shifts unsigned types only, as XLA's logical shifts do: a shift by the width or
     more gives 0."""
-    direction = c.attrs["direction"]
-    if direction not in ("LEFT", "RIGHT"):
-        raise c.fail(f"direction={direction!r}; ONNX defines 'LEFT', 'RIGHT'")
-    return f"jnp.{direction.lower()}_shift({c.args[0]}, {c.args[1]})"
+    return f"jnp.{ex.shift_direction(c).lower()}_shift({c.args[0]}, {c.args[1]})"
 
 
 @template("Div", layout="binary", static_ok=True)

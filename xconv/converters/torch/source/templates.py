@@ -139,12 +139,7 @@ for _op, _fmt in _UNARY.items():
 
 @template("Dropout", seed=None, training_mode=None)
 def _dropout(c: OpCall) -> str:
-    # An inference Dropout node (no training_mode input) is the identity.
-    if c.has(2) and (c.consts[2] is None or bool(np.asarray(c.consts[2]))):
-        raise c.fail("a Dropout node in training mode has no fixed source form")
-    if len(c.node.outputs) > 1:
-        return f"{c.args[0]}, torch.ones_like({c.args[0]}, dtype=torch.bool)"
-    return c.args[0]
+    return ex.inference_dropout(c, "torch.ones_like({0}, dtype=torch.bool)")
 
 
 @template("Gelu", approximate="none")
@@ -276,11 +271,9 @@ def _bit_shift(x, y, left):
 
 @template("BitShift", direction=REQUIRED)
 def _bit_shift(c: OpCall) -> str:
-    direction = c.attrs["direction"]
-    if direction not in ("LEFT", "RIGHT"):
-        raise c.fail(f"direction={direction!r}; ONNX defines 'LEFT', 'RIGHT'")
+    left = ex.shift_direction(c) == "LEFT"
     c.helpers.add("bit_shift")
-    return f"_bit_shift({c.args[0]}, {c.args[1]}, left={direction == 'LEFT'})"
+    return f"_bit_shift({c.args[0]}, {c.args[1]}, left={left})"
 
 
 registry.helpers["quant_param"] = '''
