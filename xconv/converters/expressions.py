@@ -72,6 +72,8 @@ UNARY: dict[str, str] = {
     "Identity": "{0}",
     "Sinh": "{xp}.sinh({0})",
     "Cosh": "{xp}.cosh({0})",
+    "BitwiseNot": "{xp}.bitwise_not({0})",
+    "Det": "{xp}.linalg.det({0})",
 }
 
 #: Broadcasting binary ops: Python operators, and logical functions of the same name.
@@ -87,6 +89,9 @@ BINARY: dict[str, str] = {
     "And": "{xp}.logical_and({0}, {1})",
     "Or": "{xp}.logical_or({0}, {1})",
     "Xor": "{xp}.logical_xor({0}, {1})",
+    "BitwiseAnd": "{xp}.bitwise_and({0}, {1})",
+    "BitwiseOr": "{xp}.bitwise_or({0}, {1})",
+    "BitwiseXor": "{xp}.bitwise_xor({0}, {1})",
 }
 
 
@@ -131,6 +136,53 @@ def mean_expr(c: TemplateCall) -> str:
 
 def where_expr(c: TemplateCall, xp: str) -> str:
     return f"{xp}.where({c.args[0]}, {c.args[1]}, {c.args[2]})"
+
+
+def shrink_expr(c: TemplateCall, xp: str) -> str:
+    """ONNX Shrink: ``x + bias`` below ``-lambd``, ``x - bias`` above ``lambd``, 0 between."""
+    x, lambd, bias = c.args[0], scalar_literal(c.attrs["lambd"]), scalar_literal(c.attrs["bias"])
+    return f"{xp}.where({x} < -{lambd}, {x} + {bias}, {xp}.where({x} > {lambd}, {x} - {bias}, 0))"
+
+
+def thresholded_relu_expr(c: TemplateCall, xp: str) -> str:
+    return f"{xp}.where({c.args[0]} > {scalar_literal(c.attrs['alpha'])}, {c.args[0]}, 0)"
+
+
+def swish_expr(c: TemplateCall, silu: str, sigmoid: str) -> str:
+    """ONNX Swish: ``x * sigmoid(alpha * x)``; the framework's silu where alpha is 1."""
+    x, alpha = c.args[0], c.attrs["alpha"]
+    if alpha == 1.0:
+        return f"{silu}({x})"
+    return f"{x} * {sigmoid}({scalar_literal(alpha)} * {x})"
+
+
+def lrn_window(c: TemplateCall) -> tuple[int, int]:
+    """LRN's channel window around each channel: ``(size - 1) // 2`` before, ``size // 2``
+    after (ONNX's floor / ceil of ``(size - 1) / 2``)."""
+    size = int(c.attrs["size"])
+    return (size - 1) // 2, size // 2
+
+
+def block_rearrange(c: TemplateCall, permute: str) -> str:
+    """DepthToSpace / SpaceToDepth of an (N, C, H, W) input as reshape, ``permute`` (the
+    namespace's transpose method: ``transpose`` for jax, ``permute`` for torch), reshape,
+    with the shapes written out (N left to ``-1``)."""
+    shape = c.shapes[0]
+    if shape is None or len(shape) != 4 or None in shape[1:]:
+        raise c.fail(f"{c.node.op_type} needs a 4-D input with known C, H and W")
+    _, ch, h, w = (int(d) if d is not None else None for d in shape)
+    b, mode = int(c.attrs["blocksize"]), c.attrs.get("mode", "DCR")
+    if c.node.op_type == "DepthToSpace":
+        split = (-1, b, b, ch // b**2, h, w) if mode == "DCR" else (-1, ch // b**2, b, b, h, w)
+        perm = (0, 3, 4, 1, 5, 2) if mode == "DCR" else (0, 1, 4, 2, 5, 3)
+        out = (-1, ch // b**2, h * b, w * b)
+    else:
+        split, out = (-1, ch, h // b, b, w // b, b), (-1, ch * b * b, h // b, w // b)
+        perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    if mode not in ("DCR", "CRD"):
+        raise c.fail(f"mode {mode!r}; supported: 'DCR', 'CRD'")
+    x = c.args[0] if c.args[0].isidentifier() else f"({c.args[0]})"
+    return f"{x}.reshape({split}).{permute}({perm}).reshape({out})"
 
 
 def mod_expr(c: TemplateCall, xp: str) -> str:

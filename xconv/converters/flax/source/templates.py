@@ -235,6 +235,9 @@ _UNARY = {
     "Asin": "{xp}.arcsin({0})",
     "Acos": "{xp}.arccos({0})",
     "Atan": "{xp}.arctan({0})",
+    "Asinh": "{xp}.arcsinh({0})",
+    "Acosh": "{xp}.arccosh({0})",
+    "Atanh": "{xp}.arctanh({0})",
 }
 
 for _op, _fmt in _UNARY.items():
@@ -275,6 +278,30 @@ def _elu(c: OpCall) -> str:
 def _selu(c: OpCall) -> str:
     x, a, g = c.args[0], scalar_literal(c.attrs["alpha"]), scalar_literal(c.attrs["gamma"])
     return f"{g} * jnp.where({x} > 0, {x}, {a} * jnp.expm1({x}))"
+
+
+@template("Celu", layout="unary", alpha=1.0)
+def _celu(c: OpCall) -> str:
+    alpha = c.attrs["alpha"]
+    tail = "" if alpha == 1.0 else f", alpha={scalar_literal(alpha)}"
+    return f"jax.nn.celu({c.args[0]}{tail})"
+
+
+@template("Swish", layout="unary", alpha=1.0)
+def _swish(c: OpCall) -> str:
+    return ex.swish_expr(c, "jax.nn.silu", "jax.nn.sigmoid")
+
+
+@template("ThresholdedRelu", layout="unary", alpha=1.0)
+def _thresholded_relu(c: OpCall) -> str:
+    return ex.thresholded_relu_expr(c, "jnp")
+
+
+@template("Shrink", layout="unary", bias=0.0, lambd=0.5)
+def _shrink(c: OpCall) -> str:
+    if not c.float_output():
+        raise c.fail("Shrink of integers (ONNX computes it in float and casts back)")
+    return ex.shrink_expr(c, "jnp")
 
 
 @template("HardSigmoid", layout="unary", alpha=0.2, beta=0.5)

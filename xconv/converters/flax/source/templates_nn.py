@@ -233,6 +233,51 @@ def _group_norm(c: OpCall) -> str:
     )
 
 
+@template("InstanceNormalization", epsilon=1e-5)
+def _instance_norm(c: OpCall) -> str:
+    """GroupNormalization with a group per channel."""
+    c.helpers.add("group_norm")
+    x, scale, bias = c.args[:3]
+    eps = scalar_literal(c.attrs["epsilon"])
+    return f"_group_norm({x}, {scale}, {bias}, num_groups={x}.shape[1], epsilon={eps})"
+
+
+registry.helpers["lrn"] = '''
+def _lrn(x, size, alpha, beta, bias, before, after):
+    """ONNX LRN on (N, C, ...): x / (bias + alpha / size * the sum of x**2 over channels
+    c - before .. c + after) ** beta."""
+    pads = [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2)
+    window = (1, size) + (1,) * (x.ndim - 2)
+    squares = jnp.pad(jnp.square(x), pads)
+    sums = lax.reduce_window(squares, 0.0, lax.add, window, (1,) * x.ndim, "VALID")
+    return x / (bias + alpha / size * sums) ** beta
+'''
+
+
+@template("LRN", alpha=0.0001, beta=0.75, bias=1.0, size=REQUIRED)
+def _lrn(c: OpCall) -> str:
+    c.helpers.add("lrn")
+    before, after = ex.lrn_window(c)
+    a = ", ".join(scalar_literal(c.attrs[n]) for n in ("alpha", "beta", "bias"))
+    return f"_lrn({c.args[0]}, {int(c.attrs['size'])}, {a}, {before}, {after})"
+
+
+registry.helpers["mean_variance_normalization"] = '''
+def _mean_variance_normalization(x, axes):
+    """ONNX MeanVarianceNormalization: (x - E[x]) / (sqrt(E[x**2] - E[x]**2) + 1e-9)."""
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    std = jnp.sqrt(jnp.mean(jnp.square(x), axis=axes, keepdims=True) - jnp.square(mean))
+    return (x - mean) / (std + 1e-9)
+'''
+
+
+@template("MeanVarianceNormalization", axes=(0, 2, 3))
+def _mean_variance_normalization(c: OpCall) -> str:
+    c.helpers.add("mean_variance_normalization")
+    axes = tuple(int(a) for a in c.attrs["axes"])
+    return f"_mean_variance_normalization({c.args[0]}, {axes})"
+
+
 @template("Softmax", layout="axis", axis=-1)
 def _softmax(c: OpCall) -> str:
     return f"jax.nn.softmax({c.args[0]}, axis={c.axis(c.attrs['axis'])})"

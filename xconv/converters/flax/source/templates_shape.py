@@ -72,6 +72,17 @@ for _op, _args in {
     )(_reduce(*_args))
 
 
+@template("EyeLike", dtype=None, k=0)
+def _eye_like(c: OpCall) -> str:
+    k = int(c.attrs["k"])
+    return f"jnp.eye(*{c.args[0]}.shape, k={k}, dtype={c.dtype()})"
+
+
+@template("DepthToSpace", "SpaceToDepth", blocksize=REQUIRED, mode="DCR")
+def _block_rearrange(c: OpCall) -> str:
+    return ex.block_rearrange(c, "transpose")
+
+
 @template("ArgMax", "ArgMin", axis=0, keepdims=1, select_last_index=0)
 def _argmax(c: OpCall) -> str:
     fn = "argmax" if c.node.op_type == "ArgMax" else "argmin"

@@ -84,8 +84,11 @@ WIDE_UNSIGNED = frozenset({ir.DataType.UINT16, ir.DataType.UINT32, ir.DataType.U
 WIDENED_OPS = frozenset(
     {"Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Sum", "Abs", "Clip"}
     | {"Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal"}
+    | {"BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"}
 )
-_BITWISE_UINT64 = frozenset({"Add", "Sub", "Mul", "Sum", "Equal"})
+_BITWISE_UINT64 = frozenset(
+    {"Add", "Sub", "Mul", "Sum", "Equal", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"}
+)
 
 
 def widened(node: ir.Node) -> bool:
@@ -126,6 +129,9 @@ _UNARY = {
     "Asin": "torch.asin({0})",
     "Acos": "torch.acos({0})",
     "Atan": "torch.atan({0})",
+    "Asinh": "torch.asinh({0})",
+    "Acosh": "torch.acosh({0})",
+    "Atanh": "torch.atanh({0})",
 }
 
 
@@ -170,6 +176,47 @@ def _selu(c: OpCall) -> str:
         f"{scalar_literal(g)} * torch.where({x} > 0, {x}, "
         f"{scalar_literal(a)} * (torch.exp({x}) - 1))"
     )
+
+
+@template("Celu", alpha=1.0)
+def _celu(c: OpCall) -> str:
+    alpha = c.attrs["alpha"]
+    return (
+        f"F.celu({c.args[0]})" if alpha == 1.0 else f"F.celu({c.args[0]}, {scalar_literal(alpha)})"
+    )
+
+
+@template("Swish", alpha=1.0)
+def _swish(c: OpCall) -> str:
+    return ex.swish_expr(c, "F.silu", "torch.sigmoid")
+
+
+@template("ThresholdedRelu", alpha=1.0)
+def _thresholded_relu(c: OpCall) -> str:
+    return f"F.threshold({c.args[0]}, {scalar_literal(c.attrs['alpha'])}, 0.0)"
+
+
+@template("Shrink", bias=0.0, lambd=0.5)
+def _shrink(c: OpCall) -> str:
+    dtype = c.node.outputs[0].dtype
+    if dtype is None or not dtype.is_floating_point():
+        raise c.fail("Shrink of integers (ONNX computes it in float and casts back)")
+    lambd, bias = c.attrs["lambd"], c.attrs["bias"]
+    if bias == 0.0:
+        return f"F.hardshrink({c.args[0]}, {scalar_literal(lambd)})"
+    if bias == lambd:
+        return f"F.softshrink({c.args[0]}, {scalar_literal(lambd)})"
+    return ex.shrink_expr(c, "torch")
+
+
+@template("IsInf", detect_negative=1, detect_positive=1)
+def _isinf(c: OpCall) -> str:
+    x, neg, pos = c.args[0], c.attrs["detect_negative"], c.attrs["detect_positive"]
+    if neg and pos:
+        return f"torch.isinf({x})"
+    if pos:
+        return f"torch.isposinf({x})"
+    return f"torch.isneginf({x})" if neg else f"torch.zeros_like({x}, dtype=torch.bool)"
 
 
 @template("HardSigmoid", alpha=0.2, beta=0.5)

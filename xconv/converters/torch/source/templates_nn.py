@@ -251,6 +251,40 @@ def _group_norm(c: OpCall) -> str:
     )
 
 
+@template("InstanceNormalization", epsilon=1e-5)
+def _instance_norm(c: OpCall) -> str:
+    x, scale, bias = c.args[:3]
+    eps = scalar_literal(c.attrs["epsilon"])
+    return f"F.instance_norm({x}, weight={scale}, bias={bias}, eps={eps})"
+
+
+@template("LRN", alpha=0.0001, beta=0.75, bias=1.0, size=REQUIRED)
+def _lrn(c: OpCall) -> str:
+    before, after = ex.lrn_window(c)
+    if before != after:  # F.local_response_norm puts the longer side before the channel
+        raise c.fail(
+            f"LRN of even size {c.attrs['size']} (F.local_response_norm centres it otherwise)"
+        )
+    a = ", ".join(scalar_literal(c.attrs[n]) for n in ("alpha", "beta", "bias"))
+    return f"F.local_response_norm({c.args[0]}, {int(c.attrs['size'])}, {a})"
+
+
+registry.helpers["mean_variance_normalization"] = '''
+def _mean_variance_normalization(x, dims):
+    """ONNX MeanVarianceNormalization: (x - E[x]) / (sqrt(E[x**2] - E[x]**2) + 1e-9)."""
+    mean = torch.mean(x, dim=dims, keepdim=True)
+    std = torch.sqrt(torch.mean(torch.square(x), dim=dims, keepdim=True) - torch.square(mean))
+    return (x - mean) / (std + 1e-9)
+'''
+
+
+@template("MeanVarianceNormalization", axes=(0, 2, 3))
+def _mean_variance_normalization(c: OpCall) -> str:
+    c.helpers.add("mean_variance_normalization")
+    axes = tuple(int(a) for a in c.attrs["axes"])
+    return f"_mean_variance_normalization({c.args[0]}, {axes})"
+
+
 @template("Softmax", axis=-1)
 def _softmax(c: OpCall) -> str:
     return f"torch.softmax({c.args[0]}, dim={c.attrs['axis']})"

@@ -103,6 +103,27 @@ for _op, _fmt in _REDUCE.items():
     registry.builtin(_op, attrs={"keepdims": 1, "noop_with_empty_axes": 0})(_reduce(_fmt))
 
 
+@template("EyeLike", dtype=None, k=0)
+def _eye_like(c: OpCall) -> str:
+    x, k = c.args[0], int(c.attrs["k"])
+    dt = dtype_expr(c.node.outputs[0].dtype)
+    if k == 0:
+        return f"torch.eye(*{x}.shape, dtype={dt}, device={x}.device)"
+    return f"torch.ones_like({x}, dtype={dt}).tril({k}).triu({k})"
+
+
+@template("DepthToSpace", blocksize=REQUIRED, mode="DCR")
+def _depth_to_space(c: OpCall) -> str:
+    if c.attrs["mode"] == "CRD":  # torch's pixel shuffle orders channels so
+        return f"F.pixel_shuffle({c.args[0]}, {int(c.attrs['blocksize'])})"
+    return ex.block_rearrange(c, "permute")
+
+
+@template("SpaceToDepth", blocksize=REQUIRED, mode="DCR")
+def _space_to_depth(c: OpCall) -> str:
+    return ex.block_rearrange(c, "permute")
+
+
 @template("ArgMax", "ArgMin", axis=0, keepdims=1, select_last_index=0)
 def _arg(c: OpCall) -> str:
     fn = "torch.argmax" if c.node.op_type == "ArgMax" else "torch.argmin"
