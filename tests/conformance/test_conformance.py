@@ -212,7 +212,9 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: (pads, auto_pad SAME), an inference Dropout node with its mask; the inverse hyperbolic
 #: functions, Celu, Shrink, ThresholdedRelu, Swish, the bitwise ops (uint64 too), IsInf,
 #: EyeLike (off the diagonal), Det, DepthToSpace / SpaceToDepth (both orders),
-#: InstanceNormalization, LRN and MeanVarianceNormalization.
+#: InstanceNormalization, LRN and MeanVarianceNormalization; axes, axis, depth, pads and
+#: bounds the graph computes at run time (reductions, CumSum's exclusive / reverse, OneHot,
+#: Pad, Slice with a negative step), read eagerly.
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -241,22 +243,20 @@ EMITTED_CASES = (
     "test_depthtospace_example", "test_depthtospace_crd_mode_example",
     "test_spacetodepth_example", "test_spacetodepth_crd_mode_example",
     "test_instancenorm_epsilon", "test_lrn", "test_mvn",
-)  # fmt: skip
-
-
-#: Cases the torch source alone writes: axes, axis, depth, pads and bounds computed at run
-#: time (reductions, CumSum's exclusive / reverse, OneHot, Pad, Slice with a negative step),
-#: which the Flax source needs constant;
-#: GridSample (F.grid_sample; the Flax source has no sampler); Resize with scales or sizes
-#: computed at run time (a generated _interpolate over F.interpolate).
-TORCH_SOURCE_CASES = (
     "test_reduce_sum_keepdims_random", "test_reduce_sum_empty_axes_input_noop_example",
     "test_cumsum_1d_reverse_exclusive", "test_cumsum_1d_int32_exclusive",
     "test_onehot_negative_indices", "test_onehot_out_of_range_indices",
-    "test_onehot_with_negative_axis", "test_gridsample_reflection_padding",
-    "test_gridsample_bicubic_align_corners_1_additional_1",
-    "test_gridsample_volumetric_nearest_align_corners_0", "test_reflect_pad",
-    "test_constant_pad_negative_axes", "test_slice_neg_steps", "test_slice_end_out_of_bounds",
+    "test_onehot_with_negative_axis", "test_reflect_pad", "test_constant_pad_negative_axes",
+    "test_slice_neg_steps", "test_slice_end_out_of_bounds",
+)  # fmt: skip
+
+
+#: Cases the torch source alone writes: GridSample (F.grid_sample; the Flax source has no
+#: sampler); Resize with scales or sizes computed at run time (a generated _interpolate over
+#: F.interpolate).
+TORCH_SOURCE_CASES = (
+    "test_gridsample_reflection_padding", "test_gridsample_bicubic_align_corners_1_additional_1",
+    "test_gridsample_volumetric_nearest_align_corners_0",
     "test_resize_downsample_scales_linear", "test_resize_upsample_scales_cubic_align_corners",
     "test_resize_downsample_sizes_cubic",
 )  # fmt: skip

@@ -520,3 +520,44 @@ def test_tied_lm_head_stored_once(tmp_path, api):
         np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5)
     ok, msg = ruff_ok(out / "model.py")
     assert ok, msg
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_values_computed_at_run_time_are_read_eagerly_and_named_under_jit(tmp_path, api):
+    """Reduction axes, Slice bounds and Pad's pads that are graph inputs: the written module
+    reads them when it runs eagerly (matching onnxruntime, a max over an empty axis giving
+    ONNX's -inf), and under jit names the value jit would need constant."""
+    f32 = T.FLOAT
+    inputs = [
+        h.make_tensor_value_info("x", f32, [2, 0, 4]),
+        h.make_tensor_value_info("y", f32, [3, 5]),
+        h.make_tensor_value_info("axes", T.INT64, [1]),
+        h.make_tensor_value_info("starts", T.INT64, [1]),
+        h.make_tensor_value_info("pads", T.INT64, [4]),
+    ]
+    outputs = [h.make_tensor_value_info(n, f32, None) for n in ("m", "s", "p")]
+    nodes = [
+        h.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=0),
+        h.make_node("Slice", ["y", "starts", "ends"], ["s"]),
+        h.make_node("Pad", ["y", "pads"], ["p"], mode="reflect"),
+    ]
+    ends = h.make_tensor("ends", T.INT64, [1], [-9223372036854775807])  # a reversed slice
+    graph = h.make_graph(nodes, "g", inputs, outputs, initializer=[ends])
+    model = ir.serde.deserialize_model(h.make_model(graph, opset_imports=[h.make_opsetid("", 21)]))
+    rng = np.random.default_rng(0)
+    feed = [
+        np.zeros((2, 0, 4), np.float32),
+        rng.standard_normal((3, 5)).astype(np.float32),
+        np.array([1], np.int64),
+        np.array([-1], np.int64),
+        np.array([1, 2, 0, 1], np.int64),
+    ]
+    out = tmp_path / api
+    xconv.to_flax(model, out, api=api)
+    got, _ = run_generated(out, api, *feed, jit=False)
+    want = ort_run(model, *feed)
+    assert np.all(np.isneginf(np.asarray(got[0]))) and np.asarray(got[0]).shape == (2, 4)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), w)
+    with pytest.raises(ValueError, match="ReduceMax axes is computed at run time.*jax.jit"):
+        run_generated(out, api, *feed, jit=True)

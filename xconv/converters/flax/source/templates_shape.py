@@ -21,7 +21,47 @@ from xconv.converters.flax.source.templates import (
 )
 from xconv.converters.registry import REQUIRED
 
+# ---------------------------------------------------------------- values computed at run time
+
+registry.helpers["static_ints"] = '''
+def _static_ints(value, what):
+    """Integers the graph computes at run time that fix a shape (axes, pads, bounds, sizes),
+    as a tuple: known when the model runs eagerly; under jax.jit they must be constants."""
+    if isinstance(value, jax.core.Tracer):
+        raise ValueError(
+            f"{what} is computed at run time, and jax.jit needs it when tracing: "
+            "run the model without jit, or make it a constant"
+        )
+    return tuple(int(v) for v in np.asarray(value).reshape(-1))
+'''
+
+
+def runtime(c: OpCall, i: int, what: str) -> str | None:
+    """Input ``i`` as a ``_static_ints(...)`` call when the graph computes it at run time
+    (None when it is a constant or absent): read eagerly, as ``to_jax`` reads it."""
+    if not c.has(i) or c.consts[i] is not None:
+        return None
+    if c.perm is not None:
+        raise c.fail(f"{what} computed at run time on a channels-last input")
+    c.helpers.add("static_ints")
+    return f'_static_ints({c.args[i]}, "{c.node.op_type} {what}")'
+
+
 # ---------------------------------------------------------------- reductions
+
+
+def _empty_initial(c: OpCall, fn: str) -> str:
+    """``initial=`` for a max / min over an input with an empty axis: ONNX's identity (-inf /
+    inf, an integer type's bounds, False / True), where numpy's reduction raises."""
+    dtype = c.node.inputs[0].dtype
+    if fn not in ("max", "min") or 0 not in (c.shapes[0] or ()) or dtype is None:
+        return ""
+    if dtype == ir.DataType.BOOL:
+        return f", initial={fn == 'min'}"
+    if dtype.is_floating_point():
+        return f", initial={'-' if fn == 'max' else ''}jnp.inf"
+    bound = "min" if fn == "max" else "max"
+    return f", initial=jnp.iinfo({c.args[0]}.dtype).{bound}"
 
 
 def _reduce(
@@ -32,12 +72,20 @@ def _reduce(
     ``post(pre(x))``): the elementwise part ONNX keeps (``xconv.converters.ops.reduce``)."""
 
     def emit(c: OpCall) -> str:
+        keep = ", keepdims=True" if c.attrs["keepdims"] else ""  # numpy's default: False
+        keep += _empty_initial(c, fn)
+        x = pre.format(c.args[0])
+        call = fn if "." in fn else f"{c.xp}.{fn}"
+        dynamic = runtime(c, 1, "axes")
+        if dynamic is not None:  # all axes when empty, or with noop_with_empty_axes none
+            out = post.format(f"{call}({x}, axis={dynamic} or None{keep})")
+            if not c.attrs["noop_with_empty_axes"]:
+                return out
+            kept_x = post.format(x) if kept is None else kept.format(c.args[0])
+            return f"({out} if {dynamic} else {kept_x})"
         axes = c.attrs.get("axes")
         if c.has(1):
             axes = c.const(1, "axes")
-        keep = ", keepdims=True" if c.attrs["keepdims"] else ""  # numpy's default: False
-        x = pre.format(c.args[0])
-        call = fn if "." in fn else f"{c.xp}.{fn}"
         if axes is None or len(np.asarray(axes).reshape(-1)) == 0:
             if c.attrs["noop_with_empty_axes"]:
                 return post.format(x) if kept is None else kept.format(c.args[0])
@@ -109,7 +157,8 @@ def _cumulative(x, axis, fn, identity, exclusive=False, reverse=False):
 
 @template("CumSum", "CumProd", exclusive=0, reverse=0)
 def _cumulative(c: OpCall) -> str:
-    axis = int(c.const(1, "axis"))
+    dynamic = runtime(c, 1, "axis")
+    axis = f"{dynamic}[0]" if dynamic else int(c.const(1, "axis"))
     fn, identity = ("jnp.cumsum", 0) if c.node.op_type == "CumSum" else ("jnp.cumprod", 1)
     if not (c.attrs["exclusive"] or c.attrs["reverse"]):
         return f"{fn}({c.args[0]}, axis={axis})"
@@ -174,12 +223,14 @@ def _concat(c: OpCall) -> str:
 def _squeeze(c: OpCall) -> str:
     if not c.has(1):
         return f"{c.xp}.squeeze({c.args[0]})"
-    return f"{c.xp}.squeeze({c.args[0]}, axis={tuple_literal(c.const(1, 'axes'))})"
+    axes = runtime(c, 1, "axes") or tuple_literal(c.const(1, "axes"))
+    return f"{c.xp}.squeeze({c.args[0]}, axis={axes})"
 
 
 @template("Unsqueeze", static_ok=True)
 def _unsqueeze(c: OpCall) -> str:
-    return f"{c.xp}.expand_dims({c.args[0]}, {tuple_literal(c.const(1, 'axes'))})"
+    axes = runtime(c, 1, "axes") or tuple_literal(c.const(1, "axes"))
+    return f"{c.xp}.expand_dims({c.args[0]}, {axes})"
 
 
 @template("Expand", static_ok=True)
@@ -191,7 +242,8 @@ def _expand(c: OpCall) -> str:
 
 @template("Tile", static_ok=True)
 def _tile(c: OpCall) -> str:
-    return f"{c.xp}.tile({c.args[0]}, {tuple_literal(c.const(1, 'repeats'))})"
+    repeats = runtime(c, 1, "repeats") or tuple_literal(c.const(1, "repeats"))
+    return f"{c.xp}.tile({c.args[0]}, {repeats})"
 
 
 def _slice_bound(v: int, dim: int | None) -> str | None:
@@ -200,8 +252,29 @@ def _slice_bound(v: int, dim: int | None) -> str | None:
     return str(v)
 
 
+registry.helpers["slice"] = '''
+def _slice(x, starts, ends, axes=None, steps=None):
+    """ONNX Slice with bounds computed at run time: Python's slices clamp them as ONNX does."""
+    starts, ends = _static_ints(starts, "Slice starts"), _static_ints(ends, "Slice ends")
+    axes = range(len(starts)) if axes is None else _static_ints(axes, "Slice axes")
+    steps = (1,) * len(starts) if steps is None else _static_ints(steps, "Slice steps")
+    index = [slice(None)] * x.ndim
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        index[a] = slice(s, e, st)
+    return x[tuple(index)]
+'''
+
+
 @template("Slice", static_ok=True)
 def _slice(c: OpCall) -> str:
+    if any(c.has(i) and c.consts[i] is None for i in range(1, 5)):
+        if c.perm is not None:
+            raise c.fail("Slice bounds computed at run time on a channels-last input")
+        c.helpers |= {"slice", "static_ints"}
+        args = [c.args[i] if c.has(i) else "None" for i in range(5)]
+        while args[-1] == "None":
+            args.pop()
+        return f"_slice({', '.join(args)})"
     starts = c.const(1, "starts").reshape(-1)
     ends = c.const(2, "ends").reshape(-1)
     rank = c.rank()
@@ -308,7 +381,8 @@ def _one_hot(indices, depth, values, axis):
 
 @template("OneHot", axis=-1)
 def _one_hot(c: OpCall) -> str:
-    depth = int(np.asarray(c.const(1, "depth")).reshape(-1)[0])
+    dynamic = runtime(c, 1, "depth")
+    depth = f"{dynamic}[0]" if dynamic else int(np.asarray(c.const(1, "depth")).reshape(-1)[0])
     c.helpers.add("one_hot")
     return f"_one_hot({c.args[0]}, {depth}, {c.args[2]}, {c.attrs['axis']})"
 
@@ -316,6 +390,9 @@ def _one_hot(c: OpCall) -> str:
 @template("Split", axis=0, num_outputs=None)
 def _split(c: OpCall) -> str:
     a = c.attrs["axis"]
+    dynamic = runtime(c, 1, "split")
+    if dynamic:  # the cut points: the sizes' running sums, the last left out
+        return f"jnp.split({c.args[0]}, list(itertools.accumulate({dynamic}))[:-1], axis={a})"
     if c.has(1):
         sizes = [int(s) for s in c.const(1, "split")]
         cuts = tuple(int(x) for x in np.cumsum(sizes)[:-1])
@@ -362,8 +439,35 @@ def _sequence_length(c: OpCall) -> str:
     return f"np.asarray(len({c.args[0]}), dtype=np.int64)"
 
 
+registry.helpers["pad_widths"] = '''
+def _pad_widths(pads, ndim, axes=None):
+    """ONNX Pad's pads (every begin, then every end) over ``axes`` as jnp.pad's (before,
+    after) per axis."""
+    axes = range(ndim) if axes is None else [a % ndim for a in axes]
+    widths = [(0, 0)] * ndim
+    for i, a in enumerate(axes):
+        widths[a] = (pads[i], pads[i + len(axes)])
+    if min(min(w) for w in widths) < 0:
+        raise ValueError(f"negative pads {pads}: the Flax source pads, it does not crop")
+    return widths
+'''
+
+_PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
 @template("Pad", mode="constant")
 def _pad(c: OpCall) -> str:
+    m = c.attrs["mode"]
+    if m not in _PAD_MODES:
+        raise c.fail(f"mode={m!r}")
+    extra = f", constant_values={c.args[2]}" if m == "constant" and c.has(2) else ""
+    dynamic = runtime(c, 1, "pads"), runtime(c, 3, "axes")
+    if any(dynamic):
+        c.helpers.add("pad_widths")
+        pads = dynamic[0] or tuple_literal(c.const(1, "pads"))
+        axes = "" if not c.has(3) else f", {dynamic[1] or tuple_literal(c.const(3, 'axes'))}"
+        widths = f"_pad_widths({pads}, {c.args[0]}.ndim{axes})"
+        return f"jnp.pad({c.args[0]}, {widths}, mode={m!r}{extra})"
     pads = [int(p) for p in c.const(1, "pads")]
     rank = c.rank()
     if rank is None:
@@ -375,15 +479,8 @@ def _pad(c: OpCall) -> str:
     n = len(axes)
     for i, a in enumerate(axes):
         widths[a] = (pads[i], pads[i + n])
-    mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
-    m = c.attrs["mode"]
-    if m not in mode:
-        raise c.fail(f"mode={m!r}")
     if any(lo < 0 or hi < 0 for lo, hi in widths):
         raise c.fail("negative pads")
-    extra = ""
-    if m == "constant" and c.has(2):
-        extra = f", constant_values={c.args[2]}"
     return f"jnp.pad({c.args[0]}, {tuple(widths)}, mode={m!r}{extra})"
 
 
@@ -429,7 +526,8 @@ def _topk(c: OpCall) -> str:
     a = c.attrs["axis"]
     if r is None or (a + r if a < 0 else a) != r - 1:
         raise c.fail("TopK over an axis other than the last one")
-    k = int(c.const(1, "k").reshape(-1)[0])
+    dynamic = runtime(c, 1, "k")
+    k = f"{dynamic}[0]" if dynamic else int(c.const(1, "k").reshape(-1)[0])
     x = c.args[0] if c.attrs["largest"] else f"-{c.args[0]}"
     vals = "{0}[0]" if c.attrs["largest"] else "-{0}[0]"
     return f"(lambda r: ({vals.format('r')}, r[1].astype(jnp.int64)))(lax.top_k({x}, {k}))"
