@@ -214,7 +214,8 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: EyeLike (off the diagonal), Det, DepthToSpace / SpaceToDepth (both orders),
 #: InstanceNormalization, LRN and MeanVarianceNormalization; axes, axis, depth, pads and
 #: bounds the graph computes at run time (reductions, CumSum's exclusive / reverse, OneHot,
-#: Pad, Slice with a negative step), read eagerly.
+#: Pad, Slice with a negative step), read eagerly; GridSample (the Flax source's
+#: _grid_sample, torch's F.grid_sample).
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -248,15 +249,14 @@ EMITTED_CASES = (
     "test_onehot_negative_indices", "test_onehot_out_of_range_indices",
     "test_onehot_with_negative_axis", "test_reflect_pad", "test_constant_pad_negative_axes",
     "test_slice_neg_steps", "test_slice_end_out_of_bounds",
+    "test_gridsample_reflection_padding", "test_gridsample_bicubic_align_corners_1_additional_1",
+    "test_gridsample_volumetric_nearest_align_corners_0",
 )  # fmt: skip
 
 
-#: Cases the torch source alone writes: GridSample (F.grid_sample; the Flax source has no
-#: sampler); Resize with scales or sizes computed at run time (a generated _interpolate over
-#: F.interpolate).
+#: Cases the torch source alone writes: Resize with scales or sizes computed at run time (a
+#: generated _interpolate over F.interpolate).
 TORCH_SOURCE_CASES = (
-    "test_gridsample_reflection_padding", "test_gridsample_bicubic_align_corners_1_additional_1",
-    "test_gridsample_volumetric_nearest_align_corners_0",
     "test_resize_downsample_scales_linear", "test_resize_upsample_scales_cubic_align_corners",
     "test_resize_downsample_sizes_cubic",
 )  # fmt: skip

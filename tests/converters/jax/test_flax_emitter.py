@@ -561,3 +561,35 @@ def test_values_computed_at_run_time_are_read_eagerly_and_named_under_jit(tmp_pa
         np.testing.assert_array_equal(np.asarray(g), w)
     with pytest.raises(ValueError, match="ReduceMax axes is computed at run time.*jax.jit"):
         run_generated(out, api, *feed, jit=True)
+
+
+@pytest.mark.parametrize(
+    ("mode", "padding", "corners"),
+    [("bilinear", "zeros", False), ("nearest", "border", True), ("bicubic", "reflection", False)],
+)
+def test_grid_sample_from_torch_matches_torch(tmp_path, mode, padding, corners):
+    """A torch module's F.grid_sample, exported to ONNX's GridSample, through the generated
+    Flax (jitted) against torch, with grid points outside [-1, 1]."""
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+
+    class Sampler(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x, grid):
+            y = self.conv(x)
+            return functional.grid_sample(
+                y, grid, mode=mode, padding_mode=padding, align_corners=corners
+            )
+
+    torch.manual_seed(0)
+    module = Sampler().eval()
+    x, grid = torch.randn(2, 3, 8, 8), torch.rand(2, 5, 6, 2) * 2.4 - 1.2
+    model = xconv.from_torch(module, (x, grid))
+    assert "GridSample" in {n.op_type for n in model.graph}
+    xconv.to_flax(model, tmp_path / "out")
+    got, _ = run_generated(tmp_path / "out", "linen", x.numpy(), grid.numpy())
+    want = module(x, grid).detach().numpy()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
