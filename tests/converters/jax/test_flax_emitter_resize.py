@@ -89,8 +89,8 @@ def test_gather_nd_matches_onnxruntime(tmp_path, batch_dims):
 
 def test_resize_by_scales_of_a_symbolic_batch(tmp_path):
     """Keras UpSampling2D(interpolation="bilinear") through tf2onnx: scales of an input
-    whose batch is symbolic; the batch axis, scale 1, is kept whole. A size of an axis whose
-    input size is unknown is refused."""
+    whose batch is symbolic; the batch axis, scale 1, is kept whole. Sizes over such an axis
+    are resolved against the input's shape when the model runs, as onnxruntime does."""
     model = _resize_model("linear", "half_pixel", "floor", [1.0, 1.0, 2.0, 2.0], None,
                           x_shape=("N", 3, 4, 5))  # fmt: skip
     x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
@@ -99,5 +99,31 @@ def test_resize_by_scales_of_a_symbolic_batch(tmp_path):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
     sized = _resize_model("linear", "half_pixel", "floor", None, [2, 3, 8, 10],
                           x_shape=("N", 3, 4, 5))  # fmt: skip
-    with pytest.raises(xconv.errors.UnsupportedAttributeError, match="size is not static"):
-        xconv.to_flax(sized, tmp_path / "sized", api="linen")
+    (want,) = ort_run(sized, x)
+    got, _ = run_generated(xconv.to_flax(sized, tmp_path / "sized", api="linen"), "linen", x)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"scale_factor": 2, "mode": "bicubic", "align_corners": False},
+        {"size": (5, 7), "mode": "bicubic", "align_corners": True},
+        {"size": (5, 3), "mode": "bilinear", "antialias": True},
+        {"size": (4, 3), "mode": "bicubic", "antialias": True},
+    ],
+)
+def test_torch_interpolate_through_the_generated_flax_matches_torch(tmp_path, kwargs):
+    """F.interpolate's bicubic (ONNX cubic, a = -0.75) and antialiased downsampling, exported
+    by torch, through the jitted generated Flax against torch."""
+    torch = pytest.importorskip("torch")
+
+    class Interpolate(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, **kwargs)
+
+    module, x = Interpolate().eval(), torch.randn(2, 3, 8, 9)
+    model = xconv.from_torch(module, (x,))
+    assert [n.op_type for n in model.graph].count("Resize") == 1
+    got, _ = run_generated(xconv.to_flax(model, tmp_path / "out"), "linen", x.numpy())
+    np.testing.assert_allclose(np.asarray(got), module(x).numpy(), rtol=1e-5, atol=1e-5)

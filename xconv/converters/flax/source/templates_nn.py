@@ -298,14 +298,14 @@ def _grid_sample(x, grid, mode="linear", padding_mode="zeros", align_corners=Fal
     if mode == "nearest":
         coords = [jnp.rint(q) for q in coords]
     if padding_mode == "border":
-        coords = [jnp.clip(q, 0, size - 1) for q, size in zip(coords, dims)]
+        coords = [jnp.clip(q, 0, size - 1) for q, size in zip(coords, dims, strict=True)]
     elif padding_mode == "reflection":
-        coords = [_reflect(q, *b) for q, b in zip(coords, borders)]
+        coords = [_reflect(q, *b) for q, b in zip(coords, borders, strict=True)]
     data = jnp.reshape(x, (nb, c, -1))
 
     def fetch(index):  # the values at integer points, (N, M) per dimension -> (N, C, M)
         flat, inside = 0, True
-        for q, size, b in zip(index, dims, borders):
+        for q, size, b in zip(index, dims, borders, strict=True):
             if padding_mode == "reflection":
                 q = jnp.trunc(_reflect(q.astype(x.dtype), *b)).astype(jnp.int32)
             if padding_mode != "zeros":
@@ -320,13 +320,13 @@ def _grid_sample(x, grid, mode="linear", padding_mode="zeros", align_corners=Fal
     else:
         taps = (0, 1) if mode == "linear" else (-1, 0, 1, 2)
         base = [jnp.floor(q) for q in coords]
-        frac = [q - b for q, b in zip(coords, base)]
+        frac = [q - b for q, b in zip(coords, base, strict=True)]
         weights = [[1 - f, f] if mode == "linear" else _cubic_weights(f) for f in frac]
         base = [b.astype(jnp.int32) for b in base]
         y = 0
         for combo in itertools.product(range(len(taps)), repeat=n):
             w = math.prod(weights[i][t] for i, t in enumerate(combo))
-            y = y + w[:, None, :] * fetch([b + taps[t] for b, t in zip(base, combo)])
+            y = y + w[:, None, :] * fetch([b + taps[t] for b, t in zip(base, combo, strict=True)])
     return jnp.reshape(y, (nb, c, *grid.shape[1:-1])).astype(x.dtype)
 
 

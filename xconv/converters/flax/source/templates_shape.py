@@ -24,15 +24,21 @@ from xconv.converters.registry import REQUIRED
 # ---------------------------------------------------------------- values computed at run time
 
 registry.helpers["static_ints"] = '''
-def _static_ints(value, what):
-    """Integers the graph computes at run time that fix a shape (axes, pads, bounds, sizes),
-    as a tuple: known when the model runs eagerly; under jax.jit they must be constants."""
+def _static(value, what):
+    """A value the graph computes at run time that fixes a shape (axes, pads, bounds, sizes,
+    scales) as a flat numpy array: known when the model runs eagerly; under jax.jit it must
+    be a constant."""
     if isinstance(value, jax.core.Tracer):
         raise ValueError(
             f"{what} is computed at run time, and jax.jit needs it when tracing: "
             "run the model without jit, or make it a constant"
         )
-    return tuple(int(v) for v in np.asarray(value).reshape(-1))
+    return np.asarray(value).reshape(-1)
+
+
+def _static_ints(value, what):
+    """_static's integers, as a tuple."""
+    return tuple(int(v) for v in _static(value, what))
 '''
 
 
@@ -259,7 +265,7 @@ def _slice(x, starts, ends, axes=None, steps=None):
     axes = range(len(starts)) if axes is None else _static_ints(axes, "Slice axes")
     steps = (1,) * len(starts) if steps is None else _static_ints(steps, "Slice steps")
     index = [slice(None)] * x.ndim
-    for s, e, a, st in zip(starts, ends, axes, steps):
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
         index[a] = slice(s, e, st)
     return x[tuple(index)]
 '''
