@@ -424,6 +424,63 @@ def _dequantize_linear(c: OpCall) -> str:
     return ex.quant_call(c, c.dtype())
 
 
+registry.helpers["dynamic_quantize_linear"] = """
+def _dynamic_quantize_linear(x):
+    \"\"\"ONNX DynamicQuantizeLinear: x as uint8 over its range widened to include 0, with that
+    scale and zero point (true divisions: XLA would multiply by 1 / scale).\"\"\"
+    xf = x.astype(jnp.float32)
+    hi = jnp.maximum(jnp.max(xf, initial=0.0), 0.0)
+    lo = jnp.minimum(jnp.min(xf, initial=0.0), 0.0)
+    scale = jnp.where(hi == lo, 1.0, hi - lo) / 255.0
+    zero_point = jnp.rint(jnp.clip(0.0 - lax.div(lo, lax.optimization_barrier(scale)), 0, 255))
+    xf, scales = jnp.broadcast_arrays(xf, scale)
+    y = jnp.clip(jnp.rint(lax.div(xf, lax.optimization_barrier(scales))) + zero_point, 0, 255)
+    return y.astype(jnp.uint8), scale.astype(x.dtype), zero_point.astype(jnp.uint8)
+"""
+registry.helpers["matmul_integer"] = """
+def _matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    \"\"\"ONNX MatMulInteger: (a - a_zero_point) @ (b - b_zero_point) in int32; a's zero point
+    per row has shape [M].\"\"\"
+    a, b = a.astype(jnp.int32), b.astype(jnp.int32)
+    if a_zero_point is not None:
+        zp = a_zero_point.astype(jnp.int32)
+        a = a - (jnp.reshape(zp, (-1, 1)) if zp.size > 1 else zp)
+    if b_zero_point is not None:
+        b = b - b_zero_point.astype(jnp.int32)
+    return jnp.matmul(a, b, preferred_element_type=jnp.int32)
+"""
+registry.helpers["qlinear_matmul"] = """
+def _qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    \"\"\"ONNX QLinearMatMul: the integer product requantized by a_scale * b_scale / y_scale,
+    rounded half to even, plus y's zero point, saturated into its type.\"\"\"
+    acc = _matmul_integer(a, b, a_zero_point, b_zero_point).astype(jnp.float32)
+    y = jnp.rint(acc * (a_scale * b_scale / y_scale).astype(jnp.float32))
+    y = y + y_zero_point.astype(jnp.float32)
+    info = jnp.iinfo(y_zero_point.dtype)
+    return jnp.clip(y, info.min, info.max).astype(y_zero_point.dtype)
+"""
+
+
+@template("DynamicQuantizeLinear")
+def _dynamic_quantize_linear(c: OpCall) -> str:
+    c.helpers.add("dynamic_quantize_linear")
+    return f"_dynamic_quantize_linear({c.args[0]})"
+
+
+@template("MatMulInteger")
+def _matmul_integer(c: OpCall) -> str:
+    c.helpers.add("matmul_integer")
+    return f"_matmul_integer({', '.join(a or 'None' for a in c.args)})"
+
+
+@template("QLinearMatMul")
+def _qlinear_matmul(c: OpCall) -> str:
+    if not all(c.has(i) for i in range(8)):
+        raise c.fail("QLinearMatMul without y's zero point")
+    c.helpers |= {"qlinear_matmul", "matmul_integer"}
+    return f"_qlinear_matmul({', '.join(c.args)})"
+
+
 registry.builtin("Mod", attrs={"fmod": 0}, layout="binary")(lambda c: ex.mod_expr(c, c.xp))
 registry.builtin("Where", layout="binary", static_ok=True)(lambda c: ex.where_expr(c, c.xp))
 

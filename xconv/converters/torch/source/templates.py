@@ -359,6 +359,63 @@ def _quantize_linear(x, scale, zero_point, lo, hi, dtype, axis=1, block_size=0):
 '''
 
 
+registry.helpers["dynamic_quantize_linear"] = """
+def _dynamic_quantize_linear(x):
+    \"\"\"ONNX DynamicQuantizeLinear: x as uint8 over its range widened to include 0, with that
+    scale and zero point.\"\"\"
+    xf = x.float()
+    zero = xf.new_zeros(())
+    hi = torch.maximum(xf.max(), zero) if xf.numel() else zero
+    lo = torch.minimum(xf.min(), zero) if xf.numel() else zero
+    scale = torch.where(hi == lo, 1.0, hi - lo) / 255.0
+    zero_point = torch.round(torch.clamp(0.0 - lo / scale, 0, 255))
+    y = torch.clamp(torch.round(xf / scale) + zero_point, 0, 255)
+    return y.to(torch.uint8), scale.to(x.dtype), zero_point.to(torch.uint8)
+"""
+registry.helpers["matmul_integer"] = """
+def _matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    \"\"\"ONNX MatMulInteger: (a - a_zero_point) @ (b - b_zero_point) as int32, computed in
+    float64 (exact for 8-bit data; torch lacks integer matmul kernels on most devices); a's
+    zero point per row has shape [M].\"\"\"
+    a, b = a.to(torch.float64), b.to(torch.float64)
+    if a_zero_point is not None:
+        zp = a_zero_point.to(torch.float64)
+        a = a - (zp.reshape(-1, 1) if zp.numel() > 1 else zp)
+    if b_zero_point is not None:
+        b = b - b_zero_point.to(torch.float64)
+    return (a @ b).to(torch.int32)
+"""
+registry.helpers["qlinear_matmul"] = """
+def _qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    \"\"\"ONNX QLinearMatMul: the integer product requantized by a_scale * b_scale / y_scale,
+    rounded half to even, plus y's zero point, saturated into its type.\"\"\"
+    acc = _matmul_integer(a, b, a_zero_point, b_zero_point).float()
+    y = torch.round(acc * (a_scale * b_scale / y_scale).float()) + y_zero_point.float()
+    info = torch.iinfo(y_zero_point.dtype)
+    return torch.clamp(y, info.min, info.max).to(y_zero_point.dtype)
+"""
+
+
+@template("DynamicQuantizeLinear")
+def _dynamic_quantize_linear(c: OpCall) -> str:
+    c.helpers.add("dynamic_quantize_linear")
+    return f"_dynamic_quantize_linear({c.args[0]})"
+
+
+@template("MatMulInteger")
+def _matmul_integer(c: OpCall) -> str:
+    c.helpers.add("matmul_integer")
+    return f"_matmul_integer({', '.join(a or 'None' for a in c.args)})"
+
+
+@template("QLinearMatMul")
+def _qlinear_matmul(c: OpCall) -> str:
+    if not all(c.has(i) for i in range(8)):
+        raise c.fail("QLinearMatMul without y's zero point")
+    c.helpers |= {"qlinear_matmul", "matmul_integer"}
+    return f"_qlinear_matmul({', '.join(c.args)})"
+
+
 @template("QuantizeLinear", axis=1, saturate=1, block_size=0, output_dtype=0, precision=0)
 def _quantize_linear(c: OpCall) -> str:
     c.helpers |= {"quantize_linear", "quant_param"}
