@@ -1,6 +1,7 @@
-"""A model onnxruntime's own dynamic quantization wrote (DynamicQuantizeLinear,
-MatMulInteger, the rescale), and its statically quantized twin (QLinearMatMul), through the
-generated Flax and torch source, against onnxruntime on the same file."""
+"""Models onnxruntime's own quantization wrote: dynamically (DynamicQuantizeLinear,
+MatMulInteger, the rescale), statically (QLinearMatMul; a CNN's QLinearConv with per-channel
+weight scales), through the generated Flax and torch source, against onnxruntime on the same
+file."""
 
 from __future__ import annotations
 
@@ -36,6 +37,26 @@ def _float_mlp(path):
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), path)
 
 
+def _float_cnn(path):
+    rng = np.random.default_rng(0)
+    w1 = nh.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "w1")
+    b1 = nh.from_array(rng.standard_normal(8).astype(np.float32), "b1")
+    w2 = nh.from_array(rng.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.3, "w2")
+    nodes = [
+        h.make_node("Conv", ["x", "w1", "b1"], ["a"], pads=[1, 1, 1, 1]),
+        h.make_node("Relu", ["a"], ["r"]),
+        h.make_node("Conv", ["r", "w2"], ["y"], strides=[2, 2]),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "cnn",
+        [h.make_tensor_value_info("x", T.FLOAT, [4, 3, 8, 8])],
+        [h.make_tensor_value_info("y", T.FLOAT, [4, 4, 3, 3])],
+        initializer=[w1, b1, w2],
+    )
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), path)
+
+
 def _dynamic(tmp_path):
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -44,7 +65,7 @@ def _dynamic(tmp_path):
     return tmp_path / "q.onnx"
 
 
-def _static(tmp_path):
+def _static(tmp_path, float_model=_float_mlp, shape=(4, 16)):
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -55,12 +76,12 @@ def _static(tmp_path):
     class Reader(CalibrationDataReader):
         def __init__(self):
             rng = np.random.default_rng(1)
-            self.batches = iter([{"x": rng.standard_normal((4, 16)).astype(np.float32)}] * 4)
+            self.batches = iter([{"x": rng.standard_normal(shape).astype(np.float32)}] * 4)
 
         def get_next(self):
             return next(self.batches, None)
 
-    _float_mlp(tmp_path / "float.onnx")
+    float_model(tmp_path / "float.onnx")
     quantize_static(
         tmp_path / "float.onnx",
         tmp_path / "q.onnx",
@@ -68,20 +89,26 @@ def _static(tmp_path):
         quant_format=QuantFormat.QOperator,
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
+        per_channel=float_model is _float_cnn,
     )
     return tmp_path / "q.onnx"
 
 
+def _static_cnn(tmp_path):
+    return _static(tmp_path, _float_cnn, (4, 3, 8, 8))
+
+
 @pytest.mark.parametrize(
     ("build", "op"),
-    [(_dynamic, "MatMulInteger"), (_static, "QLinearMatMul")],
-    ids=["dynamic", "static"],
+    [(_dynamic, "MatMulInteger"), (_static, "QLinearMatMul"), (_static_cnn, "QLinearConv")],
+    ids=["dynamic", "static", "static-cnn-per-channel"],
 )
 def test_quantized_model_through_generated_sources_matches_onnxruntime(tmp_path, build, op):
     pytest.importorskip("torch")
     path = build(tmp_path)
     assert op in {n.op_type for n in onnx.load(path).graph.node}
-    x = np.random.default_rng(2).standard_normal((4, 16)).astype(np.float32)
+    shape = (4, 3, 8, 8) if op == "QLinearConv" else (4, 16)
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (want,) = session.run(None, {"x": x})
     model = xconv.load(path)

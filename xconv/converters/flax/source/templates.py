@@ -449,15 +449,25 @@ def _matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
         b = b - b_zero_point.astype(jnp.int32)
     return jnp.matmul(a, b, preferred_element_type=jnp.int32)
 """
-registry.helpers["qlinear_matmul"] = """
-def _qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
-    \"\"\"ONNX QLinearMatMul: the integer product requantized by a_scale * b_scale / y_scale,
-    rounded half to even, plus y's zero point, saturated into its type.\"\"\"
-    acc = _matmul_integer(a, b, a_zero_point, b_zero_point).astype(jnp.float32)
-    y = jnp.rint(acc * (a_scale * b_scale / y_scale).astype(jnp.float32))
-    y = y + y_zero_point.astype(jnp.float32)
-    info = jnp.iinfo(y_zero_point.dtype)
-    return jnp.clip(y, info.min, info.max).astype(y_zero_point.dtype)
+registry.helpers["requantize"] = """
+def _requantize(acc, factor, zero_point):
+    \"\"\"An int32 accumulator (QLinearMatMul's, QLinearConv's) rescaled by ``factor``, rounded
+    half to even, plus the output's zero point, saturated into its type.\"\"\"
+    y = jnp.rint(acc.astype(jnp.float32) * factor.astype(jnp.float32))
+    info = jnp.iinfo(zero_point.dtype)
+    y = jnp.clip(y + zero_point.astype(jnp.float32), info.min, info.max)
+    return y.astype(zero_point.dtype)
+"""
+registry.helpers["zero_shifted"] = """
+def _zero_shifted(x, zero_point=None):
+    \"\"\"x - zero_point in int32; a zero point of several entries is per output channel.\"\"\"
+    x = x.astype(jnp.int32)
+    if zero_point is None:
+        return x
+    zero_point = zero_point.astype(jnp.int32)
+    if zero_point.size > 1:
+        zero_point = jnp.reshape(zero_point, (-1,) + (1,) * (x.ndim - 1))
+    return x - zero_point
 """
 
 
@@ -477,8 +487,10 @@ def _matmul_integer(c: OpCall) -> str:
 def _qlinear_matmul(c: OpCall) -> str:
     if not all(c.has(i) for i in range(8)):
         raise c.fail("QLinearMatMul without y's zero point")
-    c.helpers |= {"qlinear_matmul", "matmul_integer"}
-    return f"_qlinear_matmul({', '.join(c.args)})"
+    c.helpers |= {"requantize", "matmul_integer"}
+    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = c.args
+    product = f"_matmul_integer({a}, {b}, {a_zp}, {b_zp})"
+    return f"_requantize({product}, {a_scale} * {b_scale} / {y_scale}, {y_zp})"
 
 
 registry.builtin("Mod", attrs={"fmod": 0}, layout="binary")(lambda c: ex.mod_expr(c, c.xp))

@@ -5,6 +5,8 @@ registers them in ``templates.registry``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from xconv.converters import expressions as ex
@@ -48,6 +50,32 @@ def _conv(c: OpCall) -> str:
     if c.has(2) and not (bias is not None and not bias.any()):  # exporters add zero biases
         out += f" + {c.args[2]}.reshape({_channel_shape(n)})"
     return out
+
+
+@template("ConvInteger", **ex.CONV_ATTRS)
+def _conv_integer(c: OpCall) -> str:
+    """Conv of the zero-shifted int32 operands (int32 accumulation)."""
+    c.helpers.add("zero_shifted")
+    x, w = (f"_zero_shifted({', '.join(a for a in (c.args[i], c.args[i + 2]) if a)})" if c.has(i + 2)
+            else f"_zero_shifted({c.args[i]})" for i in (0, 1))  # fmt: skip
+    return _conv(replace(c, args=[x, w], consts=c.consts[:2], shapes=c.shapes[:2]))
+
+
+@template("QLinearConv", **ex.CONV_ATTRS)
+def _qlinear_conv(c: OpCall) -> str:
+    """Conv of the zero-shifted int32 operands plus the int32 bias, requantized by x_scale *
+    w_scale (per output channel) / y_scale into y's type."""
+    if not all(c.has(i) for i in range(8)):
+        raise c.fail("QLinearConv without y's zero point")
+    c.helpers |= {"zero_shifted", "requantize"}
+    x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = c.args[:8]
+    bias = c.args[8:9] if c.has(8) else []
+    shifted = [f"_zero_shifted({x}, {x_zp})", f"_zero_shifted({w}, {w_zp})", *bias]
+    consts = [None, c.consts[3], *c.consts[8:9]]
+    acc = _conv(replace(c, args=shifted, consts=consts, shapes=[c.shapes[0], c.shapes[3]]))
+    n = len(c.shapes[3]) - 2 if c.shapes[3] is not None else len(c.attrs["kernel_shape"])
+    factor = f"{x_scale} * jnp.reshape({w_scale}, {_channel_shape(n)}) / {y_scale}"
+    return f"_requantize({acc}, {factor}, {y_zp})"
 
 
 def _channel_shape(n: int) -> str:

@@ -385,14 +385,25 @@ def _matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
         b = b - b_zero_point.to(torch.float64)
     return (a @ b).to(torch.int32)
 """
-registry.helpers["qlinear_matmul"] = """
-def _qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
-    \"\"\"ONNX QLinearMatMul: the integer product requantized by a_scale * b_scale / y_scale,
-    rounded half to even, plus y's zero point, saturated into its type.\"\"\"
-    acc = _matmul_integer(a, b, a_zero_point, b_zero_point).float()
-    y = torch.round(acc * (a_scale * b_scale / y_scale).float()) + y_zero_point.float()
-    info = torch.iinfo(y_zero_point.dtype)
-    return torch.clamp(y, info.min, info.max).to(y_zero_point.dtype)
+registry.helpers["requantize"] = """
+def _requantize(acc, factor, zero_point):
+    \"\"\"An integer accumulator (QLinearMatMul's, QLinearConv's) rescaled by ``factor``,
+    rounded half to even, plus the output's zero point, saturated into its type.\"\"\"
+    y = torch.round(acc.float() * factor.float()) + zero_point.float()
+    info = torch.iinfo(zero_point.dtype)
+    return torch.clamp(y, info.min, info.max).to(zero_point.dtype)
+"""
+registry.helpers["zero_shifted"] = """
+def _zero_shifted(x, zero_point=None):
+    \"\"\"x - zero_point in float64 (exact for 8-bit data: torch lacks integer convolution
+    kernels); a zero point of several entries is per output channel.\"\"\"
+    x = x.to(torch.float64)
+    if zero_point is None:
+        return x
+    zero_point = zero_point.to(torch.float64)
+    if zero_point.numel() > 1:
+        zero_point = zero_point.reshape((-1,) + (1,) * (x.dim() - 1))
+    return x - zero_point
 """
 
 
@@ -412,8 +423,10 @@ def _matmul_integer(c: OpCall) -> str:
 def _qlinear_matmul(c: OpCall) -> str:
     if not all(c.has(i) for i in range(8)):
         raise c.fail("QLinearMatMul without y's zero point")
-    c.helpers |= {"qlinear_matmul", "matmul_integer"}
-    return f"_qlinear_matmul({', '.join(c.args)})"
+    c.helpers |= {"requantize", "matmul_integer"}
+    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = c.args
+    product = f"_matmul_integer({a}, {b}, {a_zp}, {b_zp})"
+    return f"_requantize({product}, {a_scale} * {b_scale} / {y_scale}, {y_zp})"
 
 
 @template("QuantizeLinear", axis=1, saturate=1, block_size=0, output_dtype=0, precision=0)

@@ -4,6 +4,8 @@ attention, losses. Importing this module registers them in ``templates.registry`
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx_ir as ir
 
@@ -49,6 +51,33 @@ def _conv(c: OpCall) -> str:
         f"F.conv{n}d({x}, {c.args[1]}, {b}, stride={int_tuple(s)}, "
         f"padding={int_tuple(pad)}, dilation={int_tuple(d)}, groups={c.attrs['group']})"
     )
+
+
+@template("ConvInteger", **ex.CONV_ATTRS)
+def _conv_integer(c: OpCall) -> str:
+    """The convolution of the zero-shifted operands in float64 (exact for 8-bit data), as
+    int32."""
+    c.helpers.add("zero_shifted")
+    x, w = (f"_zero_shifted({c.args[i]}, {c.args[i + 2]})" if c.has(i + 2)
+            else f"_zero_shifted({c.args[i]})" for i in (0, 1))  # fmt: skip
+    return f"{_conv(replace(c, args=[x, w], consts=c.consts[:2], shapes=c.shapes[:2]))}.to(torch.int32)"
+
+
+@template("QLinearConv", **ex.CONV_ATTRS)
+def _qlinear_conv(c: OpCall) -> str:
+    """The convolution of the zero-shifted operands plus the int32 bias (float64, exact for
+    8-bit data), requantized by x_scale * w_scale (per output channel) / y_scale."""
+    if not all(c.has(i) for i in range(8)):
+        raise c.fail("QLinearConv without y's zero point")
+    c.helpers |= {"zero_shifted", "requantize"}
+    x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = c.args[:8]
+    bias = [f"{c.args[8]}.to(torch.float64)"] if c.has(8) else []
+    shifted = [f"_zero_shifted({x}, {x_zp})", f"_zero_shifted({w}, {w_zp})", *bias]
+    consts = [None, c.consts[3], *c.consts[8:9]]
+    acc = _conv(replace(c, args=shifted, consts=consts, shapes=[c.shapes[0], c.shapes[3]]))
+    n = c.need_rank() - 2
+    shape = "(-1" + ", 1" * n + ")"
+    return f"_requantize({acc}, {x_scale} * {w_scale}.reshape({shape}) / {y_scale}, {y_zp})"
 
 
 @template("ConvTranspose", **ex.CONV_TRANSPOSE_ATTRS)
