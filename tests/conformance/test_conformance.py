@@ -217,7 +217,8 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: Pad, Slice with a negative step), read eagerly; GridSample (the Flax source's
 #: _grid_sample, torch's F.grid_sample); Resize with scales or sizes computed at run time
 #: (cubic, antialias, keep_aspect_ratio_policy in the Flax source); DynamicQuantizeLinear,
-#: MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv.
+#: MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv; dilated MaxPool / AveragePool
+#: (with ceil_mode and count_include_pad), pooling's auto_pad SAME_*.
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -256,7 +257,10 @@ EMITTED_CASES = (
     "test_resize_downsample_scales_linear", "test_resize_upsample_scales_cubic_align_corners",
     "test_resize_downsample_sizes_cubic", "test_dynamicquantizelinear_min_adjusted",
     "test_matmulinteger", "test_qlinearmatmul_3D_int8_float16", "test_convinteger_with_padding",
-    "test_qlinearconv",
+    "test_qlinearconv", "test_averagepool_2d_dilations",
+    "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True",
+    "test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_True",
+    "test_averagepool_2d_same_lower", "test_maxpool_2d_same_upper", "test_maxpool_3d_dilations",
 )  # fmt: skip
 
 #: Cases the Flax source alone writes: Resize's antialias and keep_aspect_ratio_policy (the

@@ -235,6 +235,27 @@ def pool_padding(c: TemplateCall) -> list[tuple[int, int]]:
     return conv_padding(c.node, mode, spatial or [0] * n, k, s, d, c.attrs["pads"])
 
 
+def ceil_pads(c: TemplateCall, pairs) -> list[tuple[int, int]]:
+    """A pooling's ``(low, high)`` pads with ceil_mode's extra high padding: room for the last
+    window ONNX keeps (one that starts inside the input or its low padding)."""
+    pairs = [(int(lo), int(hi)) for lo, hi in pairs]
+    if not c.attrs.get("ceil_mode"):
+        return pairs
+    shape, n = c.shapes[0], len(pairs)
+    if shape is None or any(d is None for d in shape[2:]):
+        raise c.fail("ceil_mode=1 needs static spatial dims")
+    k = c.attrs["kernel_shape"]
+    s = c.attrs.get("strides") or (1,) * n
+    d = c.attrs.get("dilations") or (1,) * n
+    for i, (lo, hi) in enumerate(pairs):
+        size, window = shape[2 + i] + lo + hi, (k[i] - 1) * d[i] + 1
+        out = -(-(size - window) // s[i]) + 1
+        if (out - 1) * s[i] >= shape[2 + i] + lo:
+            out -= 1
+        pairs[i] = (lo, hi + max((out - 1) * s[i] + window - size, 0))
+    return pairs
+
+
 RESIZE_COORDS = (
     "half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn"
 )  # fmt: skip

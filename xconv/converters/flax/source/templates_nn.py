@@ -116,20 +116,8 @@ def _conv_transpose(c: OpCall) -> str:
 
 
 def _pool_pads(c: OpCall, n: int, kernel, strides) -> list[tuple[int, int]]:
-    pads = _spatial_pads(c, n)
-    if c.attrs.get("ceil_mode"):
-        shape = c.shapes[0]
-        if shape is None or any(d is None for d in shape[2:]):
-            raise c.fail("ceil_mode=1 needs static spatial dims")
-        for i in range(n):
-            size = shape[2 + i] + pads[i][0] + pads[i][1]
-            k = (kernel[i] - 1) * (c.attrs.get("dilations") or (1,) * n)[i] + 1
-            out_ceil = -(-(size - k) // strides[i]) + 1
-            if (out_ceil - 1) * strides[i] >= shape[2 + i] + pads[i][0]:
-                out_ceil -= 1
-            extra = max((out_ceil - 1) * strides[i] + k - size, 0)
-            pads[i] = (pads[i][0], pads[i][1] + extra)
-    return pads
+    """The explicit pads (auto_pad SAME_* resolved over a static input), plus ceil_mode's."""
+    return ex.ceil_pads(c, ex.pool_padding(c))
 
 
 @template("MaxPool", layout="channels_last", **ex.MAX_POOL_ATTRS)
@@ -139,11 +127,44 @@ def _max_pool(c: OpCall) -> str:
         raise c.fail("MaxPool indices output")
     k = tuple(c.attrs["kernel_shape"])
     n = len(k)
-    if any(d != 1 for d in (c.attrs["dilations"] or ())):
-        raise c.fail("dilated MaxPool")
     s = tuple(c.attrs["strides"] or (1,) * n)
     pads = _pool_pads(c, n, k, s)
+    if any(d != 1 for d in (c.attrs["dilations"] or ())):
+        return _window_pool(c, k, s, pads)
     return f"nn.max_pool({c.args[0]}, {_pool_args(k, s, pads)})"
+
+
+registry.helpers["window_pool"] = '''
+def _window_pool(x, window, strides, pads, dilation, average=False, counted=None):
+    """Max (or average) pooling of channels-last x over a (dilated) window, ``pads`` per
+    spatial axis, by lax.reduce_window. An average divides each window's sum by the inputs it covers, plus the padding in
+    ``counted`` (count_include_pad: the explicit pads, not ceil_mode's extra)."""
+    dims = lambda v: (1, *v, 1)  # noqa: E731
+    padding = ((0, 0), *pads, (0, 0))
+    op, init = (lax.add, 0.0) if average else (lax.max, -jnp.inf)
+    kw = {"window_dilation": dims(dilation)}
+    y = lax.reduce_window(x, init, op, dims(window), dims(strides), padding, **kw)
+    if not average:
+        return y
+    ones, rest = jnp.ones((1, *x.shape[1:-1], 1), x.dtype), padding
+    if counted is not None:
+        ones = jnp.pad(ones, ((0, 0), *counted, (0, 0)), constant_values=1)
+        extra = [(lo - a, hi - b) for (lo, hi), (a, b) in zip(pads, counted, strict=True)]
+        rest = ((0, 0), *extra, (0, 0))
+    return y / lax.reduce_window(ones, 0.0, lax.add, dims(window), dims(strides), rest, **kw)
+'''
+
+
+def _window_pool(c: OpCall, k, s, pads, counted=None) -> str:
+    """MaxPool / AveragePool with dilations (or an average over ceil_mode's extra padding that
+    counts the explicit pads): the generated ``_window_pool``."""
+    c.helpers.add("window_pool")
+    d = tuple(c.attrs["dilations"] or (1,) * len(k))
+    pads = tuple(tuple(p) for p in pads)
+    if c.node.op_type == "MaxPool":
+        return f"_window_pool({c.args[0]}, {k}, {s}, {pads}, {d})"
+    tail = "" if counted is None else f", counted={tuple(tuple(p) for p in counted)}"
+    return f"_window_pool({c.args[0]}, {k}, {s}, {pads}, {d}, average=True{tail})"
 
 
 def _pool_args(k, s, pads, include: bool = True) -> str:
@@ -163,13 +184,13 @@ def _pool_args(k, s, pads, include: bool = True) -> str:
 def _avg_pool(c: OpCall) -> str:
     k = tuple(c.attrs["kernel_shape"])
     n = len(k)
-    if any(d != 1 for d in (c.attrs["dilations"] or ())):
-        raise c.fail("dilated AveragePool")
     s = tuple(c.attrs["strides"] or (1,) * n)
     pads = _pool_pads(c, n, k, s)
     include = bool(c.attrs["count_include_pad"])
-    if c.attrs["ceil_mode"] and include:
-        raise c.fail("ceil_mode=1 with count_include_pad=1")
+    if any(d != 1 for d in (c.attrs["dilations"] or ())):
+        return _window_pool(c, k, s, pads, counted=ex.pool_padding(c) if include else None)
+    if c.attrs["ceil_mode"] and include:  # counting the explicit pads, not ceil_mode's
+        return _window_pool(c, k, s, pads, counted=ex.pool_padding(c))
     return f"nn.avg_pool({c.args[0]}, {_pool_args(k, s, pads, include)})"
 
 

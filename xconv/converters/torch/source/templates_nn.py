@@ -132,21 +132,20 @@ def _pool_pads(c: OpCall, n: int, window: list[int]) -> tuple[str, list[int] | N
     them (at most half the window), else ``None``: asymmetric pads (TensorFlow's SAME) or
     wider ones are written with ``F.pad`` (:func:`_pad_order`). Not with ``ceil_mode``:
     torch then drops a last window that starts in the padding, ONNX keeps it."""
-    pads = c.attrs.get("pads") or [0] * (2 * n)
-    if c.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise c.fail("auto_pad SAME_* is not supported; canonicalise to explicit pads")
-    lo, hi = list(pads[:n]), list(pads[n:])
+    pairs = ex.pool_padding(c)  # auto_pad SAME_* resolved over a static input
+    lo, hi = [int(p[0]) for p in pairs], [int(p[1]) for p in pairs]
     if lo == hi and all(p <= w // 2 for p, w in zip(lo, window, strict=True)):
         return c.args[0], lo
     if c.attrs["ceil_mode"]:
-        raise c.fail(f"pads {list(pads)} with ceil_mode have no torch padding argument")
+        raise c.fail(f"pads {[*lo, *hi]} with ceil_mode have no torch padding argument")
     return c.args[0], None
 
 
-def _pad_order(c: OpCall, n: int) -> str:
-    """The ONNX ``pads`` as ``F.pad`` lists them: the last dimension first, low then high."""
-    pads = c.attrs.get("pads") or [0] * (2 * n)
-    return int_tuple([int(v) for i in reversed(range(n)) for v in (pads[i], pads[n + i])])
+def _pad_order(c: OpCall, n: int, pairs=None) -> str:
+    """The pads (``pairs``, by default the node's, SAME_* resolved) as ``F.pad`` lists them:
+    the last dimension first, low then high."""
+    pairs = ex.pool_padding(c) if pairs is None else pairs
+    return int_tuple([int(v) for lo_hi in reversed(pairs) for v in lo_hi])
 
 
 def _compact(values) -> str:
@@ -175,13 +174,34 @@ def _lp_pool(c: OpCall) -> str:
     return f"torch.sqrt({total})" if pw == 2 else f"({total}) ** {scalar_literal(1 / pw)}"
 
 
+registry.helpers["dilated_avg_pool"] = '''
+def _dilated_avg_pool(x, kernel, stride, dilation, pads, extra, count_include_pad):
+    """ONNX AveragePool over a dilated window (torch's avg_pool has no dilation): each
+    window's sum by a depthwise convolution with ones, over the inputs it covers (plus the
+    ``pads`` with count_include_pad; ceil_mode's ``extra`` padding never counts)."""
+    conv = (F.conv1d, F.conv2d, F.conv3d)[len(kernel) - 1]
+    ones = torch.ones((x.shape[1], 1, *kernel), dtype=x.dtype, device=x.device)
+    padded = F.pad(F.pad(x, pads), extra)
+    sums = conv(padded, ones, stride=stride, dilation=dilation, groups=x.shape[1])
+    cover = F.pad(F.pad(torch.ones_like(x[:1, :1]), pads, value=float(count_include_pad)), extra)
+    return sums / conv(cover, ones[:1], stride=stride, dilation=dilation)
+'''
+
+
 @template("AveragePool", **ex.AVERAGE_POOL_ATTRS)
 def _avg_pool(c: OpCall) -> str:
     k = c.attrs["kernel_shape"]
     n = len(k)
-    if c.attrs["dilations"] and any(x != 1 for x in c.attrs["dilations"]):
-        raise c.fail("dilated AveragePool has no torch counterpart")
     s = c.attrs["strides"] or [1] * n
+    if c.attrs["dilations"] and any(x != 1 for x in c.attrs["dilations"]):
+        c.helpers.add("dilated_avg_pool")
+        pads = ex.pool_padding(c)
+        extra = [(0, hi - b) for (_, hi), (_, b) in zip(ex.ceil_pads(c, pads), pads, strict=True)]
+        return (
+            f"_dilated_avg_pool({c.args[0]}, {int_tuple(k)}, {int_tuple(s)}, "
+            f"{int_tuple(c.attrs['dilations'])}, {_pad_order(c, n, pads)}, "
+            f"{_pad_order(c, n, extra)}, {bool(c.attrs['count_include_pad'])})"
+        )
     x, pad = _pool_pads(c, n, list(k))
     stride = [f"stride={_compact(s)}"] if list(s) != list(k) else []  # torch: stride = kernel
     if pad is None:  # zeros in the window; without count_include_pad, divide by the count
