@@ -218,7 +218,9 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: _grid_sample, torch's F.grid_sample); Resize with scales or sizes computed at run time
 #: (cubic, antialias, keep_aspect_ratio_policy in the Flax source); DynamicQuantizeLinear,
 #: MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv; dilated MaxPool / AveragePool
-#: (with ceil_mode and count_include_pad), pooling's auto_pad SAME_*.
+#: (with ceil_mode and count_include_pad), pooling's auto_pad SAME_*; Attention's softcap,
+#: qk_matmul output, nonpad_kv_seqlen, softmax_precision and sliding windows (the generated
+#: _attention_steps).
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -261,6 +263,14 @@ EMITTED_CASES = (
     "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True",
     "test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_True",
     "test_averagepool_2d_same_lower", "test_maxpool_2d_same_upper", "test_maxpool_3d_dilations",
+    "test_attention_4d_softcap_neginf_mask", "test_attention_3d_gqa_softcap",
+    "test_attention_4d_with_past_and_present_qk_matmul_bias_4d_mask_causal",
+    "test_attention_3d_with_past_and_present_qk_matmul_softmax",
+    "test_attention_4d_gqa_causal_nonpad_decode", "test_attention_4d_causal_nonpad_continued_prefill",
+    "test_attention_24_qk_matmul_output_mode3_softmax_precision",
+    "test_attention_23_fullymasked_qk_matmul_output_mode3_zero",
+    "test_attention_local_window_with_past", "test_attention_bidirectional_window",
+    "test_attention_3d_local_window",
 )  # fmt: skip
 
 #: Cases the Flax source alone writes: Resize's antialias and keep_aspect_ratio_policy (the

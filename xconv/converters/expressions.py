@@ -392,20 +392,59 @@ def loss_keywords(c: TemplateCall) -> list[str]:
 def attention_cache(c: TemplateCall) -> bool:
     """Whether an ONNX Attention call reads past key / value inputs or writes its present key
     / value outputs (the emitter then writes a call of its ``_cached_attention`` helper, see
-    :func:`cached_attention_call`). Refused by name: the qk_matmul output, nonpad_kv_seqlen,
-    a past key without its value."""
+    :func:`cached_attention_call`); asked after :func:`attention_steps_call`, which takes the
+    qk_matmul output and nonpad_kv_seqlen. Refused by name: a past key without its value."""
     outs = c.node.outputs
 
     def wanted(i: int) -> bool:
         return i < len(outs) and bool(outs[i].uses() or outs[i].is_graph_output())
 
-    if wanted(3):
-        raise c.fail("Attention's qk_matmul_output output")
-    if c.has(6):
-        raise c.fail("Attention's nonpad_kv_seqlen input")
     if c.has(4) != c.has(5):
         raise c.fail("past_key and past_value must be given together")
     return c.has(4) or wanted(1) or wanted(2)
+
+
+#: Attention's attributes where the source templates declare them (the runtimes' table).
+ATTENTION_ATTRS = {
+    "is_causal": 0,
+    "kv_num_heads": 0,
+    "q_num_heads": 0,
+    "qk_matmul_output_mode": 0,
+    "scale": None,
+    "softcap": 0.0,
+    "softmax_precision": None,
+    "left_window_size": -1,
+    "right_window_size": -1,
+}
+
+
+def attention_steps_call(c: TemplateCall, dtype_expr) -> str | None:
+    """A call of the emitter's generated ``_attention_steps`` (ONNX Attention as its
+    reference computes it, step by step) where the node needs what the fused calls lack:
+    softcap, the qk_matmul output, a sliding window, nonpad_kv_seqlen, a softmax precision;
+    None otherwise. ``dtype_expr`` writes an ONNX dtype in the emitter's namespace. Indexed
+    down to the node's outputs: (Y, present_key, present_value, qk_matmul_output)."""
+    a, outs = c.attrs, c.node.outputs
+    scores_wanted = len(outs) > 3 and bool(outs[3].uses() or outs[3].is_graph_output())
+    windowed = a["left_window_size"] >= 0 or a["right_window_size"] >= 0
+    precision = a["softmax_precision"]
+    if not (a["softcap"] or scores_wanted or windowed or c.has(6) or precision is not None):
+        return None
+    if c.has(4) != c.has(5):
+        raise c.fail("past_key and past_value must be given together")
+    names = ("mask", "past_key", "past_value", "nonpad_kv_seqlen")
+    args = list(c.args[:3]) + [f"{n}={c.args[i]}" for i, n in enumerate(names, 3) if c.has(i)]
+    args += attention_keywords(c, bool(a["is_causal"]))
+    if a["softcap"]:
+        args.append(f"softcap={scalar_literal(a['softcap'])}")
+    if scores_wanted and a["qk_matmul_output_mode"]:
+        args.append(f"qk_matmul_output_mode={int(a['qk_matmul_output_mode'])}")
+    if precision is not None:
+        args.append(f"softmax_dtype={dtype_expr(ir.DataType(precision))}")
+    args += [f"{k}={int(a[k])}" for k in ("left_window_size", "right_window_size") if a[k] >= 0]
+    call = f"_attention_steps({', '.join(args)})"
+    c.helpers.add("attention_steps")
+    return f"{call}[0]" if len(outs) == 1 else f"{call}[:{len(outs)}]"
 
 
 def attention_keywords(c: TemplateCall, causal: bool, heads: bool = True) -> list[str]:

@@ -14,6 +14,7 @@ from xconv.converters.codegen import scalar_literal
 from xconv.converters.flax.source.attention import BSHD, bhsd_operands, dot_product_attention
 from xconv.converters.flax.source.templates import (
     OpCall,
+    dtype_expr,
     registry,
     template,
 )
@@ -472,20 +473,84 @@ def _attention_helpers(c: OpCall, name: str) -> None:
         c.helpers.add(name)
 
 
-@template(
-    "Attention",
-    is_causal=0,
-    kv_num_heads=0,
-    q_num_heads=0,
-    qk_matmul_output_mode=0,
-    scale=None,
-    softcap=0.0,
-    softmax_precision=None,
-)
+registry.helpers["attention_steps"] = """
+def _attention_steps(
+    q, k, v, mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
+    is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0, softcap=0.0,
+    qk_matmul_output_mode=0, softmax_dtype=None, left_window_size=-1, right_window_size=-1,
+):
+    \"\"\"ONNX Attention step by step, as its reference computes it: q and k each scaled by
+    sqrt(scale), softcap, the mask, the causal frontier (after the cache, or each batch's
+    nonpad_kv_seqlen keys) and the sliding window as -inf biases, a softmax whose fully
+    masked rows are zero. Returns (Y, present_key, present_value, the scores at
+    qk_matmul_output_mode's stage).\"\"\"
+    three_d, dtype = q.ndim == 3, q.dtype
+    if three_d:  # (B, S, H*D) -> (B, H, S, D)
+        q, k, v = (
+            jnp.swapaxes(jnp.reshape(t, (*t.shape[:2], h, -1)), 1, 2)
+            for t, h in ((q, q_num_heads), (k, kv_num_heads), (v, kv_num_heads))
+        )
+    if past_key is not None:
+        k = jnp.concatenate([past_key.astype(dtype), k], axis=2)
+        v = jnp.concatenate([past_value.astype(dtype), v], axis=2)
+    present_key, present_value = k, v
+    k, v = (jnp.repeat(t, q.shape[1] // t.shape[1], axis=1) for t in (k, v))
+    q_len, kv_len = q.shape[2], k.shape[2]
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    offset = 0 if past_key is None else past_key.shape[2]
+    if nonpad_kv_seqlen is not None:
+        offset = jnp.reshape(nonpad_kv_seqlen, (-1, 1, 1, 1)) - q_len
+    ahead = jnp.arange(q_len)[:, None] + offset - jnp.arange(kv_len)  # i + offset - j
+    allowed, bias = None, None
+    if mask is not None:
+        fill = False if mask.dtype == bool else -jnp.inf
+        widths = [(0, 0)] * (mask.ndim - 1) + [(0, kv_len - mask.shape[-1])]
+        mask = jnp.pad(mask, widths, constant_values=fill)
+        allowed, bias = (mask, None) if mask.dtype == bool else (None, mask.astype(dtype))
+    rules = [ahead >= 0] if is_causal else []
+    if left_window_size >= 0:
+        rules.append(ahead <= left_window_size)
+    if right_window_size >= 0:
+        rules.append(-ahead <= right_window_size)
+    if nonpad_kv_seqlen is not None:
+        keys = jnp.arange(kv_len) < jnp.reshape(nonpad_kv_seqlen, (-1, 1))
+        rules.append(keys[:, None, None, :])
+    for rule in rules:
+        allowed = rule if allowed is None else allowed & rule
+    if allowed is not None:
+        blocked = jnp.where(allowed, jnp.zeros((), dtype), -jnp.inf).astype(dtype)
+        bias = blocked if bias is None else bias + blocked
+    root = jnp.asarray(math.sqrt(scale), dtype)
+    scores = (q * root) @ jnp.swapaxes(k * root, -1, -2)
+    if softcap > 0:
+        cap = jnp.asarray(softcap, dtype)
+        scores = jnp.tanh(scores / cap) * cap
+    qk = biased = scores if bias is None else scores + bias
+    if qk_matmul_output_mode != 2:
+        qk = scores
+    if softmax_dtype is not None:
+        biased = biased.astype(softmax_dtype)
+    top = jnp.max(biased, axis=-1, keepdims=True)
+    e = jnp.exp(biased - lax.stop_gradient(jnp.where(jnp.isneginf(top), 0, top)))
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    probs = e / jnp.where(total == 0, 1, total)
+    if bias is not None:  # a query that may attend nothing gives zeros
+        probs = jnp.where(jnp.isneginf(jnp.max(bias, axis=-1, keepdims=True)), 0, probs)
+    if qk_matmul_output_mode == 3:
+        qk = probs
+    y = probs.astype(dtype) @ v
+    if three_d:
+        y = jnp.reshape(jnp.swapaxes(y, 1, 2), (y.shape[0], q_len, -1))
+    return y, present_key, present_value, qk.astype(dtype)
+"""
+
+
+@template("Attention", **ex.ATTENTION_ATTRS)
 def _attention(c: OpCall) -> str:
+    steps = ex.attention_steps_call(c, dtype_expr)
+    if steps is not None:
+        return steps
     cached = ex.attention_cache(c)
-    if c.attrs["qk_matmul_output_mode"] or c.attrs["softcap"]:
-        raise c.fail("Attention qk_matmul_output_mode / softcap")
     # "reference" (xconv.converters.ops.formulation) writes the older einsum-softmax helper.
     name = "attention" if formulation.get("attention") == "auto" else "attention_reference"
     if cached:

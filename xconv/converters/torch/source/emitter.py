@@ -507,6 +507,8 @@ def render(em: _Emitter, inputs: list[str], outputs: list[str], name: str) -> st
     )
     text = "\n\n\n".join(parts)
     imports = ["from pathlib import Path", "", "import torch"]
+    if re.search(r"(?<![\w.])math\.", text):
+        imports.insert(0, "import math")
     if re.search(r"(?<![\w.])F\.", text):
         imports.append("import torch.nn.functional as F")
     imports.append("from torch import nn")

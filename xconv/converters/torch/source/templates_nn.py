@@ -15,6 +15,7 @@ from xconv.converters.ops.resize import RESIZE_ATTRS
 from xconv.converters.registry import REQUIRED
 from xconv.converters.torch.source.templates import (
     OpCall,
+    dtype_expr,
     registry,
     template,
 )
@@ -422,22 +423,85 @@ def _cached_attention(
 '''
 
 
-@template(
-    "Attention",
-    is_causal=0,
-    kv_num_heads=None,
-    q_num_heads=None,
-    qk_matmul_output_mode=0,
-    scale=None,
-    softcap=0.0,
-    softmax_precision=None,
-)
+registry.helpers["attention_steps"] = """
+def _attention_steps(
+    q, k, v, mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None,
+    is_causal=False, scale=None, q_num_heads=0, kv_num_heads=0, softcap=0.0,
+    qk_matmul_output_mode=0, softmax_dtype=None, left_window_size=-1, right_window_size=-1,
+):
+    \"\"\"ONNX Attention step by step, as its reference computes it: q and k each scaled by
+    sqrt(scale), softcap, the mask, the causal frontier (after the cache, or each batch's
+    nonpad_kv_seqlen keys) and the sliding window as -inf biases, a softmax whose fully
+    masked rows are zero. Returns (Y, present_key, present_value, the scores at
+    qk_matmul_output_mode's stage).\"\"\"
+    three_d, dtype = q.dim() == 3, q.dtype
+    if three_d:  # (B, S, H*D) -> (B, H, S, D)
+        q, k, v = (
+            t.reshape(*t.shape[:2], h, -1).transpose(1, 2)
+            for t, h in ((q, q_num_heads), (k, kv_num_heads), (v, kv_num_heads))
+        )
+    if past_key is not None:
+        k = torch.cat([past_key.to(dtype), k], dim=2)
+        v = torch.cat([past_value.to(dtype), v], dim=2)
+    present_key, present_value = k, v
+    k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+    q_len, kv_len = q.shape[2], k.shape[2]
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    positions = torch.arange(kv_len, device=q.device)
+    offset = 0 if past_key is None else past_key.shape[2]
+    if nonpad_kv_seqlen is not None:
+        offset = nonpad_kv_seqlen.reshape(-1, 1, 1, 1) - q_len
+    ahead = torch.arange(q_len, device=q.device)[:, None] + offset - positions  # i + offset - j
+    allowed, bias = None, None
+    if mask is not None:
+        fill = False if mask.dtype == torch.bool else float("-inf")
+        mask = F.pad(mask, (0, kv_len - mask.shape[-1]), value=fill)
+        allowed, bias = (mask, None) if mask.dtype == torch.bool else (None, mask.to(dtype))
+    rules = [ahead >= 0] if is_causal else []
+    if left_window_size >= 0:
+        rules.append(ahead <= left_window_size)
+    if right_window_size >= 0:
+        rules.append(-ahead <= right_window_size)
+    if nonpad_kv_seqlen is not None:
+        rules.append((positions < nonpad_kv_seqlen.reshape(-1, 1))[:, None, None, :])
+    for rule in rules:
+        allowed = rule if allowed is None else allowed & rule
+    if allowed is not None:
+        blocked = torch.zeros((), dtype=dtype).masked_fill(~allowed, float("-inf"))
+        bias = blocked if bias is None else bias + blocked
+    root = torch.tensor(math.sqrt(scale), dtype=dtype)
+    scores = (q * root) @ (k * root).transpose(-1, -2)
+    if softcap > 0:
+        cap = torch.tensor(softcap, dtype=dtype)
+        scores = torch.tanh(scores / cap) * cap
+    qk = biased = scores if bias is None else scores + bias
+    if qk_matmul_output_mode != 2:
+        qk = scores
+    if softmax_dtype is not None:
+        biased = biased.to(softmax_dtype)
+    top = biased.amax(dim=-1, keepdim=True)
+    e = torch.exp(biased - torch.where(torch.isneginf(top), 0, top).detach())
+    total = e.sum(dim=-1, keepdim=True)
+    probs = e / torch.where(total == 0, 1, total)
+    if bias is not None:  # a query that may attend nothing gives zeros
+        probs = torch.where(torch.isneginf(bias.amax(dim=-1, keepdim=True)), 0, probs)
+    if qk_matmul_output_mode == 3:
+        qk = probs
+    y = probs.to(dtype) @ v
+    if three_d:
+        y = y.transpose(1, 2).reshape(y.shape[0], q_len, -1)
+    return y, present_key, present_value, qk.to(dtype)
+"""
+
+
+@template("Attention", **ex.ATTENTION_ATTRS)
 def _attention(c: OpCall) -> str:
     """``F.scaled_dot_product_attention`` on 4-D heads; the generated ``_cached_attention``
     where ONNX's Attention does more: a key/value cache (past inputs, present outputs), 3-D
     inputs, a mask together with is_causal."""
-    if c.attrs["softcap"] or c.attrs["qk_matmul_output_mode"]:
-        raise c.fail("softcap / qk_matmul_output_mode are not supported")
+    steps = ex.attention_steps_call(c, dtype_expr)
+    if steps is not None:
+        return steps
     cached = ex.attention_cache(c)
     rank = c.need_rank(0)
     if rank not in (3, 4):
