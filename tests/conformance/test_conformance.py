@@ -216,7 +216,9 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: bounds the graph computes at run time (reductions, CumSum's exclusive / reverse, OneHot,
 #: Pad, Slice with a negative step), read eagerly; GridSample (the Flax source's
 #: _grid_sample, torch's F.grid_sample); Resize with scales or sizes computed at run time
-#: (cubic, antialias, keep_aspect_ratio_policy in the Flax source); DynamicQuantizeLinear,
+#: (cubic, antialias, keep_aspect_ratio_policy; in the torch source a generated _resize where
+#: F.interpolate computes another function: pytorch_half_pixel onto one element,
+#: align_corners with a fractional size); DynamicQuantizeLinear,
 #: MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv; dilated MaxPool / AveragePool
 #: (with ceil_mode and count_include_pad), pooling's auto_pad SAME_*; Attention's softcap,
 #: qk_matmul output, nonpad_kv_seqlen, softmax_precision and sliding windows (the generated
@@ -257,7 +259,9 @@ EMITTED_CASES = (
     "test_gridsample_reflection_padding", "test_gridsample_bicubic_align_corners_1_additional_1",
     "test_gridsample_volumetric_nearest_align_corners_0",
     "test_resize_downsample_scales_linear", "test_resize_upsample_scales_cubic_align_corners",
-    "test_resize_downsample_sizes_cubic", "test_dynamicquantizelinear_min_adjusted",
+    "test_resize_downsample_sizes_cubic", "test_resize_downsample_scales_cubic_antialias",
+    "test_resize_upsample_sizes_nearest_not_larger", "test_resize_downsample_scales_linear_align_corners",
+    "test_resize_downsample_sizes_linear_pytorch_half_pixel", "test_dynamicquantizelinear_min_adjusted",
     "test_matmulinteger", "test_qlinearmatmul_3D_int8_float16", "test_convinteger_with_padding",
     "test_qlinearconv", "test_averagepool_2d_dilations",
     "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True",
@@ -273,13 +277,9 @@ EMITTED_CASES = (
     "test_attention_3d_local_window",
 )  # fmt: skip
 
-#: Cases the Flax source alone writes: Resize's antialias and keep_aspect_ratio_policy (the
-#: torch source refuses both by name), a max over an empty axis computed at run time (the
+#: Cases the Flax source alone writes: a max over an empty axis computed at run time (the
 #: torch source refuses it: torch.amax has no identity).
-FLAX_SOURCE_CASES = (
-    "test_resize_downsample_scales_cubic_antialias", "test_resize_upsample_sizes_nearest_not_larger",
-    "test_reduce_max_empty_set",
-)  # fmt: skip
+FLAX_SOURCE_CASES = ("test_reduce_max_empty_set",)
 
 
 def test_generated_source_of_newly_emitted_ops(cases, tmp_path):
@@ -297,24 +297,6 @@ def test_generated_source_of_newly_emitted_ops(cases, tmp_path):
              if o.status in ("disagree", "crash")
              or (o.status != "agree" and (o.case in EMITTED_CASES or o.emitter != "torch-source"))]  # fmt: skip
     assert not wrong, wrong
-
-
-def test_run_time_resize_refuses_what_torch_computes_otherwise(cases, tmp_path):
-    """With sizes known only at run time the torch source cannot refuse at emit time what
-    F.interpolate computes otherwise; its _interpolate raises, naming it: pytorch_half_pixel
-    onto one element, align_corners with a fractional size."""
-    pytest.importorskip("torch")
-    from tests.conformance import differential
-
-    names = {
-        "test_resize_downsample_sizes_linear_pytorch_half_pixel": "pytorch_half_pixel",
-        "test_resize_downsample_scales_linear_align_corners": "fractional size",
-    }
-    for case in [c for c in cases if c.name in names]:
-        (outcome,) = [o for o in differential.run_case(case, tmp_path)
-                      if o.emitter == "torch-source"]  # fmt: skip
-        assert outcome.status == "crash" and "ValueError" in outcome.message, outcome
-        assert names[case.name] in outcome.message
 
 
 @pytest.mark.slow

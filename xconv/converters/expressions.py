@@ -9,7 +9,7 @@ namespace and layout flags and keeps only what differs. Format strings take the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import onnx_ir as ir
@@ -254,6 +254,135 @@ def ceil_pads(c: TemplateCall, pairs) -> list[tuple[int, int]]:
             out -= 1
         pairs[i] = (lo, hi + max((out - 1) * s[i] + window - size, 0))
     return pairs
+
+
+#: ONNX Resize's plan in numpy (framework-free): the text of the ``_resize_plan`` helper both
+#: source emitters write (it reads only the input's shape), each applying the plan with its own
+#: gather and weighted sum (the Flax and torch ``_resize``), as ``ops/resize`` plans it for the
+#: runtimes.
+RESIZE_PLAN = """
+def _resize_plan(
+    shape, scales, sizes, mode, coord, nearest_mode="round_prefer_floor", cubic_a=-0.75,
+    antialias=False, exclude_outside=False, axes=None, keep_aspect_ratio_policy="stretch",
+):
+    \"\"\"ONNX Resize of an input of ``shape`` to ``scales`` or ``sizes`` (over ``axes``), planned
+    in float64 numpy per axis that changes: ``(axis, indices, weights)``, each output index
+    mapped back to an input coordinate by ``coord``, then the nearest input (``nearest_mode``;
+    weights None) or the linear / cubic taps around it (``cubic_a``; widened by ``antialias``
+    when downsampling; ``exclude_outside`` drops the taps outside the axis), clamped into it.\"\"\"
+    rank = len(shape)
+    axes = range(rank) if axes is None else [a % rank for a in axes]
+    if scales is not None and len(scales):
+        scale_of = dict(zip(axes, (float(s) for s in scales), strict=True))
+        scales = [scale_of.get(a, 1.0) for a in range(rank)]
+        sizes = [n if s == 1.0 else int(s * n) for s, n in zip(scales, shape, strict=True)]
+    else:
+        size_of = dict(zip(axes, (int(s) for s in sizes), strict=True))
+        sizes = [size_of.get(a, n) for a, n in enumerate(shape)]
+        scales = [1.0 if s is n else s / n for s, n in zip(sizes, shape, strict=True)]
+        if keep_aspect_ratio_policy != "stretch":  # one scale for every resized axis
+            pick = min if keep_aspect_ratio_policy == "not_larger" else max
+            common = pick(scales[a] for a in axes)
+            scales = [common if a in axes else 1.0 for a in range(rank)]
+            sizes = [int(common * n + 0.5) if a in axes else n for a, n in enumerate(shape)]
+    plan = []
+    for axis, (n, out, scale) in enumerate(zip(shape, sizes, scales, strict=True)):
+        if scale == 1.0 and out == n:
+            continue
+        y, width = np.arange(out, dtype=np.float64), scale * n
+        if coord == "align_corners":
+            src = np.zeros_like(y) if width == 1 else y * (n - 1) / (width - 1)
+        elif coord == "asymmetric":
+            src = y / scale
+        elif coord == "pytorch_half_pixel":
+            src = np.full_like(y, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
+        elif coord == "half_pixel_symmetric":
+            src = n / 2 * (1 - out / width) + (y + 0.5) / scale - 0.5
+        elif coord == "tf_half_pixel_for_nn":
+            src = (y + 0.5) / scale
+        else:  # half_pixel
+            src = (y + 0.5) / scale - 0.5
+        low = np.floor(src)
+        if mode == "nearest":
+            index = {
+                "round_prefer_floor": np.where(src - low <= 0.5, low, low + 1),
+                "round_prefer_ceil": np.where(src - low < 0.5, low, low + 1),
+                "floor": low,
+                "ceil": np.ceil(src),
+            }[nearest_mode]
+            plan.append((axis, np.clip(index, 0, n - 1).astype(np.int64), None))
+            continue
+        ratio = np.where(src == low, 1.0, src - low)  # an integer coordinate: the left tap's 1
+        step = scale if antialias and scale < 1 else 1.0  # the kernel stretched over 1 / scale
+        reach = int(np.floor(-(1.0 if mode == "linear" else 2.0) / step) + 1) if step < 1 else None
+        if reach is not None:
+            offsets = np.arange(reach, 2 - reach)
+        else:
+            offsets = np.arange(-1, 3) if mode == "cubic" else np.arange(0, 2)
+        t = np.abs((offsets[None, :] - ratio[:, None]) * step)
+        if mode == "linear":
+            weights = np.clip(1 - t, 0, 1)
+        else:
+            a = cubic_a
+            near = ((a + 2) * t - (a + 3)) * t * t + 1
+            far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+            weights = np.where(t <= 1, near, np.where(t < 2, far, 0.0))
+        if antialias:
+            weights = weights / weights.sum(axis=1, keepdims=True)
+        index = np.where(src == low, low - 1, low).astype(np.int64)[:, None] + offsets[None, :]
+        if exclude_outside:
+            weights = np.where((index < 0) | (index >= n), 0.0, weights)
+            total = weights.sum(axis=1, keepdims=True)
+            weights = weights / np.where(total == 0, 1.0, total)
+        plan.append((axis, np.clip(index, 0, n - 1), weights))
+    return plan
+"""
+
+
+def resize_call(c: TemplateCall, runtime: Callable[[int, str], str]) -> str:
+    """ONNX Resize as a call of the emitter's generated ``_resize`` (which applies
+    ``_resize_plan``; both added to ``c.helpers``): the scales or sizes as literals, or as
+    ``runtime(i, what)`` where the graph computes them. Refused by name: another mode,
+    tf_crop_and_resize (roi and an extrapolation value), antialias of ``nearest``, Resize-10."""
+    a = c.attrs
+    mode, coord, nearest = a["mode"], a["coordinate_transformation_mode"], a["nearest_mode"]
+    if mode not in ("nearest", "linear", "cubic"):
+        raise c.fail(f"Resize mode={mode!r}; the {c.emitter} writes 'nearest', 'linear', 'cubic'")
+    coords = (*RESIZE_COORDS, "half_pixel_symmetric")
+    if coord not in coords or nearest not in RESIZE_NEAREST:
+        raise c.fail(
+            f"Resize coordinate_transformation_mode={coord!r} / nearest_mode={nearest!r}; "
+            f"supported: {', '.join(coords)} / {', '.join(RESIZE_NEAREST)}"
+        )
+    if a["antialias"] and mode == "nearest":
+        raise c.fail("Resize antialias of mode 'nearest' (ONNX defines it for linear, cubic)")
+    if c.node.graph is not None and c.node.graph.opset_imports.get("", 11) < 11:
+        raise c.fail("Resize-10 (scales as its second input)")
+    values = []
+    for i, what in ((2, "scales"), (3, "sizes")):
+        v = None if not c.has(i) or c.consts[i] is None else np.reshape(c.consts[i], -1)
+        if c.has(i) and c.consts[i] is None:
+            values.append(runtime(i, what))
+        elif v is None or not v.size:
+            values.append("None")
+        else:
+            values.append(repr(tuple((float if i == 2 else int)(x) for x in v)))
+    if values == ["None", "None"]:
+        raise c.fail("Resize needs scales or sizes")
+    extra = "".join(
+        f", {name}={value!r}"
+        for name, value, default in (
+            ("cubic_a", float(a["cubic_coeff_a"]), -0.75),
+            ("antialias", bool(a["antialias"]), False),
+            ("exclude_outside", bool(a["exclude_outside"]), False),
+            ("axes", None if a["axes"] is None else tuple(int(x) for x in a["axes"]), None),
+            ("keep_aspect_ratio_policy", a["keep_aspect_ratio_policy"], "stretch"),
+        )
+        if value != default
+    )
+    c.helpers |= {"resize", "resize_plan"}
+    scales, sizes = values
+    return f'_resize({c.args[0]}, {scales}, {sizes}, "{mode}", "{coord}", "{nearest}"{extra})'
 
 
 RESIZE_COORDS = (

@@ -520,22 +520,29 @@ def test_conv_with_asymmetric_pads_pads_explicitly():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_resize_torch_cannot_match_is_refused():
-    """Resizes F.interpolate computes otherwise are refused by name, not written wrong: an
-    output axis of one element with half-pixel coordinates (torch samples the middle), ONNX's
-    default nearest rounding (round_prefer_floor), the channel axis."""
-    from xconv.errors import UnsupportedAttributeError
-
-    for sizes, attrs, message in (
-        ((1, 2, 1, 5), {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"},
-         "has no F.interpolate mode"),
-        ((1, 2, 8, 6), {}, "F.interpolate's 'nearest' is asymmetric / floor"),
-        ((1, 4, 4, 3), {"mode": "linear"}, "batch or channel axis"),
-    ):  # fmt: skip
-        proto = _model("Resize", {"x": f32(1, 2, 4, 3)}, {"z": i64(*sizes)}, attrs,
-                       ["x", "", "", "z"], 1)  # fmt: skip
-        with pytest.raises(UnsupportedAttributeError, match=message):
-            to_torch_source(ir.from_proto(proto))
+def test_resize_torch_cannot_match_is_the_generated_resize():
+    """Resizes F.interpolate computes otherwise are written as the generated _resize (the
+    runtimes' plan), not as F.interpolate, and match the ONNX reference: an output axis of one
+    element with half-pixel coordinates (torch samples the middle), ONNX's default nearest
+    rounding (round_prefer_floor), the channel axis."""
+    for sizes, attrs in (
+        ((1, 2, 1, 5), {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"}),
+        ((1, 2, 8, 6), {}),
+        ((1, 4, 4, 3), {"mode": "linear"}),
+    ):
+        x = f32(1, 2, 4, 3)
+        proto = _model("Resize", {"x": x}, {"z": i64(*sizes)}, attrs, ["x", "", "", "z"], 1)
+        source, state = to_torch_source(ir.from_proto(proto))
+        assert "_resize(" in source and "F.interpolate(" not in source
+        ns: dict = {}
+        exec(compile(source, "<generated>", "exec"), ns)
+        module = ns["Model"]()
+        module.load_state_dict(state)
+        with torch.no_grad():
+            got = module(torch.from_numpy(x)).numpy()
+        (want,) = ReferenceEvaluator(proto).run(None, {"x": x})
+        assert got.shape == sizes
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_resize_by_scales_of_a_dynamic_batch():
@@ -614,3 +621,29 @@ def test_uint64_ordering_is_refused():
     proto = _model("Less", data, {}, {}, ["a", "b"], 1)
     with pytest.raises(UnsupportedAttributeError, match="Less of uint64"):
         to_torch_source(ir.from_proto(proto))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "helper"),
+    [
+        ({"scale_factor": 2, "mode": "bicubic", "align_corners": False}, False),
+        ({"size": (5, 3), "mode": "bilinear", "antialias": True}, True),
+        ({"size": (4, 3), "mode": "bicubic", "antialias": True}, True),
+        ({"size": (1, 3), "mode": "bilinear", "align_corners": False}, True),
+    ],
+)
+def test_torch_interpolate_round_trips_through_the_torch_source(tmp_path, kwargs, helper):
+    """F.interpolate exported to ONNX's Resize comes back as F.interpolate where that is exact,
+    else as the generated _resize (antialias, an output axis of one element), matching torch."""
+    import xconv
+    from tests.torch_source import load_generated
+
+    class Interpolate(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, **kwargs)
+
+    module, x = Interpolate().eval(), torch.randn(2, 3, 8, 9)
+    generated, source = load_generated(xconv.from_torch(module, (x,)), tmp_path)
+    assert ("_resize(" in source) == helper
+    with torch.no_grad():
+        np.testing.assert_allclose(generated(x).numpy(), module(x).numpy(), rtol=1e-5, atol=1e-5)

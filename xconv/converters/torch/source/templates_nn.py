@@ -19,6 +19,7 @@ from xconv.converters.torch.source.templates import (
     registry,
     template,
 )
+from xconv.errors import UnsupportedAttributeError
 
 # ---------------------------------------------------------------- convolution and pooling
 
@@ -560,32 +561,46 @@ def _rotary_embedding(c: OpCall) -> str:
 _INTERPOLATE = {"linear": {3: "linear", 4: "bilinear", 5: "trilinear"}, "cubic": {4: "bicubic"}}
 
 
-registry.helpers["interpolate"] = '''
-def _interpolate(x, scales, sizes, mode, align_corners=None, half_pixel=False):
-    """ONNX Resize with scales or sizes computed at run time: F.interpolate over the spatial
-    axes, refused where it would differ: a resized batch or channel axis; with
-    ``half_pixel`` (pytorch_half_pixel coordinates) an output axis of one element, which ONNX
-    maps to 0 and torch to the middle; with align_corners a scale whose size is fractional,
-    which ONNX maps by unrounded."""
-    if sizes is not None and sizes.numel():
-        sizes = [int(v) for v in sizes.tolist()]
-        outer, out, kw = sizes[:2] == list(x.shape[:2]), sizes[2:], {"size": sizes[2:]}
-    else:
-        scales = [float(v) for v in scales.tolist()]
-        out = [int(n * f) for n, f in zip(x.shape[2:], scales[2:])]
-        outer, kw = scales[:2] == [1.0, 1.0], {"scale_factor": scales[2:]}
-        if align_corners and any(n * f != int(n * f) for n, f in zip(x.shape[2:], scales[2:])):
-            raise ValueError("align_corners with a fractional size: ONNX maps by it unrounded")
-    if not outer:
-        raise ValueError("Resize of the batch or channel axis: F.interpolate has none")
-    if half_pixel and min(out) <= 1:
-        raise ValueError("Resize to one element with pytorch_half_pixel differs in torch")
-    return F.interpolate(x, mode=mode, align_corners=align_corners, **kw)
+registry.helpers["resize_plan"] = ex.RESIZE_PLAN
+registry.helpers["resize"] = '''
+def _resize(x, scales, sizes, mode, coord, nearest_mode="round_prefer_floor", **kw):
+    """ONNX Resize (``_resize_plan``'s keywords) where F.interpolate computes it otherwise: per
+    axis that changes, a gather of the nearest inputs, or of the taps and their weighted sum.
+    Integers and float16 / bfloat16 interpolate in float32."""
+    dtype = x.dtype
+    if mode != "nearest" and dtype not in (torch.float32, torch.float64):
+        x = x.float()
+    scales = None if scales is None else [float(s) for s in scales]
+    sizes = None if sizes is None else [int(s) for s in sizes]
+    shape = tuple(x.shape)
+    for axis, index, weights in _resize_plan(shape, scales, sizes, mode, coord, nearest_mode, **kw):
+        index = torch.as_tensor(index, device=x.device)
+        if weights is None:
+            x = torch.index_select(x, axis, index)
+            continue
+        taps = torch.index_select(x, axis, index.reshape(-1))
+        taps = taps.reshape(*x.shape[:axis], *index.shape, *x.shape[axis + 1 :])
+        weights = torch.as_tensor(weights, dtype=x.dtype, device=x.device)
+        x = (taps * weights.reshape(weights.shape + (1,) * (x.dim() - axis - 1))).sum(axis + 1)
+    if x.dtype != dtype and not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        x = torch.clamp(torch.round(x), info.min, info.max)
+    return x.to(dtype)
 '''
 
 
 @template("Resize", **RESIZE_ATTRS)
 def _resize(c: OpCall) -> str:
+    """``F.interpolate`` where it computes ONNX's Resize exactly, else the generated
+    ``_resize`` (which plans each axis as the runtimes do: other modes and coordinates,
+    antialias, axes, scales or sizes the graph computes)."""
+    try:
+        return _interpolate_call(c)
+    except UnsupportedAttributeError:
+        return ex.resize_call(c, lambda i, what: c.args[i])
+
+
+def _interpolate_call(c: OpCall) -> str:
     """``F.interpolate`` where it computes ONNX's Resize exactly: over the spatial axes only;
     ``nearest`` rounded down from ``asymmetric`` coordinates (torch's ``"nearest"``) or from
     ``tf_half_pixel_for_nn`` ones (its ``"nearest-exact"``: Keras' ``Resizing``);
@@ -596,10 +611,9 @@ def _resize(c: OpCall) -> str:
     sizes."""
     a = c.attrs
     modes = ("nearest", "linear", "cubic")
-    out, factors, from_scales = ex.resize_plan(c, modes, static=False, runtime=True)
+    out, factors, from_scales = ex.resize_plan(c, modes, static=False)
     mode, coord, rank = a["mode"], a["coordinate_transformation_mode"], len(out)
-    runtime = all(f is None for f in factors)  # scales or sizes computed by the graph
-    if not 3 <= rank <= 5 or (not runtime and factors[:2] != [1.0, 1.0]):
+    if not 3 <= rank <= 5 or factors[:2] != [1.0, 1.0]:
         raise c.fail("Resize of the batch or channel axis has no F.interpolate counterpart")
     if mode == "nearest":
         torch_mode = {"asymmetric": "nearest", "tf_half_pixel_for_nn": "nearest-exact"}
@@ -611,11 +625,9 @@ def _resize(c: OpCall) -> str:
         mode, extra = torch_mode[coord], ""
     else:
         torch_mode = _INTERPOLATE[mode].get(rank)
-        wide = (
-            runtime
-            or all(  # checked at run time by _interpolate
-                f >= 2 if o is None else o > 1 for o, f in zip(out[2:], factors[2:], strict=True)
-            )
+        wide = all(
+            f is not None and f >= 2 if o is None else o > 1
+            for o, f in zip(out[2:], factors[2:], strict=True)
         )
         half = coord in ("half_pixel", "pytorch_half_pixel") and wide
         if torch_mode is None or not (half or coord == "align_corners"):
@@ -626,18 +638,11 @@ def _resize(c: OpCall) -> str:
             n is not None and f is not None and n * f != int(n * f)
             for n, f in zip(c.shapes[0][2:], factors[2:], strict=True)
         ]
-        if coord == "align_corners" and from_scales and not runtime and any(fractional):
+        if coord == "align_corners" and from_scales and any(fractional):
             # ONNX maps by the unrounded size (in * scale - 1), torch by the output's
             raise c.fail("Resize align_corners with a scale that gives a fractional size")
         mode = torch_mode
         extra = f", align_corners={coord == 'align_corners'}"
-    if runtime:
-        c.helpers.add("interpolate")
-        scales = c.args[2] if c.has(2) else "None"
-        sizes = c.args[3] if len(c.args) > 3 and c.has(3) else "None"
-        # pytorch_half_pixel maps an output axis of one element to 0, torch to the middle
-        half = ", half_pixel=True" if coord == "pytorch_half_pixel" else ""
-        return f'_interpolate({c.args[0]}, {scales}, {sizes}, "{mode}"{extra}{half})'
     if from_scales:
         spatial = [float(f) for f in factors[2:]]
         arg = f"scale_factor={spatial[0] if len(set(spatial)) == 1 else tuple(spatial)}"
