@@ -39,6 +39,10 @@ DTYPE_NAMES: dict[ir.DataType, str] = {
     ir.DataType.UINT32: "uint32",
     ir.DataType.UINT64: "uint64",
     ir.DataType.BOOL: "bool",
+    ir.DataType.FLOAT8E4M3FN: "float8_e4m3fn",
+    ir.DataType.FLOAT8E4M3FNUZ: "float8_e4m3fnuz",
+    ir.DataType.FLOAT8E5M2: "float8_e5m2",
+    ir.DataType.FLOAT8E5M2FNUZ: "float8_e5m2fnuz",
 }
 
 #: The float8 types, whose saturating cast both emitters spell out.
@@ -633,9 +637,10 @@ QUANT_INT = {
 
 def quant_call(c: TemplateCall, dtype_text: str) -> str:
     """``_quantize_linear(...)`` / ``_dequantize_linear(...)`` for ONNX QuantizeLinear /
-    DequantizeLinear of 8- and 16-bit integers, per tensor, per axis or blocked (each
-    emitter writes its helpers); ``dtype_text`` writes the quantized type. Refused by name:
-    other types (float8, int4, ...), output_dtype on dequantize, precision on quantize."""
+    DequantizeLinear of 8- and 16-bit integers (and DequantizeLinear of float8), per tensor,
+    per axis or blocked (each emitter writes its helpers); ``dtype_text`` writes the
+    quantized type. Refused by name: other types (int4, ...; quantizing to float8),
+    output_dtype on dequantize, precision on quantize."""
     a = c.attrs
     tail = []
     if a["axis"] != 1:
@@ -645,10 +650,14 @@ def quant_call(c: TemplateCall, dtype_text: str) -> str:
     zp = c.args[2] if c.has(2) else "None"
     if c.node.op_type == "DequantizeLinear":
         source = c.node.inputs[0].dtype
-        if source not in QUANT_INT and source != ir.DataType.INT32:
-            raise c.fail(f"DequantizeLinear of {source}; the {c.emitter} writes 8/16-bit ints")
+        if source not in QUANT_INT and source not in FLOAT8 and source != ir.DataType.INT32:
+            raise c.fail(
+                f"DequantizeLinear of {source}; the {c.emitter} writes 8/16-bit ints and float8"
+            )
         if a["output_dtype"]:
             raise c.fail("DequantizeLinear output_dtype")
+        if source in FLOAT8:  # a float8 zero point is zero: the spec ignores it
+            zp = "None"
         args = [c.args[0], c.args[1], *([zp] if zp != "None" else [])]
         return f"_dequantize_linear({', '.join(args + tail)})"
     target = c.node.outputs[0].dtype
