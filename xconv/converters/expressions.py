@@ -189,6 +189,19 @@ def block_rearrange(c: TemplateCall, permute: str) -> str:
     return f"{x}.reshape({split}).{permute}({perm}).reshape({out})"
 
 
+def bit_cast_expr(c: TemplateCall, reinterpret: str, cast: str) -> str:
+    """ONNX BitCast between types of one width: ``reinterpret`` (a format of the input and the
+    target dtype's text) of the same bits; a bool is a 0 / 1 byte, so to bool it is ``!= 0``
+    and from bool ``cast``."""
+    source, target = c.node.inputs[0].dtype, ir.DataType(c.attrs["to"])
+    if source is None or source.itemsize != target.itemsize:
+        raise c.fail(f"BitCast from {source} to {target}: ONNX casts bits between one width")
+    x = c.args[0]
+    if target == ir.DataType.BOOL:
+        return f"{x} != 0"
+    return (cast if source == ir.DataType.BOOL else reinterpret).format(x)
+
+
 def mod_expr(c: TemplateCall, xp: str) -> str:
     """ONNX Mod: C's ``fmod`` (sign of the dividend) or Python's ``%`` (sign of the divisor)."""
     fn = "fmod" if c.attrs["fmod"] else "remainder"

@@ -344,6 +344,12 @@ def _cast(c: OpCall) -> str:
     return f"{_saturated(c, to)}.astype({dtype_expr(to, c.xp)})"
 
 
+@template("BitCast", layout="unary", to=REQUIRED)
+def _bit_cast(c: OpCall) -> str:
+    dt = dtype_expr(ir.DataType(c.attrs["to"]))
+    return ex.bit_cast_expr(c, f"lax.bitcast_convert_type({{}}, {dt})", f"{{}}.astype({dt})")
+
+
 @template("CastLike", layout="unary", static_ok=True, saturate=1, round_mode="up")
 def _cast_like(c: OpCall) -> str:
     return f"{_saturated(c, c.node.inputs[1].dtype)}.astype({c.args[1]}.dtype)"

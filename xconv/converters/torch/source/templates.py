@@ -265,6 +265,12 @@ def _cast(c: OpCall) -> str:
     return f"{_saturated(c, to)}.to({dtype_expr(to)})"
 
 
+@template("BitCast", to=REQUIRED)
+def _bit_cast(c: OpCall) -> str:
+    dt = dtype_expr(ir.DataType(c.attrs["to"]))
+    return ex.bit_cast_expr(c, f"{{}}.view({dt})", f"{{}}.to({dt})")
+
+
 @template("CastLike", saturate=1, round_mode="up")
 def _cast_like(c: OpCall) -> str:
     return f"{_saturated(c, c.node.inputs[1].dtype)}.to({c.args[1]}.dtype)"
