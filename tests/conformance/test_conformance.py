@@ -222,7 +222,8 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv; dilated MaxPool / AveragePool
 #: (with ceil_mode and count_include_pad), pooling's auto_pad SAME_*; Attention's softcap,
 #: qk_matmul output, nonpad_kv_seqlen, softmax_precision and sliding windows (the generated
-#: _attention_steps); float8 casts and DequantizeLinear of float8; BitCast.
+#: _attention_steps); float8 casts and DequantizeLinear of float8; BitCast; the cosine
+#: windows (a size computed at run time).
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -278,6 +279,7 @@ EMITTED_CASES = (
     "test_cast_FLOAT8E5M2FNUZ_to_FLOAT16", "test_dequantizelinear_e4m3fn_zero_point",
     "test_dequantizelinear_e5m2", "test_cast_no_saturate_FLOAT_to_FLOAT8E4M3FN",
     "test_bitcast_uint32_to_int32", "test_bitcast_2d_float32_to_int32", "test_bitcast_bool_to_uint8",
+    "test_hannwindow", "test_hammingwindow_symmetric", "test_blackmanwindow",
 )  # fmt: skip
 
 #: Cases the Flax source alone writes: a max over an empty axis computed at run time (the

@@ -20,6 +20,7 @@ from xconv.converters.ops.elementwise import prelu_slope_shape
 from xconv.converters.ops.linalg import LOSS_REDUCTIONS
 from xconv.converters.ops.nn import POOL_ATTRS
 from xconv.converters.ops.shapes import conv_padding
+from xconv.converters.ops.signal import BLACKMAN, HAMMING, HANN
 from xconv.converters.registry import REQUIRED
 from xconv.errors import ConversionError
 
@@ -400,6 +401,30 @@ def resize_call(c: TemplateCall, runtime: Callable[[int, str], str]) -> str:
     c.helpers |= {"resize", "resize_plan"}
     scales, sizes = values
     return f'_resize({c.args[0]}, {scales}, {sizes}, "{mode}", "{coord}", "{nearest}"{extra})'
+
+
+#: The generalized cosine window in numpy (framework-free): the text of the ``_cosine_window``
+#: helper both source emitters write for HannWindow, HammingWindow and BlackmanWindow, as
+#: ``ops/signal.cosine_window`` computes them for the runtimes.
+COSINE_WINDOW = '''
+def _cosine_window(n, periodic, coefficients):
+    """sum_k a_k cos(2 pi k i / N') over i < n, N' = n (periodic) or n - 1, in float64."""
+    i, length = np.arange(n, dtype=np.float64), n if periodic else n - 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = [a * np.cos(2 * np.pi * k * i / length) for k, a in enumerate(coefficients)]
+    return np.asarray(sum(terms))
+'''
+
+#: The windows' coefficients (``ops/signal``).
+WINDOWS = {"HannWindow": HANN, "HammingWindow": HAMMING, "BlackmanWindow": BLACKMAN}
+
+
+def window_call(c: TemplateCall, size: str) -> str:
+    """``_cosine_window(n, periodic, coefficients)`` of a window op (``size`` writes its
+    length as a Python int), the helper added to ``c.helpers``."""
+    c.helpers.add("cosine_window")
+    coefficients = tuple(float(a) for a in WINDOWS[c.node.op_type])
+    return f"_cosine_window({size}, {bool(c.attrs['periodic'])}, {coefficients!r})"
 
 
 RESIZE_COORDS = (

@@ -126,6 +126,16 @@ for _op, _args in {
     )(_reduce(*_args))
 
 
+registry.helpers["cosine_window"] = ex.COSINE_WINDOW
+
+
+@template("HannWindow", "HammingWindow", "BlackmanWindow", output_datatype=1, periodic=1)
+def _window(c: OpCall) -> str:
+    size = runtime(c, 0, "size")
+    n = f"{size}[0]" if size else int(np.asarray(c.const(0, "size")).reshape(-1)[0])
+    return f"jnp.asarray({ex.window_call(c, str(n))}, dtype={c.dtype()})"
+
+
 @template("EyeLike", dtype=None, k=0)
 def _eye_like(c: OpCall) -> str:
     k = int(c.attrs["k"])

@@ -103,6 +103,15 @@ for _op, _fmt in _REDUCE.items():
     registry.builtin(_op, attrs={"keepdims": 1, "noop_with_empty_axes": 0})(_reduce(_fmt))
 
 
+registry.helpers["cosine_window"] = ex.COSINE_WINDOW
+
+
+@template("HannWindow", "HammingWindow", "BlackmanWindow", output_datatype=1, periodic=1)
+def _window(c: OpCall) -> str:
+    n = f"int({c.args[0]})" if c.consts[0] is None else int(np.asarray(c.consts[0]).reshape(-1)[0])
+    return f"torch.as_tensor({ex.window_call(c, str(n))}).to({c.dtype()})"
+
+
 @template("EyeLike", dtype=None, k=0)
 def _eye_like(c: OpCall) -> str:
     x, k = c.args[0], int(c.attrs["k"])
