@@ -126,6 +126,31 @@ for _op, _args in {
     )(_reduce(*_args))
 
 
+registry.helpers["center_crop_pad"] = '''
+def _center_crop_pad(x, shape, axes=None):
+    """ONNX CenterCropPad: each axis (of ``axes``) cut to ``shape`` around its centre, or
+    zero-padded around it."""
+    index, widths = [slice(None)] * x.ndim, [(0, 0)] * x.ndim
+    axes = range(x.ndim) if axes is None else [a % x.ndim for a in axes]
+    for a, size in zip(axes, shape, strict=True):
+        n = x.shape[a]
+        if size < n:
+            index[a] = slice((n - size) // 2, (n - size) // 2 + size)
+        elif size > n:
+            widths[a] = ((size - n) // 2, size - n - (size - n) // 2)
+    return jnp.pad(x[tuple(index)], widths)
+'''
+
+
+@template("CenterCropPad", axes=None)
+def _center_crop_pad(c: OpCall) -> str:
+    c.helpers.add("center_crop_pad")
+    shape = runtime(c, 1, "shape") or tuple_literal(c.const(1, "shape"))
+    axes = c.attrs["axes"]
+    tail = "" if axes is None else f", axes={tuple(int(a) for a in axes)}"
+    return f"_center_crop_pad({c.args[0]}, {shape}{tail})"
+
+
 registry.helpers["cosine_window"] = ex.COSINE_WINDOW
 
 

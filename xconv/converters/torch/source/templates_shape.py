@@ -103,6 +103,30 @@ for _op, _fmt in _REDUCE.items():
     registry.builtin(_op, attrs={"keepdims": 1, "noop_with_empty_axes": 0})(_reduce(_fmt))
 
 
+registry.helpers["center_crop_pad"] = '''
+def _center_crop_pad(x, shape, axes=None):
+    """ONNX CenterCropPad: each axis (of ``axes``) cut to ``shape`` around its centre, or
+    zero-padded around it."""
+    index, widths = [slice(None)] * x.dim(), [(0, 0)] * x.dim()
+    axes = range(x.dim()) if axes is None else [a % x.dim() for a in axes]
+    for a, size in zip(axes, shape, strict=True):
+        n = x.shape[a]
+        if size < n:
+            index[a] = slice((n - size) // 2, (n - size) // 2 + size)
+        elif size > n:
+            widths[a] = ((size - n) // 2, size - n - (size - n) // 2)
+    return F.pad(x[tuple(index)], [v for pair in reversed(widths) for v in pair])
+'''
+
+
+@template("CenterCropPad", axes=None)
+def _center_crop_pad(c: OpCall) -> str:
+    c.helpers.add("center_crop_pad")
+    axes = c.attrs["axes"]
+    tail = "" if axes is None else f", axes={tuple(int(a) for a in axes)}"
+    return f"_center_crop_pad({c.args[0]}, {c.ints(1)}{tail})"
+
+
 registry.helpers["cosine_window"] = ex.COSINE_WINDOW
 
 
