@@ -151,6 +151,30 @@ def _center_crop_pad(c: OpCall) -> str:
     return f"_center_crop_pad({c.args[0]}, {shape}{tail})"
 
 
+registry.helpers["affine_grid"] = '''
+def _affine_grid(theta, size, align_corners=False):
+    """ONNX AffineGrid (torch's F.affine_grid): theta (N, n, n + 1) applied to the normalised
+    points (x, y[, z], 1) of an output of ``size`` (N, C, *spatial): (N, *spatial, n)."""
+    spatial = size[2:]
+    if align_corners:
+        axes = [np.linspace(-1.0, 1.0, s) if s > 1 else np.zeros(1) for s in spatial]
+    else:
+        axes = [(np.arange(s) * 2.0 + 1.0) / s - 1.0 for s in spatial]
+    mesh = np.meshgrid(*axes, indexing="ij")
+    points = np.stack([*mesh[::-1], np.ones_like(mesh[0])], axis=-1).reshape(-1, len(spatial) + 1)
+    grid = jnp.einsum("pk,njk->npj", points.astype(theta.dtype), theta)
+    return jnp.reshape(grid, (theta.shape[0], *spatial, len(spatial)))
+'''
+
+
+@template("AffineGrid", align_corners=0)
+def _affine_grid(c: OpCall) -> str:
+    c.helpers.add("affine_grid")
+    size = runtime(c, 1, "size") or tuple_literal(c.const(1, "size"))
+    tail = ", align_corners=True" if c.attrs["align_corners"] else ""
+    return f"_affine_grid({c.args[0]}, {size}{tail})"
+
+
 registry.helpers["cosine_window"] = ex.COSINE_WINDOW
 
 

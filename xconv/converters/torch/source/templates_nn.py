@@ -385,6 +385,13 @@ def _grid_sample(c: OpCall) -> str:
     )
 
 
+@template("AffineGrid", align_corners=0)
+def _affine_grid(c: OpCall) -> str:
+    """``F.affine_grid``, which ONNX's AffineGrid follows."""
+    corners = bool(c.attrs["align_corners"])
+    return f"F.affine_grid({c.args[0]}, {c.ints(1)}, align_corners={corners})"
+
+
 # ---------------------------------------------------------------- attention
 
 
