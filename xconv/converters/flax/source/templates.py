@@ -287,6 +287,14 @@ def _celu(c: OpCall) -> str:
     return f"jax.nn.celu({c.args[0]}{tail})"
 
 
+@template("SwiGLU", layout="binary", alpha=1.0)
+def _swiglu(c: OpCall) -> str:
+    """a * sigmoid(alpha * a) * b."""
+    a, b, alpha = c.args[0], c.args[1], c.attrs["alpha"]
+    scaled = a if alpha == 1.0 else f"{scalar_literal(alpha)} * {a}"
+    return f"{a} * jax.nn.sigmoid({scaled}) * {b}"
+
+
 @template("Swish", layout="unary", alpha=1.0)
 def _swish(c: OpCall) -> str:
     return ex.swish_expr(c, "jax.nn.silu", "jax.nn.sigmoid")

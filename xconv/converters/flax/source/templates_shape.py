@@ -175,6 +175,26 @@ def _affine_grid(c: OpCall) -> str:
     return f"_affine_grid({c.args[0]}, {size}{tail})"
 
 
+@template("Compress", axis=None)
+def _compress(c: OpCall) -> str:
+    """The slices where the condition holds: a shape that depends on its values, so the
+    condition is read eagerly (``_static``)."""
+    c.helpers.add("static_ints")
+    keep = f'np.flatnonzero(_static({c.args[1]}, "Compress condition"))'
+    if c.attrs["axis"] is None:
+        return f"jnp.take(jnp.ravel({c.args[0]}), {keep})"
+    return f"jnp.take({c.args[0]}, {keep}, axis={int(c.attrs['axis'])})"
+
+
+@template("NonZero")
+def _non_zero(c: OpCall) -> str:
+    """The indices of the nonzero elements, (rank, count): a shape that depends on the values,
+    so they are read eagerly (``_static``)."""
+    c.helpers.add("static_ints")
+    x = f'np.reshape(_static({c.args[0]}, "NonZero input"), jnp.shape({c.args[0]}))'
+    return f"jnp.asarray(np.stack(np.nonzero({x})), dtype={c.dtype()})"
+
+
 registry.helpers["cosine_window"] = ex.COSINE_WINDOW
 
 

@@ -186,6 +186,14 @@ def _celu(c: OpCall) -> str:
     )
 
 
+@template("SwiGLU", alpha=1.0)
+def _swiglu(c: OpCall) -> str:
+    """a * sigmoid(alpha * a) * b."""
+    a, b, alpha = c.args[0], c.args[1], c.attrs["alpha"]
+    scaled = a if alpha == 1.0 else f"{scalar_literal(alpha)} * {a}"
+    return f"{a} * torch.sigmoid({scaled}) * {b}"
+
+
 @template("Swish", alpha=1.0)
 def _swish(c: OpCall) -> str:
     return ex.swish_expr(c, "F.silu", "torch.sigmoid")

@@ -127,6 +127,21 @@ def _center_crop_pad(c: OpCall) -> str:
     return f"_center_crop_pad({c.args[0]}, {c.ints(1)}{tail})"
 
 
+@template("Compress", axis=None)
+def _compress(c: OpCall) -> str:
+    """The slices where the condition holds."""
+    keep = f"torch.nonzero({c.args[1]}.reshape(-1)).reshape(-1)"
+    if c.attrs["axis"] is None:
+        return f"{c.args[0]}.reshape(-1)[{keep}]"
+    return f"torch.index_select({c.args[0]}, {int(c.attrs['axis'])}, {keep})"
+
+
+@template("NonZero")
+def _non_zero(c: OpCall) -> str:
+    """The indices of the nonzero elements, (rank, count)."""
+    return f"torch.nonzero({c.args[0]}).T"
+
+
 registry.helpers["cosine_window"] = ex.COSINE_WINDOW
 
 
