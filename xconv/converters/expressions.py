@@ -575,20 +575,6 @@ def attention_cache(c: TemplateCall) -> bool:
     return c.has(4) or wanted(1) or wanted(2)
 
 
-#: Attention's attributes where the source templates declare them (the runtimes' table).
-ATTENTION_ATTRS = {
-    "is_causal": 0,
-    "kv_num_heads": 0,
-    "q_num_heads": 0,
-    "qk_matmul_output_mode": 0,
-    "scale": None,
-    "softcap": 0.0,
-    "softmax_precision": None,
-    "left_window_size": -1,
-    "right_window_size": -1,
-}
-
-
 def attention_steps_call(c: TemplateCall, dtype_expr) -> str | None:
     """A call of the emitter's generated ``_attention_steps`` (ONNX Attention as its
     reference computes it, step by step) where the node needs what the fused calls lack:
@@ -706,6 +692,32 @@ def quant_call(c: TemplateCall, dtype_text: str) -> str:
     lo, hi = QUANT_INT[target]
     args = [c.args[0], c.args[1], zp, str(lo), str(hi), dtype_text]
     return f"_quantize_linear({', '.join(args + tail)})"
+
+
+def integer_product_call(c: TemplateCall) -> str:
+    """MatMulInteger as ``_matmul_integer(a, b[, zero points])``, QLinearMatMul as that
+    product requantized (``_requantize``), DynamicQuantizeLinear as its helper's call; the
+    helpers (each emitter writes its own) added to ``c.helpers``."""
+    op = c.node.op_type
+    if op == "DynamicQuantizeLinear":
+        c.helpers.add("dynamic_quantize_linear")
+        return f"_dynamic_quantize_linear({c.args[0]})"
+    c.helpers.add("matmul_integer")
+    if op == "MatMulInteger":
+        return f"_matmul_integer({', '.join(a or 'None' for a in c.args)})"
+    if not all(c.has(i) for i in range(8)):
+        raise c.fail("QLinearMatMul without y's zero point")
+    c.helpers.add("requantize")
+    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = c.args
+    product = f"_matmul_integer({a}, {b}, {a_zp}, {b_zp})"
+    return f"_requantize({product}, {a_scale} * {b_scale} / {y_scale}, {y_zp})"
+
+
+def mean_variance_call(c: TemplateCall) -> str:
+    """MeanVarianceNormalization as a call of the emitter's ``_mean_variance_normalization``."""
+    c.helpers.add("mean_variance_normalization")
+    axes = tuple(int(a) for a in c.attrs["axes"])
+    return f"_mean_variance_normalization({c.args[0]}, {axes})"
 
 
 def inference_dropout(c: TemplateCall, mask: str) -> str:

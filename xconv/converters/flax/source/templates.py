@@ -485,26 +485,8 @@ def _zero_shifted(x, zero_point=None):
 """
 
 
-@template("DynamicQuantizeLinear")
-def _dynamic_quantize_linear(c: OpCall) -> str:
-    c.helpers.add("dynamic_quantize_linear")
-    return f"_dynamic_quantize_linear({c.args[0]})"
-
-
-@template("MatMulInteger")
-def _matmul_integer(c: OpCall) -> str:
-    c.helpers.add("matmul_integer")
-    return f"_matmul_integer({', '.join(a or 'None' for a in c.args)})"
-
-
-@template("QLinearMatMul")
-def _qlinear_matmul(c: OpCall) -> str:
-    if not all(c.has(i) for i in range(8)):
-        raise c.fail("QLinearMatMul without y's zero point")
-    c.helpers |= {"requantize", "matmul_integer"}
-    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = c.args
-    product = f"_matmul_integer({a}, {b}, {a_zp}, {b_zp})"
-    return f"_requantize({product}, {a_scale} * {b_scale} / {y_scale}, {y_zp})"
+for _op in ("DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul"):
+    registry.builtin(_op)(ex.integer_product_call)
 
 
 registry.builtin("Mod", attrs={"fmod": 0}, layout="binary")(lambda c: ex.mod_expr(c, c.xp))

@@ -19,6 +19,7 @@ from xconv.converters.flax.source.templates import (
     template,
 )
 from xconv.converters.ops import formulation
+from xconv.converters.ops.attention import ATTENTION_ATTRS
 from xconv.converters.ops.rnn import COMMON_ATTRS
 from xconv.converters.registry import REQUIRED
 
@@ -321,11 +322,7 @@ def _mean_variance_normalization(x, axes):
 '''
 
 
-@template("MeanVarianceNormalization", axes=(0, 2, 3))
-def _mean_variance_normalization(c: OpCall) -> str:
-    c.helpers.add("mean_variance_normalization")
-    axes = tuple(int(a) for a in c.attrs["axes"])
-    return f"_mean_variance_normalization({c.args[0]}, {axes})"
+registry.builtin("MeanVarianceNormalization", attrs={"axes": (0, 2, 3)})(ex.mean_variance_call)
 
 
 registry.helpers["grid_sample"] = """
@@ -545,7 +542,7 @@ def _attention_steps(
 """
 
 
-@template("Attention", **ex.ATTENTION_ATTRS)
+@template("Attention", **ATTENTION_ATTRS)
 def _attention(c: OpCall) -> str:
     steps = ex.attention_steps_call(c, dtype_expr)
     if steps is not None:

@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from xconv.converters import expressions as ex
 from xconv.converters.codegen import int_tuple, scalar_literal
+from xconv.converters.ops.attention import ATTENTION_ATTRS
 from xconv.converters.ops.resize import RESIZE_ATTRS
 from xconv.converters.registry import REQUIRED
 from xconv.converters.torch.source.templates import (
@@ -329,11 +330,7 @@ def _mean_variance_normalization(x, dims):
 '''
 
 
-@template("MeanVarianceNormalization", axes=(0, 2, 3))
-def _mean_variance_normalization(c: OpCall) -> str:
-    c.helpers.add("mean_variance_normalization")
-    axes = tuple(int(a) for a in c.attrs["axes"])
-    return f"_mean_variance_normalization({c.args[0]}, {axes})"
+registry.builtin("MeanVarianceNormalization", attrs={"axes": (0, 2, 3)})(ex.mean_variance_call)
 
 
 @template("Softmax", axis=-1)
@@ -502,7 +499,7 @@ def _attention_steps(
 """
 
 
-@template("Attention", **ex.ATTENTION_ATTRS)
+@template("Attention", **ATTENTION_ATTRS)
 def _attention(c: OpCall) -> str:
     """``F.scaled_dot_product_attention`` on 4-D heads; the generated ``_cached_attention``
     where ONNX's Attention does more: a key/value cache (past inputs, present outputs), 3-D
