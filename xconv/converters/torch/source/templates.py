@@ -352,7 +352,7 @@ def _quant_param(p, x, axis, block_size):
 '''
 registry.helpers["dequantize_linear"] = '''
 def _dequantize_linear(x, scale, zero_point=None, axis=1, block_size=0):
-    """ONNX DequantizeLinear of integers: (x - zero_point) * scale, in scale's dtype."""
+    """ONNX DequantizeLinear of integers or float8: (x - zero_point) * scale, in scale's dtype."""
     y = x.to(torch.float32)
     if zero_point is not None:
         y = y - _quant_param(zero_point, x, axis, block_size).to(torch.float32)
