@@ -224,7 +224,7 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: qk_matmul output, nonpad_kv_seqlen, softmax_precision and sliding windows (the generated
 #: _attention_steps); float8 casts and DequantizeLinear of float8; BitCast; the cosine
 #: windows (a size computed at run time); CenterCropPad; AffineGrid; SwiGLU; Compress and
-#: NonZero (shapes from values: read eagerly in Flax).
+#: NonZero (shapes from values: read eagerly in Flax); ReduceProd over run-time axes.
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -284,6 +284,7 @@ EMITTED_CASES = (
     "test_center_crop_pad_crop_and_pad", "test_center_crop_pad_crop_negative_axes_hwc",
     "test_affine_grid_2d_align_corners", "test_affine_grid_3d", "test_swiglu_alpha",
     "test_compress_default_axis", "test_compress_negative_axis", "test_nonzero_example",
+    "test_reduce_prod_negative_axes_keepdims_random", "test_reduce_prod_empty_set",
 )  # fmt: skip
 
 #: Cases the Flax source alone writes: a max over an empty axis computed at run time (the

@@ -58,18 +58,29 @@ def _dims(axes, x):
 '''
 
 
+registry.helpers["reduce_prod"] = '''
+def _reduce_prod(x, dims, keepdim):
+    """torch.prod over several axes (it takes one), the last first."""
+    for d in sorted((d % x.dim() for d in dims), reverse=True):
+        x = torch.prod(x, dim=d, keepdim=keepdim)
+    return x
+'''
+
+
 def _runtime_axes(c: OpCall, fmt: str) -> str:
     """A reduction over axes the graph computes: ``dim=_dims(axes, x)`` (torch reduces over a
     tuple of any length, and ``.tolist()`` reads them as the ONNX runtime does); with
     noop_with_empty_axes, the elementwise part when they are empty."""
-    if c.node.op_type == "ReduceProd":
-        raise c.fail("ReduceProd over axes computed at run time (torch.prod takes one axis)")
     if c.node.op_type in ("ReduceMax", "ReduceMin") and 0 in (c.shapes[0] or ()):
         # ONNX gives -inf / inf over an empty set; torch.amax / amin refuse one
         raise c.fail(f"{c.node.op_type} of an empty input over axes computed at run time")
     c.helpers.add("dims")
     x, axes = c.args[0], c.args[1]
-    out = fmt.format(x=x, d=f"_dims({axes}, {x})", k=bool(c.attrs["keepdims"]))
+    if c.node.op_type == "ReduceProd":  # torch.prod takes one axis: a generated loop
+        c.helpers.add("reduce_prod")
+        out = f"_reduce_prod({x}, _dims({axes}, {x}), {bool(c.attrs['keepdims'])})"
+    else:
+        out = fmt.format(x=x, d=f"_dims({axes}, {x})", k=bool(c.attrs["keepdims"]))
     out = out.replace(", keepdim=False", "")
     if not c.attrs["noop_with_empty_axes"]:
         return out
