@@ -434,14 +434,14 @@ RESIZE_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
 def resize_plan(
-    c: TemplateCall, modes: tuple[str, ...], static: bool = True, runtime: bool = False
+    c: TemplateCall, modes: tuple[str, ...]
 ) -> tuple[list[int | None], list[float | None], bool]:
-    """A Resize both source emitters can write: ``(output sizes, scale per axis, whether the
-    node gave scales)``, from constant ``scales`` or ``sizes``. Raises the emitter's refusal
-    for a mode outside ``modes``, another coordinate mode, antialias, axes, exclude_outside,
-    scales and sizes known only at run time (unless ``runtime``: every size and scale is then
-    ``None``), or (with ``static``) an input shape not static; without it, a size or scale
-    that depends on an unknown dimension is ``None``."""
+    """A Resize a framework's own interpolation may compute (the torch source's check before
+    ``F.interpolate``): ``(output sizes, scale per axis, whether the node gave scales)``, from
+    constant ``scales`` or ``sizes``; a size or scale that depends on an unknown dimension is
+    ``None``. Raises the emitter's refusal for a mode outside ``modes``, another coordinate
+    mode, antialias, axes, exclude_outside, an input of unknown rank, scales and sizes known
+    only at run time."""
     a = c.attrs
     mode, coord = a["mode"], a["coordinate_transformation_mode"]
     if mode not in modes:
@@ -455,7 +455,7 @@ def resize_plan(
     if a["antialias"] or a["axes"] is not None or a["exclude_outside"]:
         raise c.fail("Resize with antialias, axes or exclude_outside")
     shape = c.shapes[0]
-    if shape is None or (static and any(d is None for d in shape)):
+    if shape is None:
         raise c.fail("Resize of an input whose shape is not static")
     scales = c.consts[2] if len(c.consts) > 2 and c.has(2) else None
     sizes = c.consts[3] if len(c.consts) > 3 and c.has(3) else None
@@ -469,9 +469,6 @@ def resize_plan(
             None if n is None else int(np.floor(n * f)) for n, f in zip(shape, factors, strict=True)
         ]
         return out, factors, True
-    if runtime and (c.has(2) or c.has(3)):
-        sized = len(c.args) > 3 and c.has(3) and c.consts[3] is None
-        return [None] * len(shape), [None] * len(shape), not sized
     raise c.fail("Resize needs constant scales or sizes")
 
 

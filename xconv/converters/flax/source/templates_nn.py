@@ -117,7 +117,7 @@ def _conv_transpose(c: OpCall) -> str:
     return out
 
 
-def _pool_pads(c: OpCall, n: int, kernel, strides) -> list[tuple[int, int]]:
+def _pool_pads(c: OpCall) -> list[tuple[int, int]]:
     """The explicit pads (auto_pad SAME_* resolved over a static input), plus ceil_mode's."""
     return ex.ceil_pads(c, ex.pool_padding(c))
 
@@ -130,7 +130,7 @@ def _max_pool(c: OpCall) -> str:
     k = tuple(c.attrs["kernel_shape"])
     n = len(k)
     s = tuple(c.attrs["strides"] or (1,) * n)
-    pads = _pool_pads(c, n, k, s)
+    pads = _pool_pads(c)
     if any(d != 1 for d in (c.attrs["dilations"] or ())):
         return _window_pool(c, k, s, pads)
     return f"nn.max_pool({c.args[0]}, {_pool_args(k, s, pads)})"
@@ -187,7 +187,7 @@ def _avg_pool(c: OpCall) -> str:
     k = tuple(c.attrs["kernel_shape"])
     n = len(k)
     s = tuple(c.attrs["strides"] or (1,) * n)
-    pads = _pool_pads(c, n, k, s)
+    pads = _pool_pads(c)
     include = bool(c.attrs["count_include_pad"])
     if any(d != 1 for d in (c.attrs["dilations"] or ())):
         return _window_pool(c, k, s, pads, counted=ex.pool_padding(c) if include else None)

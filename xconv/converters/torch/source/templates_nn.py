@@ -615,7 +615,7 @@ def _interpolate_call(c: OpCall) -> str:
     sizes."""
     a = c.attrs
     modes = ("nearest", "linear", "cubic")
-    out, factors, from_scales = ex.resize_plan(c, modes, static=False)
+    out, factors, from_scales = ex.resize_plan(c, modes)
     mode, coord, rank = a["mode"], a["coordinate_transformation_mode"], len(out)
     if not 3 <= rank <= 5 or factors[:2] != [1.0, 1.0]:
         raise c.fail("Resize of the batch or channel axis has no F.interpolate counterpart")
