@@ -22,7 +22,7 @@ register = registry.register
 builtin = registry.builtin
 
 #: Handler modules, one per op family; importing one registers its handlers.
-HANDLER_MODULES = (*RUNTIME_FAMILIES, "ml")
+HANDLER_MODULES = RUNTIME_FAMILIES
 
 # After ``builtin`` exists: each handler module imports it from this (partly run) module.
 import_handler_modules("xconv.converters.jax", HANDLER_MODULES)

@@ -22,4 +22,5 @@ RUNTIME_FAMILIES = (
     "random",
     "misc",
     "signal",
+    "ml",
 )
