@@ -131,24 +131,9 @@ def torch_backend(model: onnx.ModelProto) -> Runner:
 
     def to_numpy(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            if x.dtype == torch.bfloat16 or str(x.dtype).startswith("torch.float8"):
-                import ml_dtypes
+            from xconv.converters.torch.runtime.dtypes import to_numpy as tensor_to_numpy
 
-                target = {
-                    torch.bfloat16: ml_dtypes.bfloat16,
-                    torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
-                    torch.float8_e4m3fnuz: ml_dtypes.float8_e4m3fnuz,
-                    torch.float8_e5m2: ml_dtypes.float8_e5m2,
-                    torch.float8_e5m2fnuz: ml_dtypes.float8_e5m2fnuz,
-                    torch.float8_e8m0fnu: ml_dtypes.float8_e8m0fnu,
-                }[x.dtype]
-                bits = (
-                    x.detach()
-                    .cpu()
-                    .view(torch.uint16 if x.dtype == torch.bfloat16 else torch.uint8)
-                )
-                return bits.numpy().view(target)
-            return x.detach().cpu().numpy()
+            return tensor_to_numpy(x)
         if isinstance(x, list):
             return [to_numpy(v) for v in x]
         return x

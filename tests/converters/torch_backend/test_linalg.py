@@ -284,9 +284,9 @@ def test_topk_k_out_of_range_is_an_error() -> None:
         module(torch.from_numpy(case.data[0]))
 
 
-def test_quantize_to_int4_names_supported_types() -> None:
-    case = OpCase("q_int4", "QuantizeLinear", [rand(4), np.float32(0.1)],
-                  attrs={"output_dtype": TensorProto.INT4})  # fmt: skip
+def test_quantize_to_float4_names_supported_types() -> None:
+    case = OpCase("q_float4", "QuantizeLinear", [rand(4), np.float32(0.1)],
+                  attrs={"output_dtype": TensorProto.FLOAT4E2M1})  # fmt: skip
     with pytest.raises(ConversionError, match="supported"):
         run_case(case)
 

@@ -304,9 +304,9 @@ def test_binary_gradients() -> None:
     grad_check(OpCase("div", "Div", [f32(2, 3), f32(2, 3, lo=0.5, hi=2)]))
 
 
-def test_cast_to_sub_byte_type_is_a_clear_error() -> None:
-    case = OpCase("cast_int4", "Cast", [X], attrs={"to": TensorProto.INT4})
-    with pytest.raises(ConversionError, match="INT4 has no torch equivalent; supported"):
+def test_cast_to_float4_is_a_clear_error() -> None:
+    case = OpCase("cast_float4", "Cast", [X], attrs={"to": TensorProto.FLOAT4E2M1})
+    with pytest.raises(ConversionError, match="FLOAT4E2M1 has no torch equivalent; supported"):
         run_case(case)
 
 

@@ -8,8 +8,6 @@ uint4, int2, uint2, float4e2m1); casts to or from strings need static (numpy) in
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -20,9 +18,11 @@ from xconv.converters.jax.registry import REQUIRED, builtin
 from xconv.converters.ops.arrays import is_static
 from xconv.converters.ops.elementwise import (
     FLOAT8,
+    SUB_BYTE_INTS,
     data_type,
     register_cast_ops,
     register_elementwise_ops,
+    sub_byte_values,
     to_e8m0,
 )
 
@@ -86,22 +86,6 @@ register_elementwise_ops(builtin, _KERNEL)
 
 # ------------------------------------------------------------------------- dtype casts
 
-_SUB_BYTE_INTS = {
-    ir.DataType.INT4: (4, True),
-    ir.DataType.UINT4: (4, False),
-    ir.DataType.INT2: (2, True),
-    ir.DataType.UINT2: (2, False),
-}
-
-
-@functools.cache
-def _float_out_of_range_is_zero() -> bool:
-    """Whether the installed ml_dtypes (the ONNX reference's cast) maps an out-of-range float
-    to 0 in a sub-byte integer cast (recent releases do), rather than wrapping it around."""
-    with np.errstate(all="ignore"):
-        return int(np.array([9.0], np.float32).astype(ml_dtypes.int4)[0]) == 0
-
-
 def _is_builtin_numpy(dtype: np.dtype) -> bool:
     """A dtype numpy itself implements (not one of ml_dtypes' extension types)."""
     return dtype.kind in "biuf" and dtype.type.__module__ == "numpy"
@@ -125,19 +109,8 @@ def cast_array(ctx, x, to: ir.DataType, saturate: int, round_mode: str):
     if to in FLOAT8 and saturate and jnp.issubdtype(x.dtype, jnp.floating):
         info = ml_dtypes.finfo(target)
         x = jnp.clip(x, float(info.min), float(info.max))
-    if to in _SUB_BYTE_INTS:
-        bits, signed = _SUB_BYTE_INTS[to]
-        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
-        if jnp.issubdtype(x.dtype, jnp.floating) and _float_out_of_range_is_zero():
-            # ONNX leaves an out-of-range float -> int4/int2 cast undefined; its reference
-            # (ml_dtypes' cast) gives 0 there and NaN -> 0, so this does too.
-            t = jnp.trunc(x)
-            return jnp.where((t >= lo) & (t <= hi), t, 0).astype(jnp.int32).astype(target)
-        # Integers wrap around (two's complement), like the wider integer casts.
-        v = x.astype(jnp.int32)
-        half = 1 << (bits - 1)
-        v = ((v + half) & ((1 << bits) - 1)) - half if signed else v & ((1 << bits) - 1)
-        return v.astype(target)
+    if to in SUB_BYTE_INTS:
+        return sub_byte_values(jnp, x, to).astype(target)
     return x.astype(target)
 
 

@@ -4,11 +4,13 @@ Activations compute in the input's dtype (float16 stays float16). ``xp`` is ``ja
 the torch backend's numpy-named namespace (numpy for what torch cannot hold); what the array
 API lacks (sigmoid, Gelu, the bit views of a float) comes from a backend's
 :class:`ElementwiseKernel`, and a backend may override an activation with its own primitive
-(``torch.nn.functional.elu``, ...). The dtype casts stay per backend (exotic dtypes).
+(``torch.nn.functional.elu``, ...). The dtype casts stay per backend (exotic dtypes), but for
+the sub-byte integers' values (:func:`sub_byte_values`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -223,6 +225,42 @@ FLOAT8 = {
     ir.DataType.FLOAT8E5M2,
     ir.DataType.FLOAT8E5M2FNUZ,
 }
+
+
+#: Sub-byte integer types: (bits, signed).
+SUB_BYTE_INTS = {
+    ir.DataType.INT4: (4, True),
+    ir.DataType.UINT4: (4, False),
+    ir.DataType.INT2: (2, True),
+    ir.DataType.UINT2: (2, False),
+}
+
+
+@functools.cache
+def float_out_of_range_is_zero() -> bool:
+    """Whether the installed ml_dtypes (the ONNX reference's cast) maps an out-of-range float
+    to 0 in a sub-byte integer cast (recent releases do), rather than wrapping it around."""
+    import ml_dtypes
+
+    with np.errstate(all="ignore"):
+        return int(np.array([9.0], np.float32).astype(ml_dtypes.int4)[0]) == 0
+
+
+def sub_byte_values(xp, x, to: ir.DataType):
+    """``x`` cast to sub-byte integer type ``to``, as int32 values in its range.
+
+    ONNX leaves an out-of-range float -> int4/int2 cast undefined; its reference (ml_dtypes'
+    cast) truncates, and gives 0 out of range and for NaN, so this does too. Integers wrap
+    around (two's complement), like the wider integer casts.
+    """
+    bits, signed = SUB_BYTE_INTS[to]
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    if is_float(xp, x.dtype) and float_out_of_range_is_zero():
+        t = xp.trunc(x)
+        return astype(xp, xp.where((t >= lo) & (t <= hi), t, xp.zeros_like(t)), xp.int32)
+    v = astype(xp, x, xp.int32)
+    half = 1 << (bits - 1)
+    return ((v + half) & ((1 << bits) - 1)) - half if signed else v & ((1 << bits) - 1)
 
 
 def data_type(ctx, to: int | str) -> ir.DataType:

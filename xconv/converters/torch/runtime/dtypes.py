@@ -32,7 +32,28 @@ _BY_NAME = {
     "COMPLEX128": torch.complex128, "FLOAT8E4M3FN": torch.float8_e4m3fn,
     "FLOAT8E4M3FNUZ": torch.float8_e4m3fnuz, "FLOAT8E5M2": torch.float8_e5m2,
     "FLOAT8E5M2FNUZ": torch.float8_e5m2fnuz, "FLOAT8E8M0": torch.float8_e8m0fnu,
+    "INT4": torch.int4, "UINT4": torch.uint4, "INT2": torch.int2, "UINT2": torch.uint2,
 }  # fmt: skip
+
+#: The sub-byte integer types, which torch names (one value per byte) but neither copies nor
+#: computes with: a tensor of one holds each value in its byte as the byte type here does, and
+#: ops compute on that view (:func:`widen`) and view the result back (:func:`narrow`).
+SUB_BYTE = {
+    torch.int4: torch.int8, torch.uint4: torch.uint8,
+    torch.int2: torch.int8, torch.uint2: torch.uint8,
+}  # fmt: skip
+
+
+def widen(x):
+    """A sub-byte integer tensor as its byte type (a view); any other value as it is."""
+    if isinstance(x, torch.Tensor) and x.dtype in SUB_BYTE:
+        return x.view(SUB_BYTE[x.dtype])
+    return x
+
+
+def narrow(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Integer values already in ``dtype``'s range as a tensor of that sub-byte type."""
+    return x.to(SUB_BYTE[dtype]).view(dtype)
 
 
 def onnx_type_name(dtype: torch.dtype) -> str | None:
@@ -58,9 +79,24 @@ def to_tensor(array: np.ndarray) -> torch.Tensor | np.ndarray:
         # ascontiguousarray makes 0-d arrays 1-d: keep the shape.
         return torch.from_numpy(np.ascontiguousarray(array).reshape(array.shape))
     except TypeError:
-        # ml_dtypes (bfloat16, float8) numpy arrays: go through the ONNX dtype.
-        dtype = ir.DataType.from_numpy(array.dtype)
+        # ml_dtypes (bfloat16, float8, int4 ...) numpy arrays: go through the ONNX dtype.
+        target = torch_dtype(ir.DataType.from_numpy(array.dtype))
+        if target in SUB_BYTE:
+            # ml_dtypes keeps the low bits only: the values, sign included, as bytes.
+            wide = np.dtype(str(SUB_BYTE[target]).removeprefix("torch."))
+            return narrow(torch.from_numpy(np.ascontiguousarray(array.astype(wide))), target)
         bits = array.view(np.uint8 if array.dtype.itemsize == 1 else np.uint16)
-        return torch.from_numpy(np.ascontiguousarray(bits).reshape(bits.shape)).view(
-            torch_dtype(dtype)
-        )
+        return torch.from_numpy(np.ascontiguousarray(bits).reshape(bits.shape)).view(target)
+
+
+def to_numpy(x: torch.Tensor) -> np.ndarray:
+    """torch -> numpy; the types numpy lacks (bfloat16, float8, int4 ...) as ml_dtypes'."""
+    x = x.detach().cpu()
+    name = onnx_type_name(x.dtype)
+    if x.dtype in SUB_BYTE:
+        return widen(x).numpy().astype(ir.DataType[name].numpy())
+    try:
+        return x.numpy()
+    except TypeError:
+        bits = x.view(torch.uint8 if x.element_size() == 1 else torch.int16).numpy()
+        return bits.view(ir.DataType[name].numpy())

@@ -2,9 +2,10 @@
 the activations, Gelu, PRelu and Clip (written once in :mod:`xconv.converters.ops.elementwise`),
 which uses ``torch.nn.functional`` where its definition is ONNX's (``F.elu``, ``F.mish``, ...).
 
-Cast covers every ONNX type torch holds (the float8
-family and float8e8m0 included); the sub-byte types (int4, uint4, int2, uint2, float4e2m1)
-raise an error naming the supported ones. Strings are numpy arrays.
+Cast covers every ONNX type torch holds: the float8 family and float8e8m0, and int4, uint4,
+int2 and uint2, which torch names but does not compute with (held one value per byte:
+:data:`~xconv.converters.torch.runtime.dtypes.SUB_BYTE`). float4e2m1 raises an error naming the
+supported types. Strings are numpy arrays.
 """
 
 from __future__ import annotations
@@ -16,13 +17,21 @@ import torch.nn.functional as F
 
 from xconv.converters.ops.elementwise import (
     FLOAT8,
+    SUB_BYTE_INTS,
     data_type,
     register_cast_ops,
     register_elementwise_ops,
+    sub_byte_values,
     to_e8m0,
 )
 from xconv.converters.torch.runtime import xp as torch_xp
-from xconv.converters.torch.runtime.dtypes import _BY_NAME, WIDE_UNSIGNED
+from xconv.converters.torch.runtime.dtypes import (
+    _BY_NAME,
+    SUB_BYTE,
+    WIDE_UNSIGNED,
+    narrow,
+    widen,
+)
 from xconv.converters.torch.runtime.registry import REQUIRED, builtin
 from xconv.converters.torch.runtime.xp import as_numpy, from_numpy
 
@@ -104,10 +113,15 @@ def _to_strings(x) -> np.ndarray:
 def cast_tensor(ctx, x, to: ir.DataType, saturate: int, round_mode: str):
     """Cast ``x`` to ONNX type ``to`` (torch tensors; strings are numpy arrays)."""
     if to == ir.DataType.STRING:
-        return _to_strings(x)
+        return _to_strings(widen(x))
     target = _torch_type(ctx, to)
     if isinstance(x, np.ndarray):
-        return _from_strings(ctx, x, target)
+        x = _from_strings(ctx, x, torch.float64 if target in SUB_BYTE else target)
+        if target not in SUB_BYTE:
+            return x
+    x = widen(x)
+    if to in SUB_BYTE_INTS:
+        return narrow(sub_byte_values(torch_xp, x, to), target)
     if to == ir.DataType.FLOAT8E8M0:
         return to_e8m0(torch_xp, _KERNEL, x, bool(saturate), round_mode)
     if to in FLOAT8 and x.dtype.is_floating_point:

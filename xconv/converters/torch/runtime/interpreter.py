@@ -18,7 +18,7 @@ from torch import nn
 from xconv.converters.ops.context import find_handler, graph_env, handler_errors
 from xconv.converters.registry import Registry, as_tuple
 from xconv.converters.torch.runtime.context import TorchContext
-from xconv.converters.torch.runtime.dtypes import to_tensor
+from xconv.converters.torch.runtime.dtypes import SUB_BYTE, to_tensor, widen
 from xconv.ir.metadata import ROLE
 from xconv.ir.naming import nest
 from xconv.ir.passes._utils import is_weight
@@ -52,7 +52,7 @@ class ConvertedModule(nn.Module):
             array = value.const_value.numpy()
             if is_weight(value, annotated) or value.metadata_props.get(ROLE) in BUFFER_ROLES:
                 is_buffer = value.metadata_props.get(ROLE) in BUFFER_ROLES
-                flat[name] = (torch.from_numpy(np.array(array)), is_buffer)
+                flat[name] = (to_tensor(np.array(array)), is_buffer)
             else:
                 self._constants[name] = to_tensor(np.array(array))
         self._register_tree(self, nest({k: k for k in flat}), flat, ())
@@ -116,8 +116,39 @@ class ConvertedModule(nn.Module):
             return self._run_graph(graph, env, sub_inputs, buffers)
 
         ctx = TorchContext(node, version, run_subgraph, self.training, None, buffers)
+        narrowed = _sub_byte_types(node, args)
+        if narrowed:
+            args = [widen(a) for a in args]
         with handler_errors(node):
-            return as_tuple(handler.fn(ctx, *args, **attrs))
+            outputs = as_tuple(handler.fn(ctx, *args, **attrs))
+        if narrowed:
+            outputs = tuple(_narrow_back(y, narrowed) for y in outputs)
+        return outputs
+
+
+#: Ops that read a sub-byte input's type themselves (:mod:`.elementwise`, :mod:`.math`).
+_SUB_BYTE_AWARE = frozenset(("Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"))
+
+
+def _sub_byte_types(node: ir.Node, args: list[Any]) -> dict[torch.dtype, torch.dtype]:
+    """The byte type -> sub-byte type of the node's sub-byte inputs, for a handler that gets
+    them as their byte type; empty when none (or the handler reads the types itself)."""
+    if node.op_type in _SUB_BYTE_AWARE and node.domain in ("", "ai.onnx"):
+        return {}
+    found = {
+        SUB_BYTE[a.dtype]: a.dtype
+        for a in args
+        if isinstance(a, torch.Tensor) and a.dtype in SUB_BYTE
+    }
+    return found
+
+
+def _narrow_back(y: Any, narrowed: dict[torch.dtype, torch.dtype]) -> Any:
+    """An output of a sub-byte input's byte type as that sub-byte type: ONNX's type
+    constraints give such an output the input's type (T -> T); the values are the input's."""
+    if isinstance(y, torch.Tensor) and y.dtype in narrowed:
+        return y.view(narrowed[y.dtype])
+    return y
 
 
 def to_torch(model: ir.Model, *, registry: Registry | None = None):

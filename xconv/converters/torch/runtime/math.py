@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from xconv.converters.ops import shapes
 from xconv.converters.ops.math import register_math_ops
-from xconv.converters.ops.quant import FLOAT8, register_quant_ops
+from xconv.converters.ops.quant import FLOAT8, INT_RANGES, register_quant_ops
 from xconv.converters.torch.runtime import xp
-from xconv.converters.torch.runtime.dtypes import needs_numpy, onnx_type_name
+from xconv.converters.torch.runtime.dtypes import needs_numpy, onnx_type_name, widen
 from xconv.converters.torch.runtime.registry import REQUIRED, builtin
 from xconv.converters.torch.runtime.xp import KERNEL, as_numpy, from_numpy, run
 
@@ -109,11 +109,12 @@ def _int_conv(ctx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, stri
 
 
 class _QuantKernel:
-    """The torch side of :mod:`xconv.converters.ops.quant`: the 8/16-bit integer and float8
-    types, products in float64 (exact for that data; integer matmul/conv kernels are
-    missing on most devices)."""
+    """The torch side of :mod:`xconv.converters.ops.quant`: the 2/4/8/16-bit integer and
+    float8 types (int4 and int2 held one value per byte, computed in the byte type), products
+    in float64 (exact for that data; integer matmul/conv kernels are missing on most
+    devices)."""
 
-    quant_types = frozenset(("UINT8", "INT8", "UINT16", "INT16", *FLOAT8))
+    quant_types = frozenset(INT_RANGES) | frozenset(FLOAT8)
     acc_dtype = torch.float64
     dtype = staticmethod(KERNEL.dtype)
     onnx_name = staticmethod(_onnx_name)
@@ -122,7 +123,7 @@ class _QuantKernel:
 
     @staticmethod
     def run(fn, *arrays):
-        return fn(xp, *arrays)
+        return fn(xp, *(widen(a) for a in arrays))
 
     @staticmethod
     def divide(x, scale):

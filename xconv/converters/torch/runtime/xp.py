@@ -17,12 +17,20 @@ import numpy as np
 import torch
 
 from xconv.converters.ops.arrays import namespace, onnx_dtype
-from xconv.converters.torch.runtime.dtypes import numpy_only, to_tensor, torch_dtype
+from xconv.converters.torch.runtime.dtypes import (
+    SUB_BYTE,
+    narrow,
+    numpy_only,
+    to_numpy,
+    to_tensor,
+    torch_dtype,
+    widen,
+)
 
 
 def as_numpy(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy()
+        return to_numpy(x)
     return np.asarray(x)
 
 
@@ -223,7 +231,9 @@ argmin = _arg(torch.argmin)
 
 
 def astype(x, dtype):
-    return x.to(dtype)
+    if dtype in SUB_BYTE:  # the values must be in the type's range
+        return narrow(x, dtype)
+    return widen(x).to(dtype)
 
 
 def run(fn: Callable[..., Any], *args: Any) -> Any:
