@@ -33,6 +33,13 @@ SHARED = {
             "AffineGrid",
         )
     ],
+    "xconv.converters.ops.ml": [
+        ("ai.onnx.ml", "LabelEncoder"),
+        ("ai.onnx.ml", "ArrayFeatureExtractor"),
+        ("ai.onnx.ml", "Binarizer"),
+        ("ai.onnx.ml", "TreeEnsemble"),
+        ("", "TfIdfVectorizer"),
+    ],
 }
 
 

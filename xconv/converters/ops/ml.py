@@ -115,7 +115,7 @@ def encoder_table(ctx, a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, Any]:
     """LabelEncoder's keys, values (in the output dtype) and the default for unknown keys."""
     keys = next(
         (
-            _text(v) if name == "keys_strings" else np.asarray(v)
+            _text(v) if name == "keys_strings" else np.array(v)  # a writable copy
             for name in ("keys_tensor", "keys_floats", "keys_int64s", "keys_strings")
             if (v := a[name]) is not None
         ),
@@ -126,7 +126,7 @@ def encoder_table(ctx, a: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, Any]:
             "LabelEncoder needs one of keys_floats, keys_int64s, keys_strings, keys_tensor"
         )
     if a["values_tensor"] is not None:
-        values = np.asarray(a["values_tensor"]).reshape(-1)
+        values = np.array(a["values_tensor"]).reshape(-1)
         if a["default_tensor"] is not None:
             default = np.asarray(a["default_tensor"]).reshape(-1)[0]
         else:
