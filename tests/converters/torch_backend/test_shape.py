@@ -152,3 +152,37 @@ def test_matches_reference(case: OpCase) -> None:
 )
 def test_gradients(case: OpCase) -> None:
     grad_check(case)
+
+
+@pytest.mark.parametrize(
+    "start, limit, delta",
+    [(1, 5, 2), (0.5, 3.0, 0.25), (10, -3, -1.5), (-2.0, 7.0, 0.3)],
+)
+def test_range_bfloat16_run_time_inputs(start, limit, delta) -> None:
+    """Range-27 of bfloat16 graph inputs (read back to numpy through ml_dtypes), accumulated
+    in float as the reference does, against the reference's values."""
+    import ml_dtypes
+    import onnx
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    import xconv
+    from xconv.converters.torch.runtime.dtypes import to_numpy, to_tensor
+
+    names = ("start", "limit", "delta")
+    bf16 = TensorProto.BFLOAT16
+    graph = helper.make_graph(
+        [helper.make_node("Range", list(names), ["y"])],
+        "range",
+        [helper.make_tensor_value_info(n, bf16, []) for n in names],
+        [helper.make_value_info("y", onnx.TypeProto())],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 27)])
+    values = (start, limit, delta)
+    feeds = {n: np.array(v, ml_dtypes.bfloat16) for n, v in zip(names, values, strict=True)}
+    (expected,) = ReferenceEvaluator(model).run(None, feeds)
+    module, _ = xconv.to_torch(xconv.load(model))
+    got = to_numpy(module(*(to_tensor(x) for x in feeds.values())))
+    assert got.dtype == expected.dtype == ml_dtypes.bfloat16
+    assert len(expected) > 1
+    np.testing.assert_array_equal(got.astype(np.float32), expected.astype(np.float32))

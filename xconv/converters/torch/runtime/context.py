@@ -55,5 +55,8 @@ class TorchContext(NodeContext):
         if value is None:
             raise self.error(f"{what} is required")
         if isinstance(value, torch.Tensor):
-            return value.detach().cpu().numpy()
+            from xconv.converters.torch.runtime.dtypes import to_numpy
+
+            # bfloat16, float8 ... come back as ml_dtypes' arrays (tensor.numpy() refuses them).
+            return to_numpy(value)
         return np.asarray(value)
