@@ -1,12 +1,14 @@
 """The JAX kernel of the classical ML ops (LabelEncoder, ArrayFeatureExtractor, Binarizer,
 TreeEnsemble, TfIdfVectorizer), written once in :mod:`xconv.converters.ops.ml`.
 
-Numeric data runs as one compiled computation (``jax.jit``: many small ops dispatched
-eagerly would dominate) and stays traceable; a tree ensemble's steps are a ``lax.scan``.
-String data runs on numpy object arrays.
+Numeric data stays traceable; a tree ensemble and an n-gram count run as one compiled
+computation (``jax.jit``), the tree's steps a ``lax.scan``. String data runs on numpy object
+arrays.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +21,11 @@ from xconv.converters.ops.ml import register_ml_ops
 
 class _Kernel(JaxKernel):
     @staticmethod
-    def run(fn, *arrays):
-        if all(a is None or isinstance(a, np.ndarray | np.generic) for a in arrays):
-            return JaxKernel.run(fn, *arrays)
-        return jax.jit(lambda *a: fn(jnp, *a))(*arrays)
+    def fuse(fn):
+        def fused(xp, *arrays):
+            return fn(xp, *arrays) if xp is np else jax.jit(partial(fn, xp))(*arrays)
+
+        return fused
 
     @staticmethod
     def repeat(xp, step, init, n):

@@ -29,7 +29,11 @@ class MlKernel(Protocol):
 
     def run(self, fn: Callable[..., Any], *arrays: Any) -> Any:
         """``fn(xp, *arrays)`` in the namespace this backend picks for ``arrays`` (numpy when
-        every one is static or one is a string array); the backend may compile ``fn``."""
+        every one is static or one is a string array)."""
+
+    def fuse(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn(xp, *arrays)`` as one compiled computation where the backend compiles (many
+        small ops dispatched eagerly would dominate a tree walk or an n-gram count)."""
 
     def constant(self, a: np.ndarray, like: Any = None) -> Any:
         """numpy ``a`` as a value the backend computes with next to ``like``."""
@@ -439,7 +443,7 @@ def register_ml_ops(builtin: Callable[..., Any], k: MlKernel, required: Any) -> 
             out = forest.aggregate(k, xp, forest.leaves(k, xp, x), function, x)
             return post_transform(k, xp, astype(xp, out, x.dtype), transform)
 
-        return k.run(evaluate, x)
+        return k.run(k.fuse(evaluate), x)
 
     @builtin(
         "TfIdfVectorizer",
@@ -494,4 +498,4 @@ def register_ml_ops(builtin: Callable[..., Any], k: MlKernel, required: Any) -> 
                 counts = counts * k.constant(weights, x)
             return counts[0] if x.ndim < 2 else counts
 
-        return k.run(vectorize, x)
+        return k.run(k.fuse(vectorize), x)

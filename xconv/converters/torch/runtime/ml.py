@@ -22,6 +22,10 @@ class _Kernel(TorchKernel):
         return from_numpy(a, like) if isinstance(like, torch.Tensor) else np.asarray(a)
 
     @staticmethod
+    def fuse(fn):
+        return fn
+
+    @staticmethod
     def repeat(xp, step, init, n):
         for _ in range(n):
             init = step(init)
