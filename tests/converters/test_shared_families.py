@@ -16,6 +16,7 @@ SHARED = {
         ("", "CausalConvWithState"),
         ("ai.onnx.preview", "FlexAttention"),
     ],
+    "xconv.converters.ops.detection": [("", "RoiAlign"), ("", "MaxRoiPool"), ("", "DeformConv")],
     "xconv.converters.ops.nn": [
         ("", op)
         for op in (

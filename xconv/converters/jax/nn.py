@@ -1,8 +1,8 @@
 """JAX handlers for the neural-network ops. Convolution, pooling, GridSample and AffineGrid
-are written once in :mod:`xconv.converters.ops.nn` (this module's :class:`JaxNnKernel`:
+are written once in :mod:`xconv.converters.ops.nn`, RoiAlign, MaxRoiPool and DeformConv in
+:mod:`xconv.converters.ops.detection` (this module's :class:`JaxNnKernel`:
 ``lax.conv_general_dilated``, ``lax.reduce_window``, gathers); the normalisations in
-:mod:`xconv.converters.ops.normalization`. Here too, JAX only: RoiAlign, MaxRoiPool,
-DeformConv; and LRN, Dropout.
+:mod:`xconv.converters.ops.normalization`. LRN and Dropout are here.
 
 All spatial ops keep ONNX's channels-first layout (``N, C, D1, ..., Dn``) and read their
 geometry (kernel, strides, pads) statically, so they trace under ``jax.jit``.
@@ -11,7 +11,6 @@ geometry (kernel, strides, pads) statically, so they trace under ``jax.jit``.
 from __future__ import annotations
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +20,7 @@ from jax import lax
 from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.kernel import conv as kernel_conv
 from xconv.converters.jax.registry import REQUIRED, builtin
-from xconv.converters.ops import shapes
+from xconv.converters.ops.detection import register_detection_ops
 from xconv.converters.ops.nn import (
     DROPOUT_ATTRS,
     dropout_mode,
@@ -32,10 +31,6 @@ from xconv.converters.ops.nn import (
 from xconv.converters.ops.normalization import register_batch_norm, register_normalization_ops
 
 # --------------------------------------------------------------------------- geometry
-
-
-def _bias_shape(b, ndim: int):
-    return jnp.reshape(b, (1, -1) + (1,) * (ndim - 2))
 
 
 def _gather_nd_points(data, coords, dims, mode: str):
@@ -54,89 +49,6 @@ def _gather_nd_points(data, coords, dims, mode: str):
     if mode == "zeros":
         vals = jnp.where(valid[:, :, None, :], vals, jnp.zeros((), data.dtype))
     return vals
-
-
-@builtin(
-    "DeformConv",
-    attrs={
-        "dilations": None,
-        "group": 1,
-        "kernel_shape": None,
-        "offset_group": 1,
-        "pads": None,
-        "strides": None,
-    },
-)
-def deform_conv(
-    ctx,
-    x,
-    w,
-    offset,
-    b=None,
-    mask=None,
-    *,
-    dilations,
-    group,
-    kernel_shape,
-    offset_group,
-    pads,
-    strides,
-):
-    """DeformConv(X, W, offset, B?, mask?) -> Y: conv sampling at learned offsets (bilinear)."""
-    n = np.ndim(x) - 2
-    return _deform_conv_impl(
-        jnp.asarray(x),
-        jnp.asarray(w),
-        jnp.asarray(offset),
-        b,
-        mask,
-        s=shapes.ints(strides, n, 1),
-        d=shapes.ints(dilations, n, 1),
-        p=shapes.ints(pads, 2 * n, 0),
-        og=int(offset_group),
-        g=int(group),
-    )
-
-
-@functools.partial(jax.jit, static_argnames=("s", "d", "p", "og", "g"))
-def _deform_conv_impl(x, w, offset, b, mask, *, s, d, p, og, g):
-    n = x.ndim - 2
-    nb, c = x.shape[:2]
-    spatial = x.shape[2:]
-    out_sp = offset.shape[2:]
-    kernel = tuple(w.shape[2:])
-    kk = int(np.prod(kernel))
-    mo = int(np.prod(out_sp))
-    off = offset.reshape((nb, og, kk, n, mo)).astype(x.dtype)
-    # Base sampling positions per dimension: (K, M).
-    kpos = np.stack(np.meshgrid(*[np.arange(k) for k in kernel], indexing="ij"), 0).reshape(n, kk)
-    opos = np.stack(np.meshgrid(*[np.arange(o) for o in out_sp], indexing="ij"), 0).reshape(n, mo)
-    base = [
-        (opos[i][None, :] * s[i] - p[i] + kpos[i][:, None] * d[i]).astype(np.float32)
-        for i in range(n)
-    ]
-    pos = [base[i].astype(x.dtype) + off[:, :, :, i, :] for i in range(n)]  # (N, og, K, M)
-    data = x.reshape((nb, og, c // og, int(np.prod(spatial))))
-    lo = [jnp.floor(q) for q in pos]
-    frac = [q - f for q, f in zip(pos, lo, strict=True)]
-    lo = [f.astype(jnp.int32) for f in lo]
-    cols = 0
-    for corner in itertools.product((0, 1), repeat=n):
-        weight = 1
-        coords = []
-        for i, bit in enumerate(corner):
-            weight = weight * (frac[i] if bit else 1 - frac[i])
-            coords.append((lo[i] + bit).reshape(nb, og, kk * mo))
-        vals = _gather_nd_points(data, coords, spatial, "zeros")
-        cols = cols + vals.reshape(nb, og, c // og, kk, mo) * weight[:, :, None]
-    if mask is not None:
-        cols = cols * jnp.asarray(mask).reshape(nb, og, 1, kk, mo).astype(x.dtype)
-    cols = cols.reshape(nb, g, c // g, kk, mo)
-    wg = w.reshape((g, w.shape[0] // g, c // g, kk)).astype(x.dtype)
-    y = jnp.einsum("ngckm,gock->ngom", cols, wg).reshape((nb, w.shape[0]) + tuple(out_sp))
-    if b is not None:
-        y = y + _bias_shape(b, y.ndim).astype(y.dtype)
-    return y
 
 
 # --------------------------------------------------------------------------- pooling
@@ -187,173 +99,6 @@ def _lowest(dtype):
     if dtype.kind in "iub":
         return np.array(np.iinfo(dtype).min if dtype.kind != "b" else False, dtype)
     return np.array(-np.inf, dtype)
-
-
-@builtin("MaxRoiPool", attrs={"pooled_shape": REQUIRED, "spatial_scale": 1.0})
-def max_roi_pool(ctx, x, rois, *, pooled_shape, spatial_scale):
-    """MaxRoiPool(X, rois) -> Y: Caffe-style max pooling over each (batch, x1, y1, x2, y2) roi."""
-    ph, pw = (int(v) for v in pooled_shape)
-    return _max_roi_pool_impl(
-        jnp.asarray(x), jnp.asarray(rois), ph=ph, pw=pw, spatial_scale=float(spatial_scale)
-    )
-
-
-@functools.partial(jax.jit, static_argnames=("ph", "pw", "spatial_scale"))
-def _max_roi_pool_impl(x, rois, *, ph, pw, spatial_scale):
-    _, _, h, w = x.shape
-    batch = rois[:, 0].astype(jnp.int32)
-    box = jnp.round(rois[:, 1:] * spatial_scale).astype(jnp.int32)
-    x1, y1, x2, y2 = box[:, 0], box[:, 1], box[:, 2], box[:, 3]
-
-    def bins(start, end, pooled, size):
-        length = jnp.maximum(end - start + 1, 1).astype(x.dtype)
-        step = length / pooled
-        k = jnp.arange(pooled, dtype=x.dtype)
-        lo = jnp.clip(
-            jnp.floor(k[None] * step[:, None]).astype(jnp.int32) + start[:, None], 0, size
-        )
-        hi = jnp.clip(
-            jnp.ceil((k[None] + 1) * step[:, None]).astype(jnp.int32) + start[:, None], 0, size
-        )
-        r = jnp.arange(size)
-        return (r[None, None] >= lo[..., None]) & (r[None, None] < hi[..., None])  # (R, P, size)
-
-    mh, mw = bins(y1, y2, ph, h), bins(x1, x2, pw, w)
-    xb = x[batch]  # (R, C, H, W)
-    low = _lowest(x.dtype)
-    t = jnp.max(jnp.where(mw[:, None, None, :, :], xb[:, :, :, None, :], low), axis=-1)
-    y = jnp.max(jnp.where(mh[:, None, :, :, None], t[:, :, None, :, :], low), axis=-2)
-    empty = ~(jnp.any(mh, -1)[:, :, None] & jnp.any(mw, -1)[:, None, :])
-    return jnp.where(empty[:, None], jnp.zeros((), x.dtype), y)
-
-
-@builtin(
-    "RoiAlign",
-    attrs={
-        "coordinate_transformation_mode": "half_pixel",
-        "mode": "avg",
-        "output_height": 1,
-        "output_width": 1,
-        "sampling_ratio": 0,
-        "spatial_scale": 1.0,
-    },
-)
-def roi_align(
-    ctx,
-    x,
-    rois,
-    batch_indices,
-    *,
-    coordinate_transformation_mode,
-    mode,
-    output_height,
-    output_width,
-    sampling_ratio,
-    spatial_scale,
-):
-    """RoiAlign(X, rois, batch_indices) -> Y: bilinear samples averaged (or maxed) per bin."""
-    if mode not in ("avg", "max"):
-        raise ctx.error(f"mode={mode!r}; supported: avg, max")
-    x, rois = jnp.asarray(x), jnp.asarray(rois)
-    ph, pw = int(output_height), int(output_width)
-    half = coordinate_transformation_mode == "half_pixel"
-    if ctx.opset < 16 and "coordinate_transformation_mode" not in ctx.node.attributes:
-        half = False
-    if sampling_ratio > 0:
-        gh = gw = int(sampling_ratio)
-    else:
-        # The adaptive grid's size depends on the rois: it must be known at trace time.
-        box = ctx.static(rois, "rois (with sampling_ratio=0)").astype(x.dtype)
-        box = box * np.asarray(spatial_scale, x.dtype) - np.asarray(0.5 if half else 0, x.dtype)
-        rh, rw = box[:, 3] - box[:, 1], box[:, 2] - box[:, 0]
-        if not half:
-            rh, rw = np.maximum(rh, 1), np.maximum(rw, 1)
-        gh = max(1, int(np.max(np.ceil(rh / ph), initial=1)))
-        gw = max(1, int(np.max(np.ceil(rw / pw), initial=1)))
-    return _roi_align_impl(
-        x,
-        rois,
-        jnp.asarray(batch_indices),
-        ph=ph,
-        pw=pw,
-        gh=gh,
-        gw=gw,
-        sampling_ratio=int(sampling_ratio),
-        spatial_scale=float(spatial_scale),
-        half=half,
-        mode=mode,
-    )
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=("ph", "pw", "gh", "gw", "sampling_ratio", "spatial_scale", "half", "mode"),
-)
-def _roi_align_impl(
-    x, rois, batch_indices, *, ph, pw, gh, gw, sampling_ratio, spatial_scale, half, mode
-):
-    _, _, h, w = x.shape
-    off = 0.5 if half else 0.0
-    box = rois.astype(x.dtype) * spatial_scale - off
-    start_w, start_h = box[:, 0], box[:, 1]
-    roi_w, roi_h = box[:, 2] - start_w, box[:, 3] - start_h
-    if not half:
-        roi_w, roi_h = jnp.maximum(roi_w, 1.0), jnp.maximum(roi_h, 1.0)
-    bin_h, bin_w = roi_h / ph, roi_w / pw
-    if sampling_ratio > 0:
-        grid_h = grid_w = jnp.full(rois.shape[:1], sampling_ratio)
-    else:
-        grid_h = jnp.ceil(roi_h / ph).astype(jnp.int32)
-        grid_w = jnp.ceil(roi_w / pw).astype(jnp.int32)
-
-    def axis_samples(start, bin_size, grid, pooled, g, size):
-        """(R, pooled, g) sample low index, high index, low/high weights and usable flag."""
-        k = jnp.arange(pooled, dtype=x.dtype)[None, :, None]
-        i = jnp.arange(g, dtype=x.dtype)[None, None, :]
-        gr = jnp.maximum(grid, 1).astype(x.dtype)[:, None, None]
-        c = (
-            start[:, None, None]
-            + k * bin_size[:, None, None]
-            + (i + 0.5) * bin_size[:, None, None] / gr
-        )
-        outside = (c < -1.0) | (c > size)
-        c = jnp.maximum(c, 0.0)
-        low = jnp.floor(c).astype(jnp.int32)
-        at_end = low >= size - 1
-        low = jnp.where(at_end, size - 1, low)
-        high = jnp.where(at_end, size - 1, low + 1)
-        c = jnp.where(at_end, low.astype(x.dtype), c)
-        frac = c - low
-        wl = jnp.where(outside, 0.0, 1.0 - frac)
-        wh = jnp.where(outside, 0.0, frac)
-        used = jnp.arange(g)[None, None, :] < grid[:, None, None]
-        return low, high, wl.astype(x.dtype), wh.astype(x.dtype), used
-
-    yl, yh, wyl, wyh, uy = axis_samples(start_h, bin_h, grid_h, ph, gh, h)
-    xl, xh, wxl, wxh, ux = axis_samples(start_w, bin_w, grid_w, pw, gw, w)
-    xb = x[jnp.asarray(batch_indices).astype(jnp.int32)]  # (R, C, H, W)
-    r = jnp.arange(rois.shape[0])[:, None, None, None, None]
-
-    def at(yi, xi):  # -> (R, ph, pw, gh, gw, C)
-        return xb[r, :, yi[:, :, None, :, None], xi[:, None, :, None, :]]
-
-    def wt(wy, wx):
-        return (wy[:, :, None, :, None] * wx[:, None, :, None, :])[..., None]
-
-    terms = [
-        wt(wyl, wxl) * at(yl, xl),
-        wt(wyl, wxh) * at(yl, xh),
-        wt(wyh, wxl) * at(yh, xl),
-        wt(wyh, wxh) * at(yh, xh),
-    ]
-    used = (uy[:, :, None, :, None] & ux[:, None, :, None, :])[..., None]
-    if mode == "avg":
-        count = jnp.maximum(grid_h * grid_w, 1).astype(x.dtype)[:, None, None, None]
-        y = jnp.sum(jnp.where(used, sum(terms), 0), axis=(3, 4)) / count
-    else:
-        best = jnp.maximum(jnp.maximum(terms[0], terms[1]), jnp.maximum(terms[2], terms[3]))
-        y = jnp.max(jnp.where(used, best, _lowest(x.dtype)), axis=(3, 4))
-    return jnp.moveaxis(y, -1, 1).astype(x.dtype)
 
 
 # --------------------------------------------------------------------------- normalisation
@@ -431,10 +176,8 @@ def _pool(kind, x, kernel, s, d, lo_hi, extra, out, indices=False):
 
 
 @functools.cache
-def _jitted(fn):
-    return jax.jit(
-        functools.partial(fn, NN_KERNEL), static_argnames=("align_corners", "mode", "padding_mode")
-    )
+def _jitted(fn, static: tuple[str, ...]):
+    return jax.jit(functools.partial(fn, NN_KERNEL), static_argnames=static)
 
 
 class JaxNnKernel:
@@ -471,8 +214,8 @@ class JaxNnKernel:
         return _gather_nd_points(data.reshape(nb, 1, c, p), points, dims, "zeros")[:, 0]
 
     @staticmethod
-    def sample(fn, x, grid, **static):
-        return _jitted(fn)(x, grid, **static)
+    def sample(fn, *arrays, **static):
+        return _jitted(fn, tuple(sorted(static)))(*arrays, **static)
 
     @staticmethod
     def scatter_add(x, index, total):
@@ -493,3 +236,4 @@ NN_KERNEL = JaxNnKernel()
 register_conv_ops(builtin, NN_KERNEL)
 register_pool_ops(builtin, NN_KERNEL, REQUIRED)
 register_sampling_ops(builtin, NN_KERNEL)
+register_detection_ops(builtin, NN_KERNEL, REQUIRED)

@@ -5,7 +5,8 @@ here are the ops over it. A backend's :class:`NnKernel` supplies the primitives 
 lacks: the convolution, the pooling windows (``lax.reduce_window``; ``Tensor.unfold`` on torch),
 gathering points for GridSample and the scatter-adds of Col2Im and MaxUnpool. GridSample's
 coordinate math (unnormalising, border/reflection padding, nearest/linear/cubic taps) and
-AffineGrid's points are shared; RoiAlign, MaxRoiPool and DeformConv exist on JAX only.
+AffineGrid's points are shared. RoiAlign, MaxRoiPool and DeformConv, which read the map at
+points computed from the data, are :mod:`xconv.converters.ops.detection` (on the same kernel).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ class NnKernel(Protocol):
         """``data`` (N, C, P) at integer points (a list of (N, M), one per dimension of
         ``dims``); outside reads 0. Returns (N, C, M)."""
 
-    def sample(self, fn: Callable[..., Any], x, grid, **static) -> Any:
-        """``fn(x, grid, **static)`` (JAX: jitted with ``static`` static)."""
+    def sample(self, fn: Callable[..., Any], *arrays, **static) -> Any:
+        """``fn(kernel, *arrays, **static)`` (JAX: jitted, ``static`` static; GridSample,
+        RoiAlign, MaxRoiPool, DeformConv)."""
 
     def scatter_add(self, x, index, total: int) -> Any:
         """Col2Im: (N, C, total) zeros with ``x`` (N, C, K) added at numpy ``index`` (K,)."""

@@ -1,7 +1,7 @@
 """PyTorch handlers for the neural-network ops. Convolution, pooling, GridSample and
-AffineGrid are written once in :mod:`xconv.converters.ops.nn` (this module's
-:class:`TorchNnKernel`), the normalisations in :mod:`xconv.converters.ops.normalization`;
-LRN and Dropout are here.
+AffineGrid are written once in :mod:`xconv.converters.ops.nn`, RoiAlign, MaxRoiPool and
+DeformConv in :mod:`xconv.converters.ops.detection` (this module's :class:`TorchNnKernel`),
+the normalisations in :mod:`xconv.converters.ops.normalization`; LRN and Dropout are here.
 
 All spatial ops keep ONNX's channels-first layout. Explicit (possibly asymmetric) padding is
 applied with ``F.pad``; pooling windows come from ``Tensor.unfold`` so dilations, ceil mode
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from xconv.converters.ops.detection import register_detection_ops
 from xconv.converters.ops.nn import (
     DROPOUT_ATTRS,
     dropout_mode,
@@ -222,8 +223,8 @@ class TorchNnKernel(xp.TensorConstructors):
         return x.to(torch.int64)
 
     @staticmethod
-    def sample(fn, x, grid, **static):
-        return fn(NN_KERNEL, x, grid, **static)
+    def sample(fn, *arrays, **static):
+        return fn(NN_KERNEL, *arrays, **static)
 
     @staticmethod
     def scatter_add(x, index, total):
@@ -249,3 +250,4 @@ NN_KERNEL = TorchNnKernel()
 register_conv_ops(builtin, NN_KERNEL)
 register_pool_ops(builtin, NN_KERNEL, REQUIRED)
 register_sampling_ops(builtin, NN_KERNEL)
+register_detection_ops(builtin, NN_KERNEL, REQUIRED)
