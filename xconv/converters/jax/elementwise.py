@@ -86,6 +86,7 @@ register_elementwise_ops(builtin, _KERNEL)
 
 # ------------------------------------------------------------------------- dtype casts
 
+
 def _is_builtin_numpy(dtype: np.dtype) -> bool:
     """A dtype numpy itself implements (not one of ml_dtypes' extension types)."""
     return dtype.kind in "biuf" and dtype.type.__module__ == "numpy"
