@@ -653,15 +653,22 @@ QUANT_INT = {
     ir.DataType.INT8: (-128, 127),
     ir.DataType.UINT16: (0, 65535),
     ir.DataType.INT16: (-32768, 32767),
+    ir.DataType.UINT4: (0, 15),
+    ir.DataType.INT4: (-8, 7),
+    ir.DataType.UINT2: (0, 3),
+    ir.DataType.INT2: (-2, 1),
 }
+#: The sub-byte integer types: jax.numpy computes with them; torch names them only, so the
+#: torch source computes them in their byte type.
+SUB_BYTE = frozenset({ir.DataType.UINT4, ir.DataType.INT4, ir.DataType.UINT2, ir.DataType.INT2})
 
 
 def quant_call(c: TemplateCall, dtype_text: str) -> str:
     """``_quantize_linear(...)`` / ``_dequantize_linear(...)`` for ONNX QuantizeLinear /
-    DequantizeLinear of 8- and 16-bit integers (and DequantizeLinear of float8), per tensor,
+    DequantizeLinear of 2- to 16-bit integers (and DequantizeLinear of float8), per tensor,
     per axis or blocked (each emitter writes its helpers); ``dtype_text`` writes the
-    quantized type. Refused by name: other types (int4, ...; quantizing to float8),
-    output_dtype on dequantize, precision on quantize."""
+    quantized type. Refused by name: other types (float4; quantizing to float8), output_dtype
+    on dequantize, precision on quantize."""
     a = c.attrs
     tail = []
     if a["axis"] != 1:
@@ -673,7 +680,7 @@ def quant_call(c: TemplateCall, dtype_text: str) -> str:
         source = c.node.inputs[0].dtype
         if source not in QUANT_INT and source not in FLOAT8 and source != ir.DataType.INT32:
             raise c.fail(
-                f"DequantizeLinear of {source}; the {c.emitter} writes 8/16-bit ints and float8"
+                f"DequantizeLinear of {source}; the {c.emitter} writes 2- to 16-bit ints and float8"
             )
         if a["output_dtype"]:
             raise c.fail("DequantizeLinear output_dtype")
@@ -683,7 +690,7 @@ def quant_call(c: TemplateCall, dtype_text: str) -> str:
         return f"_dequantize_linear({', '.join(args + tail)})"
     target = c.node.outputs[0].dtype
     if target not in QUANT_INT:
-        raise c.fail(f"QuantizeLinear to {target}; the {c.emitter} writes 8/16-bit ints")
+        raise c.fail(f"QuantizeLinear to {target}; the {c.emitter} writes 2- to 16-bit ints")
     if a["precision"]:
         raise c.fail("QuantizeLinear precision")
     lo, hi = QUANT_INT[target]

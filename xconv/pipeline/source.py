@@ -252,8 +252,17 @@ def _runtime_error(w64: np.ndarray, f64: np.ndarray | None) -> float | None:
 
 def _numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor; bfloat16 has no numpy dtype
+        import torch
+
         x = x.detach().cpu()
-        return (x.float() if x.dtype.is_floating_point and x.element_size() < 4 else x).numpy()
+        if x.dtype.is_floating_point and x.element_size() < 4:
+            return x.float().numpy()
+        # torch.int4 ...: one value per byte, which the byte type reads.
+        if x.dtype in (torch.int4, torch.int2):
+            return x.view(torch.int8).numpy()
+        if x.dtype in (torch.uint4, torch.uint2):
+            return x.view(torch.uint8).numpy()
+        return x.numpy()
     return np.asarray(x)
 
 

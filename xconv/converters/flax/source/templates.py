@@ -163,13 +163,21 @@ class UnsupportedTemplateError(UnsupportedOpError):
 # ---------------------------------------------------------------- literals and dtypes
 
 #: numpy's (and ``jax.numpy``'s) dtype names: ``bool_`` where torch has ``bool``.
-_DTYPES = {**ex.DTYPE_NAMES, ir.DataType.BOOL: "bool_"}
+#: jax.numpy holds the sub-byte integer types too (through ml_dtypes), and computes with them.
+_DTYPES = {
+    **ex.DTYPE_NAMES,
+    ir.DataType.BOOL: "bool_",
+    ir.DataType.INT4: "int4",
+    ir.DataType.UINT4: "uint4",
+    ir.DataType.INT2: "int2",
+    ir.DataType.UINT2: "uint2",
+}
 
 
 def dtype_expr(dtype: ir.DataType | None, xp: str = "jnp") -> str:
     name = ex.dtype_name(_DTYPES, dtype, "Flax emitter")
-    if dtype == ir.DataType.BFLOAT16:  # numpy has no bfloat16; jnp's is ml_dtypes' (numpy takes it)
-        return "jnp.bfloat16"
+    if dtype == ir.DataType.BFLOAT16 or dtype in ex.SUB_BYTE:
+        return f"jnp.{name}"  # numpy has none: jnp's are ml_dtypes' (numpy takes them)
     return f"{xp}.{name}"
 
 

@@ -30,6 +30,7 @@ from xconv.converters.codegen import (
     parse_attrs,
     scalar_literal,
 )
+from xconv.converters.expressions import SUB_BYTE
 from xconv.converters.module_tree import LINE_LENGTH, inline_chains
 from xconv.converters.torch.source import tree as source_tree
 from xconv.converters.torch.source.fuse import fuse_activations
@@ -174,9 +175,10 @@ class _Emitter:
     def weight(self, value: ir.Value) -> str:
         if value in self.raw:
             return self.raw[value]
-        arr = value.const_value.numpy()
+        arr = byte_type(value.const_value.numpy())
         owner, attr, parts = self.place(value.name)
-        empty = f"torch.empty({_shape(arr.shape)}, dtype={dtype_expr(value.dtype)})"
+        dt = dtype_expr(ir.DataType.from_numpy(arr.dtype))
+        empty = f"torch.empty({_shape(arr.shape)}, dtype={dt})"
         role = value.metadata_props.get(ROLE)
         buffer = role in ("mean", "var", "num_batches") or not np.issubdtype(arr.dtype, np.floating)
         if buffer:
@@ -190,6 +192,7 @@ class _Emitter:
         return self.raw[value]
 
     def constant(self, value: ir.Value, arr: np.ndarray, bare: bool) -> str:
+        arr = byte_type(arr)
         if arr.size <= INLINE_LIMIT:
             return tensor_literal(arr, bare_scalar=bare)
         expr = structured_constant(arr)
@@ -366,6 +369,21 @@ def _broadcast_base(arr: np.ndarray) -> np.ndarray:
         if base.shape[axis] > 1 and np.array_equal(np.broadcast_to(first, base.shape), base):
             base = first
     return base
+
+
+def byte_type(arr: np.ndarray) -> np.ndarray:
+    """A sub-byte integer array (int4, uint4, int2, uint2: torch names those types but neither
+    copies nor computes with them) as int8 / uint8 of the same values; others as they are."""
+    signed = _SUB_BYTE_SIGNED.get(arr.dtype)
+    if signed is None:
+        return arr
+    return arr.astype(np.int8 if signed else np.uint8)
+
+
+#: The sub-byte numpy (ml_dtypes) types and whether each is signed.
+_SUB_BYTE_SIGNED = {
+    np.dtype(t.numpy()): t in (ir.DataType.INT4, ir.DataType.INT2) for t in SUB_BYTE
+}
 
 
 def structured_constant(arr: np.ndarray) -> str | None:

@@ -10,7 +10,7 @@ bookkeeping is needed here (unlike ``xconv/converters/flax/source/templates.py``
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import ml_dtypes
@@ -72,8 +72,12 @@ def template(*ops: str, bare: bool = False, **attrs: Any):
 # ---------------------------------------------------------------- literals and dtypes
 
 
+#: torch names the sub-byte integer types too (it computes with none of them).
+_DTYPES = {**ex.DTYPE_NAMES, **{t: t.name.lower() for t in ex.SUB_BYTE}}
+
+
 def dtype_expr(dtype: ir.DataType | None) -> str:
-    return f"torch.{ex.dtype_name(ex.DTYPE_NAMES, dtype, 'PyTorch source emitter')}"
+    return f"torch.{ex.dtype_name(_DTYPES, dtype, 'PyTorch source emitter')}"
 
 
 #: Wide unsigned types: torch has CPU kernels for few of their elementwise ops (2.x: no add,
@@ -267,10 +271,49 @@ def _saturated(c: OpCall, to: ir.DataType | None) -> str:
     return f'torch.where({x}.float().abs() > {hi}, float("nan"), {x}.float())'
 
 
+def _byte_type(dtype: ir.DataType) -> str:
+    """The torch type a sub-byte integer type's values are held in, one per byte."""
+    return "torch.int8" if dtype in (ir.DataType.INT4, ir.DataType.INT2) else "torch.uint8"
+
+
+def _byte_view(c: OpCall, i: int = 0) -> str:
+    """Input ``i``, viewed as its byte type where it is a sub-byte integer tensor (torch
+    neither copies nor computes with those; the emitter's constants already hold int8)."""
+    dtype = c.node.inputs[i].dtype
+    if dtype not in ex.SUB_BYTE:
+        return c.args[i]
+    return f"{c.args[i]}.view({_byte_type(dtype)})"
+
+
+registry.helpers["sub_byte"] = '''
+def _sub_byte(x, dtype, lo, hi):
+    """A cast to a sub-byte integer type as the ONNX reference's: a float truncated (0 out of
+    range and for NaN), an integer wrapped around; held one value per byte as torch's dtype."""
+    if x.is_floating_point():
+        t = torch.trunc(x)
+        v = torch.where((t >= lo) & (t <= hi), t, torch.zeros_like(t)).to(torch.int32)
+    else:
+        v = (x.to(torch.int32) - lo) % (hi - lo + 1) + lo
+    return v.to(torch.int8 if lo < 0 else torch.uint8).view(dtype)
+'''
+
+
+def _cast_to(c: OpCall, to: ir.DataType | None, dtype: str) -> str:
+    """Input 0 cast to ONNX type ``to`` (``dtype``: its torch text)."""
+    x = _byte_view(c)
+    if to in ex.SUB_BYTE:
+        c.helpers.add("sub_byte")
+        lo, hi = ex.QUANT_INT[to]
+        return f"_sub_byte({x}, {dtype}, {lo}, {hi})"
+    if x != c.args[0]:
+        return f"{x}.to({dtype})"
+    return f"{_saturated(c, to)}.to({dtype})"
+
+
 @template("Cast", to=REQUIRED, saturate=1, round_mode="up")
 def _cast(c: OpCall) -> str:
     to = ir.DataType(c.attrs["to"])
-    return f"{_saturated(c, to)}.to({dtype_expr(to)})"
+    return _cast_to(c, to, dtype_expr(to))
 
 
 @template("BitCast", to=REQUIRED)
@@ -281,7 +324,7 @@ def _bit_cast(c: OpCall) -> str:
 
 @template("CastLike", saturate=1, round_mode="up")
 def _cast_like(c: OpCall) -> str:
-    return f"{_saturated(c, c.node.inputs[1].dtype)}.to({c.args[1]}.dtype)"
+    return _cast_to(c, c.node.inputs[1].dtype, f"{c.args[1]}.dtype")
 
 
 _BINARY = {**ex.with_namespace(ex.BINARY, "torch"), "Pow": "torch.pow({0}, {1})"}
@@ -428,13 +471,20 @@ for _op in ("DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul"):
 @template("QuantizeLinear", axis=1, saturate=1, block_size=0, output_dtype=0, precision=0)
 def _quantize_linear(c: OpCall) -> str:
     c.helpers |= {"quantize_linear", "quant_param"}
-    return ex.quant_call(c, c.dtype())
+    target = c.node.outputs[0].dtype
+    if target not in ex.SUB_BYTE:
+        return ex.quant_call(c, c.dtype())
+    # Into the byte type, viewed as torch's sub-byte one (it neither copies nor computes).
+    args = [_byte_view(c, i) if i == 2 and c.has(i) else a for i, a in enumerate(c.args)]
+    call = ex.quant_call(replace(c, args=args), _byte_type(target))
+    return f"{call}.view({dtype_expr(target)})"
 
 
 @template("DequantizeLinear", axis=1, block_size=0, output_dtype=0)
 def _dequantize_linear(c: OpCall) -> str:
     c.helpers |= {"dequantize_linear", "quant_param"}
-    return ex.quant_call(c, c.dtype())
+    args = [_byte_view(c, i) if i != 1 and c.has(i) else a for i, a in enumerate(c.args)]
+    return ex.quant_call(replace(c, args=args), c.dtype())
 
 
 registry.builtin("Mod", attrs={"fmod": 0}, bare=True)(lambda c: ex.mod_expr(c, "torch"))
