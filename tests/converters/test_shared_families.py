@@ -17,6 +17,12 @@ SHARED = {
         ("ai.onnx.preview", "FlexAttention"),
     ],
     "xconv.converters.ops.detection": [("", "RoiAlign"), ("", "MaxRoiPool"), ("", "DeformConv")],
+    "xconv.converters.ops.image": [("", "ImageDecoder")],
+    "xconv.converters.ops.training": [
+        ("ai.onnx.preview.training", "Adagrad"),
+        ("ai.onnx.preview.training", "Adam"),
+        ("ai.onnx.preview.training", "Momentum"),
+    ],
     "xconv.converters.ops.nn": [
         ("", op)
         for op in (

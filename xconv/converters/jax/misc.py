@@ -1,5 +1,5 @@
-"""NonMaxSuppression, the string ops and the ai.onnx.preview.training optimizers (Adagrad,
-Adam, Momentum), all written once in ``converters/ops``, and Gradient: the nodes ``y``
+"""NonMaxSuppression, the string ops, ImageDecoder and the ai.onnx.preview.training optimizers
+(Adagrad, Adam, Momentum), all written once in ``converters/ops``, and Gradient: the nodes ``y``
 depends on (:func:`xconv.converters.ops.training.gradient_plan`) re-run under ``jax.vjp``."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import numpy as np
 
 from xconv.converters.jax.kernel import KERNEL
 from xconv.converters.jax.registry import REQUIRED, builtin
-from xconv.converters.ops import nms, strings, training
+from xconv.converters.ops import image, nms, strings, training
 from xconv.converters.ops.context import find_handler, handler_errors
 
 nms.register_nms(builtin, np.asarray)
 # JAX has no string arrays: the string ops run on numpy object arrays.
 strings.register_string_ops(builtin, "JAX", np.asarray)
+image.register_image_ops(builtin, np.asarray)
 training.register_training_ops(builtin, KERNEL, REQUIRED)
 
 

@@ -1,12 +1,12 @@
 """PyTorch registration of NonMaxSuppression, the string ops (StringConcat,
-StringNormalizer, StringSplit, RegexFullMatch) and the ai.onnx.preview.training optimizers
-(Adagrad, Adam, Momentum), written once in ``converters/ops``; and Gradient: the nodes ``y``
-depends on (:func:`xconv.converters.ops.training.gradient_plan`) re-run under
+StringNormalizer, StringSplit, RegexFullMatch), ImageDecoder and the ai.onnx.preview.training
+optimizers (Adagrad, Adam, Momentum), written once in ``converters/ops``; and Gradient: the
+nodes ``y`` depends on (:func:`xconv.converters.ops.training.gradient_plan`) re-run under
 ``torch.autograd``.
 
-NonMaxSuppression and the string ops run on concrete numpy values (NonMaxSuppression's output
-length depends on the data; torch has no string tensors); their numeric outputs come back as
-torch tensors.
+NonMaxSuppression, the string ops and ImageDecoder run on concrete numpy values
+(NonMaxSuppression's output length depends on the data; torch has no string tensors; Pillow
+decodes the images); their numeric outputs come back as torch tensors.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from xconv.converters.ops import nms, strings, training
+from xconv.converters.ops import image, nms, strings, training
 from xconv.converters.ops.context import find_handler, handler_errors
 from xconv.converters.torch.runtime.registry import REQUIRED, builtin
 from xconv.converters.torch.runtime.xp import KERNEL, from_numpy
 
 nms.register_nms(builtin, torch.from_numpy)
 strings.register_string_ops(builtin, "torch", torch.from_numpy)
+image.register_image_ops(builtin, torch.from_numpy)
 training.register_training_ops(builtin, KERNEL, REQUIRED)
 
 
