@@ -664,11 +664,12 @@ SUB_BYTE = frozenset({ir.DataType.UINT4, ir.DataType.INT4, ir.DataType.UINT2, ir
 
 
 def quant_call(c: TemplateCall, dtype_text: str) -> str:
-    """``_quantize_linear(...)`` / ``_dequantize_linear(...)`` for ONNX QuantizeLinear /
-    DequantizeLinear of 2- to 16-bit integers (and DequantizeLinear of float8), per tensor,
-    per axis or blocked (each emitter writes its helpers); ``dtype_text`` writes the
-    quantized type. Refused by name: other types (float4; quantizing to float8), output_dtype
-    on dequantize, precision on quantize."""
+    """``_quantize_linear(...)`` / ``_quantize_float(...)`` / ``_dequantize_linear(...)`` for
+    ONNX QuantizeLinear / DequantizeLinear of 2- to 16-bit integers, float8 and float4, per tensor,
+    per axis or blocked (each emitter writes its helpers; the call adds them to
+    ``c.helpers``); ``dtype_text`` writes the quantized type (an emitter without float4 has
+    refused it there). Refused by name: other types, output_dtype on dequantize, precision on
+    quantize."""
     a = c.attrs
     tail = []
     if a["axis"] != 1:
@@ -676,23 +677,45 @@ def quant_call(c: TemplateCall, dtype_text: str) -> str:
     if a["block_size"]:
         tail.append(f"block_size={a['block_size']}")
     zp = c.args[2] if c.has(2) else "None"
+    c.helpers.add("quant_param")
     if c.node.op_type == "DequantizeLinear":
+        c.helpers.add("dequantize_linear")
         source = c.node.inputs[0].dtype
-        if source not in QUANT_INT and source not in FLOAT8 and source != ir.DataType.INT32:
+        low = source in FLOAT8 or source == ir.DataType.FLOAT4E2M1
+        if source not in QUANT_INT and not low and source != ir.DataType.INT32:
             raise c.fail(
-                f"DequantizeLinear of {source}; the {c.emitter} writes 2- to 16-bit ints and float8"
+                f"DequantizeLinear of {source}; the {c.emitter} writes 2- to 16-bit ints, float8 "
+                "and float4"
             )
         if a["output_dtype"]:
             raise c.fail("DequantizeLinear output_dtype")
-        if source in FLOAT8:  # a float8 zero point is zero: the spec ignores it
+        if low:  # a float8 / float4 zero point is zero: the spec ignores it
             zp = "None"
         args = [c.args[0], c.args[1], *([zp] if zp != "None" else [])]
         return f"_dequantize_linear({', '.join(args + tail)})"
     target = c.node.outputs[0].dtype
-    if target not in QUANT_INT:
-        raise c.fail(f"QuantizeLinear to {target}; the {c.emitter} writes 2- to 16-bit ints")
+    low = target in FLOAT8 or target == ir.DataType.FLOAT4E2M1
+    if target not in QUANT_INT and not low:
+        raise c.fail(
+            f"QuantizeLinear to {target}; the {c.emitter} writes 2- to 16-bit ints, float8 "
+            "and float4"
+        )
     if a["precision"]:
         raise c.fail("QuantizeLinear precision")
+    if low:
+        # x / scale, clipped into a float8 type's finite range when saturating; float4 adds
+        # a zero point when given (float8 ignores it, as the runtimes do).
+        c.helpers.add("quantize_float")
+        if target == ir.DataType.FLOAT4E2M1 and zp != "None":
+            tail.insert(0, f"zero_point={zp}")
+        import ml_dtypes
+
+        info = ml_dtypes.finfo(target.numpy())
+        bounds = [scalar_literal(float(info.min)), scalar_literal(float(info.max))]
+        saturate = a["saturate"] and target in FLOAT8
+        args = [c.args[0], c.args[1], *(bounds if saturate else ["None", "None"])]
+        return f"_quantize_float({', '.join([*args, dtype_text, *tail])})"
+    c.helpers.add("quantize_linear")
     lo, hi = QUANT_INT[target]
     args = [c.args[0], c.args[1], zp, str(lo), str(hi), dtype_text]
     return f"_quantize_linear({', '.join(args + tail)})"

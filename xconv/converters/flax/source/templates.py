@@ -163,7 +163,7 @@ class UnsupportedTemplateError(UnsupportedOpError):
 # ---------------------------------------------------------------- literals and dtypes
 
 #: numpy's (and ``jax.numpy``'s) dtype names: ``bool_`` where torch has ``bool``.
-#: jax.numpy holds the sub-byte integer types too (through ml_dtypes), and computes with them.
+#: jax.numpy holds the sub-byte types too (through ml_dtypes), and computes with them.
 _DTYPES = {
     **ex.DTYPE_NAMES,
     ir.DataType.BOOL: "bool_",
@@ -171,12 +171,13 @@ _DTYPES = {
     ir.DataType.UINT4: "uint4",
     ir.DataType.INT2: "int2",
     ir.DataType.UINT2: "uint2",
+    ir.DataType.FLOAT4E2M1: "float4_e2m1fn",
 }
 
 
 def dtype_expr(dtype: ir.DataType | None, xp: str = "jnp") -> str:
     name = ex.dtype_name(_DTYPES, dtype, "Flax emitter")
-    if dtype == ir.DataType.BFLOAT16 or dtype in ex.SUB_BYTE:
+    if dtype in (ir.DataType.BFLOAT16, ir.DataType.FLOAT4E2M1) or dtype in ex.SUB_BYTE:
         return f"jnp.{name}"  # numpy has none: jnp's are ml_dtypes' (numpy takes them)
     return f"{xp}.{name}"
 
@@ -436,14 +437,28 @@ def _quantize_linear(x, scale, zero_point, lo, hi, dtype, axis=1, block_size=0):
 
 @template("QuantizeLinear", axis=1, saturate=1, block_size=0, output_dtype=0, precision=0)
 def _quantize_linear(c: OpCall) -> str:
-    c.helpers |= {"quantize_linear", "quant_param"}
     return ex.quant_call(c, c.dtype())
 
 
 @template("DequantizeLinear", axis=1, block_size=0, output_dtype=0)
 def _dequantize_linear(c: OpCall) -> str:
-    c.helpers |= {"dequantize_linear", "quant_param"}
     return ex.quant_call(c, c.dtype())
+
+
+registry.helpers["quantize_float"] = '''
+def _quantize_float(x, scale, lo, hi, dtype, zero_point=None, axis=1, block_size=0):
+    """ONNX QuantizeLinear to a float8 or float4 type: x / scale (a true division), plus a
+    float4 zero point, clipped into [lo, hi] first when saturating."""
+    scale = _quant_param(scale, x, axis, block_size)
+    dt = jnp.promote_types(x.dtype, scale.dtype)
+    x, scale = jnp.broadcast_arrays(x.astype(dt), scale.astype(dt))
+    y = lax.div(x, lax.optimization_barrier(scale))
+    if zero_point is not None:
+        y = y + _quant_param(zero_point, x, axis, block_size).astype(y.dtype)
+    if lo is not None:
+        y = jnp.clip(y.astype(jnp.float32), lo, hi)
+    return y.astype(dtype)
+'''
 
 
 registry.helpers["dynamic_quantize_linear"] = """

@@ -416,6 +416,19 @@ def _quantize_linear(x, scale, zero_point, lo, hi, dtype, axis=1, block_size=0):
 '''
 
 
+registry.helpers["quantize_float"] = '''
+def _quantize_float(x, scale, lo, hi, dtype, axis=1, block_size=0):
+    """ONNX QuantizeLinear to a float8 type: x / scale, clipped into [lo, hi] first when
+    saturating (its zero point is ignored)."""
+    scale = _quant_param(scale, x, axis, block_size)
+    dt = torch.promote_types(x.dtype, scale.dtype)
+    y = x.to(dt) / scale.to(dt)
+    if lo is not None:
+        y = y.float().clamp(lo, hi)
+    return y.to(dtype)
+'''
+
+
 registry.helpers["dynamic_quantize_linear"] = """
 def _dynamic_quantize_linear(x):
     \"\"\"ONNX DynamicQuantizeLinear: x as uint8 over its range widened to include 0, with that
@@ -470,7 +483,6 @@ for _op in ("DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul"):
 
 @template("QuantizeLinear", axis=1, saturate=1, block_size=0, output_dtype=0, precision=0)
 def _quantize_linear(c: OpCall) -> str:
-    c.helpers |= {"quantize_linear", "quant_param"}
     target = c.node.outputs[0].dtype
     if target not in ex.SUB_BYTE:
         return ex.quant_call(c, c.dtype())
@@ -482,7 +494,6 @@ def _quantize_linear(c: OpCall) -> str:
 
 @template("DequantizeLinear", axis=1, block_size=0, output_dtype=0)
 def _dequantize_linear(c: OpCall) -> str:
-    c.helpers |= {"dequantize_linear", "quant_param"}
     args = [_byte_view(c, i) if i != 1 and c.has(i) else a for i, a in enumerate(c.args)]
     return ex.quant_call(replace(c, args=args), c.dtype())
 
