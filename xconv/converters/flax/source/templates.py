@@ -550,9 +550,13 @@ def _einsum(c: OpCall) -> str:
 # The op families register into ``registry`` on import (they import it from this module).
 from xconv.converters.flax.source import (  # noqa: E402
     helpers,
+    templates_control,
     templates_nn,
+    templates_recurrent,
     templates_resize,
     templates_shape,
+    templates_signal,
 )
 
-del helpers, templates_nn, templates_resize, templates_shape
+del helpers, templates_control, templates_nn, templates_recurrent, templates_resize
+del templates_shape, templates_signal

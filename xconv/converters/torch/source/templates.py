@@ -556,6 +556,14 @@ def _einsum(c: OpCall) -> str:
 
 
 # The op families register into ``registry`` on import (they import it from this module).
-from xconv.converters.torch.source import templates_nn, templates_rnn, templates_shape  # noqa: E402
+from xconv.converters.torch.source import (  # noqa: E402
+    templates_control,
+    templates_nn,
+    templates_recurrent,
+    templates_rnn,
+    templates_shape,
+    templates_signal,
+)
 
-del templates_nn, templates_rnn, templates_shape
+del templates_control, templates_nn, templates_recurrent, templates_rnn, templates_shape
+del templates_signal

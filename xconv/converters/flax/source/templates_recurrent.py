@@ -1,0 +1,3 @@
+"""Flax source templates: LinearAttention and CausalConvWithState."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""PyTorch source templates: the control-flow ops If, Loop and Scan."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""PyTorch source templates: LinearAttention and CausalConvWithState."""
+
+from __future__ import annotations

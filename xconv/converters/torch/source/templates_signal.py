@@ -1,0 +1,3 @@
+"""PyTorch source templates: DFT, STFT and MelWeightMatrix."""
+
+from __future__ import annotations
