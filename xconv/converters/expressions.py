@@ -427,6 +427,80 @@ def window_call(c: TemplateCall, size: str) -> str:
     return f"_cosine_window({size}, {bool(c.attrs['periodic'])}, {coefficients!r})"
 
 
+#: DFT's attributes since opset 20 (the axis is an input, default -2); opsets 17 to 19 have
+#: an ``axis`` attribute instead (default 1).
+DFT_ATTRS = {"inverse": 0, "onesided": 0}
+
+
+def dft_call(c: TemplateCall, axis: str, length: str | None) -> str:
+    """``_dft(x, axis, n=..., inverse=..., onesided=...)`` of a DFT node (``axis`` and
+    ``length`` written as Python ints; ``length`` None when dft_length is absent)."""
+    c.helpers.add("dft")
+    n = "" if length is None else f", n={length}"
+    flags = "".join(f", {k}=True" for k in DFT_ATTRS if c.attrs[k])
+    return f"_dft({c.args[0]}, {axis}{n}{flags})"
+
+
+def stft_call(c: TemplateCall, step: str, length: str | None) -> str:
+    """``_stft(signal, step, window=..., length=..., onesided=...)`` of an STFT node (``step``
+    and ``length`` written as Python ints), the helpers added to ``c.helpers``."""
+    c.helpers |= {"stft", "dft"}
+    window = f", window={c.args[2]}" if c.has(2) else ""
+    frame = "" if length is None else f", length={length}"
+    tail = "" if c.attrs["onesided"] else ", onesided=False"
+    return f"_stft({c.args[0]}, {step}{window}{frame}{tail})"
+
+
+def numpy_scalar(a: np.ndarray) -> str:
+    """A constant scalar as a numpy scalar of its type (``np.float32(16000.0)``): numpy
+    computes with the input's type, as the runtimes do."""
+    a = np.asarray(a).reshape(-1)
+    return f"np.{DTYPE_NAMES[ir.DataType.from_numpy(a.dtype)]}({scalar_literal(a[0])})"
+
+
+#: MelWeightMatrix in numpy (framework-free): the text of the ``_mel_weight_matrix`` helper
+#: both source emitters write, as ``ops/signal.mel_weight_matrix`` computes it for the
+#: runtimes (its arguments numpy scalars of the inputs' types).
+MEL_WEIGHT_MATRIX = '''
+def _mel_weight_matrix(bins, n_fft, rate, low, high):
+    """[n_fft // 2 + 1, bins] triangular filters over mel points equally spaced from ``low``
+    to ``high`` Hz, in float64."""
+    bins, n_fft = int(bins), int(n_fft)
+    points = np.arange(0, bins + 2)
+    low_mel = 2595 * np.log1p(low / 700) / np.log(10)
+    high_mel = 2595 * np.log1p(high / 700) / np.log(10)
+    step = (high_mel - low_mel) / points.shape[0]
+    hz = 700 * np.expm1((points * step + low_mel) / 2595 * np.log(10))
+    edges = (((n_fft + 1) * hz) // rate).astype(int)
+    out = np.zeros((n_fft // 2 + 1, bins))
+    for i in range(bins):
+        left, center, right = edges[i], edges[i + 1], edges[i + 2]
+        if center == left:
+            out[center, i] = 1
+        else:
+            j = np.arange(left, center + 1)
+            out[j, i] = (j - left) / (center - left)
+        if right > center:
+            j = np.arange(center, right)
+            out[j, i] = (right - j) / (right - center)
+    return out
+'''
+
+#: MelWeightMatrix's inputs, in order.
+MEL_INPUTS = ("num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz", "upper_edge_hertz")
+
+
+def mel_weight_matrix_call(c: TemplateCall, read: Callable[[int, str], str]) -> str:
+    """``_mel_weight_matrix(bins, n_fft, rate, low, high)``: a constant input as a numpy
+    scalar of its type, one computed at run time as ``read(i, name)`` writes it."""
+    c.helpers.add("mel_weight_matrix")
+    values = [
+        read(i, what) if c.consts[i] is None else numpy_scalar(c.consts[i])
+        for i, what in enumerate(MEL_INPUTS)
+    ]
+    return f"_mel_weight_matrix({', '.join(values)})"
+
+
 RESIZE_COORDS = (
     "half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn"
 )  # fmt: skip
