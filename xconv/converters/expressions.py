@@ -15,6 +15,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.codegen import TemplateCall, nested_literal, scalar_literal
+from xconv.converters.ops.attention import CAUSAL_CONV_ACTIVATIONS, linear_attention_rule
 from xconv.converters.ops.attrs import CONV_ATTRS
 from xconv.converters.ops.elementwise import prelu_slope_shape
 from xconv.converters.ops.linalg import LOSS_REDUCTIONS
@@ -718,6 +719,46 @@ def rotary_call(c: TemplateCall) -> str:
         if c.attrs[key]:
             args.append(f"{key}={int(c.attrs[key])}")
     return f"_rotary_embedding({', '.join(args)})"
+
+
+def _outputs_of(c: TemplateCall, call: str) -> str:
+    """A call returning (output, present_state), indexed down to the node's outputs."""
+    return f"{call}[0]" if len(c.node.outputs) == 1 else call
+
+
+def linear_attention_call(c: TemplateCall) -> str:
+    """``_linear_attention(query, key, value[, past_state][, decay=][, beta=], q_num_heads=,
+    kv_num_heads=[, scale=])`` for ONNX LinearAttention (each emitter writes its helper; the
+    rule follows from decay and beta, checked against ``update_rule`` here; ``chunk_size`` is
+    a tiling hint). Returns (output, present_state), indexed down to the node's outputs."""
+    a = c.attrs
+    linear_attention_rule(
+        a["update_rule"], a["q_num_heads"], a["kv_num_heads"], has_decay=c.has(4),
+        has_beta=c.has(5), fail=c.fail,
+    )  # fmt: skip
+    args = list(c.args[:3]) + ([c.args[3]] if c.has(3) else [])
+    args += [f"{n}={c.args[i]}" for i, n in ((4, "decay"), (5, "beta")) if c.has(i)]
+    args += [f"q_num_heads={int(a['q_num_heads'])}", f"kv_num_heads={int(a['kv_num_heads'])}"]
+    if a["scale"]:
+        args.append(f"scale={scalar_literal(a['scale'])}")
+    c.helpers.add("linear_attention")
+    return _outputs_of(c, f"_linear_attention({', '.join(args)})")
+
+
+def causal_conv_call(c: TemplateCall) -> str:
+    """``_causal_conv_with_state(x, weight[, bias][, past_state=][, silu=True])`` for ONNX
+    CausalConvWithState (each emitter writes its helper). Refused by name: an activation ONNX
+    does not define. Returns (output, present_state), indexed down to the node's outputs."""
+    act = c.attrs["activation"]
+    if act not in CAUSAL_CONV_ACTIVATIONS:
+        raise c.fail(f"activation={act!r}; ONNX defines {list(CAUSAL_CONV_ACTIVATIONS)}")
+    args = list(c.args[:2]) + ([c.args[2]] if c.has(2) else [])
+    if c.has(3):
+        args.append(f"past_state={c.args[3]}")
+    if act != "none":
+        args.append("silu=True")
+    c.helpers.add("causal_conv_with_state")
+    return _outputs_of(c, f"_causal_conv_with_state({', '.join(args)})")
 
 
 #: The integer types the source emitters quantize to and from (narrower ones have no array
