@@ -19,12 +19,12 @@ pytest.importorskip("jax")
 pytest.importorskip("torch")
 
 #: An op both runtimes implement and neither source emitter has a template for.
-_OP = "DFT"
+_OP = "GlobalLpPool"
 
 
 def _model(tmp_path):
-    x = h.make_tensor_value_info("x", T.FLOAT, [2, 3, 1])  # real signals of 3 samples
-    y = h.make_tensor_value_info("y", T.FLOAT, [2, 3, 2])
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4])
+    y = h.make_tensor_value_info("y", T.FLOAT, [2, 3, 1])
     nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node(_OP, ["r"], ["y"])]
     proto = h.make_model(h.make_graph(nodes, "g", [x], [y]), opset_imports=[h.make_opsetid("", 23)])
     path = tmp_path / "m.onnx"
