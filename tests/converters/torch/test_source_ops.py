@@ -647,3 +647,22 @@ def test_torch_interpolate_round_trips_through_the_torch_source(tmp_path, kwargs
     assert ("_resize(" in source) == helper
     with torch.no_grad():
         np.testing.assert_allclose(generated(x).numpy(), module(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_unsqueeze_negative_axis_of_an_unknown_rank():
+    """Unsqueeze by -2 of an input whose rank the graph does not give (a Scan body's values):
+    torch's negative dim counts from the output's end, as ONNX's does."""
+    x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, None)
+    y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    axes = onnx.numpy_helper.from_array(i64(-2), "axes")
+    graph = h.make_graph([h.make_node("Unsqueeze", ["x", "axes"], ["y"])], "g", [x], [y], [axes])
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)])
+    data = f32(2, 3, 4)
+    source, state = to_torch_source(ir.from_proto(proto))
+    assert ".unsqueeze(-2)" in source
+    ns: dict = {}
+    exec(compile(source, "<generated>", "exec"), ns)
+    module = ns["Model"]()
+    module.load_state_dict(state)
+    (want,) = ReferenceEvaluator(proto).run(None, {"x": data})
+    np.testing.assert_array_equal(module(torch.from_numpy(data)).numpy(), want)

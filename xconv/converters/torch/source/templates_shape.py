@@ -331,7 +331,9 @@ def _unsqueeze(c: OpCall) -> str:
         raise c.fail("negative axes on an input of unknown rank")
     out_rank = (r or 0) + len(axes)
     expr = c.args[0]
-    for a in sorted(a + out_rank if a < 0 else a for a in axes):
+    # One negative axis of an unknown rank stays negative: torch counts it from the output's
+    # end, as ONNX does.
+    for a in sorted(a + out_rank if a < 0 and r is not None else a for a in axes):
         expr = f"{expr}.unsqueeze({a})"
     return expr
 
