@@ -18,13 +18,33 @@ from typing import Any, ClassVar
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.registry import REQUIRED, attribute_value
+from xconv.converters.registry import REQUIRED, attribute_value, iter_nodes
 from xconv.errors import (
     ConversionError,
     UnsupportedAttributeError,
 )
 from xconv.ir.metadata import ROLE, get_layer, get_scope
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
+
+
+def subgraphs(node: ir.Node) -> list[ir.Graph]:
+    """The graphs a node holds as attributes (If's branches, a Loop or Scan body)."""
+    out: list[ir.Graph] = []
+    for attr in node.attributes.values():
+        if attr.is_ref():
+            continue
+        if attr.type == ir.AttributeType.GRAPH:
+            out.append(attr.value)
+        elif attr.type == ir.AttributeType.GRAPHS:
+            out += list(attr.value)
+    return out
+
+
+def with_subgraph_nodes(nodes: Iterable[ir.Node]) -> list[ir.Node]:
+    """``nodes`` followed by every node of their subgraphs, at any depth: what an emitter
+    that writes subgraphs as nested functions needs templates for."""
+    nodes = list(nodes)
+    return nodes + [m for n in nodes for g in subgraphs(n) for m in iter_nodes(g)]
 
 
 class Namespace:
@@ -159,7 +179,9 @@ def _body(anchor, meta, body, scope, annotated, order) -> LayerBody | None:
         return None
     last = max(body, key=order.__getitem__)
     for o in outputs:
-        if any(u.node not in body_set and order[u.node] < order[last] for u in o.uses()):
+        if any(
+            u.node not in body_set and order.get(u.node, len(order)) < order[last] for u in o.uses()
+        ):
             return None
     return LayerBody(kind, meta, anchor, body, scope, inputs, constants, outputs, weights, last)
 

@@ -24,6 +24,8 @@ from xconv.converters.codegen import (
     Namespace,
     drop_noop_attention_masks,
     fold_reduce_reshapes,
+    subgraphs,
+    with_subgraph_nodes,
     write_dir_atomic,
 )
 from xconv.converters.flax.source import classes as flax_classes
@@ -219,6 +221,7 @@ class _Emitter(_Planning, _Values, _Nodes):
         self.blocks: dict[ir.Node, Block] = {}
         self.prefix: str | None = None  # inside a generated block class: the block's scope
         self.done: set[ir.Node] = set()  # nodes already written (their reads are over)
+        self.nested = 0  # depth of the nested function (If branch, loop body) being written
         self.modules: dict[str, str] | None = None  # xconv.modules, parsed once
         #: bfloat16 compute (``options.dtype``): the values held in bfloat16.
         self.low_dtype = precision.resolve_dtype(self.options.dtype)
@@ -266,6 +269,8 @@ class _Emitter(_Planning, _Values, _Nodes):
                 if n.op_type != "Constant" and ((get_scope(n) or "") + ".").startswith(sc + ".")
             ]
             body = [n for n in nodes[idx[0] : idx[-1] + 1] if n.op_type != "Constant"]
+            if any(subgraphs(n) for n in body):
+                continue  # a subgraph reads values its node does not list: no block inputs
             inside = set(body)
             if any(
                 n in taken or not ((get_scope(n) or "") + ".").startswith(sc + ".") for n in body
@@ -391,7 +396,7 @@ class _Emitter(_Planning, _Values, _Nodes):
         return name
 
     def check_supported(self) -> None:
-        nodes = (n for n in self.graph if n not in self.plans)
+        nodes = with_subgraph_nodes(n for n in self.graph if n not in self.plans)
         registry.check_nodes(nodes, self.model.opset_imports, UnsupportedTemplateError)
 
     # ------------------------------------------------------------ emission

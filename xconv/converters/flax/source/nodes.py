@@ -17,6 +17,7 @@ from xconv.converters.flax.source.templates import (
 )
 from xconv.converters.flax.source.values import _FLOAT, _f32
 from xconv.converters.ops import layout, precision
+from xconv.errors import UnsupportedAttributeError
 from xconv.ir.passes._utils import constant_of, is_weight
 
 
@@ -26,8 +27,10 @@ class _Nodes:
     def emit_node(self, node: ir.Node) -> None:
         if node.op_type in ("Shape", "Size") and self._emit_shape(node):
             return
-        tpl = find_template(node)
+        tpl = find_template(node, self.model.opset_imports)
         attrs = parse_attrs(node, tpl.attrs, "Flax")
+        for key, graph in [(k, g) for k, g in attrs.items() if isinstance(g, ir.Graph)]:
+            attrs[key] = self.subgraph_function(node, key, graph)  # its nested def's name
         ins = list(node.inputs)
         consts = [None if v is None or not v.name else constant_of(v, self.annotated) for v in ins]
         data = [
@@ -99,6 +102,56 @@ class _Nodes:
                 self.bind(o, name, out_perm if o is node.outputs[0] else None, static)
         if lowered is not None:
             self.low |= {o for o in node.outputs if _f32(o)}
+
+    def subgraph_function(self, node: ir.Node, key: str, graph: ir.Graph) -> str:
+        """Write ``graph`` (an If branch, a Loop or Scan body) as a function nested in
+        ``__call__``: its parameters are the graph's inputs, its body the graph's statements
+        (reading the enclosing values by closure), and it returns the tuple of its outputs.
+        Returns the function's name."""
+        if self.low_dtype:
+            raise UnsupportedAttributeError(
+                f"{node.op_type} under dtype={self.options.dtype!r} (its subgraph would mix "
+                "bfloat16 and float32 values); convert in float32",
+                op=node.op_type,
+                node=node.name,
+            )
+        name = self.ns.new(key if key != "body" else f"{node.op_type.lower()}_body")
+        outer = self.src.body
+        env = {v: dict(names) for v, names in self.env.items()}
+        native, static = dict(self.native), set(self.static)
+        self.src.body = []
+        self.nested += 1
+        try:
+            params = []
+            for v in graph.inputs:
+                params.append(self.ns.new(v.name or "x"))
+                self.bind(v, params[-1], None)
+            for inner in graph:
+                if inner.op_type != "Constant":
+                    self.done.add(inner)
+                    self.emit_node(inner)
+            outs = []
+            for v in graph.outputs:
+                c = constant_of(v, self.annotated)
+                if c is not None:
+                    outs.append(f"jnp.asarray({self.constant(v, c, None, None, False)})")
+                elif is_weight(v, self.annotated) or v.const_value is not None:
+                    outs.append(self.weight(v))
+                else:
+                    outs.append(self.get(v, None))
+            lines = self.src.body
+        finally:
+            self.nested -= 1
+            self.src.body = outer
+            # names bound inside the function are its locals: unknown after it
+            self.env, self.native, self.static = env, native, static
+        ret = f"({outs[0]},)" if len(outs) == 1 else ", ".join(outs)
+        self.src.body += [
+            f"def {name}({', '.join(params)}):",
+            *(f"    {line}" for line in lines),
+            f"    return {ret}",
+        ]
+        return name
 
     def _lower(
         self, node: ir.Node, args: list, consts: list, attrs: dict, bare: bool

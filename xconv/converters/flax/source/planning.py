@@ -9,6 +9,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from xconv.converters.codegen import subgraphs
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
 from xconv.converters.flax.source.templates import (
     find_template,
@@ -70,6 +71,8 @@ class _Planning:
 
     def _plan(self, anchor, meta, body, scope) -> LayerPlan | None:
         kind = meta.pop("kind")
+        if any(subgraphs(n) for n in body):
+            return None  # a subgraph reads values its node does not list: the nodes stay inline
         body_set = set(body)
         inputs, weights, outputs = [], {}, []
         for n in body:
@@ -94,7 +97,10 @@ class _Planning:
         order = {n: i for i, n in enumerate(self.graph)}
         last = max(body, key=order.__getitem__)
         for o in outputs:
-            if any(u.node not in body_set and order[u.node] < order[last] for u in o.uses()):
+            if any(
+                u.node not in body_set and order.get(u.node, len(order)) < order[last]
+                for u in o.uses()
+            ):
                 return None  # a consumer sits between body nodes: keep the ops inline
         plan = LayerPlan(kind, meta, anchor, body, scope, inputs, outputs, weights, last=last)
         if len(inputs) == 1 and len(outputs) == 1 and self._plan_ok(plan):

@@ -141,9 +141,10 @@ def unregister_template(op_type: str, *, domain: str = "") -> None:
     registry.unregister(op_type, domain=domain)
 
 
-def find_template(node: ir.Node) -> Template | None:
-    """The template for ``node``: the user's first, then the built-in one; None if neither."""
-    return registry.find(node)
+def find_template(node: ir.Node, opsets: dict[str, int] | None = None) -> Template | None:
+    """The template for ``node``: the user's first, then the built-in one; None if neither
+    (``opsets``: the model's, for an op whose templates differ by opset)."""
+    return registry.find(node, opsets)
 
 
 class UnsupportedTemplateError(UnsupportedOpError):

@@ -169,7 +169,9 @@ class _Values:
         a new name for the value's role (:meth:`role`), never the exporter's value name.
         """
         role = self.role(value, scope)
-        inputs = list(inputs)
+        # Inside a nested function (an If branch, a loop body) a reused name would be a local
+        # of that function, shadowing the enclosing value it reads: every value is new.
+        inputs = list(inputs) if not self.nested else []
         for v in inputs[:1]:
             names = self.env.get(v)
             if not names or v.is_graph_output() or v not in self.native:
