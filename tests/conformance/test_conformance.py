@@ -224,7 +224,7 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: sub-byte integers (int4 ... : casts, QuantizeLinear / DequantizeLinear) and quantizing to
 #: float8; DFT (its axis computed at run time, or opset 19's attribute), STFT and
 #: MelWeightMatrix (sizes and inputs read at run time); LinearAttention (its recurrence) and
-#: CausalConvWithState.
+#: CausalConvWithState; If, Scan (opsets 8 and 9+) and Loop, their subgraphs nested functions.
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -291,6 +291,7 @@ EMITTED_CASES = (
     "test_quantizelinear_e5m2",
     "test_dft_rfft", "test_dft_axis_opset19", "test_stft_with_window", "test_melweightmatrix",
     "test_linear_attention_gated_delta_gqa", "test_causal_conv_with_state_silu_with_past_state",
+    "test_if", "test_scan_sum", "test_scan9_multi_state", "test_loop11",
 )  # fmt: skip
 
 #: Cases the Flax source alone writes: a max over an empty axis computed at run time (the

@@ -29,6 +29,7 @@ from xconv.converters.codegen import (
     Namespace,
     parse_attrs,
     scalar_literal,
+    with_subgraph_nodes,
 )
 from xconv.converters.expressions import SUB_BYTE
 from xconv.converters.module_tree import LINE_LENGTH, inline_chains
@@ -49,6 +50,9 @@ from xconv.ir.naming import split_path
 from xconv.ir.passes import DeadNodeRemovalPass, canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated
 from xconv.ir.passes.layout import sink_transposes
+
+#: The names ``tree.rename_locals`` gives ``forward``'s locals (by role).
+_ROLE_NAME = re.compile(r"(h|x|attn|q|k|v|scores|mask)\d*")
 
 #: Constants up to this many elements are written inline; larger ones are buffers.
 INLINE_LIMIT = 64
@@ -109,13 +113,14 @@ class _Emitter:
         self.uses_f = False
         self.helpers: set[str] = set()  # generated helper classes (BatchNorm2d, ...)
         self.functions: set[str] = set()  # generated helper functions (registry.helpers)
+        self.nested = 0  # depth of the nested function (If branch, loop body) being written
         self.modules = source_tree.node_classes(self.graph)
         self.modules.update(source_tree.user_classes(model.metadata_props.get("xconv.modules")))
 
     # ------------------------------------------------------------ checks
 
     def check_supported(self) -> None:
-        nodes = (n for n in self.graph if n not in self.plans)
+        nodes = with_subgraph_nodes(n for n in self.graph if n not in self.plans)
         registry.check_nodes(nodes, self.opsets)
 
     # ------------------------------------------------------------ module tree
@@ -260,9 +265,60 @@ class _Emitter:
         self._stmt(f"{out} = {call}", parts[:-1], [out], [x] if c is None else [])
         self.env[p.outputs[0]] = out
 
+    def subgraph_function(self, node: ir.Node, key: str, graph: ir.Graph) -> str:
+        """Write ``graph`` (an If branch, a Loop or Scan body) as a function nested in
+        ``forward``: its parameters are the graph's inputs, its body the graph's statements
+        (reading the enclosing values by closure), and it returns the tuple of its outputs.
+        Returns the function's name."""
+        name = self.ns.new(key if key != "body" else f"{node.op_type.lower()}_body")
+        body, meta, env = self.body, self.body_meta, dict(self.env)
+        self.body, self.body_meta = [], []
+        self.nested += 1
+        try:
+            params = [self.local_name(v.name or "x") for v in graph.inputs]
+            self.env.update(zip(graph.inputs, params, strict=True))
+            for inner in graph:
+                if inner.op_type != "Constant":
+                    self.emit_node(inner)
+            outs = []
+            for v in graph.outputs:
+                c = constant_of(v, self.annotated)
+                if c is not None:
+                    outs.append(self.constant(v, c, False))
+                elif v.is_initializer() and v.const_value is not None:
+                    outs.append(self.weight(v))
+                else:
+                    outs.append(self.env[v])
+            lines, inner_meta = self.body, self.body_meta
+        finally:
+            self.nested -= 1
+            self.body, self.body_meta = body, meta
+        # names bound inside the function are its locals: unknown after it
+        self.env = env
+        local = set(params) | {d for _, defs, _ in inner_meta for d in defs}
+        owner = split_path(get_scope(node)) if get_scope(node) else ()
+        outer = [u for _, _, uses in inner_meta for u in uses if u not in local]
+        self._stmt(f"def {name}({', '.join(params)}):", owner, [name], outer)
+        for line in lines:
+            self._stmt(f"    {line}", owner, [], [])
+        ret = f"({outs[0]},)" if len(outs) == 1 else ", ".join(outs)
+        self._stmt(f"    return {ret}", owner, [], [])
+        return name
+
+    def local_name(self, hint: str | None) -> str:
+        """A new local. Inside a nested function, never a name the role renaming of
+        ``forward`` hands out (``h``, ``x2``, ``attn``): that renaming leaves a nested
+        function's locals as they are, and one of them must not shadow an enclosing value."""
+        name = self.ns.new(hint)
+        while self.nested and _ROLE_NAME.fullmatch(name):
+            name = self.ns.new(f"{name}_")
+        return name
+
     def emit_node(self, node: ir.Node) -> None:
-        tpl = registry.find(node)
+        tpl = registry.find(node, self.opsets)
         attrs = parse_attrs(node, tpl.attrs, "PyTorch source")
+        for key, graph in [(k, g) for k, g in attrs.items() if isinstance(g, ir.Graph)]:
+            attrs[key] = self.subgraph_function(node, key, graph)  # its nested def's name
         args: list[str | None] = []
         consts: list[np.ndarray | None] = [
             None if v is None or not v.name else constant_of(v, self.annotated) for v in node.inputs
@@ -298,11 +354,12 @@ class _Emitter:
         outs = []
         for o in node.outputs:
             if o.name and (o.uses() or o.is_graph_output()):
-                outs.append(self.ns.new(o.name))
+                outs.append(self.local_name(o.name))
             else:
                 outs.append("_")
         scope = get_scope(node)
-        comment = f"  # {scope}" if scope else ""
+        # (no comment inside a nested function: the role renaming reads a line up to one)
+        comment = f"  # {scope}" if scope and not self.nested else ""
         used = [
             self.env[v]
             for v, c in zip(node.inputs, consts, strict=True)

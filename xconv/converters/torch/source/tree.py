@@ -408,7 +408,8 @@ def _instantiate(line: str, tok: str) -> str:
 
 # ------------------------------------------------------------------ locals by role
 
-_ASSIGN = re.compile(r"^(?P<lhs>[\w, ]+?) = (?P<rhs>.*)$")
+# (an indented line is a nested function's: its locals are not renamed)
+_ASSIGN = re.compile(r"^(?P<lhs>\w[\w, ]*?) = (?P<rhs>.*)$")
 _IDENT = re.compile(r"(?<![\w.\"'])[A-Za-z_]\w*(?![\w\"'])")
 
 
