@@ -552,6 +552,7 @@ def _einsum(c: OpCall) -> str:
 from xconv.converters.flax.source import (  # noqa: E402
     helpers,
     templates_control,
+    templates_detection,
     templates_nn,
     templates_recurrent,
     templates_resize,
@@ -561,3 +562,4 @@ from xconv.converters.flax.source import (  # noqa: E402
 
 del helpers, templates_control, templates_nn, templates_recurrent, templates_resize
 del templates_shape, templates_signal
+del templates_detection

@@ -558,6 +558,7 @@ def _einsum(c: OpCall) -> str:
 # The op families register into ``registry`` on import (they import it from this module).
 from xconv.converters.torch.source import (  # noqa: E402
     templates_control,
+    templates_detection,
     templates_nn,
     templates_recurrent,
     templates_rnn,
@@ -567,3 +568,4 @@ from xconv.converters.torch.source import (  # noqa: E402
 
 del templates_control, templates_nn, templates_recurrent, templates_rnn, templates_shape
 del templates_signal
+del templates_detection
