@@ -47,6 +47,34 @@ def with_subgraph_nodes(nodes: Iterable[ir.Node]) -> list[ir.Node]:
     return nodes + [m for n in nodes for g in subgraphs(n) for m in iter_nodes(g)]
 
 
+def type_subgraph(graph: ir.Graph, opsets: Mapping[str, int]) -> None:
+    """Give the untyped values of ``graph`` (a subgraph) the types ONNX shape inference finds
+    for it as a model of its own: inference does not enter the subgraphs of ops it has no
+    schema for (FlexAttention's score_mod / prob_mod, an ai.onnx.preview op), and templates
+    need the dtypes (Range, Cast). Values typed already are kept; a subgraph that inference
+    rejects stays as it was."""
+    untyped = [o for n in graph for o in n.outputs if o.name and o.type is None]
+    if not untyped:
+        return
+    import onnx
+
+    proto = ir.serde.serialize_graph(graph)
+    opset_ids = [onnx.helper.make_opsetid(d, v) for d, v in sorted(opsets.items())]
+    try:
+        inferred = onnx.shape_inference.infer_shapes(
+            onnx.helper.make_model(proto, opset_imports=opset_ids), strict_mode=False
+        )
+    except Exception:  # noqa: BLE001  (inference is a best effort here)
+        return
+    found = {vi.name: vi.type for vi in inferred.graph.value_info}
+    for o in untyped:
+        t = found.get(o.name)
+        if t is not None and t.HasField("tensor_type") and t.tensor_type.elem_type:
+            o.type = ir.serde.deserialize_type_proto_for_type(t)
+            if o.shape is None and t.tensor_type.HasField("shape"):
+                o.shape = ir.serde.deserialize_type_proto_for_shape(t)
+
+
 class Namespace:
     """Unique, readable identifiers that never shadow builtins (after torch.fx's).
 

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import onnx_ir as ir
 
-from xconv.converters.codegen import parse_attrs
+from xconv.converters.codegen import parse_attrs, type_subgraph
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
 from xconv.converters.flax.source.templates import (
     OpCall,
@@ -115,6 +115,7 @@ class _Nodes:
                 op=node.op_type,
                 node=node.name,
             )
+        type_subgraph(graph, self.model.opset_imports)
         name = self.ns.new(key if key != "body" else f"{node.op_type.lower()}_body")
         outer = self.src.body
         env = {v: dict(names) for v, names in self.env.items()}

@@ -603,6 +603,36 @@ def _rotary_embedding(c: OpCall) -> str:
     return ex.rotary_call(c)
 
 
+registry.helpers["flex_attention"] = '''
+def _flex_attention(q, k, v, scale=None, score_mod=None, prob_mod=None, compute=None):
+    """ONNX FlexAttention (ai.onnx.preview) of (B, H, S, D) heads: Q K^T (each scaled by
+    sqrt(scale)), in ``compute`` (float32 for narrower inputs), then score_mod, a softmax over
+    the keys, prob_mod, and the product with V; K / V heads repeated for grouped queries."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[-1])
+    root = jnp.asarray(np.sqrt(np.float32(scale)), q.dtype)
+    scores = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2))
+    if compute is None:
+        compute = jnp.float32 if q.dtype.itemsize < 4 else q.dtype
+    scores = scores.astype(compute)
+    if score_mod is not None:
+        scores = jnp.asarray(score_mod(scores)[0]).astype(compute)
+    e = jnp.exp(scores - lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True)))
+    probs = e / jnp.sum(e, axis=-1, keepdims=True)
+    if prob_mod is not None:
+        probs = jnp.asarray(prob_mod(probs)[0]).astype(compute)
+    return jnp.matmul(probs, v.astype(compute)).astype(v.dtype)
+'''
+
+
+@registry.builtin("FlexAttention", domain="ai.onnx.preview", attrs=ex.FLEX_ATTENTION_ATTRS)
+def _flex_attention(c: OpCall) -> str:
+    return ex.flex_attention_call(c, dtype_expr)
+
+
 # ---------------------------------------------------------------- recurrent layers
 
 _RNN_ATTRS = COMMON_ATTRS

