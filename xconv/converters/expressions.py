@@ -879,6 +879,69 @@ def shift_direction(c: TemplateCall) -> str:
     return direction
 
 
+# ---------------------------------------------------------------- RoiAlign, MaxRoiPool, DeformConv
+
+
+def roi_align_call(c: TemplateCall, since16: bool = True) -> str:
+    """RoiAlign as ``_roi_align(x, rois, batch_indices, (ph, pw), ...)`` (the helper added to
+    ``c.helpers``). With sampling_ratio 0 over constant rois the adaptive grid is computed
+    here (``ops/detection.roi_grid``); over rois computed at run time the helper reads it from
+    their values. Before opset 16 the only coordinate mode was output_half_pixel."""
+    from xconv.converters.ops.detection import roi_grid
+
+    a = c.attrs
+    if a["mode"] not in ("avg", "max"):
+        raise c.fail(f"mode={a['mode']!r}; ONNX defines 'avg', 'max'")
+    modes = ("half_pixel", "output_half_pixel")
+    if a["coordinate_transformation_mode"] not in modes:
+        raise c.fail(f"coordinate_transformation_mode={a['coordinate_transformation_mode']!r}")
+    half = a["coordinate_transformation_mode"] == "half_pixel"
+    if not since16 and "coordinate_transformation_mode" not in c.node.attributes:
+        half = False
+    size = (int(a["output_height"]), int(a["output_width"]))
+    ratio, scale = int(a["sampling_ratio"]), float(a["spatial_scale"])
+    extra = [f"ratio={ratio}"] * (ratio > 0) + [f"scale={scale!r}"] * (scale != 1.0)
+    extra += ["half=False"] * (not half) + [f'mode="{a["mode"]}"'] * (a["mode"] != "avg")
+    if ratio <= 0 and c.consts[1] is not None:
+        dtype = c.node.inputs[0].dtype
+        dt = dtype.numpy() if dtype is not None and dtype.is_floating_point() else np.float32
+        extra.append(f"grid={roi_grid(np.asarray(c.consts[1]), dt, scale, half, size)}")
+    c.helpers.add("roi_align")
+    return f"_roi_align({', '.join([*c.args[:3], str(size), *extra])})"
+
+
+def max_roi_pool_call(c: TemplateCall) -> str:
+    """MaxRoiPool as ``_max_roi_pool(x, rois, (ph, pw)[, scale=s])`` (the helper added)."""
+    size = tuple(int(v) for v in c.attrs["pooled_shape"])
+    if len(size) != 2:
+        raise c.fail(f"pooled_shape={list(size)}; it has two values (height, width)")
+    scale = float(c.attrs["spatial_scale"])
+    c.helpers.add("max_roi_pool")
+    extra = f", scale={scale!r}" if scale != 1.0 else ""
+    return f"_max_roi_pool({c.args[0]}, {c.args[1]}, {size}{extra})"
+
+
+def deform_conv_call(c: TemplateCall) -> str:
+    """DeformConv as ``_deform_conv(x, w, offset[, b][, mask=m], ...)``, the attributes
+    other than their defaults as keywords (the helper added)."""
+    a = c.attrs
+    args = [c.args[0], c.args[1], c.args[2]]
+    if c.has(3):
+        args.append(c.args[3])
+    if c.has(4):
+        args.append(f"mask={c.args[4]}")
+    for key in ("strides", "pads", "dilations"):
+        v = a[key]
+        if v is not None and any(int(x) != (0 if key == "pads" else 1) for x in v):
+            args.append(f"{key}={tuple(int(x) for x in v)}")
+    if int(a["group"]) != 1:
+        args.append(f"groups={int(a['group'])}")
+    if int(a["offset_group"]) != 1:
+        args.append(f"offset_groups={int(a['offset_group'])}")
+    c.helpers.add("deform_conv")
+    return f"_deform_conv({', '.join(args)})"
+
+
 #: FlexAttention's attributes (ai.onnx.preview; ``ops/attention.flex_attention``).
 FLEX_ATTENTION_ATTRS = {
     "scale": None,
