@@ -225,7 +225,8 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: float8; DFT (its axis computed at run time, or opset 19's attribute), STFT and
 #: MelWeightMatrix (sizes and inputs read at run time); LinearAttention (its recurrence) and
 #: CausalConvWithState; If, Scan (opsets 8 and 9+) and Loop, their subgraphs nested functions;
-#: FlexAttention, its score_mod / prob_mod subgraphs nested functions too;
+#: FlexAttention, its score_mod / prob_mod subgraphs nested functions too; Unique and
+#: NonMaxSuppression (numpy text applied eagerly);
 #: RoiAlign, MaxRoiPool and DeformConv (generated _roi_align / _max_roi_pool / _deform_conv).
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
@@ -295,6 +296,7 @@ EMITTED_CASES = (
     "test_linear_attention_gated_delta_gqa", "test_causal_conv_with_state_silu_with_past_state",
     "test_if", "test_scan_sum", "test_scan9_multi_state", "test_loop11",
     "test_flexattention_gqa", "test_flexattention_causal_mask", "test_flexattention_prob_mod",
+    "test_unique_not_sorted_without_axis", "test_nonmaxsuppression_center_point_box_format",
     "test_roialign_aligned_false", "test_roialign_mode_max", "test_deform_conv_with_mask_bias",
     "test_deform_conv_with_multiple_offset_groups",
 )  # fmt: skip

@@ -879,6 +879,117 @@ def shift_direction(c: TemplateCall) -> str:
     return direction
 
 
+#: ONNX Unique in numpy (framework-free): the text of the ``_unique`` helper both source
+#: emitters write, applied eagerly to the input's numbers (its output shapes depend on them),
+#: as ``ops/indexing.unique`` computes it for the runtimes.
+UNIQUE = '''
+def _unique(x, axis=None, ordered=True):
+    """ONNX Unique of a numpy array, over its slices along ``axis`` (its elements when None):
+    (Y, the indices of their first occurrences, inverse_indices, counts), the last three
+    int64; sorted when ``ordered``, else in the order of first occurrence."""
+    kwargs = {} if axis is None else {"axis": axis % x.ndim}
+    y, first, inverse, counts = np.unique(
+        x, return_index=True, return_inverse=True, return_counts=True, **kwargs
+    )
+    inverse = inverse.reshape(-1)
+    if not ordered:
+        order = np.argsort(first, kind="stable")
+        rank_of = np.empty_like(order)
+        rank_of[order] = np.arange(order.size)
+        first, counts, inverse = first[order], counts[order], rank_of[inverse]
+        y = np.take(x, first, axis=kwargs.get("axis"))
+    return (y, *(np.asarray(v, dtype=np.int64) for v in (first, inverse, counts)))
+'''
+
+
+def unique_call(c: TemplateCall, x: str) -> str:
+    """``_unique(x, axis=..., ordered=False)`` of a Unique node (``x`` the numpy input's
+    expression), the helper added to ``c.helpers``; see :func:`unique_outputs`."""
+    c.helpers.add("unique")
+    axis = "" if c.attrs["axis"] is None else f", axis={int(c.attrs['axis'])}"
+    ordered = "" if c.attrs["sorted"] else ", ordered=False"
+    return f"_unique({x}{axis}{ordered})"
+
+
+def unique_outputs(c: TemplateCall) -> str:
+    """What selects a Unique node's outputs from ``_unique``'s four: ``[0]`` (one array),
+    ``[:n]``, or nothing for all four."""
+    n = len(c.node.outputs)
+    return "[0]" if n == 1 else "" if n == 4 else f"[:{n}]"
+
+
+#: ONNX NonMaxSuppression in numpy (framework-free): the text of the
+#: ``_non_max_suppression`` helper both source emitters write, applied eagerly (the number of
+#: boxes kept depends on the scores), as ``ops/nms.non_max_suppression`` computes it.
+NON_MAX_SUPPRESSION = '''
+def _non_max_suppression(boxes, scores, max_out=None, iou=None, score_min=None, center=False):
+    """ONNX NonMaxSuppression of numpy boxes (batch, n, 4) and scores (batch, classes, n): the
+    (batch, class, box) int64 indices of the boxes kept per batch and class, highest score
+    first (ties by box index), at most ``max_out`` of them, none overlapping a kept one by an
+    IoU above ``iou``, none scoring at most ``score_min``. An absent or empty optional input
+    counts as absent; ``center`` reads boxes as (x, y, w, h), else as two corners (y, x)."""
+    boxes, scores = np.asarray(boxes, np.float64), np.asarray(scores, np.float64)
+    max_out = 0 if max_out is None or not np.size(max_out) else max(int(np.ravel(max_out)[0]), 0)
+    iou = 0.0 if iou is None or not np.size(iou) else float(np.ravel(iou)[0])
+    score_min = None if score_min is None or not np.size(score_min) else np.ravel(score_min)[0]
+    a, b, c, d = (boxes[..., i] for i in range(4))
+    if center:
+        corners = np.stack([a - c / 2, b - d / 2, a + c / 2, b + d / 2], axis=-1)
+    else:
+        lo_x, lo_y = np.minimum(b, d), np.minimum(a, c)
+        corners = np.stack([lo_x, lo_y, np.maximum(b, d), np.maximum(a, c)], axis=-1)
+    selected = []
+    for n in range(scores.shape[0]):
+        for k in range(scores.shape[1]):
+            s, kept = scores[n, k], []
+            candidates = np.arange(s.shape[0])
+            if score_min is not None:
+                candidates = candidates[s[candidates] > float(score_min)]
+            for i in candidates[np.argsort(-s[candidates], kind="stable")]:
+                if len(kept) >= max_out:
+                    break
+                box, others = corners[n, i], corners[n, kept]
+                ix = np.minimum(box[2], others[:, 2]) - np.maximum(box[0], others[:, 0])
+                iy = np.minimum(box[3], others[:, 3]) - np.maximum(box[1], others[:, 1])
+                inter = np.where((ix > 0) & (iy > 0), ix * iy, 0.0)
+                area = (box[2] - box[0]) * (box[3] - box[1])
+                areas = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
+                union = area + areas - inter
+                valid = (inter > 0) & (area > 0) & (areas > 0) & (union > 0)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    overlap = np.where(valid, inter / np.where(union > 0, union, 1), 0.0)
+                if (valid & (overlap > iou)).any():
+                    continue
+                kept.append(int(i))
+                selected.append((n, k, int(i)))
+    return np.array(selected, dtype=np.int64).reshape(-1, 3)
+'''
+
+
+def non_max_suppression_call(c: TemplateCall) -> str:
+    """``_non_max_suppression(boxes=..., scores=..., ...)`` of a NonMaxSuppression node, its
+    array arguments by keyword (each emitter's ``_eagerly`` reads them as numpy), the helper
+    added to ``c.helpers``. A constant optional input of one number is written as a Python
+    number (a float32 threshold as its exact float64 value, as the runtimes read it); one
+    absent, or empty by its static shape, is left out."""
+    c.helpers.add("non_max_suppression")
+    args = [f"boxes={c.args[0]}", f"scores={c.args[1]}"]
+    for i, name in ((2, "max_out"), (3, "iou"), (4, "score_min")):
+        shape = c.shapes[i] if i < len(c.shapes) else None
+        if not c.has(i) or (shape is not None and 0 in shape):
+            continue
+        value = c.consts[i]
+        if value is not None and np.size(value) == 1:
+            v = np.asarray(value).reshape(-1)[0]
+            number = float(v) if np.issubdtype(v.dtype, np.floating) else int(v)
+            args.append(f"{name}={number!r}")
+        else:
+            args.append(f"{name}={c.args[i]}")
+    if c.attrs["center_point_box"]:
+        args.append("center=True")
+    return f"_non_max_suppression({', '.join(args)})"
+
+
 # ---------------------------------------------------------------- RoiAlign, MaxRoiPool, DeformConv
 
 

@@ -562,10 +562,11 @@ from xconv.converters.torch.source import (  # noqa: E402
     templates_nn,
     templates_recurrent,
     templates_rnn,
+    templates_select,
     templates_shape,
     templates_signal,
 )
 
 del templates_control, templates_nn, templates_recurrent, templates_rnn, templates_shape
-del templates_signal
+del templates_select, templates_signal
 del templates_detection
