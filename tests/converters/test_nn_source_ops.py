@@ -125,3 +125,71 @@ def test_flex_attention_modifiers_as_nested_functions(tmp_path):
     np.testing.assert_allclose(torch_out[0], want, rtol=1e-5, atol=1e-5)
     assert "def score_mod(" in text and "def prob_mod(" in text
     assert "score_mod=score_mod, prob_mod=prob_mod" in text
+
+
+# ---------------------------------------------------------------- ConvTranspose
+
+
+def test_grouped_conv_transpose_from_torch_matches_torch(tmp_path):
+    """``nn.ConvTranspose2d(groups=2, output_padding=1)`` traced by from_torch: both sources
+    give torch's numbers (the Flax one a grouped lax.conv_general_dilated)."""
+    torch.manual_seed(0)
+    layer = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+    x = np.random.default_rng(0).standard_normal((2, 4, 5, 5)).astype(np.float32)
+    model = xconv.from_torch(layer.eval(), (torch.as_tensor(x),))
+    assert "ConvTranspose" in {n.op_type for n in model.graph}
+    with torch.no_grad():
+        want = layer(torch.as_tensor(x)).numpy()
+    flax_out, torch_out, _ = _run_sources(model, (x,), tmp_path)
+    assert flax_out[0].shape == want.shape == (2, 6, 10, 10)
+    np.testing.assert_allclose(flax_out[0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(torch_out[0], want, rtol=1e-5, atol=1e-5)
+
+
+def _runtime(model, inputs):
+    """The torch runtime's outputs (``xconv.to_torch``): the oracle where the ONNX reference
+    evaluator lacks the op or the form."""
+    module, _ = xconv.to_torch(model)
+    with torch.no_grad():
+        got = module(*(torch.as_tensor(x) for x in inputs))
+    return [np.asarray(g) for g in (got if isinstance(got, (tuple, list)) else (got,))]
+
+
+@pytest.mark.parametrize(
+    ("attrs", "reference"),
+    [
+        ({"strides": [3, 2], "output_shape": [10, 8]}, True),
+        ({"strides": [2, 2], "auto_pad": "SAME_LOWER"}, True),
+        # the reference evaluator fails on these two forms: the torch runtime is the oracle
+        ({"strides": [3, 2], "output_shape": [10, 8], "group": 2}, False),
+        ({"strides": [3, 2], "output_shape": [7, 5], "pads": [1, 0, 0, 0]}, False),
+    ],
+    ids=["output_shape", "same_lower", "output_shape_grouped", "output_shape_cropped"],
+)
+def test_conv_transpose_output_shape_and_same(tmp_path, attrs, reference):
+    from onnx.reference import ReferenceEvaluator
+
+    g = attrs.get("group", 1)
+    node = helper.make_node("ConvTranspose", ["X", "W", "B"], ["Y"], **attrs)
+    model = _model(
+        [node],
+        [
+            _t("X", TensorProto.FLOAT, [1, 2, 3, 3]),
+            _t("W", TensorProto.FLOAT, [2, 2, 3, 3]),
+            _t("B", TensorProto.FLOAT, [2 * g]),
+        ],  # fmt: skip
+        [_t("Y", TensorProto.FLOAT, None)],
+    )
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(2 * g).astype(np.float32)
+    if reference:
+        want = ReferenceEvaluator(ir.to_proto(model)).run(None, {"X": x, "W": w, "B": b})[0]
+    else:
+        want = _runtime(model, (x, w, b))[0]
+    if "output_shape" in attrs:
+        assert want.shape[2:] == tuple(attrs["output_shape"])
+    flax_out, torch_out, _ = _run_sources(model, (x, w, b), tmp_path)
+    np.testing.assert_allclose(flax_out[0], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(torch_out[0], want, rtol=1e-5, atol=1e-5)

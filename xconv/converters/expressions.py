@@ -1075,3 +1075,24 @@ def flex_attention_call(c: TemplateCall, dtype: Callable[[ir.DataType], str]) ->
         args.append(f"compute={dtype(ir.DataType(int(a['softmax_precision'])))}")
     c.helpers.add("flex_attention")
     return f"_flex_attention({', '.join(args)})"
+
+
+def conv_transpose_padding_of(c: TemplateCall, n: int, kernel) -> list[tuple[int, int]]:
+    """ConvTranspose as the runtimes run it, a stride-1 convolution of the stride-dilated
+    input: that convolution's ``(low, high)`` padding per spatial axis (negative crops), from
+    ``ops/shapes.conv_transpose_padding`` (output_shape and auto_pad SAME_* need the input's
+    spatial sizes)."""
+    from xconv.converters.ops.shapes import conv_transpose_padding, ints
+
+    a, shape = c.attrs, c.shapes[0]
+    spatial = None if shape is None or len(shape) != n + 2 else shape[2:]
+    if spatial is None or any(d is None for d in spatial):
+        if a["output_shape"] is not None or a["auto_pad"] in ("SAME_UPPER", "SAME_LOWER"):
+            raise c.fail("output_shape or auto_pad SAME_* over an input of unknown spatial size")
+        spatial = (1,) * n  # explicit pads do not depend on it
+    padding = conv_transpose_padding(
+        c.node, a["auto_pad"], tuple(int(d) for d in spatial), tuple(kernel),
+        ints(a["strides"], n, 1), ints(a["dilations"], n, 1), ints(a["output_padding"], n, 0),
+        a["output_shape"], a["pads"],
+    )  # fmt: skip
+    return [(int(lo), int(hi)) for lo, hi in padding]

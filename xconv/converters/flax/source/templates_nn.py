@@ -85,32 +85,45 @@ def _channel_shape(n: int) -> str:
     return "(" + ", ".join(["-1"] + ["1"] * n) + ("," if n == 0 else "") + ")"
 
 
+registry.helpers["conv_transpose_kernel"] = '''
+def _conv_transpose_kernel(w, groups):
+    """A grouped ConvTranspose's (C_in, C_out / groups, *k) kernel as the spatially flipped
+    (C_out, C_in / groups, *k) kernel of the convolution it runs as."""
+    c_in, c_out_g, *k = w.shape
+    w = jnp.reshape(w, (groups, c_in // groups, c_out_g, *k))
+    w = jnp.reshape(jnp.swapaxes(w, 1, 2), (groups * c_out_g, c_in // groups, *k))
+    return jnp.flip(w, tuple(range(2, w.ndim)))
+'''
+
+
 @template("ConvTranspose", **ex.CONV_TRANSPOSE_ATTRS)
 def _conv_transpose(c: OpCall) -> str:
     w_shape = c.shapes[1]
     if w_shape is None:
         raise c.fail("ConvTranspose with a kernel of unknown shape")
     n = len(w_shape) - 2
-    if c.attrs["group"] != 1 or c.attrs["output_shape"] is not None or n > 3:
-        raise c.fail("grouped ConvTranspose or output_shape; supported: group=1, explicit pads")
+    if n > 3:
+        raise c.fail(f"a {n}-d ConvTranspose; supported: 1-d to 3-d")
     k = [int(d) for d in w_shape[2:]]
     strides = tuple(c.attrs["strides"] or (1,) * n)
     dil = tuple(c.attrs["dilations"] or (1,) * n)
-    opad = c.attrs["output_padding"] or (0,) * n
-    pads = _spatial_pads(c, n)
+    group = int(c.attrs["group"])
     # The gradient of a convolution: dilate the input by the strides, convolve with the
-    # spatially flipped kernel whose in/out channels are swapped.
-    padding = [
-        (dil[i] * (k[i] - 1) - pads[i][0], dil[i] * (k[i] - 1) - pads[i][1] + int(opad[i]))
-        for i in range(n)
-    ]
+    # spatially flipped kernel whose in/out channels are swapped (within each group).
+    padding = ex.conv_transpose_padding_of(c, n, k)
     spatial = "DHW"[-n:]
     dn = (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
-    flip = ", ".join([":", ":"] + ["::-1"] * n)
-    w = f"jnp.swapaxes({c.args[1]}, 0, 1)[{flip}]"
+    if group == 1:
+        flip = ", ".join([":", ":"] + ["::-1"] * n)
+        w = f"jnp.swapaxes({c.args[1]}, 0, 1)[{flip}]"
+    else:
+        c.helpers.add("conv_transpose_kernel")
+        w = f"_conv_transpose_kernel({c.args[1]}, {group})"
+    groups = f", feature_group_count={group}" if group != 1 else ""
     out = (
         f"lax.conv_general_dilated({c.args[0]}, {w}, window_strides={(1,) * n}, "
-        f"padding={padding}, lhs_dilation={strides}, rhs_dilation={dil}, dimension_numbers={dn})"
+        f"padding={padding}, lhs_dilation={strides}, rhs_dilation={dil}, "
+        f"dimension_numbers={dn}{groups})"
     )
     if c.has(2):
         out += f" + {c.args[2]}.reshape({_channel_shape(n)})"

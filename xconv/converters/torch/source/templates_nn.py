@@ -86,8 +86,8 @@ def _qlinear_conv(c: OpCall) -> str:
 @template("ConvTranspose", **ex.CONV_TRANSPOSE_ATTRS)
 def _conv_transpose(c: OpCall) -> str:
     n = c.need_rank() - 2
-    if c.attrs["output_shape"] is not None:
-        raise c.fail("output_shape is not supported; canonicalise to pads")
+    if c.attrs["output_shape"] is not None or c.attrs["auto_pad"] in ("SAME_UPPER", "SAME_LOWER"):
+        return _conv_transpose_cropped(c, n)
     pads = c.attrs.get("pads") or [0] * (2 * n)
     crop = None
     if c.attrs.get("auto_pad", "NOTSET") == "NOTSET" and list(pads[:n]) != list(pads[n:]):
@@ -109,6 +109,29 @@ def _conv_transpose(c: OpCall) -> str:
         return expr
     index = [":", ":"] + [f"{lo or ''}:{-hi if hi else ''}" for lo, hi in crop]
     return f"{expr}[{', '.join(index)}]"
+
+
+def _conv_transpose_cropped(c: OpCall, n: int) -> str:
+    """ConvTranspose sized by output_shape or auto_pad SAME_*: the full transposed
+    convolution, cropped (or zero-padded, by negative pads) to the runtimes' padding
+    (``expressions.conv_transpose_padding_of``), then the bias."""
+    if c.shapes[1] is None or any(d is None for d in c.shapes[1][2:]):
+        raise c.fail("ConvTranspose with a kernel of unknown shape")
+    k = [int(v) for v in c.shapes[1][2:]]
+    d = c.attrs["dilations"] or [1] * n
+    padding = ex.conv_transpose_padding_of(c, n, k)
+    crops = [((k[i] - 1) * d[i] - lo, (k[i] - 1) * d[i] - hi) for i, (lo, hi) in enumerate(padding)]
+    pad = tuple(-v for lo, hi in reversed(crops) for v in (lo, hi))
+    s = c.attrs["strides"] or [1] * n
+    expr = (
+        f"F.conv_transpose{n}d({c.args[0]}, {c.args[1]}, stride={int_tuple(s)}, "
+        f"groups={c.attrs['group']}, dilation={int_tuple(d)})"
+    )
+    if any(pad):
+        expr = f"F.pad({expr}, {pad})"
+    if c.has(2):
+        expr += f" + {c.args[2]}.reshape({(-1,) + (1,) * n})"
+    return expr
 
 
 @template("MaxPool", **ex.MAX_POOL_ATTRS)
