@@ -1096,3 +1096,35 @@ def conv_transpose_padding_of(c: TemplateCall, n: int, kernel) -> list[tuple[int
         a["output_shape"], a["pads"],
     )  # fmt: skip
     return [(int(lo), int(hi)) for lo, hi in padding]
+
+
+# ---------------------------------------------------------------- sequences and optionals
+# An ONNX sequence is a Python list in both sources (as in the runtimes, ``ops/sequence``), an
+# empty optional None; ``position`` below is a position written as a Python int expression.
+
+
+def sequence_construct_expr(c: TemplateCall) -> str:
+    """SequenceConstruct: the list of its inputs."""
+    return f"[{', '.join(a for a in c.args if a)}]"
+
+
+def sequence_insert_expr(c: TemplateCall, position: str | None) -> str:
+    """SequenceInsert: a new list with the tensor before ``position`` (negative: counted from
+    the end, as Python slices count), appended when absent."""
+    seq, tensor = c.args[0], c.args[1]
+    if position is None:
+        return f"[*{seq}, {tensor}]"
+    return f"[*{seq}[:{position}], {tensor}, *{seq}[{position}:]]"
+
+
+def sequence_erase_expr(c: TemplateCall, position: str | None) -> str:
+    """SequenceErase: a new list without the element at ``position`` (the last when absent)."""
+    seq = c.args[0]
+    if position is None:
+        return f"{seq}[:-1]"
+    return f"[t for i, t in enumerate({seq}) if i != {position} % len({seq})]"
+
+
+def optional_expr(c: TemplateCall) -> str:
+    """Optional: its input, or None (an empty optional)."""
+    return c.args[0] if c.has(0) else "None"

@@ -557,10 +557,11 @@ from xconv.converters.flax.source import (  # noqa: E402
     templates_recurrent,
     templates_resize,
     templates_select,
+    templates_sequence,
     templates_shape,
     templates_signal,
 )
 
 del helpers, templates_control, templates_nn, templates_recurrent, templates_resize
-del templates_select, templates_shape, templates_signal
+del templates_select, templates_sequence, templates_shape, templates_signal
 del templates_detection

@@ -493,37 +493,6 @@ def _split(c: OpCall) -> str:
     return f"jnp.split({c.args[0]}, {n}, axis={a})"
 
 
-@template("SplitToSequence", axis=0, keepdims=1)
-def _split_to_sequence(c: OpCall) -> str:
-    """A Python list of arrays (an ONNX sequence)."""
-    a = c.attrs["axis"]
-    shape = c.shapes[0]
-    dim = shape[a] if shape is not None and -len(shape) <= a < len(shape) else None
-    if not c.has(1):
-        pieces = f"jnp.split({c.args[0]}, {c.args[0]}.shape[{a}], axis={a})"
-        if c.attrs["keepdims"]:
-            return f"list({pieces})"
-        return f"[jnp.squeeze(p, axis={a}) for p in {pieces}]"
-    split = c.const(1, "split")
-    if split.ndim == 0:
-        if dim is None:
-            raise c.fail("SplitToSequence by a chunk size along an axis of unknown size")
-        cuts = list(range(int(split), dim, int(split)))
-    else:
-        cuts = [int(x) for x in np.cumsum(split)[:-1]]
-    return f"list(jnp.split({c.args[0]}, {cuts}, axis={a}))"
-
-
-@template("SequenceAt")
-def _sequence_at(c: OpCall) -> str:
-    return f"{c.args[0]}[{int(c.const(1, 'position'))}]"
-
-
-@template("SequenceLength")
-def _sequence_length(c: OpCall) -> str:
-    return f"np.asarray(len({c.args[0]}), dtype=np.int64)"
-
-
 registry.helpers["pad_widths"] = '''
 def _pad_widths(pads, ndim, axes=None):
     """ONNX Pad's pads (every begin, then every end) over ``axes`` as jnp.pad's (before,

@@ -563,10 +563,11 @@ from xconv.converters.torch.source import (  # noqa: E402
     templates_recurrent,
     templates_rnn,
     templates_select,
+    templates_sequence,
     templates_shape,
     templates_signal,
 )
 
 del templates_control, templates_nn, templates_recurrent, templates_rnn, templates_shape
-del templates_select, templates_signal
+del templates_select, templates_sequence, templates_signal
 del templates_detection

@@ -544,31 +544,6 @@ def _split(c: OpCall) -> str:
     return f"{expr}[0]" if n == 1 else expr  # one piece: the tensor, not a 1-tuple
 
 
-@template("SplitToSequence", axis=0, keepdims=1)
-def _split_to_sequence(c: OpCall) -> str:
-    x, a = c.args[0], c.attrs["axis"]
-    if not c.has(1):
-        expr = f"torch.split({x}, 1, dim={a})"
-        if not c.attrs["keepdims"]:
-            return f"[t.squeeze({a}) for t in {expr}]"
-        return f"list({expr})"
-    split = np.asarray(c.const(1, "split"))
-    sizes = str(int(split)) if split.ndim == 0 else c.ints(1)
-    return f"list(torch.split({x}, {sizes}, dim={a}))"
-
-
-@template("SequenceAt")
-def _sequence_at(c: OpCall) -> str:
-    if c.consts[1] is not None:
-        return f"{c.args[0]}[{int(np.asarray(c.consts[1]))}]"
-    return f"{c.args[0]}[int({c.args[1]})]"
-
-
-@template("SequenceLength")
-def _sequence_length(c: OpCall) -> str:
-    return f"torch.tensor(len({c.args[0]}), dtype=torch.int64)"
-
-
 #: ONNX Pad's modes as F.pad's.
 _PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
 
