@@ -229,7 +229,8 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
 #: NonMaxSuppression (numpy text applied eagerly);
 #: RoiAlign, MaxRoiPool and DeformConv (generated _roi_align / _max_roi_pool / _deform_conv);
 #: ConvTranspose grouped, sized by output_shape or auto_pad SAME_* (both sources); the
-#: sequence and optional ops as Python lists and None.
+#: sequence and optional ops as Python lists and None;
+#: TensorScatter (linear, circular), Col2Im and MaxUnpool (generated scatters).
 EMITTED_CASES = (
     "test_nllloss_NCd1d2_with_weight_reduction_sum_ii", "test_nllloss_NCd1_mean_weight_negative_ii",
     "test_nllloss_NCd1d2d3d4d5_none_no_weight", "test_sce_mean_weight_ii_4d_log_prob",
@@ -303,6 +304,7 @@ EMITTED_CASES = (
     "test_deform_conv_with_multiple_offset_groups",
     "test_convtranspose_group_2", "test_convtranspose_output_shape", "test_convtranspose_autopad_same",
     "test_sequence_model5", "test_sequence_model7", "test_optional_get_element_optional_tensor",
+    "test_tensorscatter_circular", "test_col2im_pads", "test_maxunpool_export_with_output_shape",
 )  # fmt: skip
 
 #: Cases the Flax source alone writes: a max over an empty axis computed at run time (the

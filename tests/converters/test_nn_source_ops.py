@@ -193,3 +193,91 @@ def test_conv_transpose_output_shape_and_same(tmp_path, attrs, reference):
     flax_out, torch_out, _ = _run_sources(model, (x, w, b), tmp_path)
     np.testing.assert_allclose(flax_out[0], want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(torch_out[0], want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- scatters
+
+
+def _against_reference(model, feeds, tmp_path):
+    from onnx.reference import ReferenceEvaluator
+
+    want = ReferenceEvaluator(ir.to_proto(model)).run(None, feeds)
+    flax_out, torch_out, text = _run_sources(model, tuple(feeds.values()), tmp_path)
+    for got in (flax_out, torch_out):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+    return text
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter_writes_the_cache(tmp_path, mode):
+    """A KV-cache write at per-batch positions (the last one running past the end: dropped
+    when linear, wrapped when circular)."""
+    node = helper.make_node("TensorScatter", ["cache", "update", "at"], ["out"], mode=mode)
+    model = _model(
+        [node],
+        [
+            _t("cache", TensorProto.FLOAT, [3, 2, 6, 4]),
+            _t("update", TensorProto.FLOAT, [3, 2, 3, 4]),
+            _t("at", TensorProto.INT64, [3]),
+        ],  # fmt: skip
+        [_t("out", TensorProto.FLOAT, [3, 2, 6, 4])],
+    )
+    rng = np.random.default_rng(2)
+    cache = rng.standard_normal((3, 2, 6, 4)).astype(np.float32)
+    update = rng.standard_normal((3, 2, 3, 4)).astype(np.float32)
+    at = np.array([0, 2, 3] if mode == "linear" else [1, 4, 5], dtype=np.int64)
+    text = _against_reference(model, {"cache": cache, "update": update, "at": at}, tmp_path)
+    assert "_tensor_scatter(" in text
+
+
+def test_col2im_with_pads_strides_and_dilations(tmp_path):
+    """Col2Im with image_shape and block_shape as run-time inputs, pads, strides, dilations."""
+    node = helper.make_node(
+        "Col2Im",
+        ["x", "image", "block"],
+        ["y"],
+        pads=[1, 0, 1, 2],
+        strides=[2, 1],
+        dilations=[1, 2],
+    )
+    image, block = np.array([5, 6], np.int64), np.array([2, 3], np.int64)
+    counts = [(5 + 2 - 2) // 2 + 1, (6 + 2 - 5) // 1 + 1]
+    model = _model(
+        [node],
+        [
+            _t("x", TensorProto.FLOAT, [2, 3 * 6, counts[0] * counts[1]]),
+            _t("image", TensorProto.INT64, [2]),
+            _t("block", TensorProto.INT64, [2]),
+        ],  # fmt: skip
+        [_t("y", TensorProto.FLOAT, None)],
+    )
+    x = np.random.default_rng(3).standard_normal((2, 18, counts[0] * counts[1])).astype(np.float32)
+    text = _against_reference(model, {"x": x, "image": image, "block": block}, tmp_path)
+    assert "_col2im_index(" in text
+
+
+@pytest.mark.parametrize("output_shape", [None, (1, 2, 6, 4)])
+def test_max_unpool_of_max_pool_indices(tmp_path, output_shape):
+    """MaxPool's values and Indices (from the ONNX reference) fed to MaxUnpool, with and
+    without an output_shape input."""
+    from onnx.reference import ReferenceEvaluator
+
+    pool = helper.make_node("MaxPool", ["x"], ["v", "i"], kernel_shape=[2, 2], strides=[2, 2])
+    pooled = _model(
+        [pool],
+        [_t("x", TensorProto.FLOAT, [1, 2, 6, 4])],
+        [_t("v", TensorProto.FLOAT, None), _t("i", TensorProto.INT64, None)],
+    )
+    x = np.random.default_rng(4).standard_normal((1, 2, 6, 4)).astype(np.float32)
+    v, i = ReferenceEvaluator(ir.to_proto(pooled)).run(None, {"x": x})
+    ins = ["v", "i"] + (["shape"] if output_shape else [])
+    unpool = helper.make_node("MaxUnpool", ins, ["y"], kernel_shape=[2, 2], strides=[2, 2])
+    inputs = [_t("v", TensorProto.FLOAT, [1, 2, 3, 2]), _t("i", TensorProto.INT64, [1, 2, 3, 2])]
+    feeds = {"v": v, "i": i}
+    if output_shape:
+        inputs.append(_t("shape", TensorProto.INT64, [4]))
+        feeds["shape"] = np.array(output_shape, np.int64)
+    model = _model([unpool], inputs, [_t("y", TensorProto.FLOAT, None)])
+    text = _against_reference(model, feeds, tmp_path)
+    assert "_max_unpool(" in text

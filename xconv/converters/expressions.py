@@ -1128,3 +1128,74 @@ def sequence_erase_expr(c: TemplateCall, position: str | None) -> str:
 def optional_expr(c: TemplateCall) -> str:
     """Optional: its input, or None (an empty optional)."""
     return c.args[0] if c.has(0) else "None"
+
+
+#: Col2Im's scatter positions in numpy (framework-free): the text of ``_col2im_index`` both
+#: source emitters write, as ``ops/nn.col2im_index`` computes it for the runtimes.
+COL2IM_INDEX = '''
+def _col2im_index(image, block, strides, dilations, pads):
+    """Col2Im: the flat image position of every (kernel offset, block position), in numpy;
+    positions outside the image go to a dump slot, prod(image)."""
+    n = len(image)
+    counts = [
+        (image[i] + pads[i] + pads[i + n] - ((block[i] - 1) * dilations[i] + 1)) // strides[i] + 1
+        for i in range(n)
+    ]
+    total = int(np.prod(image))
+    index = np.zeros((int(np.prod(block)), int(np.prod(counts))), dtype=np.int64)
+    valid = np.ones_like(index, dtype=bool)
+    kgrid = np.stack(np.meshgrid(*[np.arange(b) for b in block], indexing="ij"), 0)
+    lgrid = np.stack(np.meshgrid(*[np.arange(c) for c in counts], indexing="ij"), 0)
+    for i in range(n):
+        pos = lgrid[i].reshape(1, -1) * strides[i] - pads[i] + kgrid[i].reshape(-1, 1) * dilations[i]
+        valid &= (pos >= 0) & (pos < image[i])
+        index = index * image[i] + np.clip(pos, 0, image[i] - 1)
+    return np.where(valid, index, total).reshape(-1)
+'''
+
+
+def col2im_call(c: TemplateCall) -> str:
+    """``_col2im(x, image_shape, block_shape, strides, dilations, pads)`` for Col2Im, the
+    attributes resolved to tuples of the image's rank (the helpers added)."""
+    from xconv.converters.ops.shapes import ints
+
+    shape = c.shapes[1]
+    if shape is None or len(shape) != 1 or shape[0] is None:
+        raise c.fail("Col2Im's image_shape of unknown length")
+    n, a = int(shape[0]), c.attrs
+    geometry = [ints(a["strides"], n, 1), ints(a["dilations"], n, 1), ints(a["pads"], 2 * n, 0)]
+    c.helpers |= {"col2im_index", "col2im"}
+    return f"_col2im({', '.join(c.args[:3])}, {', '.join(str(g) for g in geometry)})"
+
+
+def max_unpool_call(c: TemplateCall) -> str:
+    """``_max_unpool(x, indices, kernel, strides, pads[, output_shape])`` for MaxUnpool (the
+    helper added)."""
+    from xconv.converters.ops.shapes import ints
+
+    n = c.need_rank() - 2
+    a = c.attrs
+    args = [c.args[0], c.args[1], str(tuple(int(k) for k in a["kernel_shape"]))]
+    args += [str(ints(a["strides"], n, 1)), str(ints(a["pads"], 2 * n, 0))]
+    if c.has(2):
+        args.append(c.args[2])
+    c.helpers.add("max_unpool")
+    return f"_max_unpool({', '.join(args)})"
+
+
+def tensor_scatter_call(c: TemplateCall) -> str:
+    """``_tensor_scatter(past_cache, update[, write_indices], axis=[, circular=True])`` for
+    TensorScatter, the axis made positive (the helper added)."""
+    rank = c.need_rank()
+    axis = int(c.attrs["axis"])
+    if not -rank <= axis < rank or axis % rank == 0:
+        raise c.fail(f"axis {axis} must name a sequence axis after the batch axis")
+    mode = c.attrs["mode"]
+    if mode not in ("linear", "circular"):
+        raise c.fail(f"mode={mode!r}; ONNX defines 'linear', 'circular'")
+    args = list(c.args[:2]) + ([c.args[2]] if c.has(2) else [])
+    args.append(f"axis={axis % rank}")
+    if mode == "circular":
+        args.append("circular=True")
+    c.helpers.add("tensor_scatter")
+    return f"_tensor_scatter({', '.join(args)})"
