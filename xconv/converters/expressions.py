@@ -1199,3 +1199,94 @@ def tensor_scatter_call(c: TemplateCall) -> str:
         args.append("circular=True")
     c.helpers.add("tensor_scatter")
     return f"_tensor_scatter({', '.join(args)})"
+
+
+# ------------------------------------------------------------------ control flow
+
+
+def one_output(c: TemplateCall, expr: str) -> str:
+    """A helper's tuple of results as the node's outputs: its item for a single output."""
+    return f"{expr}[0]" if len(c.node.outputs) == 1 else expr
+
+
+def tuple_text(items: list[str]) -> str:
+    """``(a,)`` / ``(a, b)``: the text of a tuple of expressions."""
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def _axes(c: TemplateCall, values, n: int, what: str) -> list[int]:
+    if values is None:
+        return [0] * n
+    if len(values) != n:
+        raise c.fail(f"{what} has {len(values)} entries, expected {n}")
+    return [int(v) for v in values]
+
+
+#: Scan-9's attributes (Scan-8's: ``SCAN_8_ATTRS``).
+SCAN_ATTRS = {
+    "body": REQUIRED,
+    "num_scan_inputs": REQUIRED,
+    "scan_input_axes": None,
+    "scan_input_directions": None,
+    "scan_output_axes": None,
+    "scan_output_directions": None,
+}
+SCAN_8_ATTRS = {"body": REQUIRED, "num_scan_inputs": REQUIRED, "directions": None}
+
+
+def scan_call(c: TemplateCall) -> str:
+    """Scan (opset 9+) as ``_scan(body, states, xs, in_axes=..., ...)`` of the emitter's
+    ``_scan`` helper (added to ``c.helpers``); the body is the nested function's name."""
+    c.helpers.add("scan")
+    n_in = c.attrs["num_scan_inputs"]
+    n_state = len(c.args) - n_in
+    body = c.node.attributes["body"].value
+    n_out = len(body.outputs) - n_state
+    in_axes = _axes(c, c.attrs["scan_input_axes"], n_in, "scan_input_axes")
+    for k, a in enumerate(in_axes):
+        if a < 0:
+            in_axes[k] = a % c.need_rank(n_state + k)
+    keywords = [
+        ("in_axes", in_axes),
+        ("in_reverse", _axes(c, c.attrs["scan_input_directions"], n_in, "scan_input_directions")),
+        ("out_axes", _axes(c, c.attrs["scan_output_axes"], n_out, "scan_output_axes")),
+        ("out_reverse", _axes(c, c.attrs["scan_output_directions"], n_out, "scan_output_dirs")),
+    ]
+    extra = [
+        f"{k}={tuple_text([str(bool(v)) if 'reverse' in k else str(v) for v in vs])}"
+        for k, vs in keywords
+        if any(vs)
+    ]
+    states = tuple_text(c.args[:n_state]) if n_state else "()"
+    xs = tuple_text(c.args[n_state:])
+    return one_output(c, f"_scan({', '.join([c.attrs['body'], states, xs, *extra])})")
+
+
+def scan_8_call(c: TemplateCall) -> str:
+    """Scan-8 (a batch axis first, sequence_lens) as ``_scan_batched(body, lens, states, xs,
+    reverse=...)`` of the emitter's helpers."""
+    c.helpers |= {"scan", "scan_batched"}
+    n_in = c.attrs["num_scan_inputs"]
+    lens, inputs = c.args[0] or "None", c.args[1:]
+    n_state = len(inputs) - n_in
+    dirs = _axes(c, c.attrs["directions"], n_in, "directions")
+    states = tuple_text(inputs[:n_state]) if n_state else "()"
+    args = [c.attrs["body"], lens, states, tuple_text(inputs[n_state:])]
+    if any(dirs):
+        args.append(f"reverse={tuple_text([str(bool(d)) for d in dirs])}")
+    return one_output(c, f"_scan_batched({', '.join(args)})")
+
+
+def loop_call(c: TemplateCall, empty: Callable[[ir.Value], str]) -> str:
+    """Loop as ``_loop(body, trip_count, cond, carried, empty=...)`` of the emitter's helper;
+    ``empty(value)`` writes a scan output of a loop that never runs."""
+    c.helpers.add("loop")
+    body = c.node.attributes["body"].value
+    carried = c.args[2:]
+    n_scan = len(body.outputs) - 1 - len(carried)
+    trip, cond = c.args[0] or "None", c.args[1] or "None"
+    args = [c.attrs["body"], trip, cond, tuple_text(carried) if carried else "()"]
+    if n_scan:
+        outs = body.outputs[1 + len(carried) :]
+        args.append(f"empty={tuple_text([empty(v) for v in outs])}")
+    return one_output(c, f"_loop({', '.join(args)})")

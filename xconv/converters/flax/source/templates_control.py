@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from xconv.converters import expressions as ex
 from xconv.converters.codegen import int_tuple
 from xconv.converters.flax.source.templates import OpCall, dtype_expr, registry, template
 from xconv.converters.ops.control import empty_output
@@ -134,98 +135,27 @@ def _loop(body, trip_count, cond, carried, empty=()):
 '''
 
 
-def _one(c: OpCall, expr: str) -> str:
-    """A helper's tuple of results as the node's outputs: its item for a single output."""
-    return f"{expr}[0]" if len(c.node.outputs) == 1 else expr
-
-
-def _tuple(items: list[str]) -> str:
-    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
-
-
 @template("If", then_branch=REQUIRED, else_branch=REQUIRED)
 def _if(c: OpCall) -> str:
     c.helpers.add("if")
     dtypes = ["None" if o.dtype is None else c.dtype(i) for i, o in enumerate(c.node.outputs)]
     then_, else_ = c.attrs["then_branch"], c.attrs["else_branch"]
-    return _one(c, f"_if({c.args[0]}, {then_}, {else_}, {_tuple(dtypes)})")
+    return ex.one_output(c, f"_if({c.args[0]}, {then_}, {else_}, {ex.tuple_text(dtypes)})")
 
 
-def _axes(c: OpCall, values, n: int, what: str) -> list[int]:
-    if values is None:
-        return [0] * n
-    if len(values) != n:
-        raise c.fail(f"{what} has {len(values)} entries, expected {n}")
-    return [int(v) for v in values]
-
-
-@registry.builtin(
-    "Scan",
-    since=9,
-    attrs={
-        "body": REQUIRED,
-        "num_scan_inputs": REQUIRED,
-        "scan_input_axes": None,
-        "scan_input_directions": None,
-        "scan_output_axes": None,
-        "scan_output_directions": None,
-    },
-)
+@registry.builtin("Scan", since=9, attrs=ex.SCAN_ATTRS)
 def _scan(c: OpCall) -> str:
-    c.helpers.add("scan")
-    n_in = c.attrs["num_scan_inputs"]
-    n_state = len(c.args) - n_in
-    body = c.node.attributes["body"].value
-    n_out = len(body.outputs) - n_state
-    in_axes = _axes(c, c.attrs["scan_input_axes"], n_in, "scan_input_axes")
-    for k, a in enumerate(in_axes):
-        if a < 0:
-            in_axes[k] = a % c.need_rank(n_state + k)
-    keywords = [
-        ("in_axes", in_axes),
-        ("in_reverse", _axes(c, c.attrs["scan_input_directions"], n_in, "scan_input_directions")),
-        ("out_axes", _axes(c, c.attrs["scan_output_axes"], n_out, "scan_output_axes")),
-        ("out_reverse", _axes(c, c.attrs["scan_output_directions"], n_out, "scan_output_dirs")),
-    ]
-    extra = [
-        f"{k}={_tuple([str(bool(v)) if 'reverse' in k else str(v) for v in vs])}"
-        for k, vs in keywords
-        if any(vs)
-    ]
-    states, xs = _tuple(c.args[:n_state]) if n_state else "()", _tuple(c.args[n_state:])
-    return _one(c, f"_scan({', '.join([c.attrs['body'], states, xs, *extra])})")
+    return ex.scan_call(c)
 
 
-@registry.builtin(
-    "Scan",
-    since=8,
-    until=8,
-    attrs={"body": REQUIRED, "num_scan_inputs": REQUIRED, "directions": None},
-)
+@registry.builtin("Scan", since=8, until=8, attrs=ex.SCAN_8_ATTRS)
 def _scan_8(c: OpCall) -> str:
-    c.helpers |= {"scan", "scan_batched"}
-    n_in = c.attrs["num_scan_inputs"]
-    lens, inputs = c.args[0] or "None", c.args[1:]
-    n_state = len(inputs) - n_in
-    dirs = _axes(c, c.attrs["directions"], n_in, "directions")
-    states, xs = _tuple(inputs[:n_state]) if n_state else "()", _tuple(inputs[n_state:])
-    args = [c.attrs["body"], lens, states, xs]
-    if any(dirs):
-        args.append(f"reverse={_tuple([str(bool(d)) for d in dirs])}")
-    return _one(c, f"_scan_batched({', '.join(args)})")
+    return ex.scan_8_call(c)
 
 
 @template("Loop", body=REQUIRED)
 def _loop(c: OpCall) -> str:
-    c.helpers.add("loop")
-    body = c.node.attributes["body"].value
-    carried = c.args[2:]
-    n_scan = len(body.outputs) - 1 - len(carried)
-    trip, cond = c.args[0] or "None", c.args[1] or "None"
-    args = [c.attrs["body"], trip, cond, _tuple(carried) if carried else "()"]
-    if n_scan:
-        args.append(f"empty={_tuple([_empty(v) for v in body.outputs[1 + len(carried) :]])}")
-    return _one(c, f"_loop({', '.join(args)})")
+    return ex.loop_call(c, _empty)
 
 
 def _empty(value: ir.Value) -> str:
