@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from xconv.converters import expressions as ex
+from xconv.converters import expressions_structured as exs
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
@@ -156,7 +156,7 @@ def test_the_numpy_text_equals_the_runtimes_core():
     from xconv.converters.ops import indexing, nms
 
     ns: dict = {"np": np}
-    exec(ex.UNIQUE + ex.NON_MAX_SUPPRESSION, ns)  # noqa: S102
+    exec(exs.UNIQUE + exs.NON_MAX_SUPPRESSION, ns)  # noqa: S102
     rng = np.random.default_rng(5)
     x = rng.integers(0, 4, (6, 3)).astype(np.float32)[[0, 1, 0, 2, 1, 5]]
     for axis in (None, 0, -1):

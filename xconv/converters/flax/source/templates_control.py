@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from xconv.converters import expressions as ex
+from xconv.converters import expressions_structured as exs
 from xconv.converters.codegen import int_tuple
 from xconv.converters.flax.source.templates import OpCall, dtype_expr, registry, template
 from xconv.converters.ops.control import empty_output
@@ -140,22 +140,22 @@ def _if(c: OpCall) -> str:
     c.helpers.add("if")
     dtypes = ["None" if o.dtype is None else c.dtype(i) for i, o in enumerate(c.node.outputs)]
     then_, else_ = c.attrs["then_branch"], c.attrs["else_branch"]
-    return ex.one_output(c, f"_if({c.args[0]}, {then_}, {else_}, {ex.tuple_text(dtypes)})")
+    return exs.one_output(c, f"_if({c.args[0]}, {then_}, {else_}, {exs.tuple_text(dtypes)})")
 
 
-@registry.builtin("Scan", since=9, attrs=ex.SCAN_ATTRS)
+@registry.builtin("Scan", since=9, attrs=exs.SCAN_ATTRS)
 def _scan(c: OpCall) -> str:
-    return ex.scan_call(c)
+    return exs.scan_call(c)
 
 
-@registry.builtin("Scan", since=8, until=8, attrs=ex.SCAN_8_ATTRS)
+@registry.builtin("Scan", since=8, until=8, attrs=exs.SCAN_8_ATTRS)
 def _scan_8(c: OpCall) -> str:
-    return ex.scan_8_call(c)
+    return exs.scan_8_call(c)
 
 
 @template("Loop", body=REQUIRED)
 def _loop(c: OpCall) -> str:
-    return ex.loop_call(c, _empty)
+    return exs.loop_call(c, _empty)
 
 
 def _empty(value: ir.Value) -> str:

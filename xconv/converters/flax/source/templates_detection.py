@@ -10,7 +10,7 @@ eagerly (``_static``), as ``to_jax`` reads it.
 
 from __future__ import annotations
 
-from xconv.converters import expressions as ex
+from xconv.converters import expressions_structured as exs
 from xconv.converters.flax.source.templates import OpCall, registry, template
 from xconv.converters.ops.detection import DEFORM_CONV_ATTRS, ROI_ALIGN_ATTRS
 from xconv.converters.registry import REQUIRED
@@ -185,7 +185,7 @@ def _roi_align(c: OpCall, since16: bool) -> str:
     """``_roi_align``, whose adaptive grid over rois computed at run time is read eagerly
     (``_static``)."""
     c.helpers.add("static_ints")
-    return ex.roi_align_call(c, since16)
+    return exs.roi_align_call(c, since16)
 
 
 @registry.builtin("RoiAlign", since=10, until=15, attrs=ROI_ALIGN_ATTRS)
@@ -199,5 +199,5 @@ def _roi_align_16(c: OpCall) -> str:
     return _roi_align(c, since16=True)
 
 
-template("MaxRoiPool", pooled_shape=REQUIRED, spatial_scale=1.0)(ex.max_roi_pool_call)
-template("DeformConv", **DEFORM_CONV_ATTRS)(ex.deform_conv_call)
+template("MaxRoiPool", pooled_shape=REQUIRED, spatial_scale=1.0)(exs.max_roi_pool_call)
+template("DeformConv", **DEFORM_CONV_ATTRS)(exs.deform_conv_call)

@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from xconv.converters import expressions as ex
+from xconv.converters import expressions_structured as exs
 from xconv.converters.codegen import scalar_literal
 from xconv.converters.flax.source.attention import BSHD, bhsd_operands, dot_product_attention
 from xconv.converters.flax.source.templates import (
@@ -110,7 +111,7 @@ def _conv_transpose(c: OpCall) -> str:
     group = int(c.attrs["group"])
     # The gradient of a convolution: dilate the input by the strides, convolve with the
     # spatially flipped kernel whose in/out channels are swapped (within each group).
-    padding = ex.conv_transpose_padding_of(c, n, k)
+    padding = exs.conv_transpose_padding_of(c, n, k)
     spatial = "DHW"[-n:]
     dn = (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
     if group == 1:
@@ -641,15 +642,15 @@ def _flex_attention(q, k, v, scale=None, score_mod=None, prob_mod=None, compute=
 '''
 
 
-@registry.builtin("FlexAttention", domain="ai.onnx.preview", attrs=ex.FLEX_ATTENTION_ATTRS)
+@registry.builtin("FlexAttention", domain="ai.onnx.preview", attrs=exs.FLEX_ATTENTION_ATTRS)
 def _flex_attention(c: OpCall) -> str:
-    return ex.flex_attention_call(c, dtype_expr)
+    return exs.flex_attention_call(c, dtype_expr)
 
 
 # ---------------------------------------------------------------- scatters: Col2Im, MaxUnpool,
 # TensorScatter
 
-registry.helpers["col2im_index"] = ex.COL2IM_INDEX
+registry.helpers["col2im_index"] = exs.COL2IM_INDEX
 registry.helpers["col2im"] = '''
 def _col2im(x, image_shape, block_shape, strides, dilations, pads):
     """ONNX Col2Im: the sliding blocks of x (N, C * prod(block), L) summed into an image
@@ -662,7 +663,7 @@ def _col2im(x, image_shape, block_shape, strides, dilations, pads):
     out = jnp.zeros((nb, c, total + 1), x.dtype).at[:, :, index].add(jnp.reshape(x, (nb, c, -1)))
     return jnp.reshape(out[:, :, :total], (nb, c, *image))
 '''
-template("Col2Im", dilations=None, pads=None, strides=None)(ex.col2im_call)
+template("Col2Im", dilations=None, pads=None, strides=None)(exs.col2im_call)
 
 registry.helpers["max_unpool"] = '''
 def _max_unpool(x, indices, kernel, strides, pads, output_shape=None):
@@ -681,7 +682,7 @@ def _max_unpool(x, indices, kernel, strides, pads, output_shape=None):
     pad = [(0, max(0, t - i)) for t, i in zip(target, y.shape, strict=True)]
     return jnp.pad(y, pad)[tuple(slice(0, t) for t in target)]
 '''
-template("MaxUnpool", kernel_shape=REQUIRED, pads=None, strides=None)(ex.max_unpool_call)
+template("MaxUnpool", kernel_shape=REQUIRED, pads=None, strides=None)(exs.max_unpool_call)
 
 registry.helpers["tensor_scatter"] = '''
 def _tensor_scatter(cache, update, write_indices=None, axis=-2, circular=False):
@@ -700,7 +701,7 @@ def _tensor_scatter(cache, update, write_indices=None, axis=-2, circular=False):
     moved, upd = jnp.moveaxis(cache, axis, 1), jnp.moveaxis(update, axis, 1).astype(cache.dtype)
     return jnp.moveaxis(moved.at[rows, pos].set(upd, mode="drop"), 1, axis)
 '''
-template("TensorScatter", axis=-2, mode="linear")(ex.tensor_scatter_call)
+template("TensorScatter", axis=-2, mode="linear")(exs.tensor_scatter_call)
 
 
 # ---------------------------------------------------------------- recurrent layers

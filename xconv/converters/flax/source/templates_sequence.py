@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xconv.converters import expressions as ex
+from xconv.converters import expressions_structured as exs
 from xconv.converters.flax.source.templates import OpCall, registry, template
 from xconv.converters.registry import REQUIRED
 
@@ -23,8 +23,8 @@ def _position(c: OpCall, i: int) -> str | None:
     return f'_static_ints({c.args[i]}, "{c.node.op_type} position")[0]'
 
 
-registry.builtin("SequenceConstruct")(ex.sequence_construct_expr)
-registry.builtin("Optional", attrs={"type": None})(ex.optional_expr)
+registry.builtin("SequenceConstruct")(exs.sequence_construct_expr)
+registry.builtin("Optional", attrs={"type": None})(exs.optional_expr)
 
 
 @template("SequenceEmpty", dtype=None)
@@ -34,12 +34,12 @@ def _sequence_empty(c: OpCall) -> str:
 
 @template("SequenceInsert")
 def _sequence_insert(c: OpCall) -> str:
-    return ex.sequence_insert_expr(c, _position(c, 2))
+    return exs.sequence_insert_expr(c, _position(c, 2))
 
 
 @template("SequenceErase")
 def _sequence_erase(c: OpCall) -> str:
-    return ex.sequence_erase_expr(c, _position(c, 1))
+    return exs.sequence_erase_expr(c, _position(c, 1))
 
 
 @template("SequenceAt")

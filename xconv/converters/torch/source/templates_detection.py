@@ -10,7 +10,7 @@ constant rois, else read as Python ints from the tensor.
 
 from __future__ import annotations
 
-from xconv.converters import expressions as ex
+from xconv.converters import expressions_structured as exs
 from xconv.converters.ops.detection import DEFORM_CONV_ATTRS, ROI_ALIGN_ATTRS
 from xconv.converters.registry import REQUIRED
 from xconv.converters.torch.source.templates import OpCall, registry, template
@@ -187,13 +187,13 @@ def _deform_conv(x, w, offset, b=None, mask=None, strides=None, pads=None, dilat
 @registry.builtin("RoiAlign", since=10, until=15, attrs=ROI_ALIGN_ATTRS)
 def _roi_align_10(c: OpCall) -> str:
     """Opsets 10 to 15: output_half_pixel unless the node names a mode."""
-    return ex.roi_align_call(c, since16=False)
+    return exs.roi_align_call(c, since16=False)
 
 
 @registry.builtin("RoiAlign", since=16, attrs=ROI_ALIGN_ATTRS)
 def _roi_align_16(c: OpCall) -> str:
-    return ex.roi_align_call(c)
+    return exs.roi_align_call(c)
 
 
-template("MaxRoiPool", pooled_shape=REQUIRED, spatial_scale=1.0)(ex.max_roi_pool_call)
-template("DeformConv", **DEFORM_CONV_ATTRS)(ex.deform_conv_call)
+template("MaxRoiPool", pooled_shape=REQUIRED, spatial_scale=1.0)(exs.max_roi_pool_call)
+template("DeformConv", **DEFORM_CONV_ATTRS)(exs.deform_conv_call)

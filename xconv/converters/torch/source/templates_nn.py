@@ -10,6 +10,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters import expressions as ex
+from xconv.converters import expressions_structured as exs
 from xconv.converters.codegen import int_tuple, scalar_literal
 from xconv.converters.ops.attention import ATTENTION_ATTRS
 from xconv.converters.ops.resize import RESIZE_ATTRS
@@ -114,12 +115,12 @@ def _conv_transpose(c: OpCall) -> str:
 def _conv_transpose_cropped(c: OpCall, n: int) -> str:
     """ConvTranspose sized by output_shape or auto_pad SAME_*: the full transposed
     convolution, cropped (or zero-padded, by negative pads) to the runtimes' padding
-    (``expressions.conv_transpose_padding_of``), then the bias."""
+    (``exs.conv_transpose_padding_of``), then the bias."""
     if c.shapes[1] is None or any(d is None for d in c.shapes[1][2:]):
         raise c.fail("ConvTranspose with a kernel of unknown shape")
     k = [int(v) for v in c.shapes[1][2:]]
     d = c.attrs["dilations"] or [1] * n
-    padding = ex.conv_transpose_padding_of(c, n, k)
+    padding = exs.conv_transpose_padding_of(c, n, k)
     crops = [((k[i] - 1) * d[i] - lo, (k[i] - 1) * d[i] - hi) for i, (lo, hi) in enumerate(padding)]
     pad = tuple(-v for lo, hi in reversed(crops) for v in (lo, hi))
     s = c.attrs["strides"] or [1] * n
@@ -591,7 +592,7 @@ _INTERPOLATE = {"linear": {3: "linear", 4: "bilinear", 5: "trilinear"}, "cubic":
 # ---------------------------------------------------------------- scatters: Col2Im, MaxUnpool,
 # TensorScatter
 
-registry.helpers["col2im_index"] = ex.COL2IM_INDEX
+registry.helpers["col2im_index"] = exs.COL2IM_INDEX
 registry.helpers["col2im"] = '''
 def _col2im(x, image_shape, block_shape, strides, dilations, pads):
     """ONNX Col2Im: the sliding blocks of x (N, C * prod(block), L) summed into an image
@@ -604,7 +605,7 @@ def _col2im(x, image_shape, block_shape, strides, dilations, pads):
     out = x.new_zeros((nb, c, total + 1)).index_add(2, index, x.reshape(nb, c, -1))
     return out[:, :, :total].reshape(nb, c, *image)
 '''
-template("Col2Im", dilations=None, pads=None, strides=None)(ex.col2im_call)
+template("Col2Im", dilations=None, pads=None, strides=None)(exs.col2im_call)
 
 registry.helpers["max_unpool"] = '''
 def _max_unpool(x, indices, kernel, strides, pads, output_shape=None):
@@ -627,7 +628,7 @@ def _max_unpool(x, indices, kernel, strides, pads, output_shape=None):
     y = F.pad(y, pad) if any(pad) else y
     return y[tuple(slice(0, t) for t in target)]
 '''
-template("MaxUnpool", kernel_shape=REQUIRED, pads=None, strides=None)(ex.max_unpool_call)
+template("MaxUnpool", kernel_shape=REQUIRED, pads=None, strides=None)(exs.max_unpool_call)
 
 registry.helpers["tensor_scatter"] = '''
 def _tensor_scatter(cache, update, write_indices=None, axis=-2, circular=False):
@@ -648,7 +649,7 @@ def _tensor_scatter(cache, update, write_indices=None, axis=-2, circular=False):
     moved[rows[inside], pos[inside]] = update.movedim(axis, 1).to(cache.dtype)[inside]
     return moved.movedim(1, axis)
 '''
-template("TensorScatter", axis=-2, mode="linear")(ex.tensor_scatter_call)
+template("TensorScatter", axis=-2, mode="linear")(exs.tensor_scatter_call)
 
 
 registry.helpers["flex_attention"] = '''
@@ -676,9 +677,9 @@ def _flex_attention(q, k, v, scale=None, score_mod=None, prob_mod=None, compute=
 '''
 
 
-@registry.builtin("FlexAttention", domain="ai.onnx.preview", attrs=ex.FLEX_ATTENTION_ATTRS)
+@registry.builtin("FlexAttention", domain="ai.onnx.preview", attrs=exs.FLEX_ATTENTION_ATTRS)
 def _flex_attention(c: OpCall) -> str:
-    return ex.flex_attention_call(c, dtype_expr)
+    return exs.flex_attention_call(c, dtype_expr)
 
 
 registry.helpers["resize_plan"] = ex.RESIZE_PLAN

@@ -1,17 +1,17 @@
 """PyTorch source templates for the ops that select by value, whose output shapes depend on
 the numbers: Unique and NonMaxSuppression. A generated ``_eagerly`` applies the numpy text
-shared with the Flax source (``expressions.UNIQUE`` / ``NON_MAX_SUPPRESSION``) to the inputs'
+shared with the Flax source (``exs.UNIQUE`` / ``NON_MAX_SUPPRESSION``) to the inputs'
 numbers, as the torch runtime computes them, the results as tensors on the input's device.
 Importing this module registers them in ``templates.registry``.
 """
 
 from __future__ import annotations
 
-from xconv.converters import expressions as ex
+from xconv.converters import expressions_structured as exs
 from xconv.converters.torch.source.templates import OpCall, registry, template
 
-registry.helpers["unique"] = ex.UNIQUE
-registry.helpers["non_max_suppression"] = ex.NON_MAX_SUPPRESSION
+registry.helpers["unique"] = exs.UNIQUE
+registry.helpers["non_max_suppression"] = exs.NON_MAX_SUPPRESSION
 registry.helpers["eagerly"] = '''
 def _eagerly(fn, **kwargs):
     """The numpy function ``fn`` on ``kwargs``, the tensors among them as numpy arrays
@@ -40,10 +40,10 @@ def _eagerly(c: OpCall, call: str) -> str:
 @template("Unique", axis=None, sorted=1)
 def _unique(c: OpCall) -> str:
     """(Y, indices, inverse_indices, counts) as tensors, as many as the node has."""
-    return _eagerly(c, ex.unique_call(c, f"x={c.args[0]}")) + ex.unique_outputs(c)
+    return _eagerly(c, exs.unique_call(c, f"x={c.args[0]}")) + exs.unique_outputs(c)
 
 
 @template("NonMaxSuppression", center_point_box=0)
 def _non_max_suppression(c: OpCall) -> str:
     """The (batch, class, box) indices of the boxes kept, (n, 3) int64."""
-    return _eagerly(c, ex.non_max_suppression_call(c))
+    return _eagerly(c, exs.non_max_suppression_call(c))
