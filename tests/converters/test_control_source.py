@@ -6,9 +6,6 @@ generated code ruff-clean."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import pytest
@@ -19,28 +16,21 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("flax")
 
 import xconv  # noqa: E402
+from tests.generated_lint import ruff_findings  # noqa: E402
 from xconv.pipeline import _load_generated  # noqa: E402
-
-
-def _ruff(path) -> str:
-    """ruff's findings on a generated file (empty when clean; long constant literals aside)."""
-    res = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select",
-         "E,F,W,I,B,UP", "--ignore", "E501", str(path)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    return "" if res.returncode == 0 else res.stdout + res.stderr
 
 
 def _sources(model, inputs, tmp_path):
     """The generated Flax (linen) module and torch source of ``model`` (each checked
     against its runtime on ``inputs``): ``(flax module, variables, torch module, texts)``."""
     out = xconv.to_flax(model, tmp_path / "flax", example_inputs=inputs)
-    assert not _ruff(out / "model.py"), _ruff(out / "model.py")
+    assert not ruff_findings(out / "model.py"), ruff_findings(out / "model.py")
     module, variables = _load_generated(out / "model.py").load(out)
     source, state = xconv.to_torch_source(model, example_inputs=inputs)
     (tmp_path / "torch_model.py").write_text(source)
-    assert not _ruff(tmp_path / "torch_model.py"), _ruff(tmp_path / "torch_model.py")
+    assert not ruff_findings(tmp_path / "torch_model.py"), ruff_findings(
+        tmp_path / "torch_model.py"
+    )
     ns: dict = {"__name__": "generated_torch_source"}
     exec(compile(source, "<generated>", "exec"), ns)  # noqa: S102
     generated = ns["Model"]().eval()

@@ -7,9 +7,6 @@ rois computed at run time."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import pytest
@@ -21,6 +18,7 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("flax")
 
 import xconv  # noqa: E402
+from tests.generated_lint import ruff_findings  # noqa: E402
 from xconv.pipeline import _load_generated  # noqa: E402
 
 RNG = np.random.default_rng(11)
@@ -74,16 +72,6 @@ def _expected(proto, feeds, oracle="reference") -> np.ndarray:
     return ReferenceEvaluator(proto).run(None, feeds)[0]
 
 
-def _ruff(path) -> str:
-    """ruff's findings on a generated file (empty when clean)."""
-    res = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select",
-         "E,F,W,I,B,UP", "--ignore", "E501", str(path)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    return "" if res.returncode == 0 else res.stdout + res.stderr
-
-
 def _generated(proto, inputs, tmp_path):
     """Each emitter's output (checked against its runtime on ``inputs`` as it is written):
     ``{"linen": (apply, text), "nnx": (call, text), "torch": (forward, text)}``."""
@@ -101,7 +89,7 @@ def _generated(proto, inputs, tmp_path):
     source, state = xconv.to_torch_source(model, example_inputs=inputs)
     (tmp_path / "torch_model.py").write_text(source)
     for path in (linen / "model.py", nnx / "model.py", tmp_path / "torch_model.py"):
-        assert not _ruff(path), _ruff(path)
+        assert not ruff_findings(path), ruff_findings(path)
     ns: dict = {"__name__": "generated_detection_source"}
     exec(compile(source, "<generated>", "exec"), ns)  # noqa: S102
     generated = ns["Model"]().eval()

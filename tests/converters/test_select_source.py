@@ -6,9 +6,6 @@ ruff-clean and standalone."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import onnx
 import pytest
@@ -21,18 +18,8 @@ jax = pytest.importorskip("jax")
 pytest.importorskip("flax")
 
 import xconv  # noqa: E402
+from tests.generated_lint import ruff_findings  # noqa: E402
 from xconv.pipeline import _load_generated  # noqa: E402
-
-
-def _ruff(path, *ignore: str) -> str:
-    """ruff's findings on a generated file (empty when clean)."""
-    ignore = ("--ignore", ",".join(ignore)) if ignore else ()
-    res = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select",
-         "E,F,W,I,B,UP", "--line-length", "100", *ignore, str(path)],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    return "" if res.returncode == 0 else res.stdout + res.stderr
 
 
 def _outputs(out) -> list[np.ndarray]:
@@ -45,13 +32,13 @@ def _both_sources(proto: onnx.ModelProto, inputs, tmp_path):
     model = xconv.load(proto)
     out = xconv.to_flax(model, tmp_path / "flax", example_inputs=inputs)
     text = (out / "model.py").read_text()
-    assert not _ruff(out / "model.py"), _ruff(out / "model.py")
+    assert not ruff_findings(out / "model.py", 100), ruff_findings(out / "model.py", 100)
     module, variables = _load_generated(out / "model.py").load(out)
     flax_out = _outputs(module.apply(variables, *inputs))
     source, state = xconv.to_torch_source(model, example_inputs=inputs)
     (tmp_path / "torch_model.py").write_text(source)
     # the torch source keeps a statement on one line (the Flax source folds long calls)
-    found = _ruff(tmp_path / "torch_model.py", "E501")
+    found = ruff_findings(tmp_path / "torch_model.py")
     assert not found, found
     for t in (text, source):
         assert "import xconv" not in t and "from xconv" not in t
