@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from onnx import TensorProto
 
 import xconv
 from tests.converters.torch_backend.test_math import (
@@ -282,13 +281,6 @@ def test_topk_k_out_of_range_is_an_error() -> None:
     module, _ = xconv.to_torch(xconv.load(build_model(case)))
     with pytest.raises(ConversionError, match="k=4 is out of range"):
         module(torch.from_numpy(case.data[0]))
-
-
-def test_quantize_to_float4_names_supported_types() -> None:
-    case = OpCase("q_float4", "QuantizeLinear", [rand(4), np.float32(0.1)],
-                  attrs={"output_dtype": TensorProto.FLOAT4E2M1})  # fmt: skip
-    with pytest.raises(ConversionError, match="supported"):
-        run_case(case)
 
 
 def test_attention_plain_path_matches_explicit_math() -> None:

@@ -1,6 +1,6 @@
 """The ONNX types numpy lacks on the torch runtime: int4, uint4, int2 and uint2, held one value
-per byte in torch's own sub-byte dtypes (``torch.int4`` ...) and computed in the byte type, and
-bfloat16 weights; every case compared with the ONNX reference (and onnxruntime for a
+per byte in torch's own sub-byte dtypes (``torch.int4`` ...) and computed in the byte type,
+float4e2m1 (one code per byte in ``torch.float4_e2m1fn_x2``), and bfloat16 weights; every case compared with the ONNX reference (and onnxruntime for a
 block-quantized int4 MatMul)."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 import xconv
-from xconv.errors import ConversionError
 
 torch = pytest.importorskip("torch")
 
@@ -165,14 +164,105 @@ def test_int4_weight_only_matmul_is_onnxruntime():
     np.testing.assert_allclose(xt.grad.numpy(), np.tile(dense.sum(1), (3, 1)), rtol=1e-5)
 
 
-def test_float4_is_refused_by_name():
+#: float4e2m1's edge values: NaN of each sign, infinities, ties between neighbours (to the
+#: even code), past the largest value (6), the smallest magnitudes and -0.
+FLOAT4_EDGES = [np.nan, -np.nan, np.inf, -np.inf, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.0,
+                5.01, 6.0, 6.5, 1e30, 1e-9, -0.0, -0.26, 2.4999]  # fmt: skip
+
+
+@pytest.mark.parametrize("source", [TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE])
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_cast_to_and_from_float4_is_the_reference(source):
+    """float4e2m1 held one value per byte in torch's float4_e2m1fn_x2: the codes ml_dtypes
+    (and the ONNX reference) round to, and their values back."""
+    rng = np.random.default_rng(source)
+    values = np.concatenate([FLOAT4_EDGES, rng.uniform(-8, 8, size=40)])
+    x = values.astype(helper.tensor_dtype_to_np_dtype(source))
     model = _model(
-        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT4E2M1)],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT4E2M1, [2])],
-    )
-    with pytest.raises(ConversionError, match="FLOAT4E2M1 has no torch equivalent"):
-        _run(model, np.ones(2, np.float32))
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT4E2M1),
+         helper.make_node("Cast", ["y"], ["z"], to=source)],
+        [helper.make_tensor_value_info("x", source, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT4E2M1, x.shape),
+         helper.make_tensor_value_info("z", source, x.shape)],
+    )  # fmt: skip
+    got, want = _run(model, x), _reference(model, x)
+    assert got[0].dtype == ml_dtypes.float4_e2m1fn
+    np.testing.assert_array_equal(got[0].view(np.uint8), want[0].view(np.uint8))  # -0 too
+    _same(got[1], want[1])
+
+
+def test_float4_tensors_pass_through_layout_ops():
+    """Transpose, Concat and Slice move float4 codes; Cast and DequantizeLinear read their
+    values; the graph output keeps the type."""
+    x = np.array([-6, -3, -1, -0.5, 0, 0.5, 1.5, 2, 3, 4, 6, -0.0]).reshape(3, 4)
+    x = x.astype(ml_dtypes.float4_e2m1fn)
+    init = [helper.make_tensor("start", TensorProto.INT64, [1], [1]),
+            helper.make_tensor("end", TensorProto.INT64, [1], [6]),
+            onnx.numpy_helper.from_array(np.array([0.5, 2.0, -1.0], np.float32), "s")]  # fmt: skip
+    model = _model(
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),
+         helper.make_node("Concat", ["t", "t"], ["c"], axis=0),
+         helper.make_node("Slice", ["c", "start", "end"], ["y"]),
+         helper.make_node("Cast", ["y"], ["f"], to=TensorProto.FLOAT),
+         helper.make_node("DequantizeLinear", ["y", "s"], ["d"], axis=1)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT4E2M1, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT4E2M1, None),
+         helper.make_tensor_value_info("f", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("d", TensorProto.FLOAT, None)],
+        init,
+    )  # fmt: skip
+    got, want = _run(model, x), _reference(model, x)
+    np.testing.assert_array_equal(got[0].view(np.uint8), want[0].view(np.uint8))
+    for g, w in zip(got, want, strict=True):
+        _same(g, w)
+
+
+def test_quantize_to_float4_per_axis_is_the_reference():
+    """QuantizeLinear into float4e2m1 with a per-channel scale rounds x / scale as a cast
+    does (saturating at 6), and DequantizeLinear multiplies back."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(3, 16)).astype(np.float32) * 5
+    x[2, 0] = 100.0
+    scale = np.array([0.5, 1.0, 2.0], np.float32)
+    zp = np.zeros(3, ml_dtypes.float4_e2m1fn)
+    model = _model(
+        [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], axis=0),
+         helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"], axis=0)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("q", TensorProto.FLOAT4E2M1, x.shape),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)],
+        [onnx.numpy_helper.from_array(scale, "s"), onnx.numpy_helper.from_array(zp, "zp")],
+    )  # fmt: skip
+    got, want = _run(model, x), _reference(model, x)
+    np.testing.assert_array_equal(got[0].view(np.uint8), want[0].view(np.uint8))
+    np.testing.assert_array_equal(got[1], want[1])
+    assert got[1][2, 0] == 12.0  # 100 / 2 saturates at 6
+
+
+def test_float4_weight_only_matmul_is_the_reference():
+    """A block-scaled float4 weight (FP4 weight-only quantization) stays float4 in the
+    state_dict (one code per byte) and multiplies as the reference dequantizes it; the
+    gradient reaches x."""
+    rng = np.random.default_rng(1)
+    w = rng.uniform(-6, 6, size=(32, 16)).astype(ml_dtypes.float4_e2m1fn)
+    scale = rng.uniform(0.01, 0.1, size=(2, 16)).astype(np.float32)
+    model = _model(
+        [helper.make_node("DequantizeLinear", ["w", "s"], ["wf"], axis=0, block_size=16),
+         helper.make_node("MatMul", ["x", "wf"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 16])],
+        [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(scale, "s")],
+    )  # fmt: skip
+    x = rng.normal(size=(3, 32)).astype(np.float32)
+    module, state = xconv.to_torch(xconv.load(model))
+    assert state["w"].dtype == torch.float4_e2m1fn_x2 and tuple(state["w"].shape) == (32, 16)
+    np.testing.assert_array_equal(to_numpy(state["w"]).view(np.uint8), w.view(np.uint8))
+    xt = torch.from_numpy(x).requires_grad_()
+    y = module(xt)
+    np.testing.assert_allclose(y.detach().numpy(), _reference(model, x)[0], rtol=1e-6, atol=1e-6)
+    y.sum().backward()
+    dense = w.astype(np.float32) * np.repeat(scale, 16, 0)
+    np.testing.assert_allclose(xt.grad.numpy(), np.tile(dense.sum(1), (3, 1)), rtol=1e-5)
 
 
 def test_bfloat16_weights_are_parameters():

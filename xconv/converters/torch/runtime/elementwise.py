@@ -3,9 +3,8 @@ the activations, Gelu, PRelu and Clip (written once in :mod:`xconv.converters.op
 which uses ``torch.nn.functional`` where its definition is ONNX's (``F.elu``, ``F.mish``, ...).
 
 Cast covers every ONNX type torch holds: the float8 family and float8e8m0, and int4, uint4,
-int2 and uint2, which torch names but does not compute with (held one value per byte:
-:data:`~xconv.converters.torch.runtime.dtypes.SUB_BYTE`). float4e2m1 raises an error naming the
-supported types. Strings are numpy arrays.
+int2, uint2 and float4e2m1, which torch names but does not compute with (held one value per
+byte: :data:`~xconv.converters.torch.runtime.dtypes.SUB_BYTE`). Strings are numpy arrays.
 """
 
 from __future__ import annotations
@@ -27,9 +26,12 @@ from xconv.converters.ops.elementwise import (
 from xconv.converters.torch.runtime import xp as torch_xp
 from xconv.converters.torch.runtime.dtypes import (
     _BY_NAME,
+    FLOAT4,
     SUB_BYTE,
     WIDE_UNSIGNED,
+    float4_values,
     narrow,
+    to_float4,
     widen,
 )
 from xconv.converters.torch.runtime.registry import REQUIRED, builtin
@@ -112,6 +114,8 @@ def _to_strings(x) -> np.ndarray:
 
 def cast_tensor(ctx, x, to: ir.DataType, saturate: int, round_mode: str):
     """Cast ``x`` to ONNX type ``to`` (torch tensors; strings are numpy arrays)."""
+    if isinstance(x, torch.Tensor) and x.dtype == FLOAT4:
+        x = float4_values(x)
     if to == ir.DataType.STRING:
         return _to_strings(widen(x))
     target = _torch_type(ctx, to)
@@ -120,6 +124,8 @@ def cast_tensor(ctx, x, to: ir.DataType, saturate: int, round_mode: str):
         if target not in SUB_BYTE:
             return x
     x = widen(x)
+    if target == FLOAT4:
+        return to_float4(x)
     if to in SUB_BYTE_INTS:
         return narrow(sub_byte_values(torch_xp, x, to), target)
     if to == ir.DataType.FLOAT8E8M0:

@@ -18,7 +18,13 @@ from xconv.converters.ops import shapes
 from xconv.converters.ops.math import register_math_ops
 from xconv.converters.ops.quant import FLOAT8, INT_RANGES, register_quant_ops
 from xconv.converters.torch.runtime import xp
-from xconv.converters.torch.runtime.dtypes import needs_numpy, onnx_type_name, widen
+from xconv.converters.torch.runtime.dtypes import (
+    FLOAT4,
+    float4_values,
+    needs_numpy,
+    onnx_type_name,
+    widen,
+)
 from xconv.converters.torch.runtime.registry import REQUIRED, builtin
 from xconv.converters.torch.runtime.xp import KERNEL, as_numpy, from_numpy, run
 
@@ -109,12 +115,13 @@ def _int_conv(ctx, x, w, *, auto_pad, dilations, group, kernel_shape, pads, stri
 
 
 class _QuantKernel:
-    """The torch side of :mod:`xconv.converters.ops.quant`: the 2/4/8/16-bit integer and
-    float8 types (int4 and int2 held one value per byte, computed in the byte type), products
+    """The torch side of :mod:`xconv.converters.ops.quant`: the 2/4/8/16-bit integer, float8
+    and float4e2m1 types (int4 and int2 held one value per byte, computed in the byte type;
+    float4 in float32), products
     in float64 (exact for that data; integer matmul/conv kernels are missing on most
     devices)."""
 
-    quant_types = frozenset(INT_RANGES) | frozenset(FLOAT8)
+    quant_types = frozenset(INT_RANGES) | frozenset(FLOAT8) | {"FLOAT4E2M1"}
     acc_dtype = torch.float64
     dtype = staticmethod(KERNEL.dtype)
     onnx_name = staticmethod(_onnx_name)
@@ -123,7 +130,11 @@ class _QuantKernel:
 
     @staticmethod
     def run(fn, *arrays):
-        return fn(xp, *(widen(a) for a in arrays))
+        def values(a):
+            is_float4 = isinstance(a, torch.Tensor) and a.dtype == FLOAT4
+            return float4_values(a) if is_float4 else widen(a)
+
+        return fn(xp, *(values(a) for a in arrays))
 
     @staticmethod
     def divide(x, scale):

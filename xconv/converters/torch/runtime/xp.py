@@ -18,7 +18,9 @@ import torch
 
 from xconv.converters.ops.arrays import namespace, onnx_dtype
 from xconv.converters.torch.runtime.dtypes import (
+    FLOAT4,
     SUB_BYTE,
+    float4_values,
     narrow,
     numpy_only,
     to_numpy,
@@ -231,7 +233,9 @@ argmin = _arg(torch.argmin)
 
 
 def astype(x, dtype):
-    if dtype in SUB_BYTE:  # the values must be in the type's range
+    if isinstance(x, torch.Tensor) and x.dtype == FLOAT4:
+        x = float4_values(x)
+    if dtype in SUB_BYTE:  # the values must be in the type's range (float4: rounded)
         return narrow(x, dtype)
     return widen(x).to(dtype)
 
