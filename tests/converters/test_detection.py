@@ -235,6 +235,25 @@ def test_roialign_adaptive_needs_static_rois_under_jit() -> None:
         run_jax(case, jit=True)
 
 
+def test_roialign_adaptive_with_initializer_rois_runs_under_jit() -> None:
+    """Boxes given as an initializer are configuration, not a weight: a constant when
+    traced, so the adaptive grid is sized under ``jax.jit``; neither runtime makes them a
+    parameter."""
+    case = Case("adaptive_const", "RoiAlign", [X, ROIS, BATCH], {"output_height": 2})
+    want = expected(case)
+    model = build(case)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(ROIS, "x1"))
+    del model.graph.input[1]
+    fn, params = xconv.to_jax(xconv.load(model))
+    assert "x1" not in params
+    got = jax.jit(fn)(params, jax.numpy.asarray(X), jax.numpy.asarray(BATCH))[0]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+    module, state = xconv.to_torch(xconv.load(model))
+    assert "x1" not in dict(module.named_parameters())
+    got = module(torch.from_numpy(X), torch.from_numpy(BATCH)).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 SMALL = rand(2, 2, 5, 6)
 
 

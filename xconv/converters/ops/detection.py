@@ -249,16 +249,18 @@ def register_detection_ops(builtin: Callable[..., Any], kern: NnKernel, required
             coordinate_transformation_mode,
             ("half_pixel", "output_half_pixel"),
         )
+        # The adaptive grid reads the rois before they become arrays (under jax.jit, an array
+        # made of a constant is traced).
+        box = None if sampling_ratio > 0 else ctx.static(rois, "rois (with sampling_ratio=0)")
         x, rois = kern.asarray(x), kern.asarray(rois)
         ph, pw = int(output_height), int(output_width)
         half = coordinate_transformation_mode == "half_pixel"
         if ctx.opset < 16 and "coordinate_transformation_mode" not in ctx.node.attributes:
             half = False  # before opset 16 the only mode was output_half_pixel
         scale = float(spatial_scale)
-        if sampling_ratio > 0:
+        if box is None:
             gh = gw = int(sampling_ratio)
         else:
-            box = ctx.static(rois, "rois (with sampling_ratio=0)")
             gh, gw = roi_grid(box, x.dtype, scale, half, (ph, pw))
         return kern.sample(
             roi_align,

@@ -13,9 +13,16 @@ def is_annotated(graph: ir.Graph) -> bool:
     return any(ROLE in v.metadata_props for v in graph.initializers.values())
 
 
-#: Inputs that configure an op rather than carry learned values (Resize scales and roi):
-#: a floating initializer used only there is a constant, not a weight.
-CONFIG_INPUTS = {"Resize": frozenset({1, 2, 3}), "Upsample": frozenset({1})}
+#: Inputs that configure an op rather than carry learned values (Resize scales and roi, the
+#: boxes of RoiAlign and MaxRoiPool): a floating initializer used only there is a constant,
+#: not a weight. A constant is known when traced, so RoiAlign's adaptive grid, whose size
+#: comes from the boxes, still runs under ``jax.jit``.
+CONFIG_INPUTS = {
+    "Resize": frozenset({1, 2, 3}),
+    "Upsample": frozenset({1}),
+    "RoiAlign": frozenset({1}),
+    "MaxRoiPool": frozenset({1}),
+}
 
 
 def is_weight(value: ir.Value, annotated: bool) -> bool:
