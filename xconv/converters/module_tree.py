@@ -204,18 +204,44 @@ def _closing(text: str, start: int) -> int | None:
     return None
 
 
-def wrap_line(line: str, width: int = LINE_LENGTH) -> list[str]:
+#: What may follow the bracket a wrapped line splits: attributes and subscripts
+#: (``).value``, ``)[:4]``, ``).dtype``) and, on an argument's own line, its comma.
+_TAIL = re.compile(r"(\.\w+|\[[^\[\]()]*\])*,?")
+_DEF = re.compile(r"(?P<ind>\s*)def \w+\(")
+_RETURN = re.compile(r"(?P<ind>\s*)return (?P<e>.+)")
+
+
+def wrap_line(line: str, width: int = LINE_LENGTH, *, full: bool = False) -> list[str]:
     """A statement longer than ``width`` ending in a call, laid out as ruff's formatter does:
     the arguments on one indented line, or one per line when they do not fit. Anything else
-    (a comment, a string, no such call) stays as it is."""
+    (a comment, a string, no such call) stays as it is.
+
+    ``full``: more of ruff's layout. A line that still does not fit is split again (an
+    argument that is a call, a list: its items); a ``def``'s parameters are split like a
+    call's arguments; a list or tuple literal and a returned tuple go one a line with a
+    trailing comma; a call followed by a subscript (``f(...)[:4]``) is split at the call
+    (ruff would split the subscript's brackets: ``[\n    :4\n]``)."""
     if len(line) <= width or "#" in line or '"""' in line:
         return [line]
     indent = len(line) - len(line.lstrip())
+    pad = " " * (indent + 4)
+    if full:
+        m = _DEF.match(line)
+        if m and _closing(line, m.end() - 1) == len(line) - 2 and line.endswith("):"):
+            params = split_args(line[m.end() : -2])
+            joined = ", ".join(params)
+            rows = [pad + joined] if len(pad + joined) <= width else _rows(params, pad, width)
+            return [line[: m.end()], *rows, m.group("ind") + "):"]
+        m = _RETURN.fullmatch(line)
+        if m and len(split_args(m.group("e"))) > 1:
+            rows = _rows(split_args(m.group("e")), pad, width)
+            return [f"{m.group('ind')}return (", *rows, m.group("ind") + ")"]
+    tail = _TAIL if full else re.compile(r"(\.\w+)*")
     # the first call whose closing bracket ends the line (``.value`` may follow it)
     opened = close = None
     for i, ch in enumerate(line):
-        j = _closing(line, i) if ch == "(" else None
-        if j is not None and re.fullmatch(r"(\.\w+)*", line[j + 1 :]):
+        j = _closing(line, i) if ch == "(" or (full and ch == "[") else None
+        if j is not None and tail.fullmatch(line[j + 1 :]):
             opened, close = i, j
             break
     if opened is not None and opened + 1 > width:
@@ -231,25 +257,36 @@ def wrap_line(line: str, width: int = LINE_LENGTH) -> list[str]:
                 break
             depth += ch in "([{"
             depth -= ch in ")]}"
-    if opened is None or not line[indent:opened].strip():
+    # a list or tuple literal, not a call's or a subscript's brackets
+    literal = full and opened is not None and not re.search(r"[\w)\]]$", line[:opened])
+    if opened is None or not (literal or line[indent:opened].strip()):
         return [line]
     args = split_args(line[opened + 1 : close])
     if not args:
         return [line]
-    pad, head, end = " " * (indent + 4), line[: opened + 1], " " * indent + line[close:]
+    head, end = line[: opened + 1], " " * indent + line[close:]
     joined = ", ".join(args)
-    if len(pad) + len(joined) <= width:
+    # a trailing comma (``(x,)``, a one-item tuple) keeps its items one a line, as in ruff
+    magic = line[opened + 1 : close].rstrip().endswith(",")
+    if len(pad) + len(joined) <= width and not magic and not (literal and len(args) > 1):
         return [head, pad + joined, end]
     one = args[0]
-    if len(args) == 1 and one[:1] == "[" and _closing(one, 0) == len(one) - 1:
+    if len(args) == 1 and one[:1] == "[" and _closing(one, 0) == len(one) - 1 and not literal:
         items = split_args(one[1:-1])  # a sole list argument: its items one per line
-        return [head, pad + "[", *(pad + "    " + a + "," for a in items), pad + "]", end]
-    return [head, *(pad + a + "," for a in args), end]
+        rows = _rows(items, pad + "    ", width) if full else [pad + f"    {a}," for a in items]
+        return [head, pad + "[", *rows, pad + "]", end]
+    return [head, *(_rows(args, pad, width) if full else [pad + a + "," for a in args]), end]
 
 
-def wrap_lines(text: str, width: int = LINE_LENGTH) -> str:
+def _rows(items: list[str], pad: str, width: int) -> list[str]:
+    """``items`` one a line with a trailing comma, each split again where it does not fit."""
+    return [out for a in items for out in wrap_line(pad + a + ",", width, full=True)]
+
+
+def wrap_lines(text: str, width: int = LINE_LENGTH, *, full: bool = False) -> str:
     """:func:`wrap_line` over every line of ``text``."""
-    return "\n".join(out for line in text.split("\n") for out in wrap_line(line, width))
+    lines = text.split("\n")
+    return "\n".join(out for line in lines for out in wrap_line(line, width, full=full))
 
 
 _RESHAPE = re.compile(r"^(?P<v>\w+) = (?P<xp>j?np)\.reshape\((?P<e>.+), (?P<s>\([^()]*\))\)$")
