@@ -310,7 +310,11 @@ class _Emitter:
     def local_name(self, hint: str | None) -> str:
         """A new local. Inside a nested function, never a name the role renaming of
         ``forward`` hands out (``h``, ``x2``, ``attn``): that renaming leaves a nested
-        function's locals as they are, and one of them must not shadow an enclosing value."""
+        function's locals as they are, and one of them must not shadow an enclosing value.
+        A name from an inlined ONNX function (``LinearAttention_<graph>_function_q_t``) keeps
+        the function's own part (``q_t``): the prefix is the same on every local."""
+        if self.nested and hint and "_function_" in hint:
+            hint = hint.rsplit("_function_", 1)[1] or hint
         name = self.ns.new(hint)
         while self.nested and _ROLE_NAME.fullmatch(name):
             name = self.ns.new(f"{name}_")
