@@ -198,6 +198,30 @@ def test_unsupported_ops_listed_before_writing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("where", ["input", "initializer"])
+def test_float4_refused_by_name_before_writing(tmp_path, where):
+    """The torch runtime holds float4e2m1 (one code per byte); the written source does not:
+    a float4 input or initializer (FP4 weights) is refused, naming the types it writes,
+    before anything is written, and not left to crash in the written module."""
+    import ml_dtypes
+
+    w = np.array([[0.5, -1.0], [6.0, 2.0]]).astype(ml_dtypes.float4_e2m1fn)
+    h = onnx.helper
+    nodes = [h.make_node("Cast", ["w"], ["wf"], to=onnx.TensorProto.FLOAT),
+             h.make_node("MatMul", ["x", "wf"], ["y"])]  # fmt: skip
+    inputs = [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 2])]
+    inits = [onnx.numpy_helper.from_array(w, "w")]
+    if where == "input":
+        inputs.append(h.make_tensor_value_info("w", onnx.TensorProto.FLOAT4E2M1, [2, 2]))
+        inits = []
+    y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+    graph = h.make_graph(nodes, "g", inputs, [y], inits)
+    model = xconv.load(h.make_model(graph, opset_imports=[h.make_opsetid("", 23)]))
+    with pytest.raises(xconv.errors.ConversionError, match="does not write dtype FLOAT4E2M1"):
+        write_torch(model, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def _flax_style_model(relu_scope: str | None = None):
     """A Flax-like IR: Dense kernel IO, Conv kernel HWIO (channels-first activations)."""
     rng = np.random.default_rng(0)

@@ -52,6 +52,9 @@ from xconv.ir.passes import DeadNodeRemovalPass, canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated
 from xconv.ir.passes.layout import sink_transposes
 
+#: ONNX types the torch runtime holds but the written source does not.
+_UNWRITTEN_DTYPES = frozenset({ir.DataType.FLOAT4E2M1})
+
 #: The names ``tree.rename_locals`` gives ``forward``'s locals (by role).
 _ROLE_NAME = re.compile(r"(h|x|attn|q|k|v|scores|mask)\d*")
 
@@ -123,6 +126,18 @@ class _Emitter:
     def check_supported(self) -> None:
         nodes = with_subgraph_nodes(n for n in self.graph if n not in self.plans)
         registry.check_nodes(nodes, self.opsets)
+        # A type the source cannot hold (float4e2m1: torch computes nothing in it) is refused
+        # before anything is written, wherever it flows: a graph input, an initializer or a
+        # node's output.
+        graph = self.graph
+        values = (
+            *graph.inputs,
+            *graph.initializers.values(),
+            *(v for n in nodes for v in n.outputs),
+        )
+        for value in values:
+            if value.dtype in _UNWRITTEN_DTYPES:
+                dtype_expr(value.dtype)  # raises, naming the types the source writes
 
     # ------------------------------------------------------------ module tree
 
