@@ -20,7 +20,7 @@ from xconv.converters.codegen import (  # noqa: E402
     reshape_dims,
 )
 from xconv.converters.flax.source.templates import closed_form  # noqa: E402
-from xconv.converters.flax.source.templates_nn import _causal_mask  # noqa: E402
+from xconv.converters.flax.source.templates_attention import _causal_mask  # noqa: E402
 from xconv.converters.module_tree import (  # noqa: E402
     fold_reshapes,
     inline_chains,
