@@ -557,17 +557,22 @@ def _einsum(c: OpCall) -> str:
 
 # The op families register into ``registry`` on import (they import it from this module).
 from xconv.converters.torch.source import (  # noqa: E402
+    templates_attention,
     templates_control,
+    templates_conv,
     templates_detection,
-    templates_nn,
+    templates_norm,
     templates_recurrent,
+    templates_resize,
     templates_rnn,
+    templates_scatter,
     templates_select,
     templates_sequence,
     templates_shape,
     templates_signal,
+    templates_softmax,
 )
 
-del templates_control, templates_nn, templates_recurrent, templates_rnn, templates_shape
-del templates_select, templates_sequence, templates_signal
-del templates_detection
+del templates_attention, templates_control, templates_conv, templates_detection
+del templates_norm, templates_recurrent, templates_resize, templates_rnn, templates_scatter
+del templates_select, templates_sequence, templates_shape, templates_signal, templates_softmax
