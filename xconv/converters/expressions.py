@@ -26,7 +26,8 @@ from xconv.converters.registry import REQUIRED
 from xconv.errors import ConversionError
 
 #: Dtype attribute names shared by numpy, ``jax.numpy`` and torch (``bool`` is ``bool_`` in
-#: numpy's namespace: the Flax emitter overrides it).
+#: numpy's namespace: the Flax emitter overrides it; numpy has none of the float8 types, which
+#: ``jax.numpy`` and torch name alike).
 DTYPE_NAMES: dict[ir.DataType, str] = {
     ir.DataType.FLOAT: "float32",
     ir.DataType.DOUBLE: "float64",
@@ -45,6 +46,7 @@ DTYPE_NAMES: dict[ir.DataType, str] = {
     ir.DataType.FLOAT8E4M3FNUZ: "float8_e4m3fnuz",
     ir.DataType.FLOAT8E5M2: "float8_e5m2",
     ir.DataType.FLOAT8E5M2FNUZ: "float8_e5m2fnuz",
+    ir.DataType.FLOAT8E8M0: "float8_e8m0fnu",
 }
 
 #: The float8 types, whose saturating cast both emitters spell out.
@@ -114,6 +116,20 @@ def dtype_name(table: Mapping[ir.DataType, str], dtype: ir.DataType | None, emit
             f"supported: {sorted(str(d) for d in table)}"
         )
     return table[dtype]
+
+
+def e8m0_call(c: TemplateCall, x: str) -> str:
+    """``_to_e8m0(x[, saturate=False][, round_mode=...])``: a Cast / CastLike to float8e8m0,
+    which is a rounding of float32's exponent (``ops.elementwise.to_e8m0``), not a framework
+    cast; each emitter writes the helper (added to ``c.helpers``). Refused by name: a
+    round_mode ONNX does not define."""
+    mode = c.attrs["round_mode"]
+    if mode not in ("up", "down", "nearest"):
+        raise c.fail(f"round_mode={mode!r}; ONNX defines 'up', 'down', 'nearest'")
+    c.helpers.add("to_e8m0")
+    tail = [] if c.attrs["saturate"] else ["saturate=False"]
+    tail += [] if mode == "up" else [f'round_mode="{mode}"']
+    return f"_to_e8m0({', '.join([x, *tail])})"
 
 
 def constructor_literal(a: np.ndarray, ctor: str, dtype: str, *, bare_scalar: bool) -> str:

@@ -178,8 +178,8 @@ _DTYPES = {
 
 def dtype_expr(dtype: ir.DataType | None, xp: str = "jnp") -> str:
     name = ex.dtype_name(_DTYPES, dtype, "Flax emitter")
-    if dtype in (ir.DataType.BFLOAT16, ir.DataType.FLOAT4E2M1) or dtype in ex.SUB_BYTE:
-        return f"jnp.{name}"  # numpy has none: jnp's are ml_dtypes' (numpy takes them)
+    if not hasattr(np, name):  # bfloat16, float8, int4 ...: jnp's are ml_dtypes' (numpy takes them)
+        return f"jnp.{name}"
     return f"{xp}.{name}"
 
 
@@ -356,10 +356,40 @@ def _saturated(c: OpCall, to: ir.DataType | None) -> str:
     return f"{c.xp}.clip({x}, -{hi}, {hi})"
 
 
+registry.helpers["to_e8m0"] = '''
+def _to_e8m0(x, saturate=True, round_mode="up"):
+    """A cast to float8e8m0 as ONNX rounds it: float32's exponent byte, rounded "up" (by any
+    mantissa bit), "down" or to "nearest"; NaN and infinities are NaN (0xFF), and saturating
+    keeps the largest exponent (0xFE) from rounding up to it."""
+    bits = lax.bitcast_convert_type(jnp.asarray(x).astype(jnp.float32), jnp.uint32)
+    exponent = (bits >> 23) & 0xFF
+    special = exponent == 0xFF
+    if round_mode == "nearest":
+        up = ((bits & 0x400000) > 0) & (((bits & 0x3FFFFF) > 0) | (exponent > 0))
+    elif round_mode == "up":
+        up = (bits & 0x7FFFFF) > 0
+    else:
+        up = jnp.zeros_like(special)
+    up = up & ~special
+    if saturate:
+        up = up & (exponent != 0xFE)
+    exponent = jnp.where(special, 0xFF, exponent + up.astype(jnp.uint32))
+    return lax.bitcast_convert_type(exponent.astype(jnp.uint8), jnp.float8_e8m0fnu)
+'''
+
+
+def _cast_to(c: OpCall, to: ir.DataType | None, dtype: str) -> str:
+    """Input 0 cast to ONNX type ``to`` (``dtype``: its text): float8e8m0 by the
+    ``_to_e8m0`` helper (a rounding, not a cast), float8 clipped first when saturating."""
+    if to == ir.DataType.FLOAT8E8M0:
+        return ex.e8m0_call(c, c.args[0])
+    return f"{_saturated(c, to)}.astype({dtype})"
+
+
 @template("Cast", layout="unary", static_ok=True, to=REQUIRED, saturate=1, round_mode="up")
 def _cast(c: OpCall) -> str:
     to = ir.DataType(c.attrs["to"])
-    return f"{_saturated(c, to)}.astype({dtype_expr(to, c.xp)})"
+    return _cast_to(c, to, dtype_expr(to, c.xp))
 
 
 @template("BitCast", layout="unary", to=REQUIRED)
@@ -370,7 +400,7 @@ def _bit_cast(c: OpCall) -> str:
 
 @template("CastLike", layout="unary", static_ok=True, saturate=1, round_mode="up")
 def _cast_like(c: OpCall) -> str:
-    return f"{_saturated(c, c.node.inputs[1].dtype)}.astype({c.args[1]}.dtype)"
+    return _cast_to(c, c.node.inputs[1].dtype, f"{c.args[1]}.dtype")
 
 
 _BINARY = {**ex.BINARY, "Pow": "{xp}.power({0}, {1})"}

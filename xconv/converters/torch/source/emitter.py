@@ -649,11 +649,22 @@ def to_torch_source(model: ir.Model) -> tuple[str, dict[str, Any]]:
     Raises:
         UnsupportedOpError: ops without a template, all listed at once.
     """
+    source, arrays = generate(model)
+    state = {k: state_tensor(np.array(v)) for k, v in arrays.items()}
+    return source, state
+
+
+def state_tensor(arr: np.ndarray) -> Any:
+    """A state_dict entry: numpy as torch; an ml_dtypes array torch has a type for (float8,
+    float8e8m0, float4e2m1: one code a byte, as the torch runtime holds it) by its bits."""
     import torch
 
-    source, arrays = generate(model)
-    state = {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}
-    return source, state
+    try:
+        return torch.from_numpy(arr)
+    except TypeError:
+        dtype = getattr(torch, dtype_expr(ir.DataType.from_numpy(arr.dtype)).split(".")[1])
+        bits = arr.view(np.uint8 if arr.itemsize == 1 else np.int16)
+        return torch.from_numpy(bits).view(dtype)
 
 
 # ------------------------------------------------------------------ layers by kind

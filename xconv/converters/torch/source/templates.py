@@ -298,9 +298,33 @@ def _sub_byte(x, dtype, lo, hi):
 '''
 
 
+registry.helpers["to_e8m0"] = '''
+def _to_e8m0(x, saturate=True, round_mode="up"):
+    """A cast to float8e8m0 as ONNX rounds it: float32's exponent byte, rounded "up" (by any
+    mantissa bit), "down" or to "nearest"; NaN and infinities are NaN (0xFF), and saturating
+    keeps the largest exponent (0xFE) from rounding up to it."""
+    bits = x.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    exponent = (bits >> 23) & 0xFF
+    special = exponent == 0xFF
+    if round_mode == "nearest":
+        up = ((bits & 0x400000) > 0) & (((bits & 0x3FFFFF) > 0) | (exponent > 0))
+    elif round_mode == "up":
+        up = (bits & 0x7FFFFF) > 0
+    else:
+        up = torch.zeros_like(special)
+    up = up & ~special
+    if saturate:
+        up = up & (exponent != 0xFE)
+    exponent = torch.where(special, 0xFF, exponent + up.to(torch.int64))
+    return exponent.to(torch.uint8).view(torch.float8_e8m0fnu)
+'''
+
+
 def _cast_to(c: OpCall, to: ir.DataType | None, dtype: str) -> str:
     """Input 0 cast to ONNX type ``to`` (``dtype``: its torch text)."""
     x = _byte_view(c)
+    if to == ir.DataType.FLOAT8E8M0:
+        return ex.e8m0_call(c, x)
     if to in ex.SUB_BYTE:
         c.helpers.add("sub_byte")
         lo, hi = ex.QUANT_INT[to]
