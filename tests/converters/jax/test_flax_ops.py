@@ -315,11 +315,10 @@ def test_op(tmp_path, op, data, consts, attrs, order):
         np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-5)
 
 
-def test_max_pool_indices_as_a_graph_output_is_refused(tmp_path):
-    """A MaxPool whose Indices output the graph returns: the emitter refuses it by name (it
-    wrote ``y, i = nn.max_pool(...)``, which failed when run); unused, it is dropped."""
-    from xconv.errors import UnsupportedAttributeError
-
+def test_max_pool_indices_as_a_graph_output(tmp_path):
+    """A MaxPool whose Indices output the graph returns is the generated
+    ``_max_pool_with_indices`` (ONNX's indices, flat over the NCHW input; it used to be
+    refused); unused, the output is left out (``y, _ = ...``)."""
     for returned in (False, True):
         outs = [h.make_tensor_value_info("y", T.FLOAT, None)]
         outs += [h.make_tensor_value_info("i", T.INT64, None)] if returned else []
@@ -329,13 +328,17 @@ def test_max_pool_indices_as_a_graph_output_is_refused(tmp_path):
             h.make_graph([node], "g", x, outs), opset_imports=[h.make_opsetid("", 23)]
         )
         model = ir.serde.deserialize_model(proto)
-        if returned:
-            with pytest.raises(UnsupportedAttributeError, match="MaxPool indices output"):
-                xconv.to_flax(model, tmp_path / "refused")
-            continue
         data = f32(1, 2, 4, 4)
-        got, _ = run_generated(xconv.to_flax(model, tmp_path / "out"), "linen", data, jit=False)
-        np.testing.assert_array_equal(np.asarray(got), data.reshape(1, 2, 2, 2, 2, 2).max((3, 5)))
+        out = xconv.to_flax(model, tmp_path / f"out{int(returned)}")
+        got, _ = run_generated(out, "linen", data, jit=False)
+        y = got[0] if returned else got
+        np.testing.assert_array_equal(np.asarray(y), data.reshape(1, 2, 2, 2, 2, 2).max((3, 5)))
+        if returned:
+            windows = data.reshape(1, 2, 2, 2, 2, 2).transpose(0, 1, 2, 4, 3, 5)
+            at = windows.reshape(1, 2, 2, 2, 4).argmax(-1)  # within each 2x2 window
+            rows, cols = np.meshgrid(np.arange(2), np.arange(2), indexing="ij")
+            flat = (2 * rows + at // 2) * 4 + 2 * cols + at % 2 + 16 * np.arange(2)[:, None, None]
+            np.testing.assert_array_equal(np.asarray(got[1]), flat)
 
 
 @pytest.mark.parametrize("attrs", [{}, {"exclusive": 1}, {"reverse": 1, "exclusive": 1}])

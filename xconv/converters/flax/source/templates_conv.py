@@ -123,15 +123,50 @@ def _pool_pads(c: OpCall) -> list[tuple[int, int]]:
     return ex.ceil_pads(c, ex.pool_padding(c))
 
 
+registry.helpers["max_pool_with_indices"] = '''
+def _max_pool_with_indices(x, window, strides, pads, dilation, column_major=False):
+    """ONNX MaxPool of channels-last x with its Indices: the maxima (channels-last) and the
+    index of each, flat over the channels-first (N, C, *spatial) input, of the first input
+    holding it; within each (n, c) plane column-major (the first spatial axis fastest) with
+    ``column_major``."""
+    dims = lambda v: (1, *v, 1)  # noqa: E731
+    args = (dims(window), dims(strides), ((0, 0), *pads, (0, 0)))
+    kw = {"window_dilation": dims(dilation)}
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    lowest = jnp.array(-jnp.inf if floating else jnp.iinfo(x.dtype).min, x.dtype)
+    y = lax.reduce_window(x, lowest, lax.max, *args, **kw)
+    spatial = x.shape[1:-1]
+    position = jnp.broadcast_to(jnp.arange(math.prod(spatial)).reshape(1, *spatial, 1), x.shape)
+
+    def first_max(a, b):  # the larger value; of equal ones, the first position
+        take_a = (a[0] > b[0]) | ((a[0] == b[0]) & (a[1] < b[1]))
+        return jnp.where(take_a, a[0], b[0]), jnp.where(take_a, a[1], b[1])
+
+    init = (lowest, jnp.array(jnp.iinfo(position.dtype).max, position.dtype))
+    _, indices = lax.reduce_window((x, position), init, first_max, *args, **kw)
+    if column_major:
+        coords = jnp.unravel_index(indices, spatial)
+        indices = sum(c * math.prod(spatial[:i]) for i, c in enumerate(coords))
+    indices = jnp.moveaxis(indices, -1, 1)  # channels-first, as ONNX counts
+    planes = jnp.arange(x.shape[0] * x.shape[-1]) * math.prod(spatial)
+    return y, indices + planes.reshape(x.shape[0], x.shape[-1], *[1] * len(spatial))
+'''
+
+
 @template("MaxPool", layout="channels_last", **ex.MAX_POOL_ATTRS)
 def _max_pool(c: OpCall) -> str:
-    indices = c.node.outputs[1] if len(c.node.outputs) > 1 else None
-    if indices is not None and (indices.uses() or indices.is_graph_output()):
-        raise c.fail("MaxPool indices output")
+    """``nn.max_pool`` (``_window_pool`` when dilated); a node with an Indices output is the
+    generated ``_max_pool_with_indices`` (the indices channels-first, as ONNX counts them)."""
     k = tuple(c.attrs["kernel_shape"])
     n = len(k)
     s = tuple(c.attrs["strides"] or (1,) * n)
     pads = _pool_pads(c)
+    if len(c.node.outputs) > 1:  # written as ``y, indices = ...`` (or ``y, _``)
+        c.helpers.add("max_pool_with_indices")
+        d = tuple(c.attrs["dilations"] or (1,) * n)
+        order = ", column_major=True" if c.attrs["storage_order"] else ""
+        pairs = tuple(tuple(p) for p in pads)
+        return f"_max_pool_with_indices({c.args[0]}, {k}, {s}, {pairs}, {d}{order})"
     if any(d != 1 for d in (c.attrs["dilations"] or ())):
         return _window_pool(c, k, s, pads)
     return f"nn.max_pool({c.args[0]}, {_pool_args(k, s, pads)})"

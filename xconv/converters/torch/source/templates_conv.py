@@ -126,22 +126,50 @@ def _conv_transpose_cropped(c: OpCall, n: int) -> str:
     return expr
 
 
+registry.helpers["max_pool_with_indices"] = '''
+def _max_pool_with_indices(x, kernel, column_major=False, **kwargs):
+    """ONNX MaxPool with its Indices: F.max_pool*d's values and indices, the indices (row-major
+    within each (n, c) plane) made flat over the whole (N, C, *spatial) input; within the
+    plane column-major (the first spatial axis fastest) with ``column_major``."""
+    pool = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[x.dim() - 3]
+    y, indices = pool(x, kernel, return_indices=True, **kwargs)
+    spatial = x.shape[2:]
+    if column_major:
+        coords = torch.unravel_index(indices, spatial)
+        indices = sum(c * math.prod(spatial[:i]) for i, c in enumerate(coords))
+    planes = torch.arange(x.shape[0] * x.shape[1], device=x.device) * math.prod(spatial)
+    return y, indices + planes.reshape(*x.shape[:2], *[1] * len(spatial))
+'''
+
+
 @template("MaxPool", **ex.MAX_POOL_ATTRS)
 def _max_pool(c: OpCall) -> str:
-    if len(c.node.outputs) > 1:
-        raise c.fail("MaxPool with an Indices output is not supported")
+    """``F.max_pool{n}d``; with an Indices output read, the generated
+    ``_max_pool_with_indices`` (torch's indices count within each (n, c) plane, ONNX's over
+    the whole input)."""
     k = c.attrs["kernel_shape"]
     n = len(k)
     s = c.attrs["strides"] or [1] * n
     d = c.attrs["dilations"] or [1] * n
+    second = c.node.outputs[1] if len(c.node.outputs) > 1 else None
+    indices = second is not None and bool(second.uses() or second.is_graph_output())
     x, pad = _pool_pads(c, n, [(ki - 1) * di + 1 for ki, di in zip(k, d, strict=True)])
     if pad is None:  # the window's padding reads as -inf: it never wins
+        if indices:
+            pairs = [tuple(int(v) for v in p) for p in ex.pool_padding(c)]
+            raise c.fail(f"MaxPool Indices with pads torch's padding cannot take ({pairs})")
         x, pad = f"F.pad({x}, {_pad_order(c, n)}, value=float('-inf'))", [0] * n
     args = [x, _compact(k)]
     args += [f"stride={_compact(s)}"] if list(s) != list(k) else []  # torch: stride = kernel
     args += [f"padding={_compact(pad)}"] if any(pad) else []
     args += [f"dilation={_compact(d)}"] if any(x != 1 for x in d) else []
     args += ["ceil_mode=True"] if c.attrs["ceil_mode"] else []
+    if indices:
+        c.helpers.add("max_pool_with_indices")
+        args += ["column_major=True"] if c.attrs["storage_order"] else []
+        return f"_max_pool_with_indices({', '.join(args)})"
+    if second is not None:  # written as ``y, _ = ...``
+        args.append("return_indices=True")
     return f"F.max_pool{n}d({', '.join(args)})"
 
 

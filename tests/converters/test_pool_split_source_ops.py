@@ -1,0 +1,187 @@
+"""Forms the source emitters used to refuse, written with the public writers and run:
+MaxPool with its Indices output (both emitters; ONNX's indices are flat over the whole NCHW
+input, column-major within a plane with ``storage_order``) and a SegNet-like torch module
+(MaxPool2d(return_indices=True) into MaxUnpool2d) through ``xconv.from_torch``. Each
+generated module is checked against its runtime as it is written (``example_inputs``) and
+its numbers against the ONNX reference (or onnxruntime) here."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+pytest.importorskip("flax")
+
+import xconv  # noqa: E402
+from tests.generated_lint import ruff_findings  # noqa: E402
+from xconv.pipeline import _load_generated  # noqa: E402
+
+RNG = np.random.default_rng(5)
+
+
+def _outputs(out) -> list[np.ndarray]:
+    return [np.asarray(o) for o in (out if isinstance(out, tuple | list) else (out,))]
+
+
+def _model(nodes, inputs, outputs, *, inits=(), opset=18) -> onnx.ModelProto:
+    """``nodes`` over graph ``inputs`` (name -> (elem type, shape)) to ``outputs`` (names,
+    their types left to inference)."""
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(k, t, s) for k, (t, s) in inputs.items()],
+        [helper.make_value_info(o, onnx.TypeProto()) for o in outputs],
+        list(inits),
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _run_torch_source(source: str, state, inputs) -> list[np.ndarray]:
+    ns: dict = {"__name__": "generated_pool_split_source"}
+    exec(compile(source, "<generated>", "exec"), ns)  # noqa: S102
+    generated = ns["Model"]().eval()
+    generated.load_state_dict(state)
+    with torch.no_grad():
+        return _outputs(generated(*(torch.as_tensor(x) for x in inputs)))
+
+
+def _generated(model, inputs, tmp_path, emitters=("linen", "nnx", "torch")):
+    """Each emitter's code for ``model`` (checked against its runtime on ``inputs`` as it is
+    written, ruff-clean, standalone): ``{emitter: (run, text)}``, ``run(*arrays)`` -> the
+    outputs as numpy arrays."""
+    out = {}
+    for api in ("linen", "nnx"):
+        if api in emitters:
+            path = xconv.to_flax(model, tmp_path / api, api=api, example_inputs=inputs)
+            loaded = _load_generated(path / "model.py").load(path)
+            if api == "linen":
+                module, variables = loaded
+
+                def run(*a, module=module, variables=variables):
+                    return _outputs(module.apply(variables, *a))
+            else:
+
+                def run(*a, call=loaded):
+                    return _outputs(call(*a))
+
+            out[api] = (run, (path / "model.py").read_text())
+    if "torch" in emitters:
+        source, state = xconv.to_torch_source(model, example_inputs=inputs)
+        (tmp_path / "torch_model.py").write_text(source)
+        out["torch"] = (lambda *a: _run_torch_source(source, state, a), source)
+    for name, (_, text) in out.items():
+        path = tmp_path / f"{name}_check.py"
+        path.write_text(text)
+        assert not ruff_findings(path), (name, ruff_findings(path))
+        assert "import xconv" not in text and "from xconv" not in text, name
+    return out
+
+
+def _expected(proto, inputs, oracle="reference") -> list[np.ndarray]:
+    feeds = dict(zip([i.name for i in proto.graph.input], inputs, strict=True))
+    if oracle == "onnxruntime":
+        import onnxruntime as ort
+
+        inferred = onnx.shape_inference.infer_shapes(proto).SerializeToString()
+        sess = ort.InferenceSession(inferred, providers=["CPUExecutionProvider"])
+        return sess.run(None, feeds)
+    return ReferenceEvaluator(proto).run(None, feeds)
+
+
+def _check(
+    proto, inputs, tmp_path, emitters=("linen", "nnx", "torch"), helper_name=None,
+    oracle="reference",
+):  # fmt: skip
+    """Every emitter's code computes the oracle's outputs exactly; returns the generated
+    texts."""
+    want = _expected(proto, inputs, oracle)
+    out = _generated(xconv.load(proto), inputs, tmp_path, emitters)
+    for name, (run, text) in out.items():
+        got = run(*inputs)
+        assert len(got) == len(want), name
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape, name
+            np.testing.assert_array_equal(g, w, err_msg=name)
+        if helper_name is not None:
+            assert f"def {helper_name}(" in text, name
+    return {k: v[1] for k, v in out.items()}
+
+
+# ---------------------------------------------------------------- MaxPool's Indices
+
+MAX_POOL_CASES = {
+    "2d_pads": ((2, 3, 6, 5), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    "2d_strides_column_major": (
+        (2, 2, 7, 6), {"kernel_shape": [2, 2], "strides": [2, 2], "storage_order": 1}
+    ),
+    "2d_overlapping": ((1, 3, 5, 5), {"kernel_shape": [3, 2], "strides": [1, 2]}),
+    "1d": ((2, 3, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    "3d_column_major": (
+        (1, 2, 4, 4, 5), {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2], "storage_order": 1}
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MAX_POOL_CASES)
+def test_max_pool_indices_match_the_reference(name, tmp_path):
+    """Indices flat over N x C x spatial (row- or column-major within each plane), equal in
+    linen, nnx and torch source to onnxruntime's (the reference counts a padded input's
+    indices in another frame)."""
+    shape, attrs = MAX_POOL_CASES[name]
+    proto = _model(
+        [helper.make_node("MaxPool", ["x"], ["y", "indices"], **attrs)],
+        {"x": (TensorProto.FLOAT, list(shape))},
+        ["y", "indices"],
+        opset=12,
+    )
+    x = RNG.permutation(np.arange(np.prod(shape), dtype=np.float32)).reshape(shape)
+    texts = _check(
+        proto, (x,), tmp_path, helper_name="_max_pool_with_indices", oracle="onnxruntime"
+    )
+    if attrs.get("storage_order"):
+        assert "column_major=True" in texts["torch"]
+
+
+def test_max_pool_indices_pick_the_first_of_equal_maxima(tmp_path):
+    """Ties (a constant input) keep the first position of each window, as the runtimes and
+    the reference do."""
+    proto = _model(
+        [helper.make_node("MaxPool", ["x"], ["y", "indices"], kernel_shape=[2, 2], strides=[1, 1])],
+        {"x": (TensorProto.FLOAT, [1, 2, 4, 4])},
+        ["y", "indices"],
+        opset=12,
+    )
+    _check(proto, (np.ones((1, 2, 4, 4), np.float32),), tmp_path, oracle="onnxruntime")
+
+
+def test_segnet_pool_and_unpool_through_from_torch(tmp_path):
+    """Conv, MaxPool2d(return_indices=True), MaxUnpool2d, Conv: the exported indices feed the
+    unpooling; the generated Flax (linen, nnx) and torch source compute torch's outputs."""
+    from torch import nn
+
+    class SegNetBlock(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.Conv2d(3, 8, 3, padding=1)
+            self.pool = nn.MaxPool2d(2, return_indices=True)
+            self.unpool = nn.MaxUnpool2d(2)
+            self.dec = nn.Conv2d(8, 4, 3, padding=1)
+
+        def forward(self, x):
+            h, indices = self.pool(torch.relu(self.enc(x)))
+            return self.dec(self.unpool(h, indices))
+
+    torch.manual_seed(0)
+    module = SegNetBlock().eval()
+    x = torch.randn(2, 3, 8, 6)
+    with torch.no_grad():
+        want = module(x).numpy()
+    model = xconv.from_torch(module, (x,))
+    out = _generated(model, (x.numpy(),), tmp_path)
+    for name, (run, _) in out.items():
+        np.testing.assert_allclose(run(x.numpy())[0], want, rtol=1e-5, atol=1e-5, err_msg=name)
