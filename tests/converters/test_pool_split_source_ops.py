@@ -1,7 +1,8 @@
 """Forms the source emitters used to refuse, written with the public writers and run:
 MaxPool with its Indices output (both emitters; ONNX's indices are flat over the whole NCHW
-input, column-major within a plane with ``storage_order``) and a SegNet-like torch module
-(MaxPool2d(return_indices=True) into MaxUnpool2d) through ``xconv.from_torch``. Each
+input, column-major within a plane with ``storage_order``), a SegNet-like torch module
+(MaxPool2d(return_indices=True) into MaxUnpool2d) through ``xconv.from_torch``, and Conv
+with auto_pad SAME_LOWER / SAME_UPPER (both). Each
 generated module is checked against its runtime as it is written (``example_inputs``) and
 its numbers against the ONNX reference (or onnxruntime) here."""
 
@@ -185,3 +186,26 @@ def test_segnet_pool_and_unpool_through_from_torch(tmp_path):
     out = _generated(model, (x.numpy(),), tmp_path)
     for name, (run, _) in out.items():
         np.testing.assert_allclose(run(x.numpy())[0], want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+# ---------------------------------------------------------------- Conv auto_pad SAME_*
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_LOWER", "SAME_UPPER"])
+@pytest.mark.parametrize("strides", [[1, 1], [2, 2]])
+def test_conv_auto_pad_same(auto_pad, strides, tmp_path):
+    """SAME padding resolved over the static input as the runtimes resolve it (an odd
+    total pads the low side more with SAME_LOWER, the high side with SAME_UPPER)."""
+    w = RNG.standard_normal((4, 3, 3, 2)).astype(np.float32)
+    proto = _model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], auto_pad=auto_pad, strides=strides)],
+        {"x": (TensorProto.FLOAT, [1, 3, 7, 6]), "w": (TensorProto.FLOAT, list(w.shape))},
+        ["y"],
+        opset=11,
+    )
+    x = RNG.standard_normal((1, 3, 7, 6)).astype(np.float32)
+    feeds = {"x": x, "w": w}
+    want = ReferenceEvaluator(proto).run(None, feeds)[0]
+    out = _generated(xconv.load(proto), (x, w), tmp_path)
+    for name, (run, _) in out.items():
+        np.testing.assert_allclose(run(x, w)[0], want, rtol=1e-5, atol=1e-5, err_msg=name)

@@ -214,6 +214,28 @@ def flex_attention_call(c: TemplateCall, dtype: Callable[[ir.DataType], str]) ->
     return f"_flex_attention({', '.join(args)})"
 
 
+def conv_padding_of(c: TemplateCall, n: int) -> list[tuple[int, int]]:
+    """A Conv's ``(low, high)`` padding per spatial axis, auto_pad SAME_UPPER / SAME_LOWER
+    resolved as the runtimes resolve it (``ops/shapes.conv_padding``: the input's spatial
+    sizes and the kernel's, from the weight's shape or ``kernel_shape``, then needed)."""
+    from xconv.converters.ops.shapes import conv_padding, ints
+
+    a, shape = c.attrs, c.shapes[0]
+    spatial = None if shape is None or len(shape) != n + 2 else shape[2:]
+    w = c.shapes[1] if len(c.shapes) > 1 else None
+    kernel = a["kernel_shape"] or (w[2:] if w is not None and len(w) == n + 2 else None)
+    if a["auto_pad"] in ("SAME_UPPER", "SAME_LOWER") and (
+        spatial is None or kernel is None or None in (*spatial, *kernel)
+    ):
+        raise c.fail(f"auto_pad {a['auto_pad']} over an input or kernel of unknown spatial size")
+    padding = conv_padding(
+        c.node, a["auto_pad"], tuple(int(d) for d in spatial or (1,) * n),
+        tuple(int(k) for k in kernel or (1,) * n), ints(a["strides"], n, 1),
+        ints(a["dilations"], n, 1), a["pads"],
+    )  # fmt: skip
+    return [(int(lo), int(hi)) for lo, hi in padding]
+
+
 def conv_transpose_padding_of(c: TemplateCall, n: int, kernel) -> list[tuple[int, int]]:
     """ConvTranspose as the runtimes run it, a stride-1 convolution of the stride-dilated
     input: that convolution's ``(low, high)`` padding per spatial axis (negative crops), from

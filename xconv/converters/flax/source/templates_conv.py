@@ -14,13 +14,6 @@ from xconv.converters.codegen import scalar_literal
 from xconv.converters.flax.source.templates import OpCall, registry, template
 
 
-def _spatial_pads(c: OpCall, n: int) -> list[tuple[int, int]]:
-    if c.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise c.fail(f"auto_pad={c.attrs['auto_pad']!r}; the importer should make pads explicit")
-    pads = c.attrs.get("pads") or (0,) * (2 * n)
-    return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
-
-
 @template("Conv", **ex.CONV_ATTRS)
 def _conv(c: OpCall) -> str:
     w_shape = c.shapes[1]
@@ -33,7 +26,7 @@ def _conv(c: OpCall) -> str:
     dn = (f"NC{spatial}", f"OI{spatial}", f"NC{spatial}")
     out = (
         f"lax.conv_general_dilated({c.args[0]}, {c.args[1]}, window_strides={strides}, "
-        f"padding={_spatial_pads(c, n)}, rhs_dilation={dil}, dimension_numbers={dn}, "
+        f"padding={exs.conv_padding_of(c, n)}, rhs_dilation={dil}, dimension_numbers={dn}, "
         f"feature_group_count={c.attrs['group']})"
     )
     bias = c.consts[2] if len(c.consts) > 2 else None

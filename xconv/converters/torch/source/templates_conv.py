@@ -31,14 +31,12 @@ def _sym_pads(c: OpCall, n: int) -> list[int]:
 def _conv(c: OpCall) -> str:
     n = c.need_rank() - 2
     x = c.args[0]
-    pads = c.attrs.get("pads") or [0] * (2 * n)
-    if c.attrs.get("auto_pad", "NOTSET") == "NOTSET" and list(pads[:n]) != list(pads[n:]):
+    pairs = exs.conv_padding_of(c, n)  # auto_pad SAME_* resolved over the static sizes
+    pad = [lo for lo, _ in pairs]
+    if any(lo != hi for lo, hi in pairs):
         # Asymmetric zero padding (TensorFlow's SAME with stride 2) has no conv argument:
         # pad explicitly (F.pad lists the last dim first), then convolve unpadded.
-        order = [v for i in reversed(range(n)) for v in (pads[i], pads[n + i])]
-        x, pad = f"F.pad({x}, {int_tuple(order)})", [0] * n
-    else:
-        pad = _sym_pads(c, n)
+        x, pad = f"F.pad({x}, {_pad_order(c, n, pairs)})", [0] * n
     s = c.attrs["strides"] or [1] * n
     d = c.attrs["dilations"] or [1] * n
     b = c.args[2] if c.has(2) else "None"
