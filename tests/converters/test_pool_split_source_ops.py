@@ -1,10 +1,10 @@
 """Forms the source emitters used to refuse, written with the public writers and run:
 MaxPool with its Indices output (both emitters; ONNX's indices are flat over the whole NCHW
 input, column-major within a plane with ``storage_order``), a SegNet-like torch module
-(MaxPool2d(return_indices=True) into MaxUnpool2d) through ``xconv.from_torch``, and Conv
-with auto_pad SAME_LOWER / SAME_UPPER (both). Each
-generated module is checked against its runtime as it is written (``example_inputs``) and
-its numbers against the ONNX reference (or onnxruntime) here."""
+(MaxPool2d(return_indices=True) into MaxUnpool2d) through ``xconv.from_torch``, Split into
+``num_outputs`` of an axis of unknown size (both) and Conv with auto_pad SAME_LOWER /
+SAME_UPPER (both). Each generated module is checked against its runtime as it is written
+(``example_inputs``) and its numbers against the ONNX reference (or onnxruntime) here."""
 
 from __future__ import annotations
 
@@ -186,6 +186,33 @@ def test_segnet_pool_and_unpool_through_from_torch(tmp_path):
     out = _generated(model, (x.numpy(),), tmp_path)
     for name, (run, _) in out.items():
         np.testing.assert_allclose(run(x.numpy())[0], want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+# ---------------------------------------------------------------- Split of an unknown size
+
+
+@pytest.mark.parametrize(("n", "size"), [(2, 5), (3, 7), (4, 8)])
+def test_split_num_outputs_of_an_unknown_size_axis(n, size, tmp_path):
+    """The pieces follow ONNX's rule (ceil(size / n), the last smaller), computed from the
+    run's shape: the written code also splits a longer axis as the reference does."""
+    outs = [f"y{i}" for i in range(n)]
+    proto = _model(
+        [helper.make_node("Split", ["x"], outs, axis=1, num_outputs=n)],
+        {"x": (TensorProto.FLOAT, [2, "T"])},
+        outs,
+    )
+    x = np.arange(2 * size, dtype=np.float32).reshape(2, size)
+    out = _generated(xconv.load(proto), (x,), tmp_path)
+    for other in (size, size + 3):
+        x = np.arange(2 * other, dtype=np.float32).reshape(2, other)
+        want = ReferenceEvaluator(proto).run(None, {"x": x})
+        for name, (run, _) in out.items():
+            got = run(x)
+            assert [g.shape for g in got] == [w.shape for w in want], (name, other)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w)
+    assert f"torch.chunk(x, {n}, dim=1)" in out["torch"][1]
+    assert "x.shape[1]" in out["linen"][1]
 
 
 # ---------------------------------------------------------------- Conv auto_pad SAME_*

@@ -484,13 +484,16 @@ def _split(c: OpCall) -> str:
         return f"jnp.split({c.args[0]}, {list(cuts)}, axis={a})"
     n = c.attrs["num_outputs"] or len(c.node.outputs)
     dim = c.shapes[0][a] if c.shapes[0] is not None else None
-    if dim is None or dim % n:
-        if dim is None:
-            raise c.fail("Split into num_outputs of an unknown-size axis")
-        size = -(-dim // n)
-        cuts = [size * i for i in range(1, n)]
-        return f"jnp.split({c.args[0]}, {cuts}, axis={a})"
-    return f"jnp.split({c.args[0]}, {n}, axis={a})"
+    if n == 1 or (dim is not None and dim % n == 0):
+        return f"jnp.split({c.args[0]}, {n}, axis={a})"
+    if dim is None:  # ONNX's pieces of ceil(dim / n), the last smaller, from the run's shape
+        x = c.args[0]
+        size = f"-(-{x}.shape[{a}] // {n})"
+        cuts = f"[{size}]" if n == 2 else f"[i * {size} for i in range(1, {n})]"
+        return f"jnp.split({x}, {cuts}, axis={a})"
+    size = -(-dim // n)
+    cuts = [size * i for i in range(1, n)]
+    return f"jnp.split({c.args[0]}, {cuts}, axis={a})"
 
 
 registry.helpers["pad_widths"] = '''

@@ -525,22 +525,21 @@ def _one_hot(c: OpCall) -> str:
     return f"_one_hot({c.args[0]}, {c.args[1]}, {c.args[2]}, {c.attrs['axis']})"
 
 
-def _split_sizes(c: OpCall, n: int) -> str:
+def _split_sizes(c: OpCall, n: int, dim: int) -> str:
     if c.has(1):
         return c.ints(1)
-    shape = c.shapes[0]
-    a = c.attrs["axis"]
-    dim = None if shape is None else shape[a]
-    if not isinstance(dim, int):
-        raise c.fail("Split of a dimension of unknown size needs explicit sizes")
     size = -(-dim // n)
     return "[" + ", ".join(str(min(size, dim - i * size)) for i in range(n)) + "]"
 
 
 @template("Split", axis=0, num_outputs=None)
 def _split(c: OpCall) -> str:
-    n = len(c.node.outputs)
-    expr = f"torch.split({c.args[0]}, {_split_sizes(c, n)}, dim={c.attrs['axis']})"
+    n, a = len(c.node.outputs), c.attrs["axis"]
+    dim = None if c.shapes[0] is None else c.shapes[0][a]
+    if dim is None and not c.has(1):  # torch.chunk's pieces are ONNX's: ceil(dim / n) each
+        expr = f"torch.chunk({c.args[0]}, {n}, dim={a})"
+    else:
+        expr = f"torch.split({c.args[0]}, {_split_sizes(c, n, dim)}, dim={a})"
     return f"{expr}[0]" if n == 1 else expr  # one piece: the tensor, not a 1-tuple
 
 
