@@ -2,9 +2,10 @@
 MaxPool with its Indices output (both emitters; ONNX's indices are flat over the whole NCHW
 input, column-major within a plane with ``storage_order``), a SegNet-like torch module
 (MaxPool2d(return_indices=True) into MaxUnpool2d) through ``xconv.from_torch``, Split into
-``num_outputs`` of an axis of unknown size (both) and Conv with auto_pad SAME_LOWER /
-SAME_UPPER (both). Each generated module is checked against its runtime as it is written
-(``example_inputs``) and its numbers against the ONNX reference (or onnxruntime) here."""
+``num_outputs`` of an axis of unknown size (both), Conv with auto_pad SAME_LOWER /
+SAME_UPPER (both) and, in the torch source, ScatterND reduction mul / max / min. Each
+generated module is checked against its runtime as it is written (``example_inputs``) and
+its numbers against the ONNX reference (or onnxruntime) here."""
 
 from __future__ import annotations
 
@@ -236,3 +237,24 @@ def test_conv_auto_pad_same(auto_pad, strides, tmp_path):
     out = _generated(xconv.load(proto), (x, w), tmp_path)
     for name, (run, _) in out.items():
         np.testing.assert_allclose(run(x, w)[0], want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+# ---------------------------------------------------------------- torch source only
+
+
+@pytest.mark.parametrize("reduction", ["mul", "max", "min"])
+def test_scatter_nd_reductions_in_torch_source(reduction, tmp_path):
+    """Duplicate index tuples (the updates combined with x's own value), a negative index,
+    slices of rank 1."""
+    data = RNG.standard_normal((4, 3, 2)).astype(np.float32)
+    indices = np.array([[0, 1], [-1, 2], [0, 1], [2, 0]], np.int64)
+    updates = RNG.standard_normal((4, 2)).astype(np.float32)
+    proto = _model(
+        [helper.make_node("ScatterND", ["data", "indices", "updates"], ["y"],
+                          reduction=reduction)],
+        {"data": (TensorProto.FLOAT, [4, 3, 2]), "indices": (TensorProto.INT64, [4, 2]),
+         "updates": (TensorProto.FLOAT, [4, 2])},
+        ["y"],
+    )  # fmt: skip
+    texts = _check(proto, (data, indices, updates), tmp_path, emitters=("torch",))
+    assert "_scatter_nd_reduce(" in texts["torch"]

@@ -475,15 +475,34 @@ def _scatter_elements(c: OpCall) -> str:
     return f'torch.scatter_reduce({x}, {a}, {_along(c, a)}, {u}, "{how}")'
 
 
+registry.helpers["scatter_nd_reduce"] = '''
+def _scatter_nd_reduce(x, indices, updates, reduce):
+    """ONNX ScatterND with reduction mul / max / min: each row of x at an index tuple along
+    the last axis of ``indices`` (negatives count from the end) combined with its updates by
+    ``reduce`` (Tensor.index_reduce's "prod", "amax", "amin"; x's own value included)."""
+    k = indices.shape[-1]
+    rows = torch.zeros(indices.shape[:-1], dtype=torch.int64, device=x.device)
+    for i in range(k):  # the index tuples as row numbers of x flattened over its first k axes
+        rows = rows * x.shape[i] + indices[..., i].long() % x.shape[i]
+    flat, updates = x.flatten(0, k - 1), updates.reshape(-1, *x.shape[k:])
+    return flat.index_reduce(0, rows.reshape(-1), updates, reduce).reshape(x.shape)
+'''
+
+
 @template("ScatterND", reduction="none")
 def _scatter_nd(c: OpCall) -> str:
     """``index_put`` at the index tuples along the last axis of ``indices`` (torch indexes
-    with negatives as ONNX does); ``add`` accumulates, the other reductions are refused."""
+    with negatives as ONNX does); ``add`` accumulates; mul, max and min are the generated
+    ``_scatter_nd_reduce`` (``Tensor.index_reduce`` over x's flattened rows)."""
     reduction = _scatter_reduction(c)
-    if reduction not in ("none", "add"):
-        raise c.fail(f"ScatterND reduction={reduction!r} (index_put accumulates sums only)")
-    acc = ", accumulate=True" if reduction == "add" else ""
-    return f"{c.args[0]}.index_put({c.args[1]}.long().unbind(-1), {c.args[2]}{acc})"
+    if reduction in ("none", "add"):
+        acc = ", accumulate=True" if reduction == "add" else ""
+        return f"{c.args[0]}.index_put({c.args[1]}.long().unbind(-1), {c.args[2]}{acc})"
+    if c.node.inputs[0].dtype == ir.DataType.BOOL:
+        raise c.fail(f"ScatterND reduction={reduction!r} of bool (index_reduce has no kernel)")
+    c.helpers.add("scatter_nd_reduce")
+    how = _SCATTER_REDUCE[reduction]
+    return f'_scatter_nd_reduce({c.args[0]}, {c.args[1]}, {c.args[2]}, "{how}")'
 
 
 registry.helpers["reverse_sequence"] = '''
