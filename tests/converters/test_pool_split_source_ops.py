@@ -2,17 +2,17 @@
 MaxPool with its Indices output (both emitters; ONNX's indices are flat over the whole NCHW
 input, column-major within a plane with ``storage_order``), a SegNet-like torch module
 (MaxPool2d(return_indices=True) into MaxUnpool2d) through ``xconv.from_torch``, Split into
-``num_outputs`` of an axis of unknown size (both), Conv with auto_pad SAME_LOWER /
-SAME_UPPER (both) and, in the torch source, ScatterND reduction mul / max / min. Each
-generated module is checked against its runtime as it is written (``example_inputs``) and
-its numbers against the ONNX reference (or onnxruntime) here."""
+``num_outputs`` of an axis of unknown size (both), Conv with auto_pad SAME_LOWER / SAME_UPPER
+(both), and in the torch source ScatterND reduction mul / max / min and ReduceMax / ReduceMin
+of an empty input. Each generated module is checked against its runtime as it is written
+(``example_inputs``) and its numbers against the ONNX reference here."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 torch = pytest.importorskip("torch")
@@ -258,3 +258,31 @@ def test_scatter_nd_reductions_in_torch_source(reduction, tmp_path):
     )  # fmt: skip
     texts = _check(proto, (data, indices, updates), tmp_path, emitters=("torch",))
     assert "_scatter_nd_reduce(" in texts["torch"]
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize(
+    ("elem", "dtype"),
+    [(TensorProto.FLOAT, np.float32), (TensorProto.INT32, np.int32), (TensorProto.BOOL, np.bool_)],
+)
+@pytest.mark.parametrize("axes_at_run_time", [True, False])
+def test_reduce_extremum_of_an_empty_input_in_torch_source(
+    op, elem, dtype, axes_at_run_time, tmp_path
+):
+    """ONNX's value over an empty set (-inf / inf, the type's lowest / highest, False / True),
+    in the reduction's shape; the axes a graph input or a constant."""
+    opset = 20 if dtype == np.bool_ else 18  # ReduceMax / ReduceMin take bool from 20
+    data = np.zeros((2, 0, 4), dtype)
+    axes = np.array([1], np.int64)
+    if axes_at_run_time:
+        inputs = {"data": (elem, [2, 0, 4]), "axes": (TensorProto.INT64, [1])}
+        proto = _model([helper.make_node(op, ["data", "axes"], ["y"], keepdims=1)], inputs,
+                       ["y"], opset=opset)  # fmt: skip
+        arrays = (data, axes)
+    else:
+        init = numpy_helper.from_array(axes, "axes")
+        proto = _model([helper.make_node(op, ["data", "axes"], ["y"], keepdims=0)],
+                       {"data": (elem, [2, 0, 4])}, ["y"], inits=[init], opset=opset)  # fmt: skip
+        arrays = (data,)
+    texts = _check(proto, arrays, tmp_path, emitters=("torch",))
+    assert "torch.full_like(" in texts["torch"]

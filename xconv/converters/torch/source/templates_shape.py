@@ -67,16 +67,31 @@ def _reduce_prod(x, dims, keepdim):
 '''
 
 
+def _empty_extreme(c: OpCall, dims: str) -> str:
+    """ReduceMax / ReduceMin of an empty input (torch.amax / amin refuse one): ONNX's value
+    over the empty set (-inf / inf, the dtype's lowest / highest) in the reduction's shape."""
+    low = c.node.op_type == "ReduceMax"
+    dtype = c.node.inputs[0].dtype
+    if dtype is not None and dtype.is_floating_point():
+        fill, cast = f'float("{"-" if low else ""}inf")', ""
+    elif dtype == ir.DataType.BOOL:
+        fill, cast = str(not low), ", dtype=torch.bool"
+    else:
+        t = dtype_expr(dtype)
+        fill, cast = f"torch.iinfo({t}).{'min' if low else 'max'}", f", dtype={t}"
+    shaped = f"torch.sum({c.args[0]}, dim={dims}, keepdim={bool(c.attrs['keepdims'])})"
+    return f"torch.full_like({shaped.replace(', keepdim=False', '')}, {fill}{cast})"
+
+
 def _runtime_axes(c: OpCall, fmt: str) -> str:
     """A reduction over axes the graph computes: ``dim=_dims(axes, x)`` (torch reduces over a
     tuple of any length, and ``.tolist()`` reads them as the ONNX runtime does); with
     noop_with_empty_axes, the elementwise part when they are empty."""
-    if c.node.op_type in ("ReduceMax", "ReduceMin") and 0 in (c.shapes[0] or ()):
-        # ONNX gives -inf / inf over an empty set; torch.amax / amin refuse one
-        raise c.fail(f"{c.node.op_type} of an empty input over axes computed at run time")
     c.helpers.add("dims")
     x, axes = c.args[0], c.args[1]
-    if c.node.op_type == "ReduceProd":  # torch.prod takes one axis: a generated loop
+    if c.node.op_type in ("ReduceMax", "ReduceMin") and 0 in (c.shapes[0] or ()):
+        out = _empty_extreme(c, f"_dims({axes}, {x})")
+    elif c.node.op_type == "ReduceProd":  # torch.prod takes one axis: a generated loop
         c.helpers.add("reduce_prod")
         out = f"_reduce_prod({x}, _dims({axes}, {x}), {bool(c.attrs['keepdims'])})"
     else:
@@ -97,13 +112,17 @@ def _reduce(fmt: str) -> Callable[[OpCall], str]:
                 return _kept(c)
             axes = np.arange(c.need_rank())
         ax = [int(a) for a in np.asarray(axes).reshape(-1)]
+        d = str(ax[0]) if len(ax) == 1 else int_tuple(ax)
+        shape = c.shapes[0]
+        empty = shape is not None and any(shape[a] == 0 for a in ax)
+        if c.node.op_type in ("ReduceMax", "ReduceMin") and empty:
+            return _empty_extreme(c, d)
         if c.node.op_type == "ReduceProd":  # torch.prod takes one axis: the last first
             r = c.need_rank()
             x, k = c.args[0], bool(c.attrs["keepdims"])
             for a in sorted({a % r for a in ax}, reverse=True):
                 x = fmt.format(x=x, d=a, k=k).replace(", keepdim=False", "")
             return x
-        d = str(ax[0]) if len(ax) == 1 else int_tuple(ax)
         out = fmt.format(x=c.args[0], d=d, k=bool(c.attrs["keepdims"]))
         return out.replace(", keepdim=False", "")  # torch's default
 
