@@ -794,13 +794,14 @@ QUANT_INT = {
 SUB_BYTE = frozenset({ir.DataType.UINT4, ir.DataType.INT4, ir.DataType.UINT2, ir.DataType.INT2})
 
 
-def quant_call(c: TemplateCall, dtype_text: str) -> str:
+def quant_call(c: TemplateCall, dtype_text: str, *, float4: str | None = None) -> str:
     """``_quantize_linear(...)`` / ``_quantize_float(...)`` / ``_dequantize_linear(...)`` for
     ONNX QuantizeLinear / DequantizeLinear of 2- to 16-bit integers, float8 and float4, per tensor,
     per axis or blocked (each emitter writes its helpers; the call adds them to
-    ``c.helpers``); ``dtype_text`` writes the quantized type (an emitter without float4 has
-    refused it there). Refused by name: other types, output_dtype on dequantize, precision on
-    quantize."""
+    ``c.helpers``); ``dtype_text`` writes the quantized type. ``float4`` names the helper of an
+    emitter whose framework cannot cast to float4e2m1 (torch), called
+    ``_<float4>(x, scale[, zero_point=...][, axis=...][, block_size=...])`` for that type.
+    Refused by name: other types, output_dtype on dequantize, precision on quantize."""
     a = c.attrs
     tail = []
     if a["axis"] != 1:
@@ -836,9 +837,12 @@ def quant_call(c: TemplateCall, dtype_text: str) -> str:
     if low:
         # x / scale, clipped into a float8 type's finite range when saturating; float4 adds
         # a zero point when given (float8 ignores it, as the runtimes do).
-        c.helpers.add("quantize_float")
         if target == ir.DataType.FLOAT4E2M1 and zp != "None":
             tail.insert(0, f"zero_point={zp}")
+        if target == ir.DataType.FLOAT4E2M1 and float4:
+            c.helpers.add(float4)
+            return f"_{float4}({', '.join([c.args[0], c.args[1], *tail])})"
+        c.helpers.add("quantize_float")
         import ml_dtypes
 
         info = ml_dtypes.finfo(target.numpy())

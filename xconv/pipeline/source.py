@@ -255,6 +255,10 @@ def _numpy(x: Any) -> np.ndarray:
         import torch
 
         x = x.detach().cpu()
+        if x.dtype == torch.float4_e2m1fn_x2:  # float4e2m1, one code a byte (torch runtime's)
+            import ml_dtypes
+
+            return x.view(torch.uint8).numpy().view(ml_dtypes.float4_e2m1fn)
         if x.dtype.is_floating_point and x.element_size() < 4:
             return x.float().numpy()
         # torch.int4 ...: one value per byte, which the byte type reads.

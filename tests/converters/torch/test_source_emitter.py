@@ -199,11 +199,15 @@ def test_unsupported_ops_listed_before_writing(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["input", "initializer"])
-def test_float4_refused_by_name_before_writing(tmp_path, where):
-    """The torch runtime holds float4e2m1 (one code per byte); the written source does not:
-    a float4 input or initializer (FP4 weights) is refused, naming the types it writes,
-    before anything is written, and not left to crash in the written module."""
+def test_float4_written_as_the_runtime_holds_it(tmp_path, where):
+    """float4e2m1 is written as the torch runtime holds it (``torch.float4_e2m1fn_x2``, one
+    code a byte): a float4 input or initializer (FP4 weights) cast to float and multiplied
+    gives to_torch's numbers and the reference's, and the weight is a float4 buffer under
+    to_torch's state_dict key."""
     import ml_dtypes
+    from onnx.reference import ReferenceEvaluator
+
+    from xconv.converters.torch.runtime.dtypes import to_tensor
 
     w = np.array([[0.5, -1.0], [6.0, 2.0]]).astype(ml_dtypes.float4_e2m1fn)
     h = onnx.helper
@@ -216,10 +220,25 @@ def test_float4_refused_by_name_before_writing(tmp_path, where):
         inits = []
     y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
     graph = h.make_graph(nodes, "g", inputs, [y], inits)
-    model = xconv.load(h.make_model(graph, opset_imports=[h.make_opsetid("", 23)]))
-    with pytest.raises(xconv.errors.ConversionError, match="does not write dtype FLOAT4E2M1"):
-        write_torch(model, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 23)])
+    model = xconv.load(proto)
+    x = np.array([[1.0, 2.0], [-3.0, 0.25]], np.float32)
+    feeds = {"x": x, **({"w": w} if where == "input" else {})}
+    (want,) = ReferenceEvaluator(proto).run(None, feeds)
+    out = write_torch(model, tmp_path / "out")
+    spec = importlib.util.spec_from_file_location("float4_model", out / "model.py")
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    written = generated.load(out)
+    runtime, _ = xconv.to_torch(model)
+    args = [to_tensor(feeds[k]) for k in ("x", "w") if k in feeds]
+    with torch.no_grad():
+        got, ref = written(*args), runtime(*args)
+    np.testing.assert_array_equal(got.numpy(), ref.numpy())
+    np.testing.assert_array_equal(got.numpy(), want)
+    if where == "initializer":
+        assert written.w.dtype == runtime.state_dict()["w"].dtype == torch.float4_e2m1fn_x2
+        written.load_state_dict(runtime.state_dict())
 
 
 def _flax_style_model(relu_scope: str | None = None):

@@ -16,6 +16,7 @@ too large to inline are persistent buffers ``const_*`` on the top-level module.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import keyword
 import re
@@ -38,6 +39,8 @@ from xconv.converters.torch.source import tree as source_tree
 from xconv.converters.torch.source.fuse import fuse_activations
 from xconv.converters.torch.source.plan import TORCH_NAMES, plan_layers
 from xconv.converters.torch.source.templates import (
+    FLOAT4_AS_IS,
+    FLOAT4_VALUES,
     WIDE_UNSIGNED,
     OpCall,
     dtype_expr,
@@ -52,8 +55,8 @@ from xconv.ir.passes import DeadNodeRemovalPass, canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated
 from xconv.ir.passes.layout import sink_transposes
 
-#: ONNX types the torch runtime holds but the written source does not.
-_UNWRITTEN_DTYPES = frozenset({ir.DataType.FLOAT4E2M1})
+#: float4e2m1 in numpy (ml_dtypes), as the IR holds its constants.
+_FLOAT4 = np.dtype(ir.DataType.FLOAT4E2M1.numpy())
 
 #: The names ``tree.rename_locals`` gives ``forward``'s locals (by role).
 _ROLE_NAME = re.compile(r"(h|x|attn|q|k|v|scores|mask)\d*")
@@ -126,18 +129,6 @@ class _Emitter:
     def check_supported(self) -> None:
         nodes = with_subgraph_nodes(n for n in self.graph if n not in self.plans)
         registry.check_nodes(nodes, self.opsets)
-        # A type the source cannot hold (float4e2m1: torch computes nothing in it) is refused
-        # before anything is written, wherever it flows: a graph input, an initializer or a
-        # node's output.
-        graph = self.graph
-        values = (
-            *graph.inputs,
-            *graph.initializers.values(),
-            *(v for n in nodes for v in n.outputs),
-        )
-        for value in values:
-            if value.dtype in _UNWRITTEN_DTYPES:
-                dtype_expr(value.dtype)  # raises, naming the types the source writes
 
     # ------------------------------------------------------------ module tree
 
@@ -214,9 +205,14 @@ class _Emitter:
 
     def constant(self, value: ir.Value, arr: np.ndarray, bare: bool) -> str:
         arr = byte_type(arr)
+        float4 = arr.dtype == _FLOAT4
+        if arr.size <= INLINE_LIMIT and float4:
+            # torch builds no float4 tensor from numbers: float32 ones (exact) rounded to it
+            self.functions.add("to_float4")
+            return f"_to_float4({tensor_literal(arr.astype(np.float32))})"
         if arr.size <= INLINE_LIMIT:
             return tensor_literal(arr, bare_scalar=bare)
-        expr = structured_constant(arr)
+        expr = None if float4 else structured_constant(arr)
         if expr is not None:
             return expr
         if value not in self.raw:
@@ -344,6 +340,18 @@ class _Emitter:
         consts: list[np.ndarray | None] = [
             None if v is None or not v.name else constant_of(v, self.annotated) for v in node.inputs
         ]
+        # float4e2m1 codes moved as uint8 (templates.FLOAT4_VALUES): torch has no kernels for
+        # the type beyond views and copies
+        codes = node.op_type not in FLOAT4_VALUES | FLOAT4_AS_IS and any(
+            v is not None and v.dtype == ir.DataType.FLOAT4E2M1
+            for v in (*node.inputs, *node.outputs)
+        )
+        if codes and len(node.outputs) > 1:
+            raise ConversionError(
+                "the PyTorch source emitter moves float4e2m1 through single-output ops only",
+                op=node.op_type,
+                node=node.name,
+            )
         same = _identity_input(node, consts)
         if same is not None and same in self.env:
             self.env[node.outputs[0]] = self.env[same]  # ``x / 1.0``, ``x + 0``: no statement
@@ -357,6 +365,11 @@ class _Emitter:
                 args.append(self.weight(v))
             else:
                 args.append(self.env[v])
+            if codes and args[-1] is not None and v.dtype == ir.DataType.FLOAT4E2M1:
+                args[-1] = f"{args[-1]}.view(torch.uint8)"
+        if codes:
+            consts = [_float4_codes(c) for c in consts]
+            attrs = {k: _float4_codes(a) for k, a in attrs.items()}
         shapes = [
             None
             if v is None or v.shape is None
@@ -367,11 +380,13 @@ class _Emitter:
         if wide:  # uint16/32/64 operands computed in int64 (see templates.WIDENED_OPS)
             args = [a if a is None or re.fullmatch(r"-?\d+", a) else f"{a}.to(torch.int64)"
                     for a in args]  # fmt: skip
-        call = OpCall(node, args, consts, shapes, attrs)
+        call = OpCall(node, args, consts, shapes, attrs, float4_codes=codes)
         expr = tpl.fn(call)
         self.functions |= call.helpers
         if wide and node.outputs[0].dtype in WIDE_UNSIGNED:
             expr = f"({expr}).to({dtype_expr(node.outputs[0].dtype)})"
+        if codes and node.outputs[0].dtype == ir.DataType.FLOAT4E2M1:
+            expr = f"{_primary(expr)}.view({dtype_expr(ir.DataType.FLOAT4E2M1)})"
         outs = []
         for o in node.outputs:
             if o.name and (o.uses() or o.is_graph_output()):
@@ -437,6 +452,25 @@ def _identity_input(node: ir.Node, consts: list[np.ndarray | None]) -> ir.Value 
         ):
             return v
     return None
+
+
+def _float4_codes(a: Any) -> Any:
+    """A float4e2m1 array as its codes (uint8, one a byte); anything else as it is."""
+    return a.view(np.uint8) if isinstance(a, np.ndarray) and a.dtype == _FLOAT4 else a
+
+
+def _primary(expr: str) -> str:
+    """``expr`` as an operand of ``.``: parenthesised unless a name, call, attribute or
+    subscript."""
+    try:
+        body = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return f"({expr})"
+    return (
+        expr
+        if isinstance(body, ast.Name | ast.Call | ast.Attribute | ast.Subscript)
+        else f"({expr})"
+    )
 
 
 def _broadcast_base(arr: np.ndarray) -> np.ndarray:

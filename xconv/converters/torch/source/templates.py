@@ -32,6 +32,9 @@ class OpCall(TemplateCall):
     emitter: ClassVar[str] = "PyTorch source emitter"
     #: Generated helper functions the expression calls (``registry.helpers``' names).
     helpers: set[str] = field(default_factory=set)
+    #: The node moves float4e2m1 codes as uint8 (:data:`FLOAT4_VALUES`): its float4 outputs'
+    #: type is written ``torch.uint8``.
+    float4_codes: bool = False
 
     def ints(self, i: int) -> str:
         """Input ``i`` as a Python int list: a literal when constant, else ``.tolist()``."""
@@ -41,7 +44,10 @@ class OpCall(TemplateCall):
         return f"{self.args[i]}.tolist()"
 
     def dtype(self, index: int = 0) -> str:
-        return dtype_expr(self.node.outputs[index].dtype)
+        dtype = self.node.outputs[index].dtype
+        if self.float4_codes and dtype == ir.DataType.FLOAT4E2M1:
+            return "torch.uint8"
+        return dtype_expr(dtype)
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,24 @@ def template(*ops: str, bare: bool = False, **attrs: Any):
 # ---------------------------------------------------------------- literals and dtypes
 
 
-#: torch names the sub-byte integer types too (it computes with none of them).
-_DTYPES = {**ex.DTYPE_NAMES, **{t: t.name.lower() for t in ex.SUB_BYTE}}
+#: torch names the sub-byte integer types too (it computes with none of them), and holds
+#: float4e2m1 in ``float4_e2m1fn_x2`` one code a byte, as the torch runtime does (torch's one
+#: float4 type packs two; it computes nothing in it, see :data:`FLOAT4_VALUES`).
+_DTYPES = {
+    **ex.DTYPE_NAMES,
+    **{t: t.name.lower() for t in ex.SUB_BYTE},
+    ir.DataType.FLOAT4E2M1: "float4_e2m1fn_x2",
+}
+
+#: The ops whose templates read float4e2m1 as values (``_float4_values``) and write it by
+#: rounding (``_to_float4``). Any other op moves a float4 tensor's codes as uint8 (the
+#: emitter views it so and its float4 outputs back), but for those torch runs on the type
+#: itself: views, and a control-flow node's subgraph, which takes the tensors as they are.
+FLOAT4_VALUES = frozenset({"Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"})
+FLOAT4_AS_IS = frozenset(
+    {"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Shape", "Size"}
+    | {"If", "Loop", "Scan"}
+)
 
 
 def dtype_expr(dtype: ir.DataType | None) -> str:
@@ -298,6 +320,30 @@ def _sub_byte(x, dtype, lo, hi):
 '''
 
 
+registry.helpers["float4_values"] = '''
+def _float4_values(x):
+    """float4e2m1 codes (one a byte, in torch.float4_e2m1fn_x2) as float32 values: bit 3 is
+    the sign, bits 0-2 index the magnitudes."""
+    codes = x.view(torch.uint8).to(torch.int64)
+    magnitudes = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], device=x.device)
+    return torch.where((codes & 8) != 0, -magnitudes[codes & 7], magnitudes[codes & 7])
+'''
+registry.helpers["to_float4"] = '''
+def _to_float4(x):
+    """x rounded to float4e2m1 as ml_dtypes (and ONNX's reference) rounds: to the nearest
+    value, a tie to the even code; past 6 and infinities to 6, NaN to the zero of the
+    opposite sign. One code a byte in torch.float4_e2m1fn_x2, which torch computes nothing in."""
+    negative = torch.signbit(x) ^ x.isnan()  # (before float32: torch's drops a NaN's sign)
+    x = x if x.dtype == torch.float64 else x.to(torch.float32)
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=x.dtype, device=x.device)
+    a = x.abs()
+    # the midpoints below |x|; on 0.75, 1.75 or 3.5 the even code is the one above
+    code = torch.bucketize(a, mids) + torch.isin(a, mids[1::2])
+    code = torch.where(x.isnan(), 0, code)
+    return (code + 8 * negative).to(torch.uint8).view(torch.float4_e2m1fn_x2)
+'''
+
+
 registry.helpers["to_e8m0"] = '''
 def _to_e8m0(x, saturate=True, round_mode="up"):
     """A cast to float8e8m0 as ONNX rounds it: float32's exponent byte, rounded "up" (by any
@@ -320,15 +366,30 @@ def _to_e8m0(x, saturate=True, round_mode="up"):
 '''
 
 
+def _float4_values(c: OpCall, i: int) -> str:
+    """Input ``i`` as its values where it is float4e2m1 (torch casts nothing from it)."""
+    if c.node.inputs[i].dtype != ir.DataType.FLOAT4E2M1:
+        return c.args[i]
+    c.helpers.add("float4_values")
+    return f"_float4_values({c.args[i]})"
+
+
 def _cast_to(c: OpCall, to: ir.DataType | None, dtype: str) -> str:
-    """Input 0 cast to ONNX type ``to`` (``dtype``: its torch text)."""
-    x = _byte_view(c)
+    """Input 0 cast to ONNX type ``to`` (``dtype``: its torch text): float4e2m1 read as its
+    values and written rounded, float8e8m0 rounded, the sub-byte integers held as bytes."""
+    float4 = c.node.inputs[0].dtype == ir.DataType.FLOAT4E2M1
+    x = _float4_values(c, 0) if float4 else _byte_view(c)
+    if to == ir.DataType.FLOAT4E2M1:
+        c.helpers.add("to_float4")
+        return f"_to_float4({x})"
     if to == ir.DataType.FLOAT8E8M0:
         return ex.e8m0_call(c, x)
     if to in ex.SUB_BYTE:
         c.helpers.add("sub_byte")
         lo, hi = ex.QUANT_INT[to]
         return f"_sub_byte({x}, {dtype}, {lo}, {hi})"
+    if float4 and to == ir.DataType.FLOAT:
+        return x  # _float4_values gives float32
     if x != c.args[0]:
         return f"{x}.to({dtype})"
     return f"{_saturated(c, to)}.to({dtype})"
@@ -342,6 +403,8 @@ def _cast(c: OpCall) -> str:
 
 @template("BitCast", to=REQUIRED)
 def _bit_cast(c: OpCall) -> str:
+    if ir.DataType.FLOAT4E2M1 in (c.node.inputs[0].dtype, ir.DataType(c.attrs["to"])):
+        raise c.fail("BitCast of float4e2m1 (held one code a byte, as the torch runtime does)")
     dt = dtype_expr(ir.DataType(c.attrs["to"]))
     return ex.bit_cast_expr(c, f"{{}}.view({dt})", f"{{}}.to({dt})")
 
@@ -453,6 +516,19 @@ def _quantize_float(x, scale, lo, hi, dtype, axis=1, block_size=0):
 '''
 
 
+registry.helpers["quantize_float4"] = '''
+def _quantize_float4(x, scale, zero_point=None, axis=1, block_size=0):
+    """ONNX QuantizeLinear to float4e2m1: x / scale plus the zero point's value, rounded
+    (saturating) by _to_float4."""
+    scale = _quant_param(scale, x, axis, block_size)
+    dt = torch.promote_types(x.dtype, scale.dtype)
+    y = x.to(dt) / scale.to(dt)
+    if zero_point is not None:
+        y = y + _quant_param(zero_point, x, axis, block_size).to(dt)
+    return _to_float4(y)
+'''
+
+
 registry.helpers["dynamic_quantize_linear"] = """
 def _dynamic_quantize_linear(x):
     \"\"\"ONNX DynamicQuantizeLinear: x as uint8 over its range widened to include 0, with that
@@ -508,6 +584,10 @@ for _op in ("DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul"):
 @template("QuantizeLinear", axis=1, saturate=1, block_size=0, output_dtype=0, precision=0)
 def _quantize_linear(c: OpCall) -> str:
     target = c.node.outputs[0].dtype
+    if target == ir.DataType.FLOAT4E2M1:  # rounded by _to_float4; a zero point read as values
+        c.helpers.add("to_float4")
+        args = [_float4_values(c, i) if i == 2 and c.has(i) else a for i, a in enumerate(c.args)]
+        return ex.quant_call(replace(c, args=args), c.dtype(), float4="quantize_float4")
     if target not in ex.SUB_BYTE:
         return ex.quant_call(c, c.dtype())
     # Into the byte type, viewed as torch's sub-byte one (it neither copies nor computes).
@@ -519,6 +599,7 @@ def _quantize_linear(c: OpCall) -> str:
 @template("DequantizeLinear", axis=1, block_size=0, output_dtype=0)
 def _dequantize_linear(c: OpCall) -> str:
     args = [_byte_view(c, i) if i != 1 and c.has(i) else a for i, a in enumerate(c.args)]
+    args[0] = _float4_values(replace(c, args=args), 0)
     return ex.quant_call(replace(c, args=args), c.dtype())
 
 
