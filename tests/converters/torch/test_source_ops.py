@@ -472,10 +472,10 @@ def test_op(case):
 def test_unsupported_ops_are_listed_together():
     x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
     nodes = [
-        h.make_node("StringNormalizer", ["x"], ["a"]),
+        h.make_node("TfIdfVectorizer", ["x"], ["a"]),
         h.make_node("Relu", ["a"], ["b"]),
         h.make_node("GlobalLpPool", ["b"], ["c"]),
-        h.make_node("StringNormalizer", ["c"], ["y"]),
+        h.make_node("TfIdfVectorizer", ["c"], ["y"]),
     ]
     y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
     proto = h.make_model(
@@ -484,7 +484,7 @@ def test_unsupported_ops_are_listed_together():
     with pytest.raises(UnsupportedOpError) as err:
         to_torch_source(ir.from_proto(proto))
     text = str(err.value)
-    assert "StringNormalizer x2" in text and "GlobalLpPool x1" in text and "Relu" not in text
+    assert "TfIdfVectorizer x2" in text and "GlobalLpPool x1" in text and "Relu" not in text
 
 
 def test_conv_with_asymmetric_pads_pads_explicitly():

@@ -30,13 +30,13 @@ if TYPE_CHECKING:
 
 
 def _imports(text: str, api: str) -> list[str]:
-    std = ["from pathlib import Path"]
-    if re.search(r"(?<![\w.])math\.", text):
-        std.insert(0, "import math")
-    if re.search(r"(?<![\w.])itertools\.", text):
-        std.insert(0, "import itertools")
-    if re.search(r"(?<![\w.])functools\.", text):
-        std.insert(0, "import functools")
+    std = [
+        f"import {name}"
+        for name in ("functools", "itertools", "math")
+        if re.search(rf"(?<![\w.]){name}\.", text)
+    ]
+    std += ["import re"] * bool(re.search(r"(?<![\w.])re\.compile\(", text))
+    std.append("from pathlib import Path")
     third = []
     if api == "linen" or re.search(r"(?<![\w.])nn\.", text):
         third.append("import flax.linen as nn")

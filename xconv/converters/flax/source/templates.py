@@ -595,8 +595,10 @@ from xconv.converters.flax.source import (  # noqa: E402
     templates_shape,
     templates_signal,
     templates_softmax,
+    templates_strings,
 )
 
 del helpers, templates_attention, templates_control, templates_conv, templates_detection
 del templates_norm, templates_recurrent, templates_resize, templates_rnn, templates_scatter
 del templates_select, templates_sequence, templates_shape, templates_signal, templates_softmax
+del templates_strings
