@@ -454,3 +454,48 @@ def test_exact_gelu_is_the_erf_form() -> None:
     got = np.asarray(jax.jit(lambda v: fn(params, v)[0])(jnp.asarray(x)))
     want = torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _cast_model(source: int, to: int, n: int) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=to)],
+        "cast",
+        [helper.make_tensor_value_info("x", source, [n])],
+        [helper.make_tensor_value_info("y", to, None)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+
+
+@pytest.mark.parametrize(
+    "to",
+    [TensorProto.INT8, TensorProto.INT4, TensorProto.UINT8, TensorProto.INT64, TensorProto.BOOL],
+)
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")
+def test_float4_to_integers_under_jit(to: int) -> None:
+    """Each of the 16 float4 codes cast to an integer type as the reference casts it; XLA
+    alone turns float4's largest value (±6) into the integer type's extremes."""
+    codes = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn)
+    model = _cast_model(TensorProto.FLOAT4E2M1, to, 16)
+    want = ReferenceEvaluator(model).run(None, {"x": codes})[0]
+    fn, params = xconv.to_jax(xconv.load(model))
+    got = np.asarray(jax.jit(fn)(params, jnp.asarray(codes))[0])
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
+@pytest.mark.parametrize("source", [np.float32, np.float16])
+def test_nan_to_float4_is_the_zero_of_the_opposite_sign(source) -> None:
+    """float4 has no NaN: ml_dtypes (the reference) gives +NaN -0 and -NaN +0; XLA gives -0
+    to both."""
+    bits = {
+        np.float32: ([0x7FC00000, 0xFFC00000], np.uint32),
+        np.float16: ([0x7E00, 0xFE00], np.uint16),
+    }
+    x = np.array(bits[source][0], bits[source][1]).view(source)
+    model = _cast_model(
+        helper.np_dtype_to_tensor_dtype(np.dtype(source)), TensorProto.FLOAT4E2M1, 2
+    )
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    fn, params = xconv.to_jax(xconv.load(model))
+    got = np.asarray(jax.jit(fn)(params, jnp.asarray(x))[0])
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    assert got.view(np.uint8).tolist() == [8, 0]

@@ -191,6 +191,19 @@ def test_cast_to_and_from_float4_is_the_reference(source):
     _same(got[1], want[1])
 
 
+def test_float16_nans_round_to_float4_by_their_sign():
+    """A NaN becomes the zero of the opposite sign; float16 NaNs keep their sign bit here
+    (torch's float16 -> float32 conversion drops it for some)."""
+    x = np.array([0xFE00, 0x7E00, 0xFC01, 0x7C01, 0xFFFF], np.uint16).view(np.float16)
+    model = _model(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT4E2M1)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT4E2M1, x.shape)],
+    )
+    got, want = _run(model, x)[0], _reference(model, x)[0]
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
 def test_float4_tensors_pass_through_layout_ops():
     """Transpose, Concat and Slice move float4 codes; Cast and DequantizeLinear read their
     values; the graph output keeps the type."""

@@ -110,9 +110,21 @@ def cast_array(ctx, x, to: ir.DataType, saturate: int, round_mode: str):
     if to in FLOAT8 and saturate and jnp.issubdtype(x.dtype, jnp.floating):
         info = ml_dtypes.finfo(target)
         x = jnp.clip(x, float(info.min), float(info.max))
+    if x.dtype == _FLOAT4 and not jnp.issubdtype(target, jnp.floating):
+        # XLA converts float4's largest value (6) to an integer type's maximum: via float32.
+        x = x.astype(jnp.float32)
     if to in SUB_BYTE_INTS:
         return sub_byte_values(jnp, x, to).astype(target)
+    if to == ir.DataType.FLOAT4E2M1 and jnp.issubdtype(x.dtype, jnp.floating):
+        # ml_dtypes (and so ONNX's reference) gives NaN, which float4 lacks, the zero of the
+        # opposite sign; XLA gives -0 to both.
+        wide = x if x.dtype.itemsize >= 2 else x.astype(jnp.float32)  # signbit's types
+        zero = jnp.where(jnp.signbit(wide), 0.0, -0.0).astype(target)
+        return jnp.where(jnp.isnan(wide), zero, x.astype(target))
     return x.astype(target)
+
+
+_FLOAT4 = np.dtype(ml_dtypes.float4_e2m1fn)
 
 
 def _type_of(a) -> ir.DataType:

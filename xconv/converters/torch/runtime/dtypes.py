@@ -83,13 +83,15 @@ def to_float4(x: torch.Tensor) -> torch.Tensor:
     """``x`` rounded to float4e2m1 as ml_dtypes (and so ONNX's reference) rounds: to the
     nearest value, ties to the even code; magnitudes past 6 and infinities to ±6; NaN, which
     the type lacks, to a zero of the opposite sign (ml_dtypes' choice)."""
+    # The sign first: torch's float16 -> float32 conversion drops some NaNs' sign bits.
+    sign = torch.signbit(x) if x.dtype.is_floating_point else x < 0
     xf = x if x.dtype == torch.float64 else x.to(torch.float32)  # rounded once
     a = xf.abs().unsqueeze(-1)
     mids = torch.tensor(_E2M1_MIDPOINTS, dtype=xf.dtype, device=x.device)
     odd = torch.arange(len(_E2M1_MIDPOINTS), device=x.device) % 2 == 1  # tie: the even code
     code = (a > mids).sum(-1) + ((a == mids) & odd).sum(-1)
     code = torch.where(xf.isnan(), 0, code.clamp(max=7))
-    negative = torch.signbit(xf) ^ xf.isnan()
+    negative = sign ^ xf.isnan()
     return (code + torch.where(negative, 8, 0)).to(torch.uint8).view(FLOAT4)
 
 
