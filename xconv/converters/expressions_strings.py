@@ -1,12 +1,15 @@
 """The string ops (StringConcat, StringNormalizer, StringSplit, RegexFullMatch) as both source
 emitters write them: numpy helper text on object arrays of ``str`` (neither JAX nor torch has
 string arrays), computed as ``ops/strings`` computes them for the runtimes, and the calls of
-those helpers. The attributes are checked when writing, so the written helpers take only
-valid ones. A numeric output (StringSplit's counts, RegexFullMatch's matches) becomes the
-framework's array in each emitter's template (``templates_strings``).
+those helpers, registered by each emitter (``templates_strings``: :func:`register`). The
+attributes are checked when writing, so the written helpers take only valid ones. A numeric
+output (StringSplit's counts, RegexFullMatch's matches) becomes the framework's array.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from xconv.converters.codegen import TemplateCall
 
@@ -130,3 +133,27 @@ def regex_full_match_call(c: TemplateCall) -> str:
     except re.error as e:
         raise c.fail(f"pattern {pattern!r} is not a valid regular expression: {e}") from e
     return f"_regex_full_match({c.args[0]}, {str(pattern)!r})"
+
+
+def register(template: Callable[..., Any], helpers: dict[str, str], array: str) -> None:
+    """Register the four templates with an emitter's ``template`` decorator and its helper
+    texts with ``helpers``; ``array`` names the call that makes a numpy result the
+    framework's array (``jnp.asarray``, ``torch.from_numpy``)."""
+    helpers.update(HELPERS)
+    template("StringConcat")(string_concat_call)
+    template(
+        "StringNormalizer",
+        case_change_action="NONE",
+        is_case_sensitive=0,
+        locale="",
+        stopwords=None,
+    )(string_normalizer_call)
+
+    @template("StringSplit", delimiter="", maxsplit=None)
+    def _string_split(c: TemplateCall) -> str:
+        """(parts, counts): the counts an int64 array of the framework."""
+        return f"(lambda y, n: (y, {array}(n)))(*{string_split_call(c)})"
+
+    @template("RegexFullMatch", pattern=None)
+    def _regex_full_match(c: TemplateCall) -> str:
+        return f"{array}({regex_full_match_call(c)})"

@@ -8,33 +8,6 @@ registers them in ``templates.registry``.
 from __future__ import annotations
 
 from xconv.converters import expressions_strings as exstr
-from xconv.converters.flax.source.templates import OpCall, registry, template
+from xconv.converters.flax.source.templates import registry, template
 
-registry.helpers.update(exstr.HELPERS)
-
-
-@template("StringConcat")
-def _string_concat(c: OpCall) -> str:
-    return exstr.string_concat_call(c)
-
-
-@template(
-    "StringNormalizer",
-    case_change_action="NONE",
-    is_case_sensitive=0,
-    locale="",
-    stopwords=None,
-)
-def _string_normalizer(c: OpCall) -> str:
-    return exstr.string_normalizer_call(c)
-
-
-@template("StringSplit", delimiter="", maxsplit=None)
-def _string_split(c: OpCall) -> str:
-    """(parts, counts): the counts an int64 jax array."""
-    return f"(lambda y, n: (y, jnp.asarray(n)))(*{exstr.string_split_call(c)})"
-
-
-@template("RegexFullMatch", pattern=None)
-def _regex_full_match(c: OpCall) -> str:
-    return f"jnp.asarray({exstr.regex_full_match_call(c)})"
+exstr.register(template, registry.helpers, "jnp.asarray")
