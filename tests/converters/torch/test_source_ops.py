@@ -470,21 +470,21 @@ def test_op(case):
 
 
 def test_unsupported_ops_are_listed_together():
+    TRAINING = "ai.onnx.preview.training"  # noqa: N806
     x = h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
     nodes = [
-        h.make_node("TfIdfVectorizer", ["x"], ["a"]),
+        h.make_node("Momentum", ["x"], ["a"], domain=TRAINING),
         h.make_node("Relu", ["a"], ["b"]),
         h.make_node("GlobalLpPool", ["b"], ["c"]),
-        h.make_node("TfIdfVectorizer", ["c"], ["y"]),
+        h.make_node("Momentum", ["c"], ["y"], domain=TRAINING),
     ]
     y = h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
-    proto = h.make_model(
-        h.make_graph(nodes, "g", [x], [y]), opset_imports=[h.make_opsetid("", OPSET)]
-    )
+    opsets = [h.make_opsetid("", OPSET), h.make_opsetid(TRAINING, 1)]
+    proto = h.make_model(h.make_graph(nodes, "g", [x], [y]), opset_imports=opsets)
     with pytest.raises(UnsupportedOpError) as err:
         to_torch_source(ir.from_proto(proto))
     text = str(err.value)
-    assert "TfIdfVectorizer x2" in text and "GlobalLpPool x1" in text and "Relu" not in text
+    assert "Momentum x2" in text and "GlobalLpPool x1" in text and "Relu" not in text
 
 
 def test_conv_with_asymmetric_pads_pads_explicitly():

@@ -585,6 +585,7 @@ from xconv.converters.flax.source import (  # noqa: E402
     templates_control,
     templates_conv,
     templates_detection,
+    templates_ml,
     templates_norm,
     templates_recurrent,
     templates_resize,
@@ -602,3 +603,4 @@ del helpers, templates_attention, templates_control, templates_conv, templates_d
 del templates_norm, templates_recurrent, templates_resize, templates_rnn, templates_scatter
 del templates_select, templates_sequence, templates_shape, templates_signal, templates_softmax
 del templates_strings
+del templates_ml

@@ -666,6 +666,7 @@ from xconv.converters.torch.source import (  # noqa: E402
     templates_control,
     templates_conv,
     templates_detection,
+    templates_ml,
     templates_norm,
     templates_recurrent,
     templates_resize,
@@ -683,3 +684,4 @@ del templates_attention, templates_control, templates_conv, templates_detection
 del templates_norm, templates_recurrent, templates_resize, templates_rnn, templates_scatter
 del templates_select, templates_sequence, templates_shape, templates_signal, templates_softmax
 del templates_strings
+del templates_ml
