@@ -275,6 +275,9 @@ def wrap_line(line: str, width: int = LINE_LENGTH, *, full: bool = False) -> lis
         items = split_args(one[1:-1])  # a sole list argument: its items one per line
         rows = _rows(items, pad + "    ", width) if full else [pad + f"    {a}," for a in items]
         return [head, pad + "[", *rows, pad + "]", end]
+    if line[opened] == "[" and not literal and len(args) == 1:
+        # one index on its own line(s), without a trailing comma: x[a,] indexes by (a,)
+        return [head, *wrap_line(pad + one, width, full=True), end]
     return [head, *(_rows(args, pad, width) if full else [pad + a + "," for a in args]), end]
 
 
@@ -284,9 +287,31 @@ def _rows(items: list[str], pad: str, width: int) -> list[str]:
 
 
 def wrap_lines(text: str, width: int = LINE_LENGTH, *, full: bool = False) -> str:
-    """:func:`wrap_line` over every line of ``text``."""
-    lines = text.split("\n")
-    return "\n".join(out for line in lines for out in wrap_line(line, width, full=full))
+    """:func:`wrap_line` over every line of ``text``; a statement whose wrapped form would
+    parse to other code (a layout rule's slip) is kept on its line."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        wrapped = wrap_line(line, width, full=full)
+        out += wrapped if len(wrapped) == 1 or _same_code(line, wrapped) else [line]
+    return "\n".join(out)
+
+
+def _same_code(line: str, wrapped: list[str]) -> bool:
+    """Whether ``wrapped`` parses to the statement ``line`` does (True where ``line`` is not a
+    statement on its own, a block's head or part of a longer one)."""
+    import ast
+    import textwrap
+
+    def tree(text: str) -> str | None:
+        text = textwrap.dedent(text)
+        text += "\n    pass" if text.rstrip().endswith(":") else ""
+        try:
+            return ast.dump(ast.parse(text))
+        except SyntaxError:
+            return None
+
+    before = tree(line)
+    return before is None or before == tree("\n".join(wrapped))
 
 
 _RESHAPE = re.compile(r"^(?P<v>\w+) = (?P<xp>j?np)\.reshape\((?P<e>.+), (?P<s>\([^()]*\))\)$")

@@ -91,3 +91,27 @@ def test_wrap_line_full_lays_out_as_ruff_format(line):
     wrapped = wrap_line(line, full=True)
     assert all(len(w) <= 100 for w in wrapped)
     assert head + "\n".join(wrapped) + body + "\n" == ruff.stdout
+
+
+def test_a_wrapped_index_keeps_its_meaning():
+    """A subscript split over lines takes no trailing comma: ``x[a,]`` indexes by the tuple
+    ``(a,)`` (a long gather index made the Mamba2 source index wrongly)."""
+    import ast
+
+    from xconv.converters.module_tree import wrap_lines
+
+    rows = ", ".join(f"[{i}]" for i in range(16))
+    line = f"h4 = h4[torch.tensor([{rows}], dtype=torch.int64).long().unbind(-1)]"
+    wrapped = wrap_lines(line, full=True)
+    assert len(wrapped.splitlines()) > 1 and all(len(w) <= 100 for w in wrapped.splitlines())
+    assert ast.dump(ast.parse(wrapped)) == ast.dump(ast.parse(line))
+    assert wrapped.splitlines()[-2].strip() == ").long().unbind(-1)"
+
+
+def test_wrap_lines_keeps_a_line_whose_layout_would_change_its_code(monkeypatch):
+    """The safety net: a wrapped statement that parses to other code stays on its line."""
+    from xconv.converters import module_tree
+
+    line = "y = f(" + ", ".join(f"argument_{i}" for i in range(12)) + ")"
+    monkeypatch.setattr(module_tree, "wrap_line", lambda *a, **k: ["y = (", "    g(1),", ")"])
+    assert module_tree.wrap_lines(line, full=True) == line
