@@ -146,8 +146,8 @@ def test_unsupported_ops_listed_before_writing(tmp_path):
     x = h.make_tensor_value_info("x", T.FLOAT, [2, 3])
     y = h.make_tensor_value_info("y", T.FLOAT, None)
     nodes = [
-        h.make_node("TfIdfVectorizer", ["x"], ["a"]),
-        h.make_node("TfIdfVectorizer", ["a"], ["b"]),
+        h.make_node("ImageDecoder", ["x"], ["a"]),
+        h.make_node("ImageDecoder", ["a"], ["b"]),
         h.make_node("GlobalLpPool", ["b"], ["y"]),
     ]
     model = ir.serde.deserialize_model(
@@ -155,7 +155,7 @@ def test_unsupported_ops_listed_before_writing(tmp_path):
     )
     with pytest.raises(UnsupportedOpError) as info:
         xconv.to_flax(model, tmp_path / "out")
-    assert "TfIdfVectorizer x2" in str(info.value) and "GlobalLpPool x1" in str(info.value)
+    assert "ImageDecoder x2" in str(info.value) and "GlobalLpPool x1" in str(info.value)
     assert not (tmp_path / "out").exists()
     assert list(tmp_path.iterdir()) == []
 
