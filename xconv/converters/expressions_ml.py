@@ -310,7 +310,8 @@ def _refusals(c: TemplateCall) -> SimpleNamespace:
     return SimpleNamespace(error=c.fail)
 
 
-def _is_strings(c: TemplateCall, i: int = 0) -> bool:
+def is_strings_input(c: TemplateCall, i: int = 0) -> bool:
+    """Whether the node's input ``i`` is a string tensor (numpy in both sources)."""
     return c.node.inputs[i] is not None and c.node.inputs[i].dtype == ir.DataType.STRING
 
 
@@ -343,7 +344,7 @@ def label_encoder_call(c: TemplateCall, fw: Framework) -> str:
     ``_lookup_strings(x, {key: value}, default)`` (strings in or out), with the tables the
     runtime reads from the attributes (``ops.ml.encoder_table``; LabelEncoder-1's
     ``classes_strings`` as strings <-> their index)."""
-    a, strings_in = c.attrs, _is_strings(c)
+    a, strings_in = c.attrs, is_strings_input(c)
     if a["classes_strings"] is not None:
         classes = ml._text(a["classes_strings"])
         index = np.arange(len(classes), dtype=np.int64)
@@ -432,7 +433,7 @@ def tfidf_vectorizer_call(c: TemplateCall, fw: Framework) -> str:
         raise c.fail(f"X must have shape [C] or [B, C], got {list(c.shapes[0])}")
     x = c.args[0]
     if a["pool_strings"] is not None:
-        if not _is_strings(c):
+        if not is_strings_input(c):
             raise c.fail("pool_strings needs a string input (pool_int64s an integer one)")
         vocab: dict[str, int] = {}
         pool = np.array([vocab.setdefault(s, len(vocab)) for s in ml._text(a["pool_strings"])])

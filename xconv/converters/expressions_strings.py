@@ -8,6 +8,7 @@ output (StringSplit's counts, RegexFullMatch's matches) becomes the framework's 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -122,8 +123,6 @@ def string_split_call(c: TemplateCall) -> str:
 
 def regex_full_match_call(c: TemplateCall) -> str:
     """``_regex_full_match(x, pattern)``, the pattern compiled when writing to check it."""
-    import re
-
     _use(c, "regex_full_match")
     pattern = c.attrs["pattern"]
     if pattern is None:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import ast
 import re
+import textwrap
 from typing import Any
 
 #: The project's line length (ruff); generated statements stay within it when they fold.
@@ -299,8 +301,6 @@ def wrap_lines(text: str, width: int = LINE_LENGTH, *, full: bool = False) -> st
 def _same_code(line: str, wrapped: list[str]) -> bool:
     """Whether ``wrapped`` parses to the statement ``line`` does (True where ``line`` is not a
     statement on its own, a block's head or part of a longer one)."""
-    import ast
-    import textwrap
 
     def tree(text: str) -> str | None:
         text = textwrap.dedent(text)

@@ -252,20 +252,15 @@ def _runtime_error(w64: np.ndarray, f64: np.ndarray | None) -> float | None:
 
 def _numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor; bfloat16 has no numpy dtype
-        import torch
+        from xconv.converters.torch.runtime.dtypes import FLOAT4, SUB_BYTE, to_numpy, widen
 
         x = x.detach().cpu()
-        if x.dtype == torch.float4_e2m1fn_x2:  # float4e2m1, one code a byte (torch runtime's)
-            import ml_dtypes
-
-            return x.view(torch.uint8).numpy().view(ml_dtypes.float4_e2m1fn)
+        if x.dtype == FLOAT4:  # one code a byte: ml_dtypes' float4e2m1 by a view
+            return to_numpy(x)
         if x.dtype.is_floating_point and x.element_size() < 4:
             return x.float().numpy()
-        # torch.int4 ...: one value per byte, which the byte type reads.
-        if x.dtype in (torch.int4, torch.int2):
-            return x.view(torch.int8).numpy()
-        if x.dtype in (torch.uint4, torch.uint2):
-            return x.view(torch.uint8).numpy()
+        if x.dtype in SUB_BYTE:  # torch.int4 ...: one value per byte, read as the byte type
+            return widen(x).numpy()
         return x.numpy()
     return np.asarray(x)
 

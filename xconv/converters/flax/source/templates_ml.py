@@ -27,7 +27,7 @@ def _label_encoder(c: OpCall) -> str:
 def _array_feature_extractor(c: OpCall) -> str:
     """X[..., Y]; a 1-D X gives one row (as onnxruntime does). String X stays numpy."""
     x, y = c.args
-    xp = "np" if exml._is_strings(c) else "jnp"
+    xp = "np" if exml.is_strings_input(c) else "jnp"
     if c.need_rank(0) == 1:
         return f"{xp}.reshape({xp}.take({x}, {xp}.ravel({y})), (1, -1))"
     return f"{xp}.take({x}, {xp}.ravel({y}), axis=-1)"

@@ -26,7 +26,7 @@ def _label_encoder(c: OpCall) -> str:
 def _array_feature_extractor(c: OpCall) -> str:
     """X[..., Y]; a 1-D X gives one row (as onnxruntime does). String X stays numpy."""
     x, y = c.args
-    index = f"np.asarray({y}).reshape(-1)" if exml._is_strings(c) else f"{y}.reshape(-1)"
+    index = f"np.asarray({y}).reshape(-1)" if exml.is_strings_input(c) else f"{y}.reshape(-1)"
     if c.need_rank(0) == 1:
         return f"{x}[{index}].reshape(1, -1)"
     return f"{x}[..., {index}]"
