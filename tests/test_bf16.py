@@ -272,6 +272,27 @@ def test_cli_dtype_bfloat16_writes_the_policy_bound(tmp_path):
     assert r.exit_code == 2 and "only flax and jax" in r.output, r.output
 
 
+def test_convert_to_flax_bf16_judges_the_source_against_to_jax_bf16(tmp_path):
+    """``torch-to-flax --dtype bfloat16`` (the README's): the generated bfloat16 Flax is checked
+    against ``to_jax`` at bfloat16, not at float32 (where it failed by bfloat16's rounding:
+    -0.00171 against -0.00160, "please report it")."""
+    from xconv.pipeline import ConvertOptions, convert
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(),
+        torch.nn.Linear(8 * 4 * 4, 10),
+    ).eval()  # fmt: skip
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    result = convert(
+        module, source_kind="torch", target="flax", out_dir=tmp_path / "bf16",
+        options=ConvertOptions(dtype=BF16), example_inputs=(x,),
+    )  # fmt: skip
+    assert result.passed
+    assert "dtype=jnp.bfloat16" in (tmp_path / "bf16" / "model.py").read_text()
+
+
 def test_cast_to_float32_stays_bf16_and_softmax_runs_in_float32(tmp_path):
     """MatMul -> Add(constant) -> Softmax -> Cast(to=FLOAT) -> Mul(2): the no-op Cast of a
     float32 export keeps the bfloat16 activation; runtime and generated Flax agree."""

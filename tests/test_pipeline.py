@@ -109,7 +109,11 @@ def test_state_dict_with_module_factory(tmp_path):
                                   "fixtures.torch_models:make_mlp", "--input-shape", "3,16",
                                   "-o", str(out)])  # fmt: skip
     assert r.exit_code == 0, r.output
-    assert json.loads((out / "parity.json").read_text())["passed"] is True
+    report = json.loads((out / "parity.json").read_text())
+    assert report["passed"] is True
+    # The oracle held throughout: no downgrade, no warning, and the closing line says so.
+    assert report["downgrades"] == [] and "warning:" not in r.output
+    assert r.output.strip().splitlines()[-1] == "parity passed (oracle policy)"
 
 
 def test_onnx_to_flax_checks_against_onnxruntime(tmp_path):
@@ -150,10 +154,16 @@ def test_parity_failure_exits_nonzero_and_names_the_scope(tmp_path, monkeypatch)
 
 def test_failed_conversion_leaves_nothing(tmp_path):
     out = tmp_path / "never"
-    r = CliRunner().invoke(main, ["torch-to-flax", str(tmp_path / "missing.pt2"), "-o", str(out)])
-    assert r.exit_code == xconv.InvalidModelError.exit_code
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"PK\x03\x04 truncated")
+    r = CliRunner().invoke(main, ["torch-to-flax", str(bad), "-o", str(out)])
+    assert r.exit_code == xconv.InvalidModelError.exit_code, r.output
     assert not out.exists()
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [bad]
+    # A path that is not there is a usage error, refused before any work.
+    r = CliRunner().invoke(main, ["torch-to-flax", str(tmp_path / "missing.pt2"), "-o", str(out)])
+    assert r.exit_code == 2 and "does not exist" in r.output, r.output
+    assert not out.exists()
 
 
 def test_no_inputs_for_a_state_dict_is_a_clear_error(tmp_path):

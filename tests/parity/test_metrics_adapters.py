@@ -191,3 +191,16 @@ def test_a_jax_candidate_failing_off_the_cpu_only_is_checked_again_at_highest_pr
     with jax.default_matmul_precision("highest"):  # the user's own choice: no second run
         report = xconv.check_parity(module, OffCpu(True), x, n_random=0, edges=False)
     assert not report.passed and not any("default_matmul_precision" in n for n in report.notes)
+
+
+def test_compare_judges_a_0d_output_as_one_element():
+    """A symbolic size (int) and an optimizer's step count (float) are 0-d: judged, not a crash."""
+    from xconv.parity.metrics import compare
+    from xconv.parity.policies import Policy
+
+    assert compare("size", np.array(3), np.array(3), Policy()).passed
+    assert not compare("size", np.array(3), np.array(4), Policy()).passed
+    one = np.array(1.0)
+    assert compare("step", one, one, Policy(), one).passed
+    bad = compare("step", np.array(1.5), one, Policy(), one)
+    assert not bad.passed and bad.shape == ()

@@ -252,6 +252,12 @@ def subjects() -> dict[str, Subject]:
     from fixtures.torch_models import FIXTURES
 
     out = {name: _subject(*FIXTURES[name]()) for name in ("resnet", "transformer", "mha_weights")}
+    out["llama"] = llama_subject()
+    return out
+
+
+def llama_subject() -> Subject:
+    """A 2-layer Llama (random weights, seed 0) on a 4 x 40 batch of token ids."""
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=100,
@@ -264,8 +270,7 @@ def subjects() -> dict[str, Subject]:
         use_cache=False,
     )
     ids = torch.randint(0, 100, (4, 40), generator=torch.Generator().manual_seed(1))
-    out["llama"] = _subject(transformers.LlamaModel(cfg), (ids,))
-    return out
+    return _subject(transformers.LlamaModel(cfg), (ids,))
 
 
 def _rope(base: float, dim: int = 16) -> Callable[[np.ndarray], np.ndarray]:

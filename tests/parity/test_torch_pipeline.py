@@ -104,7 +104,7 @@ def test_emitted_flax_module_localised_against_torch(setup, tmp_path):
     from xconv.parity import check_files
     from xconv.parity.checker import _load_flax_dir
 
-    with pytest.raises(xconv.InvalidModelError, match="trust_code"):
+    with pytest.raises(xconv.UsageError, match="--trust-code"):
         check_files(out, out, x)
     module, variables = _load_flax_dir(out)
     assert xconv.check_parity(net, (module, variables), x).passed

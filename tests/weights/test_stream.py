@@ -380,6 +380,8 @@ def test_cli_bfloat16_checkpoint_with_layerwise_parity_and_exit_6(tmp_path):
     report = json.loads((out / "parity.json").read_text())
     assert report["passed"] and len(report["blocks"]) == 8  # embed, 6 layers, norm + head
     assert report["written_weights_checked"] == len(CheckpointIndex(ckpt).tensors)
+    page = (out / "parity.html").read_text()  # the same verdict, one row per block
+    assert "parity PASSED" in page and page.count("<tr><td>") == 8
     flat = read_flat(out)
     assert {a.dtype.name for k, a in flat.items() if k.startswith("params/")} == {"bfloat16"}
     bad = tmp_path / "bad"

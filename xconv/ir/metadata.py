@@ -19,6 +19,13 @@ ROLE = "xconv.role"
 LAYOUT = "xconv.layout"
 #: The user's source line (``file.py:12``) when the framework records it.
 SOURCE_LINE = "xconv.source_line"
+#: In memory only (``Value.meta``, never written): the torch ``ExportedProgram`` nodes a value
+#: computes (a tuple of names), for the layerwise parity check (``"{call}:{name}"`` inside a
+#: higher-order op).
+FX_NODE = "xconv.fx_node"
+#: In memory only (``Model.meta``): a weak reference to the ``torch.fx.Graph`` that
+#: ``FX_NODE`` names the nodes of.
+FX_GRAPH = "xconv.fx_graph"
 
 
 def get_scope(obj: ir.Node | ir.Value) -> str | None:

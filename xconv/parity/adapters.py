@@ -10,6 +10,7 @@ when an object of theirs is wrapped.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import os
@@ -86,6 +87,16 @@ class Adapter:
 
     def prepare(self, device: str) -> None:
         """Do one-off work for a device (moving weights) outside timed runs."""
+
+    def dot_precision(self, device: str, inputs: Sequence[np.ndarray]) -> tuple[str, int]:
+        """The precision this model's float32 dots and convolutions run at on ``device`` under
+        the current settings (:mod:`xconv.parity.precision`), and the dot / conv stages on
+        its longest path (counted only where the precision is reduced; 1 otherwise)."""
+        return "float32", 1
+
+    def precision_context(self, request: str) -> Any:
+        """A context running this model at ``request`` (``"highest"``: full float32 dots)."""
+        return contextlib.nullcontext()
 
     def source_names(self, names: Sequence[str]) -> tuple[dict[str, str], str] | None:
         """For a model xconv converted: each of ``names`` (this side's weight-gradient
@@ -165,6 +176,7 @@ class TorchAdapter(Adapter):
         self.double = double
         self.is_oracle = double
         self._moved: dict[str, Any] = {}
+        self._depths: dict[str, tuple[int, bool]] = {}
 
     @property
     def module(self):
@@ -232,6 +244,21 @@ class TorchAdapter(Adapter):
         with torch.no_grad():
             out = self._on(device)(*self._tensors(inputs, device))
         return [to_numpy(o) for o in flatten_outputs(out) if isinstance(o, torch.Tensor)]
+
+    def dot_precision(self, device, inputs):
+        from xconv.parity.precision import torch_dot_depth, torch_precision
+
+        if torch_precision(device, has_conv=True) == "float32":
+            return "float32", 1
+        if device not in self._depths:
+            self._depths[device] = torch_dot_depth(lambda: self.run(inputs, device), ())
+        depth, has_conv = self._depths[device]
+        return torch_precision(device, has_conv), depth
+
+    def precision_context(self, request):
+        from xconv.parity.precision import torch_context
+
+        return torch_context(request)
 
     def oracle(self):
         torch = _torch()

@@ -13,12 +13,19 @@ from typing import Any
 
 import numpy as np
 
-from xconv.errors import ConversionError, InvalidModelError, ParityConfigError, require
+from xconv.errors import (
+    ConversionError,
+    InvalidModelError,
+    ParityConfigError,
+    UsageError,
+    require,
+)
 from xconv.parity.adapters import Adapter, cpu_device, is_float, to_float64, to_numpy, wrap
 from xconv.parity.grads import check_grads
 from xconv.parity.localize import localize
 from xconv.parity.metrics import Metrics, compare
 from xconv.parity.policies import Policy, resolve_policy
+from xconv.parity.precision import check_request
 from xconv.parity.report import DeviceRun, ParityReport
 
 logger = logging.getLogger(__name__)
@@ -221,6 +228,7 @@ def check_parity(
     layerwise: Any = False,
     mesh: Any = None,
     rules: Any = None,
+    precision: str | None = None,
 ) -> ParityReport:
     """Run ``reference`` and ``candidate`` on the same inputs and compare them.
 
@@ -263,6 +271,13 @@ def check_parity(
             ``data``, params kept as placed or placed by ``rules`` (see
             :mod:`xconv.sharding`). ``report.mesh`` gives the mesh and each param's sharding.
         rules: ``"fsdp"``, ``"tp"``, ``"fsdp+tp"`` (default) or a rule table, for ``mesh``.
+        precision: ``"default"`` (None): every row runs at its device's default matmul
+            precision (or the one the user set: ``jax_default_matmul_precision``, torch's
+            ``allow_tf32``), and a row whose float32 dots ran reduced (TF32 on NVIDIA GPUs,
+            bfloat16 passes on TPUs) is judged with that rounding's floor
+            (:meth:`Policy.at_precision`); ``report.matrix[i].precision`` names it.
+            ``"highest"``: the candidate (and the reference's extra devices) run with full
+            float32 dots and are judged at float32.
 
     Returns:
         A :class:`ParityReport`; ``report.passed`` says whether the candidate agrees on
@@ -272,11 +287,13 @@ def check_parity(
         ParityConfigError: Unknown devices, an invalid policy, or unusable inputs.
     """
     pol = _policy(policy, rtol, atol, k, allow_constant, allow_dtype)
+    request = check_request(precision)
     if not (isinstance(n_random, int) and n_random >= 0):
         raise ParityConfigError(f"n_random must be an int >= 0, not {n_random!r}")
     ref, cand = wrap(reference), wrap(candidate)
     arrays = make_inputs(inputs, input_spec, [ref, cand], seed)
     run = _Run(ref, cand, input_sets(arrays, n_random=n_random, edges=edges, seed=seed), pol)
+    run.request = request
     if mesh is not None:
         from xconv.sharding.parity import wrap_for_mesh
 
@@ -317,7 +334,9 @@ def _localize_failing(report: ParityReport, run: _Run, failing: Any) -> None:
     """Name the first divergent scope on the failing input set and device."""
     t = time.perf_counter()
     xs = dict(run.sets)[failing.inputs]
-    _localize_into(report, run.ref, run.cand, run.oracle, xs, run.ref_dev, failing.device, run.pol)
+    pol = run.pol.at_precision(failing.precision, failing.dot_depth)
+    with run.cand.precision_context(run.request):
+        _localize_into(report, run.ref, run.cand, run.oracle, xs, run.ref_dev, failing.device, pol)
     run.timings["localize"] = time.perf_counter() - t
 
 
@@ -339,12 +358,15 @@ class _Run:
     def __init__(self, ref: Adapter, cand: Adapter, sets, pol: Policy) -> None:
         self.ref, self.cand, self.sets, self.pol = ref, cand, sets, pol
         self.notes: list[str] = []
+        self.downgrades: list[dict[str, str]] = []
         self.timings: dict[str, float] = {}
         self.ref_dev = ref.devices()[0]
         self.ref_outs: list[list[np.ndarray]] = []
         self.oracle: Adapter | None = None
         self.oracle_outs: list[list[np.ndarray]] | None = None
         self.blocks: Any = None
+        #: ``check_parity(precision=...)``: "default" or "highest".
+        self.request = "default"
 
     def run_reference(self) -> None:
         """Run the reference on every set; a set it cannot run on (but the example) is
@@ -377,13 +399,15 @@ class _Run:
         map set names to runs made beforehand (the pipeline runs them before loading the
         candidate, to keep peak memory down)."""
         from xconv.parity.layerwise import layerwise_oracle
+        from xconv.parity.precision import blocks_policy, jax_context
 
-        runs = [
-            layerwise[name]
-            if isinstance(layerwise, Mapping) and name in layerwise
-            else layerwise_oracle(reference, self.cand, layerwise, xs, self.pol)
-            for name, xs in self.sets
-        ]
+        model = layerwise if type(layerwise).__name__ == "Model" else None
+        given = layerwise if isinstance(layerwise, Mapping) else {}
+        todo = [(name, xs) for name, xs in self.sets if name not in given]
+        with jax_context(self.request):
+            pol = blocks_policy(self.pol, model or getattr(self.cand, "ir_model", None))
+            made = layerwise_oracle(reference, self.cand, layerwise, todo, pol) if todo else {}
+        runs = [given[name] if name in given else made[name] for name, _ in self.sets]
         self.blocks = runs[0]
         for run in runs[1:]:
             if not run.passed and self.blocks.passed:
@@ -392,6 +416,7 @@ class _Run:
             self.oracle_outs = [run.oracle_outputs for run in runs]
         for run in runs:
             self.notes.extend(n for n in run.notes if n not in self.notes)
+            self.downgrades.extend(d for d in run.downgrades if d not in self.downgrades)
 
     def float64_oracle(self) -> None:
         """The reference's float64 twin on every set; else the candidate's float64 run (noise
@@ -411,9 +436,22 @@ class _Run:
                 "estimated from the candidate's float64 run (noise policy, capped by the "
                 "dtype policy)"
             )
+            self.downgrades.append(
+                {
+                    "kind": "noise_policy",
+                    "message": f"no float64 oracle for the reference ({why}): judged by the "
+                    "noise policy, which a wrong model can pass",
+                }
+            )
             self.pol = self.pol.as_noise_policy()
         else:
             self.notes.append(f"no float64 oracle ({why}): fell back to the dtype policy")
+            self.downgrades.append(
+                {
+                    "kind": "dtype_policy",
+                    "message": f"no float64 oracle ({why}): judged by the dtype policy",
+                }
+            )
             self.pol = self.pol.as_dtype_policy()
 
     def _run_oracle(self, oracle: Adapter, why: str) -> str:
@@ -444,7 +482,7 @@ class _Run:
         default (TF32 on NVIDIA GPUs since Ampere, bfloat16 passes on TPUs), torch's float32
         matmuls do not: such a failure is the runtime's precision, not the conversion, and
         the user needs to know which. The verdict stays as judged."""
-        if self.cand.framework not in ("jax", "flax"):
+        if self.cand.framework not in ("jax", "flax") or self.request == "highest":
             return
         jax = require("jax", "jax")
         if jax.config.jax_default_matmul_precision is not None:
@@ -454,19 +492,19 @@ class _Run:
             return
         names = self.ref.output_names(len(self.ref_outs[0]))
         sets = {name: i for i, (name, _) in enumerate(self.sets)}
-        with jax.default_matmul_precision("highest"):
-            again = [
-                _run_row(
-                    self.cand,
-                    "candidate",
-                    r.device,
-                    self.sets[sets[r.inputs]][1],
-                    self.judge_for(sets[r.inputs], names),
-                    {},
-                    r.inputs,
-                )
-                for r in bad
-            ]
+        again = [
+            _run_row(
+                self.cand,
+                "candidate",
+                r.device,
+                self.sets[sets[r.inputs]][1],
+                self.judge_for(sets[r.inputs], names),
+                {},
+                r.inputs,
+                "highest",
+            )
+            for r in bad
+        ]
         devs = ", ".join(sorted({r.device for r in bad}))
         if all(r.passed for r in again):
             self.notes.append(
@@ -481,11 +519,35 @@ class _Run:
                 "difference is not only the device's default matmul precision"
             )
 
+    def precision_notes(self, matrix: list[DeviceRun]) -> None:
+        """One note per (side, device) whose dots ran at reduced precision: which, and the
+        floor it adds; and what ``precision="highest"`` did."""
+        if self.request == "highest":
+            self.notes.append(
+                "precision='highest': rows ran with full float32 dots and were judged at float32"
+            )
+        seen = set()
+        for r in matrix:
+            if r.error is not None or r.precision == "float32":
+                continue
+            key = (r.role, r.framework, r.device, r.precision)
+            if key in seen:
+                continue
+            seen.add(key)
+            floor = self.pol.at_precision(r.precision, r.dot_depth).describe_precision()
+            self.notes.append(
+                f"{r.role} {r.framework} on {r.device}: float32 dots and convolutions ran at "
+                f"{r.precision} (the device's default or the matmul-precision setting); judged "
+                f"with {floor}. precision='highest' (CLI --precision highest) judges at full "
+                "float32"
+            )
+
     def judge_for(self, si: int, names: list[str]):
         """Compare a run's outputs with the reference's on input set ``si``."""
-        ref_outs, oracle_outs, pol = self.ref_outs[si], self.oracle_outs, self.pol
+        ref_outs, oracle_outs = self.ref_outs[si], self.oracle_outs
 
-        def judge(outs: list[np.ndarray]) -> list[Metrics]:
+        def judge(outs: list[np.ndarray], precision: str = "float32", depth: int = 1):
+            pol = self.pol.at_precision(precision, depth)
             if len(outs) != len(ref_outs):
                 m = Metrics(name="outputs", passed=False, shape=(len(outs),), dtype="-")
                 m.error = f"{len(outs)} outputs, the reference has {len(ref_outs)}"
@@ -506,13 +568,25 @@ class _Run:
             judge = self.judge_for(si, names)
             for dev in cand_devs:
                 matrix.append(
-                    _run_row(self.cand, "candidate", dev, xs, judge, self.timings, set_name)
+                    _run_row(
+                        self.cand, "candidate", dev, xs, judge, self.timings, set_name, self.request
+                    )
                 )
             for dev in _select_devices(self.ref.devices(), devices):
                 if dev != self.ref_dev:
                     matrix.append(
-                        _run_row(self.ref, "reference", dev, xs, judge, self.timings, set_name)
+                        _run_row(
+                            self.ref,
+                            "reference",
+                            dev,
+                            xs,
+                            judge,
+                            self.timings,
+                            set_name,
+                            self.request,
+                        )
                     )
+        self.precision_notes(matrix)
         cand_rows = [r for r in matrix if r.role == "candidate"]
         failing = next((r for r in cand_rows if not r.passed), None)
         report = ParityReport(
@@ -525,6 +599,7 @@ class _Run:
             inputs=[{"shape": list(a.shape), "dtype": a.dtype.name} for a in arrays],
             notes=self.notes,
             timings=self.timings,
+            downgrades=self.downgrades,
         )
         report.policy_kind = self.pol.kind
         report.input_sets = [
@@ -543,6 +618,9 @@ class _Run:
             report.scopes = [b.as_scope() for b in self.blocks.blocks]
             report.first_divergence = self.blocks.first_divergence
             report.passed = report.passed and self.blocks.passed
+            stuck = self.blocks.unrunnable
+            if stuck is not None and report.reason is None:
+                report.reason = f"block {stuck.block.name} could not run ({stuck.error})"
         return report, failing
 
 
@@ -602,17 +680,23 @@ def _candidate_float64(
     return outs
 
 
-def _run_row(adapter, role, dev, arrays, judge, timings, set_name="example") -> DeviceRun:
+def _run_row(
+    adapter, role, dev, arrays, judge, timings, set_name="example", request="default"
+) -> DeviceRun:
+    """Run ``adapter`` on ``dev`` at the requested matmul precision and judge its outputs at
+    the precision its dots ran at."""
     try:
         adapter.prepare(dev)
-        outs, secs = _timed(adapter.run, arrays, dev)
+        with adapter.precision_context(request):
+            outs, secs = _timed(adapter.run, arrays, dev)
+            precision, depth = _row_precision(adapter, dev, arrays)
     except Exception as e:
         logger.debug("run failed", exc_info=True)
         return DeviceRun(
             adapter.framework, dev, role, False, [], f"{type(e).__name__}: {e}", inputs=set_name
         )
     timings[f"{role}:{dev}" + ("" if set_name == "example" else f"[{set_name}]")] = secs
-    metrics = judge(outs)
+    metrics = judge(outs, precision, depth)
     return DeviceRun(
         adapter.framework,
         dev,
@@ -622,7 +706,19 @@ def _run_row(adapter, role, dev, arrays, judge, timings, set_name="example") -> 
         None,
         secs,
         inputs=set_name,
+        precision=precision,
+        dot_depth=depth,
     )
+
+
+def _row_precision(adapter, dev: str, arrays) -> tuple[str, int]:
+    """The precision ``adapter``'s dots ran at on ``dev`` and their depth; float32 (judged
+    strictly, never looser) where that cannot be told."""
+    try:
+        return adapter.dot_precision(dev, arrays)
+    except Exception:
+        logger.debug("cannot tell the matmul precision of %s on %s", adapter.describe(), dev)
+        return "float32", 1
 
 
 def _localize_into(report, ref, cand, oracle, arrays, ref_dev, cand_dev, pol) -> None:
@@ -683,9 +779,9 @@ def _load_side(path: str | os.PathLike, trust_code: bool) -> Any:
     p = Path(path)
     if p.is_dir() and (p / "model.py").is_file() and (p / "xconv.json").is_file():
         if not trust_code:
-            raise InvalidModelError(
-                f"{p} is a generated Flax module; checking it imports and runs its model.py. "
-                "Pass trust_code=True (CLI: --trust-code) if you trust that directory."
+            raise UsageError(
+                f"{p} is a generated Flax module; checking it imports and runs its model.py",
+                missing=[("--trust-code", "if you trust that folder (trust_code=True)")],
             )
         return _load_flax_dir(p)
     return _model_file(p)

@@ -49,6 +49,7 @@ class JaxAdapter(Adapter):
         self.x64 = x64
         self.is_oracle = x64
         self._placed: dict[str, Any] = {}
+        self._depth: int | None = None
 
     @property
     def ir_model(self):
@@ -102,6 +103,23 @@ class JaxAdapter(Adapter):
 
     def prepare(self, device):
         self._params_on(device)
+
+    def dot_precision(self, device, inputs):
+        from xconv.parity.precision import jax_device_precision, jaxpr_dot_depth
+
+        precision = jax_device_precision(self._device(device))
+        if precision == "float32" or self.x64:
+            return "float32", 1
+        if self._depth is None:
+            with self._ctx():
+                xs = self._args(inputs, device)
+                self._depth = jaxpr_dot_depth(self._call, self._params_on(device), xs)
+        return precision, self._depth
+
+    def precision_context(self, request):
+        from xconv.parity.precision import jax_context
+
+        return jax_context(request)
 
     def _args(self, inputs, device):
         jax = _jax()

@@ -5,9 +5,10 @@ model's float32 bytes). Layerwise parity instead runs the model one top-level bl
 (a transformer layer ``model.layers.3``, a ResNet stage, the embeddings, the head), and for
 each block runs three things on the *same* captured block inputs:
 
-* the **oracle**: the reference block with its weights and inputs cast to float64 (a
-  graph-level cast: every ``dtype=torch.float32`` argument in the block's graph becomes
-  ``float64``, so ``.to(torch.float32)`` inside RMSNorm does not drop precision);
+* the **oracle**: the reference block's float64 twin (:func:`float64_graph`: every floating
+  dtype argument becomes ``float64``, so ``.to(torch.float32)`` inside RMSNorm does not drop
+  precision; dtype asserts dropped; higher-order ops' subgraphs twinned; run under
+  :func:`float64_defaults`) on its weights and inputs cast to float64;
 * the **reference**: the same block in its own dtype, on the oracle's inputs rounded to it;
 * the **candidate**: the IR sub-graph of the block (the nodes that compute the block's
   outputs from its inputs) run by the JAX runtime (``xconv.to_jax``'s interpreter), on the
@@ -135,10 +136,18 @@ class LayerwiseResult:
     blocks: list[BlockResult]
     policy: Policy
     notes: list[str] = field(default_factory=list)
+    #: What made the proof weaker than one float64 oracle per block, machine-readable:
+    #: ``{"kind": "merged_blocks", "message": ...}`` per boundary the candidate cannot cut.
+    downgrades: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return all(b.passed for b in self.blocks)
+
+    @property
+    def unrunnable(self) -> BlockResult | None:
+        """The block that could not run at all (the run stops there), or None."""
+        return next((b for b in self.blocks if b.error and not b.outputs), None)
 
     @property
     def first_divergence(self) -> str | None:
@@ -235,8 +244,12 @@ def _build(program: Any, runs: Sequence[tuple[str, Sequence[Any]]]) -> list[Bloc
                 if a.op == "placeholder" and a.name in weight_of:
                     if weight_of[a.name] not in weights:
                         weights.append(weight_of[a.name])
+                elif a.op == "get_attr":  # a subgraph: each block that reads it holds it
+                    continue
                 elif owner.get(a) != i and a.name not in inputs:
                     inputs.append(a.name)
+            if n.op == "get_attr":
+                continue
             if any(u is out_node or owner.get(u, i) > i for u in n.users):
                 outputs.append(n.name)
         blocks.append(
@@ -248,18 +261,31 @@ def _build(program: Any, runs: Sequence[tuple[str, Sequence[Any]]]) -> list[Bloc
 def _cuttable_blocks(program: Any, cand: IRBlocks) -> tuple[list[Any], list[Any]]:
     """The program's blocks, each one the candidate can be cut at (a block it cannot cut is
     merged into the next), and the candidate's plan for each."""
+    blocks, plans, _ = _cuttable_blocks_merged(program, cand)
+    return blocks, plans
+
+
+def _cuttable_blocks_merged(program: Any, cand: IRBlocks) -> tuple[list[Any], list[Any], list]:
+    """:func:`_cuttable_blocks`, and why each boundary it could not cut was merged away
+    (``"block a (cannot cut: why) merged into the next"``)."""
     blocks = split_program(program)
+    merged: list[str] = []
     for _ in range(len(blocks)):
         plans = [cand.plan(b) for b in blocks]
         bad = {i for i, p in enumerate(plans) if isinstance(p, str)}
         if not bad or len(blocks) == 1:
             break
+        merged += [
+            f"block {blocks[i].name} merged with its neighbour (cannot cut the candidate "
+            f"there: {plans[i]})"
+            for i in sorted(bad)
+        ]
         blocks = _merge_into_next(program, blocks, bad)
     plans = [cand.plan(b) for b in blocks]
     for b, p in zip(blocks, plans, strict=True):
         if isinstance(p, str):
             raise ValueError(f"cannot cut the candidate at block {b.name}: {p}")
-    return blocks, plans
+    return blocks, plans, merged
 
 
 def _input_env(program: Any, inputs: Sequence[Any]) -> tuple[dict[str, np.ndarray], dict]:
@@ -283,10 +309,14 @@ def _input_env(program: Any, inputs: Sequence[Any]) -> tuple[dict[str, np.ndarra
 
 
 def _merge_into_next(program: Any, blocks: Sequence[Block], bad: set[int]) -> list[Block]:
-    """Blocks ``bad`` joined with their successors (a boundary the candidate cannot cut at)."""
+    """Blocks ``bad`` joined with their successors (a boundary the candidate cannot cut at);
+    a bad last block is joined with its predecessor."""
     by_name = {n.name: n for n in program.graph.nodes}
     runs: list[tuple[str, list[Any]]] = []
     pending: list[Block] = []
+    last = len(blocks) - 1
+    if last in bad and last - 1 not in bad:  # the last block: joined with the one before
+        bad = (bad - {last}) | {last - 1}
     for i, b in enumerate(blocks):
         pending.append(b)
         if i in bad and i + 1 < len(blocks):
@@ -300,18 +330,12 @@ def _merge_into_next(program: Any, blocks: Sequence[Block], bad: set[int]) -> li
 # ------------------------------------------------------------------------ reference side
 
 
-def _float_dtype(torch, dtype) -> bool:
-    return isinstance(dtype, torch.dtype) and dtype.is_floating_point
-
-
 def block_module(program: Any, block: Block, *, float64: bool = False):
     """The block as a ``torch.fx.GraphModule``: ``gm(*block_inputs, *weights) -> tuple``.
 
-    Weights are passed in ``block.weights`` order. With ``float64=True`` every floating
-    dtype argument in the graph (``.to(torch.float32)``, ``full(..., dtype=float32)``,
-    dtype assertions) becomes ``torch.float64`` (the graph-level cast of the oracle).
+    Weights are passed in ``block.weights`` order. With ``float64=True`` the graph is the
+    oracle's float64 twin (:func:`float64_graph`); call it under :func:`float64_defaults`.
     """
-    import torch
     from torch import fx
 
     by_name = {n.name: n for n in program.graph.nodes}
@@ -322,19 +346,123 @@ def block_module(program: Any, block: Block, *, float64: bool = False):
         env[by_name[name]] = g.placeholder(_ident(name))
     for w in block.weights:
         env[by_name[place_of[w]]] = g.placeholder(_ident(place_of[w]))
-
-    def cast(a):
-        return torch.float64 if _float_dtype(torch, a) else a
-
-    for name in block.nodes:
-        node = by_name[name]
-        new = g.node_copy(node, lambda a: env[a])
-        if float64:
-            new.args = fx.node.map_aggregate(new.args, cast)
-            new.kwargs = fx.node.map_aggregate(new.kwargs, cast)
-        env[node] = new
+    attrs = _copy_nodes(g, [by_name[n] for n in block.nodes], env, program.graph_module, float64)
     g.output(tuple(env[by_name[o]] for o in block.outputs))
-    return fx.GraphModule(program.graph_module, g)
+    return fx.GraphModule(attrs, g)
+
+
+#: Ops that only check a tensor's dtype / device / layout (the program's own guards, e.g.
+#: ``aten._assert_tensor_metadata(x, dtype=torch.float32)`` before each ``.to``): the float64
+#: twin drops them, as its tensors are float64 by design.
+_DTYPE_CHECKS = ("aten._assert_tensor_metadata",)
+#: Ops whose dtype argument reinterprets bits (``x.view(torch.int32)``), never cast.
+_BIT_VIEWS = ("aten.view.dtype",)
+
+
+def float64_graph(gm: Any) -> Any:
+    """The float64 twin of a ``torch.fx.GraphModule`` (and, recursively, of the subgraphs of
+    its higher-order ops): every floating dtype argument (``.to(torch.float32)``, ``full(...,
+    dtype=torch.float16)``, ``.float()``) becomes ``torch.float64`` and complex ones
+    ``complex128``; dtype checks (``aten._assert_tensor_metadata``) are dropped; autocast
+    regions (``wrap_with_autocast``) are disabled; subgraphs (``get_attr`` of a GraphModule:
+    ``wrap_with_set_grad_enabled``, ``cond``, ...) are replaced by their twins, float tensor
+    attributes by float64 copies. Factories without a dtype and int-by-float promotions take
+    torch's default dtype: run the twin under :func:`float64_defaults`. The weights it is
+    given must be float64 too (the caller casts them).
+    """
+    from torch import fx
+
+    g = fx.Graph()
+    env: dict[Any, Any] = {}
+    attrs = _copy_nodes(g, list(gm.graph.nodes), env, gm, True)
+    return fx.GraphModule(attrs, g)
+
+
+def _copy_nodes(g, nodes, env, root, float64: bool) -> dict[str, Any]:
+    """Copy ``nodes`` into ``g`` (``env`` maps old nodes to new ones; a ``get_attr`` read but
+    not copied is added); the attributes the copy reads, by target (float64 twins when
+    ``float64``)."""
+    import torch
+    from torch import fx
+
+    attrs: dict[str, Any] = {}
+
+    def attr(target: str):
+        if target not in attrs:
+            obj = _attr(root, target)
+            if float64 and isinstance(obj, fx.GraphModule):
+                obj = float64_graph(obj)
+            elif float64 and isinstance(obj, torch.Tensor) and obj.is_floating_point():
+                obj = obj.detach().double()
+            attrs[target] = obj
+        return target
+
+    def arg(a):
+        if a not in env and a.op == "get_attr":
+            env[a] = g.get_attr(attr(a.target))
+        return env[a]
+
+    for node in nodes:
+        if node.op == "get_attr":
+            env[node] = g.get_attr(attr(node.target))
+            continue
+        name = _op_name(node)
+        if float64 and name.startswith(_DTYPE_CHECKS):
+            continue
+        if node.op == "output":
+            g.output(fx.node.map_arg(node.args[0], arg))
+            continue
+        new = g.node_copy(node, arg)
+        if float64 and not name.startswith(_BIT_VIEWS):
+            new.args = fx.node.map_aggregate(new.args, lambda a: _wide(torch, a))
+            new.kwargs = fx.node.map_aggregate(new.kwargs, lambda a: _wide(torch, a))
+            if name == "wrap_with_autocast":  # (device, dtype, enabled, cache, fn, *args)
+                new.args = (*new.args[:2], False, *new.args[3:])
+        env[node] = new
+    return attrs
+
+
+def _attr(root, target: str):
+    obj = root
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _op_name(node) -> str:
+    """``aten.to.dtype``-style name of a call, ``""`` for other nodes."""
+    if node.op != "call_function":
+        return ""
+    target = node.target
+    name = getattr(target, "_name", None) or getattr(target, "__name__", str(target))
+    overload = getattr(target, "_overloadname", None)
+    name = name.replace("::", ".")
+    return f"{name}.{overload}" if overload and not name.endswith(f".{overload}") else name
+
+
+def _wide(torch, a):
+    """A floating dtype argument as float64 (complex as complex128); anything else as is."""
+    if not isinstance(a, torch.dtype):
+        return a
+    if a.is_floating_point:
+        return torch.float64
+    if a.is_complex:
+        return torch.complex128
+    return a
+
+
+@contextlib.contextmanager
+def float64_defaults() -> Iterator[None]:
+    """torch's default dtype float64 for the duration (the float64 twin's factories without a
+    dtype, ``torch.ones(n)``, and int-by-float promotions, ``positions * 0.5``)."""
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def _ident(name: str) -> str:
@@ -354,9 +482,10 @@ def program_weights(program: Any) -> BlockWeights:
 
 
 def float64_program(program: Any) -> Callable[..., tuple]:
-    """The whole program in float64 (weights cast, graph-level dtype cast), as a function of
-    the user inputs. ``ExportedProgram.module().double()`` does not work: the unlifted
-    module's guards pin the input dtypes and ops inside carry ``dtype=torch.float32``."""
+    """The whole program in float64 (weights cast, the graph's float64 twin from
+    :func:`float64_graph`), as a function of the user inputs. ``ExportedProgram.module()
+    .double()`` does not work: the unlifted module's guards pin the input dtypes, ops inside
+    carry ``dtype=torch.float32`` and dtype asserts, and higher-order ops hold subgraphs."""
     import torch
 
     block = _build(
@@ -373,7 +502,7 @@ def float64_program(program: Any) -> Callable[..., tuple]:
         if any(i is None for i in order):
             raise ValueError(f"block inputs {block.inputs} are not all user inputs {user}")
         args = [_to_torch64(torch, xs[i]) for i in order]
-        with torch.no_grad():
+        with torch.no_grad(), float64_defaults():
             return _outputs_in_order(program, block, gm(*args, *weights))
 
     return run
@@ -425,18 +554,7 @@ class IRBlocks:
         self.interp = Interpreter(model, registry)
         self.nodes = list(model.graph)
         self.position = {id(n): i for i, n in enumerate(self.nodes)}
-        self.values: dict[str, Any] = {v.name: v for v in model.graph.inputs}
-        for n in self.nodes:
-            for v in n.outputs:
-                if v.name:
-                    self.values[v.name] = v
-        if program is not None:  # FX values the IR dropped (dropout, clone): their input
-            for node in program.graph.nodes:
-                source = node
-                while source.name not in self.values and _is_alias(source):
-                    source = source.all_input_nodes[0]
-                if node.name not in self.values and source.name in self.values:
-                    self.values[node.name] = self.values[source.name]
+        self.values: dict[str, Any] = _fx_values(model, program)
 
     def plan(self, block: Block) -> list[Any] | str:
         """The IR nodes computing ``block.outputs`` from ``block.inputs``, or why not."""
@@ -462,6 +580,15 @@ class IRBlocks:
                 picked.add(id(node))
                 todo.extend(node.inputs)
         return [n for n in self.nodes if id(n) in picked]
+
+    def scalar(self, name: str, x: Any) -> np.ndarray:
+        """A symbolic size crossing blocks (a Python int) as the IR value's shape."""
+        value = self.values[name]
+        arr = np.asarray(x, dtype=np.int64)
+        shape = value.shape
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            arr = arr.reshape(tuple(shape))
+        return arr
 
     def run(
         self,
@@ -498,6 +625,146 @@ class IRBlocks:
             for v, o in zip(node.outputs, outs, strict=False):
                 env[v] = o
         return [np.asarray(env[self.values[n]]) for n in block.outputs]
+
+
+def _fx_values(model: Any, program: Any) -> dict[str, Any]:
+    """The IR value computing each node of ``program``, by FX node name.
+
+    First the importer's marks (``value.meta[FX_NODE]``, set by ``from_torch`` from the
+    decomposed nodes' provenance) when they name this very graph; else IR values by name,
+    where the name is not a mark's (torch renumbers ``view_N`` when it decomposes a
+    ``reshape``: the IR's ``view_8`` can be the program's ``view_5``) and the shapes agree.
+    Nodes the IR computes no value for are followed to their source: value-preserving ops
+    (dropout, clone, a cast to the same dtype) to their input, the outputs of a higher-order
+    op (``wrap_with_set_grad_enabled``, inlined by the decompositions) into its subgraph.
+    """
+    from xconv.ir.metadata import FX_GRAPH, FX_NODE
+
+    named: dict[str, Any] = {v.name: v for v in model.graph.inputs}
+    for n in model.graph:
+        for v in n.outputs:
+            if v.name:
+                named[v.name] = v
+    if program is None:
+        return named
+    ref = model.meta.get(FX_GRAPH)
+    marked: dict[str, Any] = {}
+    if ref is not None and ref() is program.graph:
+        for v in named.values():
+            for mark in v.meta.get(FX_NODE, ()):
+                marked[mark] = v
+    found: dict[str, Any] = {}
+    for v in model.graph.inputs:
+        found[v.name] = v
+    nodes = list(program.graph.nodes)
+    for node in nodes:  # own values first, then the ones followed to a source
+        v = marked.get(node.name)
+        if v is None and node.name in named:
+            v = named[node.name]
+            if (marked and FX_NODE in v.meta and node.name not in v.meta[FX_NODE]) or not (
+                _agrees(v, node)
+            ):
+                v = None
+        if v is not None:
+            found[node.name] = v
+    for node in nodes:
+        if node.name not in found:
+            v = _followed(node, program.graph_module, found, marked, named)
+            if v is not None:
+                found[node.name] = v
+    return found
+
+
+def _followed(node, root, found, marked, named) -> Any:
+    """The IR value of an FX node the IR has no own value for (see :func:`_fx_values`)."""
+    seen = 0
+    call = None  # the higher-order op whose subgraph ``node`` is in
+    while seen < 64:
+        seen += 1
+        if call is None and node.name in found:
+            return found[node.name]
+        if call is not None:
+            v = marked.get(f"{call.name}:{node.name}") or _nth_of_kind(node, call, marked)
+            if v is None and not marked and node.name in named and _agrees(named[node.name], node):
+                v = named[node.name]
+            if v is not None:
+                return v
+        if _is_alias(node):
+            node = node.all_input_nodes[0]
+            continue
+        if call is not None and node.op == "placeholder":  # a subgraph input: the operand
+            operands = _operands(call)
+            index = [n for n in node.graph.nodes if n.op == "placeholder"].index(node)
+            if operands is None or index >= len(operands):
+                return None
+            node, call = operands[index], None
+            continue
+        item = _subgraph_output(node, root)
+        if item is None:
+            return None
+        node, call = item
+    return None
+
+
+def _kind(name: str) -> str:
+    return re.sub(r"_\d+$", "", name)
+
+
+def _nth_of_kind(node, call, marked) -> Any:
+    """The IR value of a subgraph node whose name the decompositions renumbered (a dynamic
+    shape's size arithmetic shifts ``mul_1`` to ``mul_92``): the k-th ``mul`` of the
+    subgraph is the k-th ``mul`` marked for the call, when both have as many."""
+    kind = _kind(node.name)
+    same = [n for n in node.graph.nodes if n.op == "call_function" and _kind(n.name) == kind]
+    prefix = f"{call.name}:"
+    found = [
+        v for m, v in marked.items() if m.startswith(prefix) and _kind(m[len(prefix) :]) == kind
+    ]
+    if len(found) != len(same) or node not in same:
+        return None
+    v = found[same.index(node)]
+    return v if _agrees(v, node) else None
+
+
+def _operands(call) -> list[Any] | None:
+    """The operands a higher-order op passes to its subgraph: the arguments after it."""
+    for i, a in enumerate(call.args):
+        if getattr(a, "op", None) == "get_attr":
+            return list(call.args[i + 1 :])
+    return None
+
+
+def _subgraph_output(node, root) -> tuple[Any, Any] | None:
+    """For ``getitem(call, i)`` of a higher-order op: (the subgraph's i-th output, call)."""
+    import operator
+
+    if node.op != "call_function" or node.target is not operator.getitem:
+        return None
+    call, index = node.args
+    if getattr(call, "op", None) != "call_function" or not isinstance(index, int):
+        return None
+    sub = next((a for a in call.args if getattr(a, "op", None) == "get_attr"), None)
+    if sub is None or _operands(call) is None:
+        return None
+    gm = _attr(root, sub.target)
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    if not isinstance(out, tuple | list) or index >= len(out):
+        return None
+    return out[index], call
+
+
+def _agrees(value, node) -> bool:
+    """Whether an IR value can hold an FX node's tensor: same rank and static dims."""
+    val = node.meta.get("val")
+    shape = getattr(value, "shape", None)
+    if val is None or shape is None or not hasattr(val, "shape"):
+        return True
+    if len(shape) != len(val.shape):
+        return False
+    for a, b in zip(shape, val.shape, strict=True):
+        if isinstance(a, int) and isinstance(b, int) and a != b:
+            return False
+    return True
 
 
 _ALIASES = frozenset(
@@ -553,16 +820,49 @@ def run_layerwise(
         A :class:`LayerwiseResult` with the float64 outputs of the whole model and a
         :class:`BlockResult` per block.
     """
+    return run_layerwise_sets(
+        program,
+        candidate_ir,
+        [("example", inputs)],
+        policy=policy,
+        weights=weights,
+        progress=progress,
+        placement=placement,
+    )["example"]
+
+
+@dataclass
+class _SetState:
+    """One input set's walk through the blocks: its float64 values, their dtypes, results."""
+
+    env64: dict[str, np.ndarray]
+    dtypes: dict[str, Any]
+    results: list[BlockResult] = field(default_factory=list)
+
+
+def run_layerwise_sets(
+    program: Any,
+    candidate_ir: Any,
+    sets: Sequence[tuple[str, Sequence[Any]]],
+    *,
+    policy: str | Policy = "oracle",
+    weights: BlockWeights | None = None,
+    progress: Progress | None = None,
+    placement: Any = None,
+) -> dict[str, LayerwiseResult]:
+    """:func:`run_layerwise` on several input sets at once, one :class:`LayerwiseResult` per
+    set name. Each block's weights are read, cast to float64 and its graphs built once for
+    all the sets (the float64 cast of a 0.8B model's weights is most of a set's cost)."""
     import time
 
     pol = resolve_policy(policy)
     weights = weights or program_weights(program)
     cand = IRBlocks(candidate_ir, program, placement)
-    blocks, plans = _cuttable_blocks(program, cand)
-    notes: list[str] = []
+    blocks, plans, merged = _cuttable_blocks_merged(program, cand)
+    downgrades = [{"kind": "merged_blocks", "message": m} for m in merged]
 
     by_name = {n.name: n for n in program.graph.nodes}
-    env64, dtypes = _input_env(program, inputs)
+    states = {name: _SetState(*_input_env(program, xs)) for name, xs in sets}
     last_use: dict[str, int] = {}
     for i, b in enumerate(blocks):
         for n in b.inputs:
@@ -571,44 +871,67 @@ def run_layerwise(
     for n in outputs:
         last_use[n] = len(blocks)
 
-    results: list[BlockResult] = []
+    def done(notes: list[str], complete: bool) -> dict[str, LayerwiseResult]:
+        return {
+            name: LayerwiseResult(
+                [st.env64[n] for n in outputs] if complete else [],
+                st.results,
+                pol,
+                list(notes),
+                list(downgrades),
+            )
+            for name, st in states.items()
+        }
+
     for i, block in enumerate(blocks):
         (progress or logger.info)(f"block {i + 1}/{len(blocks)}: {block.name}")
         t = time.perf_counter()
         try:
-            res = _run_block(program, block, plans[i], cand, env64, dtypes, by_name, weights, pol)
+            res = _run_block(
+                program, block, plans[i], cand, list(states.values()), by_name, weights, pol
+            )
         except Exception as e:
             logger.debug("block %s failed", block.name, exc_info=True)
-            results.append(BlockResult(block, i, False, [], f"{type(e).__name__}: {e}"))
-            notes.append(f"block {block.name} could not run: {type(e).__name__}: {e}")
-            return LayerwiseResult([], results, pol, notes)
-        res.index = i
-        res.seconds = time.perf_counter() - t
-        results.append(res)
-        for n in list(env64):
-            if last_use.get(n, -1) <= i:
-                del env64[n]
-    oracle_outputs = [env64[n] for n in outputs]
-    notes.append(
+            why = f"{type(e).__name__}: {e}"
+            for st in states.values():
+                st.results.append(BlockResult(block, i, False, [], why))
+            return done([f"block {block.name} could not run: {why}"], complete=False)
+        seconds = (time.perf_counter() - t) / max(len(states), 1)
+        for st, r in zip(states.values(), res, strict=True):
+            r.index, r.seconds = i, seconds
+            st.results.append(r)
+            for n in list(st.env64):
+                if last_use.get(n, -1) <= i:
+                    del st.env64[n]
+    note = (
         f"float64 oracle run block by block ({len(blocks)} blocks); candidate blocks: the "
         "IR sub-graph of each block run by the JAX runtime"
     )
-    return LayerwiseResult(oracle_outputs, results, pol, notes)
+    return done([note], complete=True)
 
 
-def _run_block(program, block, nodes, cand, env64, dtypes, by_name, weights, pol) -> BlockResult:
+def _run_block(program, block, nodes, cand, states, by_name, weights, pol) -> list[BlockResult]:
+    """``block`` on every set in ``states`` (its weights read and cast once): the float64
+    oracle, the float32 reference and the candidate, each fed the oracle's inputs."""
     import torch
 
     from xconv.parity.adapters import to_numpy
 
-    ins64 = [env64[n] for n in block.inputs]
+    # Symbolic sizes (``sym_size_int`` of a dynamic-shape program) cross blocks as ints.
+    ints = [not isinstance(by_name[n].meta.get("val"), torch.Tensor | None) for n in block.inputs]
     with weights(block) as w:
         gm64 = block_module(program, block, float64=True)
         with torch.no_grad():
             w64 = [_to_torch64(torch, w[name]) for name in block.weights]
-            oracle = gm64(*[_to_torch64(torch, x) for x in ins64], *w64)
+            oracles = []
+            for st in states:
+                args64 = [
+                    int(st.env64[n]) if i else _to_torch64(torch, st.env64[n])
+                    for n, i in zip(block.inputs, ints, strict=True)
+                ]
+                with float64_defaults():
+                    oracles.append([to_numpy(o) for o in gm64(*args64, *w64)])
             del w64, gm64
-            oracle = [to_numpy(o) for o in oracle]
             gm = block_module(program, block)
             own = [
                 w[name]
@@ -617,17 +940,29 @@ def _run_block(program, block, nodes, cand, env64, dtypes, by_name, weights, pol
                 for name in block.weights
             ]
             ins = [
-                _to_torch(torch, x, dtypes.get(n)) for n, x in zip(block.inputs, ins64, strict=True)
+                [
+                    int(st.env64[n]) if i else _to_torch(torch, st.env64[n], st.dtypes.get(n))
+                    for n, i in zip(block.inputs, ints, strict=True)
+                ]
+                for st in states
             ]
-            ref = [to_numpy(o) for o in gm(*ins, *own)]
-        cand_in = {n: to_numpy(x) for n, x in zip(block.inputs, ins, strict=True)}
-        got = cand.run(nodes, block, cand_in, w)
-    metrics = []
-    for name, c, r, o in zip(block.outputs, got, ref, oracle, strict=True):
-        dtypes[name] = _dtype_of(by_name[name], torch)
-        metrics.append(compare(f"{block.name}:{name}", c, r, pol, o if _floating(r) else None))
-        env64[name] = o
-    return BlockResult(block, 0, all(m.passed for m in metrics), metrics)
+            refs = [[to_numpy(o) for o in gm(*xs, *own)] for xs in ins]
+        gots = []
+        for xs in ins:
+            cand_in = {
+                n: cand.scalar(n, x) if i else to_numpy(x)
+                for n, x, i in zip(block.inputs, xs, ints, strict=True)
+            }
+            gots.append(cand.run(nodes, block, cand_in, w))
+    results = []
+    for st, got, ref, oracle in zip(states, gots, refs, oracles, strict=True):
+        metrics = []
+        for name, c, r, o in zip(block.outputs, got, ref, oracle, strict=True):
+            st.dtypes[name] = _dtype_of(by_name[name], torch)
+            metrics.append(compare(f"{block.name}:{name}", c, r, pol, o if _floating(r) else None))
+            st.env64[name] = o
+        results.append(BlockResult(block, 0, all(m.passed for m in metrics), metrics))
+    return results
 
 
 def _floating(a: np.ndarray) -> bool:
@@ -641,15 +976,20 @@ def _dtype_of(node, torch):
 
 
 def layerwise_oracle(
-    reference: Any, candidate: Any, layerwise: Any, arrays: Sequence[np.ndarray], pol: Policy
-) -> LayerwiseResult:
-    """``check_parity``'s hook: the layerwise run for ``reference`` (an ExportedProgram or
-    its adapter) against the candidate's IR (``layerwise`` itself when it is an
-    ``onnx_ir.Model``, else the candidate adapter's, else the program converted). A
-    :class:`LayerwiseResult` passed as ``layerwise`` (run earlier on the same inputs, e.g.
-    before the candidate was loaded, to keep peak memory down) is used as is."""
+    reference: Any,
+    candidate: Any,
+    layerwise: Any,
+    sets: Sequence[tuple[str, Sequence[np.ndarray]]],
+    pol: Policy,
+) -> dict[str, LayerwiseResult]:
+    """``check_parity``'s hook: the layerwise run on each input set, by name, for
+    ``reference`` (an ExportedProgram or its adapter) against the candidate's IR
+    (``layerwise`` itself when it is an ``onnx_ir.Model``, else the candidate adapter's,
+    else the program converted). A :class:`LayerwiseResult` passed as ``layerwise`` (run
+    earlier on the same inputs, e.g. before the candidate was loaded, to keep peak memory
+    down) is used as is for every set."""
     if isinstance(layerwise, LayerwiseResult):  # run beforehand, on the same inputs
-        return layerwise
+        return {name: layerwise for name, _ in sets}
     program = getattr(reference, "program", reference)
     if type(program).__name__ != "ExportedProgram":
         raise TypeError(
@@ -663,7 +1003,7 @@ def layerwise_oracle(
         from xconv.converters.torch.importer.trace import from_torch
 
         model = from_torch(program)
-    return run_layerwise(program, model, arrays, policy=pol)
+    return run_layerwise_sets(program, model, sets, policy=pol)
 
 
 # --------------------------------------------------------------- a reference run ahead

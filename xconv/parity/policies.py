@@ -39,6 +39,28 @@ rounding its operands and result to bfloat16, errors adding like a random walk::
 The factor 4 leaves room over the measured error (0.3-2.5 ``u * sqrt(L)`` at the worst
 element of the ``fixtures/torch_models.py`` models, every input set) while a weight off by
 25 % still fails (``tests/parity/test_bf16.py``).
+
+Reduced-precision dots (:meth:`Policy.at_precision`, set per row by the checker from the
+device and the matmul-precision settings, :mod:`xconv.parity.precision`): a float32 model
+whose dots and convolutions round their inputs to TF32 (``u = 2**-11``), one bfloat16 pass
+(``u = 2**-8``) or three (``u = 2**-16``) and accumulate in float32. Each element's floor
+grows by that rounding::
+
+    |cand_i - oracle_i| <= (k * c + floor_ulps * eps + 8 * u * sqrt(L)) * (|oracle_i| + s)
+
+``L`` is the dot / conv stages on the candidate's longest path. Why ``sqrt(L)`` and not the
+contraction length ``K``: one dot ``y = sum_j a_j b_j`` with rounded inputs errs by
+``sum_j a_j b_j (d_j + e_j)``, ``|d|, |e| <= u``: at most ``2 u sum_j |a_j b_j|`` (the worst
+case, ``K`` times an element's share), but the roundings are independent and unbiased, so the
+error is ``~ u sqrt(sum_j (a_j b_j)^2)``, of the order of ``u`` times the output's RMS
+magnitude ``s`` whatever ``K``; the ``K`` bound would be 768 u (0.37 at TF32) for a BERT
+projection and pass a wrong model. Each of the ``L`` chained stages adds such an error, and
+independent errors add as a random walk: ``sqrt(L)``. The factor 8: the worst element of the
+parity suites' right models (``tests/parity/test_precision.py``, rounding simulated on the CPU,
+every input set) measured 0.3-4.0 ``u * sqrt(L)`` (4.0: attention on the 4x ``large`` inputs,
+where 16x larger logits amplify their rounding through the softmax), and a GPU that truncates
+to TF32 rather than rounding errs up to twice as much. At float32 the added term is 0: nothing
+judged at float32 loosens.
 """
 
 from __future__ import annotations
@@ -96,6 +118,10 @@ class Policy:
     compute_dtype: str | None = None
     #: What the floor was derived from (:func:`bf16_policy`), stated in :meth:`describe`.
     bound: str | None = None
+    #: The precision the judged row's float32 dots ran at (:data:`DOT_UNIT_ROUNDOFF`), and
+    #: the dot / conv stages on its longest path: set per row by :meth:`at_precision`.
+    precision: str = "float32"
+    dot_depth: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -113,6 +139,10 @@ class Policy:
         if (self.rtol is not None and self.rtol < 0) or (self.atol is not None and self.atol < 0):
             raise ParityConfigError("Policy.rtol and Policy.atol must be >= 0")
         object.__setattr__(self, "allow_dtype", _dtype_pairs(self.allow_dtype))
+        if self.precision not in DOT_UNIT_ROUNDOFF:
+            raise ParityConfigError(
+                f"Policy.precision must be one of {list(DOT_UNIT_ROUNDOFF)}, not {self.precision!r}"
+            )
         if self.compute_dtype is not None:
             try:
                 eps(self.compute_dtype)
@@ -145,6 +175,27 @@ class Policy:
             return self.compute_dtype
         return dtype
 
+    @property
+    def dot_rel(self) -> float:
+        """The relative floor reduced-precision dots add (0 at float32)."""
+        u = DOT_UNIT_ROUNDOFF[self.precision]
+        return DOT_FACTOR * u * float(np.sqrt(max(self.dot_depth, 1))) if u else 0.0
+
+    def at_precision(self, precision: str, depth: int = 1) -> Policy:
+        """This policy for a row whose float32 dots ran at ``precision`` through ``depth``
+        chained dot / conv stages (see the module docstring)."""
+        return replace(self, precision=precision, dot_depth=max(int(depth), 1))
+
+    def describe_precision(self) -> str:
+        """The added floor, in words (empty at float32)."""
+        if not self.dot_rel:
+            return ""
+        u = DOT_UNIT_ROUNDOFF[self.precision]
+        return (
+            f"dots at {self.precision}: floor + {DOT_FACTOR:g} * 2^{int(np.log2(u))} * sqrt(L), "
+            f"L = {self.dot_depth} dot/conv stages: +{self.dot_rel:.3g} relative"
+        )
+
     def describe(self) -> str:
         extra = ""
         if self.allow_dtype:
@@ -176,6 +227,18 @@ class Policy:
         float32 inside, e.g. Flax layers built with ``dtype="float32"``)."""
         return replace(self, kind="noise")
 
+
+#: Unit roundoff of the inputs of a float32 dot / convolution at each matmul precision (the
+#: operands rounded to that many mantissa bits, products accumulated in float32); float32's
+#: own rounding is in the policy's ULP floor already, so it adds nothing.
+DOT_UNIT_ROUNDOFF: dict[str, float] = {
+    "float32": 0.0,
+    "bf16_3x": 2.0**-16,  # a float32 as the sum of two bfloat16 (16 bits), the lo*lo term dropped
+    "tf32": 2.0**-11,  # 10 stored mantissa bits
+    "bf16": 2.0**-8,  # 7 stored mantissa bits
+}
+#: Allowed error of reduced-precision dots per ``sqrt(depth)``, in unit roundoffs.
+DOT_FACTOR = 8.0
 
 #: bfloat16's unit roundoff (half its machine epsilon 2**-7).
 BF16_UNIT_ROUNDOFF = 2.0**-8

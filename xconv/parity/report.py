@@ -27,6 +27,10 @@ class DeviceRun:
     error: str | None = None
     seconds: float | None = None
     inputs: str = "example"
+    #: The precision the row's float32 dots ran at (``float32``, ``tf32``, ``bf16``,
+    #: ``bf16_3x``) and the dot / conv stages its bound grew with (:mod:`.precision`).
+    precision: str = "float32"
+    dot_depth: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -34,6 +38,8 @@ class DeviceRun:
             "device": self.device,
             "role": self.role,
             "inputs": self.inputs,
+            "precision": self.precision,
+            "dot_depth": self.dot_depth,
             "passed": self.passed,
             "error": self.error,
             "seconds": self.seconds,
@@ -79,6 +85,12 @@ class ParityReport:
     policy_kind: str | None = None
     #: With ``mesh=``: ``{"shape": {"data": 2, "model": 4}, "params": {path: spec}}``.
     mesh: dict[str, Any] | None = None
+    #: Each way the proof is weaker than a float64 oracle judging every block (or the whole
+    #: model), as ``{"kind": ..., "message": ...}``: ``noise_policy`` / ``dtype_policy`` (no
+    #: float64 twin of the reference), ``merged_blocks`` (a block boundary the candidate
+    #: cannot be cut at), ``checked_whole`` (layerwise could not run; the model was checked
+    #: whole). Tools and the CLI warn on each; a wrong model can pass a noise-policy check.
+    downgrades: list[dict[str, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -100,6 +112,7 @@ class ParityReport:
             "matrix": [r.to_dict() for r in self.matrix],
             "scopes": [s.to_dict() for s in self.scopes],
             "grads": None if self.grads is None else [m.to_dict() for m in self.grads],
+            "downgrades": [dict(d) for d in self.downgrades],
             "notes": list(self.notes),
             "timings": dict(self.timings),
             **({"mesh": self.mesh} if self.mesh is not None else {}),
@@ -138,7 +151,8 @@ class ParityReport:
             state = "ok" if row.passed else "FAIL"
             extra = f" error: {row.error}" if row.error else ""
             lines.append(
-                f"  [{state}] {row.role} {row.framework} on {row.device} inputs={row.inputs}{extra}"
+                f"  [{state}] {row.role} {row.framework} on {row.device} inputs={row.inputs} "
+                f"precision={row.precision}{extra}"
             )
         if self.outputs:
             lines.append("outputs:")
@@ -158,8 +172,21 @@ class ParityReport:
                 for s in shown:
                     lines.append(f"  {s.status:>10} {format_metrics(s.output)}")
         lines.extend(self.mesh_lines())
+        lines.extend(f"downgrade: {d['message']}" for d in self.downgrades)
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+    @property
+    def closing(self) -> str:
+        """The command's last line: the verdict in a few words and every downgrade's kind
+        (``parity passed (noise policy: the reference has no float64 twin - a wrong model can
+        pass this)``)."""
+        line = f"parity {'passed' if self.passed else 'FAILED'}"
+        why = [_DOWNGRADE_WORDS.get(d["kind"], d["kind"]) for d in self.downgrades]
+        why = list(dict.fromkeys(why))
+        if self.policy_kind and not why:
+            why.append(f"{self.policy_kind} policy")
+        return line + (f" ({'; '.join(why)})" if why else "")
 
     def mesh_lines(self, max_params: int = 40) -> list[str]:
         """With ``mesh=``: the mesh, then each parameter's sharding (split ones first; the
@@ -190,7 +217,7 @@ class ParityReport:
         head = Text(self.verdict, style="bold green" if self.passed else "bold red")
         parts: list[Any] = [head, Text(f"policy: {self.policy}")]
         matrix = Table(title="framework x device")
-        for col in ("role", "framework", "device", "inputs", "result", "worst output"):
+        for col in ("role", "framework", "device", "inputs", "precision", "result", "worst output"):
             matrix.add_column(col)
         for row in self.matrix:
             worst = max(row.outputs, key=lambda m: m.severity, default=None)
@@ -199,6 +226,7 @@ class ParityReport:
                 row.framework,
                 row.device,
                 row.inputs,
+                row.precision,
                 "[green]ok[/]" if row.passed else "[red]FAIL[/]",
                 row.error or (format_metrics(worst) if worst else ""),
             )
@@ -230,13 +258,13 @@ class ParityReport:
             body.append(f"<p><b>first divergence:</b> <code>{e(self.first_divergence)}</code></p>")
         body.append(
             "<h2>framework &times; device</h2><table><tr><th>role</th><th>framework</th>"
-            "<th>device</th><th>inputs</th><th>result</th><th>error</th></tr>"
+            "<th>device</th><th>inputs</th><th>precision</th><th>result</th><th>error</th></tr>"
         )
         for r in self.matrix:
             res = "ok" if r.passed else "FAIL"
             body.append(
                 f"<tr><td>{e(r.role)}</td><td>{e(r.framework)}</td><td>{e(r.device)}</td>"
-                f"<td>{e(r.inputs)}</td>"
+                f"<td>{e(r.inputs)}</td><td>{e(r.precision)}</td>"
                 f"<td>{res}</td><td>{e(r.error or '')}</td></tr>"
             )
         body.append("</table>")
@@ -261,39 +289,70 @@ class ParityReport:
         return page
 
 
+_DOWNGRADE_WORDS = {
+    "noise_policy": "noise policy: the reference has no float64 twin - a wrong model can pass this",
+    "dtype_policy": "dtype policy: no float64 oracle - judged by float32 tolerances only",
+    "merged_blocks": "blocks merged: the candidate cannot be cut at every block boundary",
+    "checked_whole": "checked whole: layerwise parity could not run",
+}
+
+
 def format_metrics(m: Metrics) -> str:
+    """One line for ``m``; every number may be None, NaN or inf (a block that could not run,
+    an output that is not comparable) and still renders."""
     if m.error:
         return f"{m.name}: {m.error}"
     state = "ok" if m.passed else "FAIL"
     parts = [
-        f"{m.name} [{state}] {list(m.shape)} {m.dtype}: max_abs={m.max_abs:.3g}",
-        f"max_rel={m.max_rel:.3g}",
-        f"mean_abs={m.mean_abs:.3g}",
-        f"ulp_p99={m.ulp_p99:.3g}",
+        f"{m.name} [{state}] {list(m.shape or ())} {m.dtype}: max_abs={fmt(m.max_abs)}",
+        f"max_rel={fmt(m.max_rel)}",
+        f"mean_abs={fmt(m.mean_abs)}",
+        f"ulp_p99={fmt(m.ulp_p99)}",
     ]
     if m.cosine is not None:
-        parts.append(f"cos={m.cosine:.7f}")
+        parts.append(f"cos={fmt(m.cosine, '.7f')}")
     if m.argmax_agree is not None:
-        parts.append(f"argmax={m.argmax_agree:.3f}")
+        parts.append(f"argmax={fmt(m.argmax_agree, '.3f')}")
     if m.topk_agree is not None:
-        parts.append(f"top{m.topk}={m.topk_agree:.3f}")
-    if m.bound is not None:
-        parts.append(f"err_vs_f64={m.cand_err:.3g} (ref {m.ref_err:.3g}, bound {m.bound:.3g})")
-    elif m.rtol is not None:
-        parts.append(f"rtol={m.rtol:g} atol={m.atol:g}")
+        parts.append(f"top{m.topk}={fmt(m.topk_agree, '.3f')}")
+    if m.cand_err is not None or m.ref_err is not None:
+        parts.append(f"err_vs_f64={fmt(m.cand_err)} (ref {fmt(m.ref_err)}, bound {fmt(m.bound)})")
+    elif m.rtol is not None or m.atol is not None:
+        parts.append(f"rtol={fmt(m.rtol, 'g')} atol={fmt(m.atol, 'g')}")
     if m.mismatches:
         parts.append(f"mismatches={m.mismatches} first at {list(m.first_mismatch or ())}")
-        worst = [w for w in m.worst if w["err"] > w["bound"] or not _finite(w["cand"])][:3]
+        worst = [w for w in m.worst if _outside(w)][:3]
         if worst:
             parts.append(
                 "worst: "
                 + "; ".join(
-                    f"{w['index']} cand={w['cand']:.6g} ref={w['ref']:.6g} "
-                    f"err={w['err']:.3g} > bound={w['bound']:.3g}"
+                    f"{w.get('index')} cand={fmt(w.get('cand'), '.6g')} "
+                    f"ref={fmt(w.get('ref'), '.6g')} "
+                    f"err={fmt(w.get('err'))} > bound={fmt(w.get('bound'))}"
                     for w in worst
                 )
             )
     return " ".join(parts)
+
+
+def fmt(v: Any, spec: str = ".3g") -> str:
+    """``v`` formatted with ``spec``; None as ``-``, NaN and inf as themselves, anything that
+    is not a number as its ``str``."""
+    if v is None:
+        return "-"
+    try:
+        return format(float(v), spec)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _outside(w: dict[str, Any]) -> bool:
+    """A worst-element row that is out of its bound (or non-finite)."""
+    try:
+        err, bound, cand = float(w["err"]), float(w["bound"]), float(w["cand"])
+    except (KeyError, TypeError, ValueError):
+        return True
+    return err > bound or not _finite(cand)
 
 
 def _finite(v: float) -> bool:
@@ -320,12 +379,12 @@ def _metrics_table(title: str, metrics: list[Metrics]):
         t.add_row(
             m.name,
             "[green]ok[/]" if m.passed else "[red]FAIL[/]",
-            str(list(m.shape)),
-            f"{m.max_abs:.3g}",
-            f"{m.max_rel:.3g}",
-            f"{m.ulp_p99:.3g}",
-            "" if m.cosine is None else f"{m.cosine:.6f}",
-            f"{m.severity:.3g}",
+            str(list(m.shape or ())),
+            fmt(m.max_abs),
+            fmt(m.max_rel),
+            fmt(m.ulp_p99),
+            "" if m.cosine is None else fmt(m.cosine, ".6f"),
+            fmt(m.severity),
             str(m.mismatches) if not m.error else m.error,
         )
     return t
@@ -355,7 +414,7 @@ def _html_metrics(title: str, metrics: list[Metrics]) -> str:
         cells = []
         for c in cols:
             v = d.get(c)
-            cells.append(f"<td>{e(f'{v:.4g}' if isinstance(v, float) else str(v))}</td>")
+            cells.append(f"<td>{e(fmt(v, '.4g') if isinstance(v, float) else str(v))}</td>")
         style = "" if m.passed else " style='background:#ffebe9'"
         rows.append(f"<tr{style}>" + "".join(cells) + "</tr>")
     rows.append("</table>")
@@ -398,7 +457,7 @@ def scope_plot_svg(
         out.append(
             f"<rect x='{x + step * 0.1:.1f}' y='{top:.1f}' width='{step * 0.8:.1f}' "
             f"height='{max(base - top, 0.5):.1f}' fill='{fill}'>"
-            f"<title>{html.escape(s.name)}: {s.output.severity:.3g}x allowed</title></rect>"
+            f"<title>{html.escape(s.name)}: {fmt(s.output.severity)}x allowed</title></rect>"
         )
         if n <= 60:
             lx, ly = x + step / 2, height - pad_b + 8

@@ -40,6 +40,9 @@ class StreamedParity:
     notes: list[str] = field(default_factory=list)
     #: With a mesh: ``{"shape": {"data": 2, "model": 4}, "params": {initializer: spec}}``.
     mesh: dict[str, Any] | None = None
+    #: As ``ParityReport.downgrades``: ``merged_blocks`` per boundary the candidate cannot be
+    #: cut at.
+    downgrades: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -65,9 +68,49 @@ class StreamedParity:
             "written_weights_checked": self.checked_weights,
             "written_weights_mismatched": self.mismatched_weights,
             "notes": self.notes,
+            "downgrades": self.downgrades,
             **({"mesh": self.mesh} if self.mesh is not None else {}),
         }
         Path(path).write_text(json.dumps(body, indent=2, sort_keys=True, default=str))
+
+    def to_html(self, path: str | os.PathLike | None = None) -> str:
+        """An HTML page: the verdict, one row per block, the written-weights check."""
+        import html
+
+        e = html.escape
+        color = "#1a7f37" if self.passed else "#cf222e"
+        body = [
+            f"<h1 style='color:{color}'>parity {'PASSED' if self.passed else 'FAILED'}</h1>",
+            f"<p>layerwise: float64 oracle per block; policy {e(self.policy)}</p>",
+        ]
+        if self.first_divergence:
+            body.append(f"<p><b>first divergence:</b> <code>{e(self.first_divergence)}</code></p>")
+        keys = sorted({k for b in self.blocks for k in b} - {"name", "passed"})
+        body.append(
+            "<h2>blocks</h2><table><tr><th>block</th><th>result</th>"
+            + "".join(f"<th>{e(k)}</th>" for k in keys)
+            + "</tr>"
+        )
+        for b in self.blocks:
+            cells = "".join(f"<td>{e(str(b.get(k, '')))}</td>" for k in keys)
+            result = "ok" if b["passed"] else "FAIL"
+            body.append(f"<tr><td>{e(str(b['name']))}</td><td>{result}</td>{cells}</tr>")
+        body.append("</table>")
+        body.append(
+            f"<p>written weights equal to the checkpoint's: {self.checked_weights}"
+            + (f"; mismatched: {e(', '.join(self.mismatched_weights[:20]))}" if
+               self.mismatched_weights else "")
+            + "</p>"
+        )  # fmt: skip
+        body.extend(f"<p>note: {e(n)}</p>" for n in self.notes)
+        page = (
+            "<!doctype html><html><head><meta charset='utf-8'><title>xconv parity</title>"
+            "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:left}"
+            "</style></head><body>" + "\n".join(body) + "</body></html>\n"
+        )
+        if path is not None:
+            Path(path).write_text(page)
+        return page
 
     def __str__(self) -> str:
         verdict = "passed" if self.passed else f"FAILED (first divergence: {self.first_divergence})"
@@ -165,6 +208,7 @@ def check_streamed(
     )
     report.blocks.extend(_block_row(b) for b in result.blocks)
     report.notes.extend(getattr(result, "notes", []))
+    report.downgrades.extend(getattr(result, "downgrades", []))
     if placement is not None:
         report.mesh = placement.report()
         report.notes.extend(f"sharding: {n}" for n in placement.notes)

@@ -12,9 +12,16 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from xconv.converters.ops.precision import resolve_dtype
 from xconv.errors import ConversionError
 from xconv.pipeline.options import LAYERWISE_BYTES, ConvertOptions, Progress, _Imported
-from xconv.pipeline.source import _as_input_tuple, _differential, jax_float64, torch_float64
+from xconv.pipeline.source import (
+    _as_input_tuple,
+    _differential,
+    bf16_differential_bound,
+    jax_float64,
+    torch_float64,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +38,7 @@ def _check(
     released, and the IR's weights are re-pointed at that file, before the candidate loads:
     the source's and the candidate's weights are never in memory together."""
     from xconv.parity.checker import check_parity
+    from xconv.parity.policies import resolve_policy
 
     policy: Any = options.policy
     if options.dtype:
@@ -45,26 +53,36 @@ def _check(
         # hold memory at the same time.
         from xconv.parity.adapters import to_numpy
         from xconv.parity.checker import input_sets
-        from xconv.parity.layerwise import run_layerwise
+        from xconv.parity.layerwise import run_layerwise_sets
+        from xconv.parity.precision import blocks_policy, jax_context
 
         arrays = [to_numpy(x) for x in imported.inputs]
         sets = input_sets(arrays, n_random=options.parity_random_inputs)
+        names = ", ".join(name for name, _ in sets)
         try:
-            layerwise = {
-                name: run_layerwise(
+            # Every input set through each block at once: its weights are cast once.
+            with jax_context(options.precision):
+                block_policy = blocks_policy(resolve_policy(policy), imported.model)
+                layerwise = run_layerwise_sets(
                     imported.program,
                     imported.model,
-                    xs,
-                    policy=policy,
-                    progress=lambda msg, name=name: say(
-                        f"parity (float64 oracle, inputs {name}), {msg}"
-                    ),
+                    sets,
+                    policy=block_policy,
+                    progress=lambda msg: say(f"parity (float64 oracle, inputs {names}), {msg}"),
                 )
-                for name, xs in sets
-            }
         except Exception as e:  # a program the block splitter cannot cut: check it whole
             logger.debug("layerwise parity failed", exc_info=True)
             failed = f"layerwise parity could not run ({type(e).__name__}: {e}); checked whole"
+        else:
+            # A block that cannot run (its float64 twin or the candidate's cut fails) is no
+            # verdict on the conversion: the whole model is checked instead, and says so.
+            stuck = next((r.unrunnable for r in layerwise.values() if r.unrunnable), None)
+            if stuck is not None:
+                failed = (
+                    f"layerwise parity could not run block {stuck.block.name} ({stuck.error}); "
+                    "checked whole"
+                )
+                layerwise = False
         if failed is None and ir_file is not None:
             from xconv.parity.layerwise import recorded_reference
 
@@ -82,10 +100,12 @@ def _check(
         devices=options.devices,
         n_random=options.parity_random_inputs,
         layerwise=layerwise,
+        precision=options.precision,
         **({"mesh": options.mesh, "rules": options.partitioning} if options.mesh else {}),
     )
     if failed:
         report.notes.append(failed)
+        report.downgrades.insert(0, {"kind": "checked_whole", "message": failed})
     return report
 
 
@@ -135,9 +155,13 @@ def _run_differential(
             got = module.apply(variables, *inputs)
         else:
             got = candidate(*inputs)
-        fn, params = to_jax(imported.model)
+        # The generated Flax computes in options.dtype: judged against to_jax at that dtype
+        # within the bfloat16 bound, as to_flax(dtype=, example_inputs=) judges it.
+        low = resolve_dtype(options.dtype)
+        fn, params = to_jax(imported.model) if low is None else to_jax(imported.model, dtype=low)
         want = fn(params, *inputs)
-        what, runtime = f"generated Flax ({options.api})", "to_jax"
+        what, runtime = f"generated Flax ({options.api}{', bfloat16' if low else ''})", "to_jax"
+        bound = None if low is None else bf16_differential_bound(imported.model)
         oracle = lambda: jax_float64(imported.model, inputs)  # noqa: E731
     else:
         import torch
@@ -148,10 +172,10 @@ def _run_differential(
         targs = tuple(torch.as_tensor(np.asarray(x)) for x in inputs)
         with torch.no_grad():
             got, want = candidate(*targs), runtime_module(*targs)
-        what, runtime = "generated torch source", "to_torch"
+        what, runtime, bound = "generated torch source", "to_torch", None
         oracle = lambda: torch_float64(imported.model, inputs)  # noqa: E731
     del candidate
-    _differential(imported.model, what, runtime, got, want, oracle=oracle)
+    _differential(imported.model, what, runtime, got, want, bound, oracle=oracle)
 
 
 def _weights_from_file(model: ir.Model, path: Path) -> None:

@@ -36,6 +36,8 @@ class ConvertOptions:
         dynamic_batch: Give the converted model a symbolic batch dimension.
         module_factory: ``"pkg.mod:factory"`` building the module a state_dict loads into.
         trust_pickle: Allow unpickling a full torch module (runs code from the file).
+        trust_code: Allow a ``save_pretrained`` folder whose ``config.json`` names model code
+            inside the folder (``auto_map``): loading it runs that code.
         input_shapes: Example input shapes (``"2,3,224,224"``, optionally ``":int64"``).
         input_dtypes: Their dtypes (one for all, or one each).
         inputs_npz: Example inputs from an ``.npz`` file instead.
@@ -57,6 +59,9 @@ class ConvertOptions:
             this ``"DATAxMODEL"`` mesh of the visible devices (the flax output restored onto
             it by its ``load(out_dir, mesh=)``; parameters placed by ``partitioning``, default
             ``"fsdp+tp"``); the report states the mesh and each parameter's sharding.
+        precision: The parity check's matmul precision: ``"default"`` (each device's own,
+            judged at the precision its dots ran at) or ``"highest"`` (full float32 dots,
+            judged at float32); see :func:`xconv.check_parity`.
     """
 
     api: str = "linen"
@@ -66,6 +71,7 @@ class ConvertOptions:
     dynamic_batch: bool = False
     module_factory: str | None = None
     trust_pickle: bool = False
+    trust_code: bool = False
     input_shapes: tuple[str, ...] = ()
     input_dtypes: tuple[str, ...] = ("float32",)
     inputs_npz: str | None = None
@@ -75,6 +81,7 @@ class ConvertOptions:
     weights_format: str | None = None
     dtype: str | None = None
     mesh: Any = None
+    precision: str = "default"
 
     def __post_init__(self) -> None:
         from xconv.converters.ops.precision import resolve_dtype

@@ -88,6 +88,17 @@ class MeshAdapter(Adapter):
     def oracle(self):
         return self.inner.oracle()
 
+    def dot_precision(self, device, inputs):
+        from xconv.parity.precision import jax_device_precision, jaxpr_dot_depth
+
+        precision = jax_device_precision(self.mesh.devices.flat[0])
+        if precision == "float32":
+            return "float32", 1
+        return precision, jaxpr_dot_depth(self.inner._call, self.inner.params, list(inputs))
+
+    def precision_context(self, request):
+        return self.inner.precision_context(request)
+
     def run(self, inputs, device):
         import jax
 

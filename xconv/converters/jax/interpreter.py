@@ -57,6 +57,23 @@ def _to_static(value: Any) -> Any:
     return value
 
 
+def as_input(x: Any) -> Any:
+    """A model input as the interpreter takes it: jax and numpy arrays as they are, anything
+    else array-like (a torch tensor, a list) as a numpy array of its values (a tensor that
+    records gradients read through ``detach()``; a dtype numpy lacks, such as torch's
+    bfloat16, through DLPack)."""
+    if isinstance(x, jax.Array | np.ndarray | np.generic):
+        return x
+    if callable(getattr(x, "detach", None)):  # autograd: the values, not the graph
+        x = x.detach()
+    try:
+        return np.asarray(x)
+    except TypeError:
+        if hasattr(x, "__dlpack__"):
+            return jnp.from_dlpack(x)
+        raise
+
+
 def _to_jax(value: Any) -> Any:
     if isinstance(value, np.ndarray | np.generic) and value.dtype.kind not in "OSUV":
         return jnp.asarray(value)
@@ -241,6 +258,8 @@ def _broadcast_targets(op: str, args: list[Any], attrs: dict[str, Any]) -> dict[
 class JaxFunction:
     """The converted function: ``fn(params, *inputs, rng=None) -> tuple of outputs``.
 
+    ``inputs`` are jax or numpy arrays, or anything array-like (a torch tensor: its values).
+
     Pure: works under ``jax.jit``, ``jax.grad`` and ``jax.vmap``. ``params`` is a nested dict
     keyed by the source scope path of each weight.
     """
@@ -287,6 +306,13 @@ class JaxFunction:
                 f"the model takes {len(self.input_names)} input(s) {list(self.input_names)}, "
                 f"got {len(inputs)}"
             )
+        # A sequence or optional input (a list, None) is taken as it is; a tensor input as
+        # any array-like.
+        types = {v.name: v.type for v in graph.inputs}
+        inputs = [
+            x if isinstance(types.get(n), ir.SequenceType | ir.OptionalType) else as_input(x)
+            for n, x in zip(self.input_names, inputs, strict=True)
+        ]
         flat = flatten(params, self.weight_names) if self.weight_names else {}
         env: dict[ir.Value, Any] = {}
         by_name = graph.initializers

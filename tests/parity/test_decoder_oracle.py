@@ -1,0 +1,187 @@
+"""The float64 oracle of a decoder's ``.pt2``, whole and block by block, on every supported
+transformers release.
+
+Each causal LM of the transformers zoo is built offline from a tiny config, exported as a user
+exports a ``.pt2`` (``torch.export.export(model, (ids,), strict=False)``), converted
+(``xconv.from_torch`` then ``xconv.to_jax``) and checked against its ``ExportedProgram``:
+
+* whole: ``check_parity`` keeps the **oracle** policy (the program's float64 twin runs;
+  transformers 5.23.0 pins float32 in a ``wrap_with_set_grad_enabled`` subgraph around the
+  rotary tables, OPT in a ``torch.ones`` without a dtype and dtype asserts) and passes;
+* layerwise: every block of ``split_program`` is cut (none merged: GPT-2's and OPT's final
+  norm included) and judged under the oracle, and the verdict passes;
+* a planted fault (one layer-1 weight of the candidate scaled by 1.001) fails both, and the
+  layerwise run names that layer.
+
+CI runs this file on the newest transformers and again on the oldest supported release
+(``.ci/run``, 5.23.0); each test id and failure message names the release it ran on.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("jax")
+transformers = pytest.importorskip("transformers")
+
+import xconv  # noqa: E402
+from xconv.parity.layerwise import float64_program, split_program  # noqa: E402
+
+TF = transformers.__version__
+_T = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+      "intermediate_size": 32, "max_position_embeddings": 32, "use_cache": False}  # fmt: skip
+_KV = {"num_key_value_heads": 1}
+
+
+def _config(family: str):
+    tf = transformers
+    if family == "gpt2":
+        return tf.GPT2LMHeadModel, tf.GPT2Config(
+            vocab_size=64, n_embd=16, n_layer=2, n_head=2, n_positions=32, use_cache=False,
+            bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+    if family == "opt":
+        return tf.OPTForCausalLM, tf.OPTConfig(
+            vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, ffn_dim=32,
+            max_position_embeddings=32, word_embed_proj_dim=16, use_cache=False, pad_token_id=1,
+            bos_token_id=2, eos_token_id=2,
+        )  # fmt: skip
+    if family == "falcon":  # rotary, parallel attention, multi-query
+        return tf.FalconForCausalLM, tf.FalconConfig(
+            vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+            use_cache=False, bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+    if family == "gpt_neox":
+        return tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig(**_T, bos_token_id=0, eos_token_id=0)
+    if family == "bloom":  # ALiBi
+        return tf.BloomForCausalLM, tf.BloomConfig(
+            vocab_size=64, hidden_size=16, n_layer=2, n_head=2, use_cache=False
+        )
+    if family == "gptj":
+        return tf.GPTJForCausalLM, tf.GPTJConfig(
+            vocab_size=64, n_embd=16, n_layer=2, n_head=2, rotary_dim=4, n_positions=32,
+            use_cache=False, bos_token_id=0, eos_token_id=0,
+        )  # fmt: skip
+    name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
+            "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3Text", "phi3": "Phi3",
+            "phi": "Phi", "stablelm": "StableLm", "olmo2": "Olmo2", "starcoder2": "Starcoder2",
+            "cohere": "Cohere", "granite": "Granite"}[family]  # fmt: skip
+    extra = {"head_dim": 8} if family.startswith("gemma") else {}
+    config = getattr(tf, f"{name}Config")(**_T, **_KV, **extra, pad_token_id=0, bos_token_id=1,
+                                          eos_token_id=2)  # fmt: skip
+    return getattr(tf, f"{name.replace('Gemma3Text', 'Gemma3')}ForCausalLM"), config
+
+
+#: Run by default (CI, both transformers releases): one of each kind of graph the oracle and
+#: the cuts met (rotary tables in a higher-order op, learned positions from a float
+#: ``torch.ones``, GPT-2's final norm, parallel attention). The rest: ``-m slow``.
+FAST = ("llama", "gpt2", "opt", "falcon")
+SLOW = ("qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt_neox", "phi",
+        "stablelm", "olmo2", "starcoder2", "cohere", "granite", "bloom", "gptj")  # fmt: skip
+FAMILIES = [pytest.param(f, id=f"{f}-tf{TF}") for f in FAST] + [
+    pytest.param(f, id=f"{f}-tf{TF}", marks=pytest.mark.slow) for f in SLOW
+]
+
+
+def test_runs_on_the_release_ci_asks_for():
+    """``.ci/run`` sets ``XCONV_TRANSFORMERS`` for its oldest-release run: a path mix-up that
+    imported the newest release instead fails here, not silently."""
+    expected = os.environ.get("XCONV_TRANSFORMERS")
+    assert expected in (None, TF), f"asked for transformers {expected}, imported {TF}"
+
+
+def _export(family: str, dynamic: bool = False):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    torch.manual_seed(0)
+    cls, config = _config(family)
+    module = cls(config).eval()
+    ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(1))
+    shapes = None
+    if dynamic:
+        dim = torch.export.Dim
+        shapes = ({0: dim("batch", min=1, max=16), 1: dim("seq", min=2, max=32)},)
+    program = torch.export.export(module, (ids,), strict=False, dynamic_shapes=shapes)
+    return program, module, ids
+
+
+@pytest.mark.parametrize("family", [pytest.param("llama", id=f"llama-tf{TF}")])
+def test_dynamic_shape_decoder_keeps_the_oracle_block_by_block(family):
+    """Batch and sequence symbolic: the float64 twin runs, and the blocks are cut though
+    the sizes cross them as ``sym_size`` ints the decompositions read anew."""
+    program, _module, ids = _export(family, dynamic=True)
+    where = f"dynamic-shape {family} on transformers {TF}"
+    model = xconv.from_torch(program)
+    fn, params = xconv.to_jax(model)
+    report = xconv.check_parity(
+        program, (fn, params), [ids.numpy()], devices="cpu", n_random=0, layerwise=model
+    )
+    assert report.policy.startswith("oracle") and report.passed, (where, report.notes)
+    blocks = [b.name for b in split_program(program)]
+    assert [s.name for s in report.scopes] == blocks, (where, "a block was merged", report.notes)
+
+
+def _layer_weight(model, program) -> tuple[str, str]:
+    """The last 2-d weight of the second numbered layer (its MLP's output projection, which
+    adds straight to the residual: a q-projection fault of 1e-3 can vanish in a nearly
+    uniform softmax), and the block that reads it."""
+    blocks = split_program(program)
+    for block in blocks[2:]:
+        for name in reversed(block.weights):
+            value = model.graph.initializers.get(name)
+            if value is not None and value.const_value is not None and len(value.shape) == 2:
+                return name, block.name
+    raise AssertionError(f"no 2-d layer weight in {[b.name for b in blocks]}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decoder_keeps_the_float64_oracle(family):
+    program, module, ids = _export(family)
+    where = f"{family} on transformers {TF}"
+    inputs = [ids.numpy()]
+
+    # The float64 twin runs, in float64, and agrees with the float32 model it doubles.
+    (twin,) = float64_program(program)(ids)
+    assert twin.dtype == torch.float64, where
+    with torch.no_grad():
+        want = module(ids).logits.double()
+    torch.testing.assert_close(twin, want, rtol=1e-4, atol=1e-4, msg=where)
+
+    model = xconv.from_torch(program)
+    fn, params = xconv.to_jax(model)
+    whole = xconv.check_parity(program, (fn, params), inputs, devices="cpu", n_random=0)
+    assert whole.policy.startswith("oracle"), (where, whole.policy, whole.notes)
+    assert whole.passed, (where, whole.notes)
+
+    layers = xconv.check_parity(
+        program, (fn, params), inputs, devices="cpu", n_random=0, layerwise=model
+    )
+    assert layers.policy.startswith("oracle"), (where, layers.policy, layers.notes)
+    assert layers.passed, (where, layers.first_divergence, layers.notes)
+    blocks = [b.name for b in split_program(program)]
+    assert [s.name for s in layers.scopes] == blocks, (where, "a block was merged", layers.notes)
+
+    # A planted fault: one layer weight of the candidate off by 1e-3.
+    weight, block = _layer_weight(model, program)
+    value = model.graph.initializers[weight]
+    good = value.const_value
+    value.const_value = xconv_tensor(good.numpy() * 1.001)
+    try:
+        bad_fn, bad_params = xconv.to_jax(model)
+        wrong = xconv.check_parity(program, (bad_fn, bad_params), inputs, devices="cpu",
+                                   n_random=0, intermediates=False)  # fmt: skip
+        assert not wrong.passed, (where, weight, wrong.notes)
+        wrong = xconv.check_parity(program, (bad_fn, bad_params), inputs, devices="cpu",
+                                   n_random=0, layerwise=model)  # fmt: skip
+        assert not wrong.passed and wrong.first_divergence == block, (where, weight, wrong.notes)
+    finally:
+        value.const_value = good
+
+
+def xconv_tensor(arr):
+    import onnx_ir as ir
+
+    return ir.Tensor(np.ascontiguousarray(arr, dtype=np.float32))
