@@ -1,10 +1,17 @@
 """Training parity: N optimizer steps of a torch run and of its conversion, side by side.
 
 :func:`check_training` trains a copy of the torch module with its optimizer (and scheduler,
-clipping) and the converted model with :func:`~xconv.training.from_torch_optimizer` /
-:func:`~xconv.training.from_torch_loss`, on the same batches, and compares after every step:
-the loss, each parameter, and at the end the optimizer state and the BatchNorm running
-statistics. The report names the first step and the first tensor that part.
+clipping), a float64 copy of both (the oracle), and the converted model with
+:func:`~xconv.training.from_torch_optimizer` / :func:`~xconv.training.from_torch_loss`, on
+the same batches, and compares after every step: the loss (relative, ``tol``), and each
+parameter, optimizer slot and BatchNorm running statistic element by element under the parity
+oracle policy (:mod:`xconv.training.oracle`). The report names the first step, tensor and
+element that part, the bound and why.
+
+Which converted leaf holds each torch tensor is read from the conversion's name record
+(``SOURCE_SCOPES`` / ``SOURCE_NAMES`` of a generated ``model.py``, ``weight_names`` of a
+``to_jax`` function); a candidate whose recorded leaves hold other values than the module's
+is reported as stale (:class:`~xconv.training.names.StaleWeightsError`).
 
 Dropout: the two sides cannot draw the same masks, so dropout is switched off on the torch
 copy (``nn.Dropout*.p = 0``, ``nn.MultiheadAttention.dropout = 0``) and the converted model
@@ -28,17 +35,25 @@ from typing import Any
 import numpy as np
 
 from xconv.errors import ConversionError
-from xconv.training.names import Leaf, match_leaves
+from xconv.training.names import Leaf, match_leaves, match_recorded
+from xconv.training.oracle import Float64Twin, Judge, float64_blocker
 
 
 @dataclass
 class Divergence:
-    """Where the two runs first part: the step (1-based), what, which tensor, how much."""
+    """Where the two runs first part: the step (1-based), what, which tensor, how much, and
+    (for a tensor) the element furthest outside its bound, the bound and why."""
 
     step: int
     what: str  # "loss", "param", "optimizer_state", "running_stat"
     name: str
     rel_diff: float
+    #: The worst element: index, cand, ref (torch), oracle (float64 torch), err, bound.
+    element: dict[str, Any] = field(default_factory=dict)
+    why: str = ""
+
+    def __str__(self) -> str:
+        return f"step {self.step}, {self.what} {self.name}: {self.why or self.rel_diff}"
 
 
 @dataclass
@@ -46,12 +61,13 @@ class TrainingReport:
     """Per-step losses of both runs and how far the trained state ended apart.
 
     Relative differences are ``max|a - b| / max|b|`` per tensor (torch is ``b``); the loss's
-    is ``|a - b| / |b|``.
+    is ``|a - b| / |b|``. ``excess`` is each tensor's largest error over its bound over all
+    steps (above 1 fails), under the policy ``policy`` describes.
     """
 
     steps: int
     tol: float
-    state_tol: float
+    state_tol: float | None
     torch_losses: list[float]
     candidate_losses: list[float]
     loss_rel_diff: list[float]
@@ -61,6 +77,8 @@ class TrainingReport:
     param_drift: list[float] = field(default_factory=list)  # max over params, per step
     first_divergence: Divergence | None = None
     notes: list[str] = field(default_factory=list)
+    policy: str = ""
+    excess: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -135,6 +153,10 @@ class _Candidate:
     prefix: tuple[str, ...]
     others: dict  # the rest (batch statistics, constants), at the same paths as in variables
     kind: str
+    #: Variable path -> the source weight name the conversion recorded (None: no record).
+    sources: dict[tuple[str, ...], str] | None = None
+    #: What to call the candidate in messages (its folder, or "the candidate's variables").
+    origin: str = "the candidate's variables"
 
 
 def _load_folder(path: Path):
@@ -149,11 +171,48 @@ def _load_folder(path: Path):
 
 
 def _candidate(candidate, *, batch_norm: bool) -> _Candidate:
+    """The candidate as a :class:`_Candidate`, with the name record of its conversion."""
+    origin = None
+    if isinstance(candidate, (str, Path)):
+        origin = f"{Path(candidate)}/"
+        candidate = _load_folder(Path(candidate))
+    cand = _as_candidate(candidate, batch_norm=batch_norm)
+    cand.sources = _recorded_sources(candidate, cand)
+    cand.origin = origin or cand.origin
+    return cand
+
+
+def _recorded_sources(candidate, cand: _Candidate) -> dict[tuple[str, ...], str] | None:
+    """Variable path -> source weight name, from the conversion's record: ``SOURCE_NAMES``
+    (completed by ``SOURCE_SCOPES``) of a generated Flax module, whose paths leave out the
+    linen collection; the ``weight_names`` of a ``to_jax`` function, whose params nest each
+    weight under its source name. None where the candidate records nothing."""
+    from xconv.converters.flax.source_names import recorded_names
+    from xconv.training.names import flatten_tree
+
+    paths = list(flatten_tree(cand.variables))
+    if cand.kind == "jax":
+        names = set(getattr(candidate[0], "weight_names", None) or ())
+        got = {p: ".".join(p) for p in paths if ".".join(p) in names}
+        return got or None
+    module = candidate if cand.kind == "nnx" else candidate[0]
+    found = recorded_names(module)
+    if found is None:
+        return None
+    names = found[1]
+    skip = 1 if cand.kind == "linen" else 0  # the collection ("params", "batch_stats")
+    got = {}
+    for p in paths:
+        source = names.get("/".join(p[skip:]))
+        if source is not None:
+            got[p] = source
+    return got or None
+
+
+def _as_candidate(candidate, *, batch_norm: bool) -> _Candidate:
     import jax
     import jax.numpy as jnp
 
-    if isinstance(candidate, (str, Path)):
-        candidate = _load_folder(Path(candidate))
     try:
         from flax import linen, nnx
     except ImportError:  # pragma: no cover - flax is part of the jax extra
@@ -309,7 +368,7 @@ def check_training(
     steps: int | None = None,
     scheduler=None,
     tol: float = 1e-4,
-    state_tol: float = 1e-3,
+    state_tol: float | None = None,
     clip_grad_norm: float | None = None,
     clip_grad_value: float | None = None,
     channel_axis: int = 1,
@@ -330,16 +389,23 @@ def check_training(
         steps: Number of optimizer steps (default: one per batch).
         scheduler: The optimizer's LR scheduler, stepped after each optimizer step.
         tol: Largest relative loss difference allowed at any step.
-        state_tol: Largest relative difference (per tensor, ``max|a-b| / max|b|``) allowed for
-            the parameters after each step, and the optimizer state and running statistics at
-            the end.
+        state_tol: None (default): parameters, optimizer slots and running statistics are
+            judged after every step, element by element, against a float64 run of the torch
+            module (the parity oracle policy, :mod:`xconv.training.oracle`). A number: judged
+            against torch's float32 run instead, ``|a - b| <= state_tol * max|b|`` per tensor
+            (also the rule, at 1e-3, when the float64 run cannot be made: a float64 module,
+            a forward that pins float32).
         clip_grad_norm: torch's ``clip_grad_norm_(params, max_norm)`` before each step.
         clip_grad_value: torch's ``clip_grad_value_(params, v)`` before each step.
         channel_axis: Class axis of the converted model's output (-1 for NHWC outputs).
 
     Returns:
         A :class:`TrainingReport`; ``report.passed`` is False at the first loss or tensor past
-        its tolerance, named in ``report.first_divergence``.
+        its bound, named in ``report.first_divergence`` (step, tensor, element, bound, why).
+
+    Raises:
+        StaleWeightsError: the candidate holds other weights than the module (converted
+            before the module trained on, or from another module): re-run the conversion.
     """
     import torch
 
@@ -357,34 +423,64 @@ def check_training(
     )
     params, prefix = cand.params, cand.prefix
     jloss = from_torch_loss(loss_fn, channel_axis=channel_axis)
-    param_names = {n for n, _ in module.named_parameters()}
+    twin, judge = _oracle(module, opt, sched, loss_fn, state_tol, notes)
 
     train_step = make_train_step(cand.apply, tx, jloss)
     others = cand.others
     report = TrainingReport(steps, tol, state_tol, [], [], [], notes=notes)
+    clip = (clip_grad_norm, clip_grad_value)
     for i in range(steps):
         inputs, target = batches[i % len(batches)]
         t_inputs = tuple(torch.as_tensor(x) for x in _as_tuple(inputs))
         t_target = torch.as_tensor(target)
-        loss = _torch_step(
-            module, opt, sched, loss_fn, t_inputs, t_target, clip_grad_norm, clip_grad_value
-        )
+        loss = _torch_step(module, opt, sched, loss_fn, t_inputs, t_target, *clip)
+        twin = _twin_step(twin, t_inputs, t_target, clip, notes, judge)
         j_inputs = tuple(_np(x) for x in t_inputs)
         params, others, opt_state, jl = train_step(
             params, others, opt_state, j_inputs, _np(t_target)
         )
         _record_step(report, i + 1, float(loss.item()), float(jl))
-        _record_params(report, i + 1, _param_diffs(module, leaves, params, prefix))
-
-    # End state: optimizer buffers and running statistics.
-    report.optimizer_state = _optimizer_state_diffs(
-        opt, opt_state, module, leaves, prefix, spec.group_names
-    )
-    report.running_stats = _running_stat_diffs(module, others, leaves, param_names)
-    for what, table in (("optimizer_state", report.optimizer_state),
-                        ("running_stat", report.running_stats)):  # fmt: skip
-        _diverged(report, steps, what, table, state_tol)
+        got = _candidate_tensors(module, leaves, params, prefix, others, opt_state, spec)
+        oracle = None if twin is None else _torch_tensors(twin.module, twin.opt, leaves)
+        _judge_step(report, judge, i + 1, got, _torch_tensors(module, opt, leaves), oracle)
+    report.policy = judge.describe()
+    report.excess = dict(judge.excess)
     return report
+
+
+def _oracle(module, opt, sched, loss_fn, state_tol, notes) -> tuple[Float64Twin | None, Judge]:
+    """The float64 twin of the torch run and the oracle policy, or (None, the explicit
+    ``state_tol`` rule) where the user set one or no twin can be made."""
+    from xconv.parity.policies import Policy
+
+    if state_tol is not None:
+        notes.append(f"tensors judged at state_tol={state_tol:g} (max|a-b| / max|b| per tensor)")
+        return None, Judge(None, state_tol)
+    blocker = float64_blocker(module)
+    if blocker is not None:
+        notes.append(f"no float64 oracle ({blocker}): tensors judged at state_tol=1e-3")
+        return None, Judge(None, 1e-3)
+    return Float64Twin(module, opt, sched, loss_fn), Judge(Policy(), 1e-3)
+
+
+def _twin_step(twin, t_inputs, t_target, clip, notes, judge) -> Float64Twin | None:
+    """One step of the float64 twin; a twin that cannot run (a forward that pins float32) is
+    dropped at its first step, with a note, and the judge falls back to ``state_tol``."""
+    if twin is None:
+        return None
+    try:
+        inputs = tuple(Float64Twin.cast(x) for x in t_inputs)
+        _torch_step(twin.module, twin.opt, twin.sched, twin.loss_fn, inputs,
+                    Float64Twin.cast(t_target), *clip)  # fmt: skip
+    except (RuntimeError, TypeError, ValueError) as e:
+        notes.append(
+            f"no float64 oracle (the float64 copy of the torch run failed: "
+            f"{type(e).__name__}: {str(e).splitlines()[0][:200]}): tensors judged at "
+            "state_tol=1e-3 per tensor"
+        )
+        judge.policy = None
+        return None
+    return twin
 
 
 def _batches_and_steps(batches: Iterable[tuple[Any, Any]], steps: int | None):
@@ -406,7 +502,10 @@ def _optimizer_side(module, opt, sched, cand, clip_grad_norm, clip_grad_value):
     state_entries = {
         k: v for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")
     }
-    leaves = match_leaves(state_entries, cand.variables, what="the candidate's variables")
+    if cand.sources:
+        leaves = match_recorded(state_entries, cand.variables, cand.sources, what=cand.origin)
+    else:
+        leaves = match_leaves(state_entries, cand.variables, what=cand.origin)
     spec = read_optimizer(opt, module)
     tx, opt_state = from_torch_optimizer(
         opt,
@@ -419,17 +518,6 @@ def _optimizer_side(module, opt, sched, cand, clip_grad_norm, clip_grad_value):
     return leaves, spec, tx, opt_state
 
 
-def _diverged(
-    report: TrainingReport, step: int, what: str, table: dict[str, float], tol: float
-) -> None:
-    """Name the first entry of ``table`` past ``tol`` as the first divergence, unless one is
-    already named."""
-    if report.first_divergence is None:
-        bad = [(k, v) for k, v in table.items() if not v <= tol]
-        if bad:
-            report.first_divergence = Divergence(step, what, bad[0][0], bad[0][1])
-
-
 def _record_step(report: TrainingReport, step: int, tl: float, cl: float) -> None:
     """Record step ``step``'s torch and candidate losses and their relative difference."""
     report.torch_losses.append(tl)
@@ -437,14 +525,10 @@ def _record_step(report: TrainingReport, step: int, tl: float, cl: float) -> Non
     d = abs(cl - tl) / abs(tl) if tl != 0 else abs(cl - tl)
     report.loss_rel_diff.append(d if np.isfinite(d) else float("inf"))
     if report.first_divergence is None and not d <= report.tol:
-        report.first_divergence = Divergence(step, "loss", "loss", d)
-
-
-def _record_params(report: TrainingReport, step: int, step_params: dict[str, float]) -> None:
-    """Record step ``step``'s parameter differences (the report keeps the last step's)."""
-    report.param_drift.append(max(step_params.values(), default=0.0))
-    _diverged(report, step, "param", step_params, report.state_tol)
-    report.params = step_params
+        why = (
+            f"torch {tl:.7g}, candidate {cl:.7g}: relative difference {d:.3g} > tol {report.tol:g}"
+        )
+        report.first_divergence = Divergence(step, "loss", "loss", d, why=why)
 
 
 def _train_mode_notes(module, batch_norm: bool) -> list[str]:
@@ -490,45 +574,75 @@ def _torch_step(module, opt, sched, loss_fn, t_inputs, t_target, clip_grad_norm,
     return loss
 
 
-def _param_diffs(module, leaves, params, prefix) -> dict[str, float]:
-    """Each torch parameter's relative difference from its converted leaf in ``params``."""
-    flat = _flat(params)
-    step_params = {}
-    for name, t in module.named_parameters():
-        leaf = leaves[name]
-        step_params[name] = _rel(leaf.to_torch(flat[leaf.path[len(prefix) :]]), _np(t))
-    return step_params
+_WHATS = {"param": "params", "optimizer_state": "optimizer_state", "running_stat": "running_stats"}
 
 
-def _optimizer_state_diffs(opt, opt_state, module, leaves, prefix, group_names):
-    """Each optimizer slot (``param/slot``) against torch's: relative difference (absolute
-    for the step count)."""
-    slots = _slot_arrays(opt_state, leaves, prefix, group_names)
-    opt_diffs = {}
-    by_param = dict(module.named_parameters())
-    for key, got in slots.items():
-        name, _, slot = key.rpartition("/")
-        st = opt.state.get(by_param[name], {})
-        if slot == "step":
-            if "step" in st:
-                opt_diffs[key] = abs(float(got) - float(st["step"]))
-            continue
-        if st.get(slot) is not None:
-            opt_diffs[key] = _rel(got, _np(st[slot]))
-    return opt_diffs
+def _torch_tensors(module, opt, leaves) -> dict[str, dict[str, np.ndarray]]:
+    """A torch run's parameters, optimizer slots (``param/slot``; ``param/step`` as an
+    integer) and the running statistics the candidate holds, by kind."""
+    params = dict(module.named_parameters())
+    slots: dict[str, np.ndarray] = {}
+    for name, p in params.items():
+        for slot, v in opt.state.get(p, {}).items():
+            if hasattr(v, "detach"):
+                arr = _np(v)
+                slots[f"{name}/{slot}"] = arr.astype(np.int64) if slot == "step" else arr
+    stats = {
+        name: _np(t)
+        for name, t in module.state_dict().items()
+        if name not in params and name in leaves
+    }
+    return {
+        "param": {n: _np(t) for n, t in params.items()},
+        "optimizer_state": slots,
+        "running_stat": stats,
+    }
 
 
-def _running_stat_diffs(module, others, leaves, param_names) -> dict[str, float]:
-    """Each non-parameter state entry (running statistics) against its converted leaf."""
+def _candidate_tensors(module, leaves, params, prefix, others, opt_state, spec):
+    """The candidate's parameters, optimizer slots and running statistics, in torch layout
+    under torch's names (:func:`_torch_tensors`)."""
+    flat, flat_others = _flat(params), _flat(others)
+    slots = _slot_arrays(opt_state, leaves, prefix, spec.group_names)
+    for key in [k for k in slots if k.endswith("/step")]:
+        slots[key] = np.asarray(slots[key]).astype(np.int64)
+    names = [n for n, _ in module.named_parameters()]
     stats = {}
-    flat_others = _flat(others)
-    for name, t in module.state_dict().items():
-        if name in param_names or name not in leaves:
-            continue
-        got = flat_others.get(leaves[name].path)
-        if got is not None:
-            stats[name] = _rel(leaves[name].to_torch(got), _np(t))
-    return stats
+    for name, leaf in leaves.items():
+        got = flat_others.get(leaf.path)
+        if name not in names and got is not None:
+            stats[name] = leaf.to_torch(got)
+    return {
+        "param": {n: leaves[n].to_torch(flat[leaves[n].path[len(prefix) :]]) for n in names},
+        "optimizer_state": slots,
+        "running_stat": stats,
+    }
+
+
+def _judge_step(report: TrainingReport, judge: Judge, step: int, cand, ref, oracle) -> None:
+    """Judge every tensor after step ``step``; record the relative differences (the report
+    keeps the last step's) and the first divergence (the worst tensor of the first kind that
+    fails)."""
+    for what, attr in _WHATS.items():
+        table: dict[str, float] = {}
+        failed = []
+        for key, got in cand[what].items():
+            want = ref[what].get(key)
+            if want is None:
+                continue
+            truth = None if oracle is None else oracle[what].get(key)
+            m = judge.judge(key, got, want, truth)
+            table[key] = _rel(got, want)
+            if not m.passed:
+                failed.append(m)
+        setattr(report, attr, table)
+        if what == "param":
+            report.param_drift.append(max(table.values(), default=0.0))
+        if failed and report.first_divergence is None:
+            worst = max(failed, key=lambda m: m.severity)
+            report.first_divergence = Divergence(
+                step, what, worst.name, table[worst.name], judge.element(worst), judge.why(worst)
+            )
 
 
 def _flat(tree) -> dict[tuple[str, ...], Any]:

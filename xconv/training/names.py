@@ -4,10 +4,14 @@
 ``params/layer1_0_conv1/kernel``, transposed ``OIHW`` -> ``HWIO``; see
 :mod:`xconv.weights.flax_names`), ``to_jax`` keeps the ``state_dict`` name
 (``params["layer1"]["0"]["conv1"]["weight"]``). Optimizer state must follow the same path and
-the same transpose, so the correspondence is read off the two trees themselves: each torch
-entry goes to the leaf that holds its values, preferring the leaf its name predicts. The
-variables must therefore be the conversion of the module's current weights (as written by
-``torch-to-flax`` / ``to_jax``); a torch entry no leaf holds is a :class:`WeightsError`.
+the same transpose. Where the conversion recorded its names (``SOURCE_SCOPES`` /
+``SOURCE_NAMES`` in a generated ``model.py``, ``weight_names`` of a ``to_jax`` function),
+:func:`match_recorded` takes each torch entry's leaf from that record and the transpose from
+the values; a leaf whose values differ under every transpose is a stale conversion, reported
+as such (:class:`StaleWeightsError`). Without a record, :func:`match_leaves` reads the
+correspondence off the two trees themselves: each torch entry goes to the leaf that holds its
+values, preferring the leaf its name predicts; a torch entry no leaf holds is a
+:class:`WeightsError`.
 """
 
 from __future__ import annotations
@@ -89,6 +93,75 @@ def _rank(name: str, path: Path) -> int:
     return 4
 
 
+class StaleWeightsError(WeightsError):
+    """The conversion's record names a leaf for each torch entry, but some leaves hold other
+    values than the module's: the candidate was converted from older (or other) weights."""
+
+
+def _array(tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy() if hasattr(tensor, "detach") else np.asarray(tensor)
+
+
+def match_recorded(
+    state: Mapping[str, Any],
+    tree: Mapping[str, Any],
+    sources: Mapping[Path, str],
+    *,
+    what: str = "the variables",
+) -> dict[str, Leaf]:
+    """Map each torch entry of ``state`` to the leaf ``sources`` (leaf path -> the source
+    weight name the conversion recorded) names for it; the transpose is the one under which
+    the leaf holds the entry's values. Entries the record does not name are matched by value
+    (:func:`match_leaves`) among the leaves it does not claim.
+
+    Raises:
+        StaleWeightsError: a recorded leaf whose values differ from its torch entry under
+            every transpose (the message lists them, with the largest difference).
+    """
+    flat = {p: np.asarray(v) for p, v in flatten_tree(tree).items()}
+    by_name: dict[str, Path] = {}
+    for path, source in sources.items():
+        if path in flat:
+            by_name.setdefault(source, path)
+    out: dict[str, Leaf] = {}
+    stale: list[str] = []
+    unrecorded: dict[str, Any] = {}
+    for name, tensor in state.items():
+        path = by_name.get(name)
+        if path is None:
+            unrecorded[name] = tensor
+            continue
+        arr, got = _array(tensor), flat[path]
+        perms = [p for p in _perms(arr.ndim) if _moved(arr, p).shape == got.shape]
+        same = [p for p in perms if np.array_equal(got, _moved(arr, p).astype(got.dtype))]
+        if same:
+            out[name] = Leaf(name, path, same[0])
+            continue
+        if perms:
+            diff = np.max(np.abs(got.astype(np.float64) - _moved(arr, perms[-1])), initial=0.0)
+            stale.append(f"{name} (max difference {diff:.3g})")
+        else:
+            stale.append(f"{name} (shape {tuple(arr.shape)} against {tuple(got.shape)})")
+    if stale:
+        raise StaleWeightsError(
+            f"{what} holds weights that differ from the module's: {len(stale)} of "
+            f"{len(state)} tensor(s), "
+            + ", ".join(stale[:5])
+            + ("..." if len(stale) > 5 else "")
+            + ". Re-run the conversion (xconv torch-to-flax / xconv.to_flax) on the module as it "
+            "is now, or check the module whose weights it holds."
+        )
+    if unrecorded:
+        claimed = {leaf.path for leaf in out.values()}
+        rest = {p: v for p, v in flat.items() if p not in claimed}
+        out.update(_match_values(unrecorded, rest, what))
+    return out
+
+
+def _moved(arr: np.ndarray, perm: tuple[int, ...] | None) -> np.ndarray:
+    return arr if perm is None else arr.transpose(perm)
+
+
 def match_leaves(
     state: Mapping[str, Any], tree: Mapping[str, Any], *, what: str = "the variables"
 ) -> dict[str, Leaf]:
@@ -98,12 +171,16 @@ def match_leaves(
     Raises:
         WeightsError: an entry no unclaimed leaf holds; the message lists them all.
     """
-    flat = {p: np.asarray(v) for p, v in flatten_tree(tree).items()}
+    return _match_values(state, {p: np.asarray(v) for p, v in flatten_tree(tree).items()}, what)
+
+
+def _match_values(state: Mapping[str, Any], flat: dict[Path, Any], what: str) -> dict[str, Leaf]:
+    """:func:`match_leaves` over a flattened tree."""
     claimed: set[Path] = set()
     out: dict[str, Leaf] = {}
     missing: list[str] = []
     for name, tensor in state.items():
-        arr = tensor.detach().cpu().numpy() if hasattr(tensor, "detach") else np.asarray(tensor)
+        arr = _array(tensor)
         best: tuple[int, Leaf] | None = None
         for path in sorted(flat, key=lambda p: _rank(name, p)):
             rank = _rank(name, path)
