@@ -9,19 +9,58 @@ what Python does for a module that is not installed as far as ``import`` and
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: subset -> top-level modules that subset's install does not have.
-ABSENT = {
-    "torch": ("jax", "jaxlib", "flax", "optax", "orbax", "chex"),
-    "jax": ("torch", "torchvision", "onnxscript", "torch_geometric"),
+#: Distribution named in pyproject's extras -> the top-level modules it installs (with the
+#: optional ones it pulls in).
+MODULES = {
+    "torch": ("torch",),
+    "onnxscript": ("onnxscript",),
+    "onnxruntime": ("onnxruntime",),
+    "jax": ("jax", "jaxlib"),
+    "flax": ("flax",),
+    "msgpack": ("msgpack",),
+    "orbax-checkpoint": ("orbax",),
+    "optax": ("optax", "chex"),
+    "tensorflow-cpu": ("tensorflow", "keras"),
+    "tf2onnx": ("tf2onnx",),
+    "safetensors": ("safetensors",),
+    "pillow": ("PIL",),
 }
+#: Installed in the development venv by neither extra (the tests' own extras).
+_DEV_ONLY = ("torchvision", "torch_geometric")
+
+
+def _extras() -> dict[str, list[str]]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = data["project"]["optional-dependencies"]
+    names = {
+        key: [re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].lower() for req in reqs]
+        for key, reqs in extras.items()
+        if key not in ("all", "dev")
+    }
+    return names
+
+
+def absent_modules(subset: str) -> tuple[str, ...]:
+    """The modules that ``pip install "xconv[SUBSET]"`` does not install: those of every other
+    extra's distributions (read from pyproject.toml, so the simulated install is the real one)."""
+    extras = _extras()
+    have = {m for dist in extras[subset] for m in MODULES[dist]}
+    every = {m for dists in extras.values() for dist in dists for m in MODULES[dist]}
+    return tuple(sorted((every - have) | set(_DEV_ONLY)))
+
+
+#: subset -> top-level modules that subset's install does not have.
+ABSENT = {subset: absent_modules(subset) for subset in ("torch", "jax")}
 
 _RUN = """
 import sys

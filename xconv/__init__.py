@@ -18,6 +18,7 @@ from xconv.errors import (
     StaticValueError,
     UnsupportedAttributeError,
     UnsupportedOpError,
+    UsageError,
     WeightsError,
 )
 from xconv.errors import missing_framework as _missing_framework
@@ -106,6 +107,7 @@ __all__ = [
     "StaticValueError",
     "UnsupportedAttributeError",
     "UnsupportedOpError",
+    "UsageError",
     "WeightsError",
     "__version__",
     *_LAZY,

@@ -39,7 +39,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.converters.codegen import replace_dir
-from xconv.errors import ConversionError
+from xconv.errors import ConversionError, UsageError
 from xconv.weights.shards import CheckpointIndex, numpy_dtype
 from xconv.weights.stream import (
     INDEX_NAME,
@@ -168,7 +168,10 @@ def _example_inputs(cfg: Any, given: Sequence[Any] | None, shapes: tuple[str, ..
 
     inputs = tuple(given) if given is not None else default_inputs(cfg, shapes)
     if inputs is None:
-        raise ConversionError("no example inputs: give --input-shape (e.g. 1,16:int64)")
+        raise UsageError(
+            "no example inputs: the config has no vocab_size to make token ids from",
+            missing=[("--input-shape", "each input's shape, e.g. 1,16:int64 (repeatable)")],
+        )
     return tuple(torch.as_tensor(np.asarray(x)) if isinstance(x, np.ndarray) else x for x in inputs)
 
 
@@ -533,6 +536,7 @@ def _write_staged(
         else:
             parity = check_streamed(traced, stage, targets, progress=say)
         parity.to_json(stage / "parity.json")
+        parity.to_html(stage / "parity.html")
     replace_dir(stage, out)
     files = sorted(p for p in out.rglob("*") if p.is_file())
     return CheckpointResult(

@@ -96,6 +96,29 @@ class ParityConfigError(ConversionError, ValueError):
     exit_code = 2
 
 
+class UsageError(ConversionError, ValueError):
+    """The command needs more from the user before it can run: flags that are missing (all
+    named at once, each with the flag that supplies it), a file that needs ``--trust-pickle``
+    or ``--trust-code``, a path of the wrong kind.
+
+    Args:
+        message: What is missing and why.
+        missing: ``(flag, why)`` pairs, one per missing thing; each is listed on its own line
+            after the message.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, missing: Sequence[tuple[str, str]] = (), **kw) -> None:
+        self.missing = tuple(missing)
+        super().__init__(message, **kw)
+
+    def __str__(self) -> str:
+        lines = [super().__str__()]
+        lines += [f"  {flag}: {why}" for flag, why in self.missing]
+        return "\n".join(lines)
+
+
 @dataclass(frozen=True)
 class MissingOp:
     """One op type a backend lacks, as found by a whole-graph scan."""
@@ -252,5 +275,6 @@ EXIT_CODES: dict[type[ConversionError], int] = {
         MissingFrameworkError,
         ParityError,
         ParityConfigError,
+        UsageError,
     )
 }

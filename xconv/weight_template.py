@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from xconv.errors import ConversionError
+from xconv.errors import ConversionError, UsageError
 from xconv.weights import convert as _convert
 from xconv.weights import mapping as _mapping
 from xconv.weights.convert import Template, WeightsReport
@@ -59,9 +59,10 @@ def build_template(
     if example_inputs is not None:
         inputs = example_inputs
     if inputs is None:
-        raise ConversionError(
+        raise UsageError(
             "the template module needs example inputs to be traced: let the factory return "
-            "(module, inputs) or pass example_inputs / --input-shape"
+            "(module, inputs), or",
+            missing=[("--input-shape", "each input's shape (example_inputs=)")],
         )
     if not isinstance(inputs, tuple | list):
         inputs = (inputs,)

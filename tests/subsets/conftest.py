@@ -1,9 +1,9 @@
 """The subset tests run only where a subset is installed (or simulated): ``XCONV_SUBSET``.
 
-``XCONV_SUBSET=torch`` (torch + onnxruntime, no jax) or ``XCONV_SUBSET=jax`` (jax + flax +
-onnxruntime, no torch) selects the module for that subset. ``.ci/run`` builds one venv per
-subset and runs them; ``tests/test_subset_imports.py`` runs them in the default suite with the
-other framework blocked from import.
+``XCONV_SUBSET=torch`` (what ``pip install "xconv[torch]"`` installs: no jax) or
+``XCONV_SUBSET=jax`` (``xconv[jax]``: no torch) selects the module for that subset.
+``.ci/run`` builds one venv per subset and runs them; ``tests/test_subset_imports.py`` runs them
+in the default suite with every module the extra does not install blocked from import.
 """
 
 from __future__ import annotations

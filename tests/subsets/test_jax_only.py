@@ -1,8 +1,9 @@
-"""A JAX-only install (``pip install -e ".[jax,onnxruntime]"``, no torch) runs its directions."""
+"""A JAX-only install (``pip install -e ".[jax]"``, no torch) runs its directions."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 
 import flax.linen as nn
@@ -82,12 +83,17 @@ def test_to_flax_source_matches_the_source(tmp_path):
     )
 
 
-def test_cli_onnx_to_flax(tmp_path):
+@pytest.mark.parametrize("command", ["onnx-to-flax", "onnx-to-jax"])
+def test_cli_onnx_to_jax_and_flax(tmp_path, command):
+    """``pip install "xconv[jax]"`` completes the default conversions, parity included (the
+    reference is the .onnx file on onnxruntime, which the extra installs)."""
     path = xconv.save(build_demo_model(), tmp_path / "demo.onnx")
     out = tmp_path / "out"
-    r = CliRunner().invoke(main, ["onnx-to-flax", str(path), "-o", str(out)])
+    r = CliRunner().invoke(main, [command, str(path), "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert (out / "model.py").is_file()
+    report = json.loads((out / "parity.json").read_text())
+    assert (out / "model.py").is_file() and report["passed"] is True
+    assert "onnxruntime" in report["reference"]
 
 
 def test_missing_torch_is_the_not_installed_error(net_and_ir, tmp_path):
@@ -103,3 +109,44 @@ def test_missing_torch_is_the_not_installed_error(net_and_ir, tmp_path):
     r = CliRunner().invoke(main, ["onnx-to-torch", str(path), "-o", str(tmp_path / "t")])
     assert r.exit_code == MissingFrameworkError.exit_code == 7, r.output
     assert "xconv[torch]" in r.output and "Traceback" not in r.output
+
+
+def make_net():
+    """``flax-to-onnx``'s ``--module`` factory: the Flax module and its example input."""
+    return _Net(), (jnp.linspace(-1, 1, 108, dtype=jnp.float32).reshape(1, 6, 6, 3),)
+
+
+def make_fn():
+    """``jax-to-onnx``'s ``--module`` factory: ``(fn, params, example_inputs)``."""
+
+    def fn(params, x):
+        return jnp.tanh(x @ params["w"] + params["b"])
+
+    params = {"w": jnp.linspace(-1, 1, 12, dtype=jnp.float32).reshape(4, 3),
+              "b": jnp.array([0.1, -0.2, 0.3], jnp.float32)}  # fmt: skip
+    return fn, params, (jnp.arange(8, dtype=jnp.float32).reshape(2, 4) / 8,)
+
+
+@pytest.mark.parametrize(
+    ("command", "factory"), [("flax-to-onnx", make_net), ("jax-to-onnx", make_fn)]
+)
+def test_cli_flax_and_jax_to_onnx(tmp_path, command, factory):
+    """The README's extras table: ``xconv[jax]`` runs flax-to-onnx and jax-to-onnx, parity
+    included (the candidate .onnx on onnxruntime)."""
+    from flax import serialization
+
+    made = factory()
+    if command == "flax-to-onnx":
+        module, inputs = made
+        tree = module.init(jax.random.PRNGKey(0), *inputs)
+    else:
+        tree = made[1]
+    weights = tmp_path / "weights.msgpack"
+    weights.write_bytes(serialization.to_bytes(tree))
+    out = tmp_path / "out"
+    spec = f"{__file__}:{factory.__name__}"
+    r = CliRunner().invoke(main, [command, str(weights), "--module", spec, "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "parity.json").read_text())
+    assert (out / "model.onnx").is_file() and report["passed"] is True
+    assert "onnxruntime" in report["candidate"] + report["reference"]

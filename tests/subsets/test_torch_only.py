@@ -1,8 +1,9 @@
-"""A torch-only install (``pip install -e ".[torch,onnxruntime]"``, no jax) runs its directions."""
+"""A torch-only install (``pip install -e ".[torch]"``, no jax) runs its directions."""
 
 from __future__ import annotations
 
 import importlib
+import json
 
 import numpy as np
 import pytest
@@ -69,19 +70,25 @@ def test_cli_onnx_to_torch(tmp_path):
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["onnx-to-torch", str(path), "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert (out / "model.py").is_file()
+    assert (out / "model.py").is_file() and _passed(out)
 
 
-def test_cli_torch_to_onnx(net_and_ir, tmp_path):
+def _passed(out) -> bool:
+    return json.loads((out / "parity.json").read_text())["passed"] is True
+
+
+@pytest.mark.parametrize("shape", [["--input-shape", "2,3,6,6"], []], ids=["shape", "default"])
+def test_cli_torch_to_onnx(net_and_ir, tmp_path, shape):
+    """``pip install "xconv[torch]"`` completes the default conversion, parity included (its
+    candidate runs on onnxruntime, which the extra installs)."""
     net, x, _ = net_and_ir
     pt2 = tmp_path / "net.pt2"
     torch.export.save(torch.export.export(net, (x,)), pt2)
     out = tmp_path / "onnx"
-    r = CliRunner().invoke(
-        main, ["torch-to-onnx", str(pt2), "-o", str(out), "--input-shape", "2,3,6,6"]
-    )
+    r = CliRunner().invoke(main, ["torch-to-onnx", str(pt2), "-o", str(out), *shape])
     assert r.exit_code == 0, r.output
-    assert (out / "model.onnx").is_file()
+    assert (out / "model.onnx").is_file() and _passed(out)
+    assert "onnxruntime" in json.loads((out / "parity.json").read_text())["candidate"]
 
 
 def test_missing_jax_is_the_not_installed_error(net_and_ir, tmp_path):

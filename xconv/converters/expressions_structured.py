@@ -228,6 +228,12 @@ def conv_padding_of(c: TemplateCall, n: int) -> list[tuple[int, int]]:
         spatial is None or kernel is None or None in (*spatial, *kernel)
     ):
         raise c.fail(f"auto_pad {a['auto_pad']} over an input or kernel of unknown spatial size")
+    # Explicit pads and VALID do not depend on the sizes: symbolic ones (a dynamic height and
+    # width) stand in as 1.
+    if spatial is not None and None in spatial:
+        spatial = None
+    if kernel is not None and None in kernel:
+        kernel = None
     padding = conv_padding(
         c.node, a["auto_pad"], tuple(int(d) for d in spatial or (1,) * n),
         tuple(int(k) for k in kernel or (1,) * n), ints(a["strides"], n, 1),

@@ -27,7 +27,7 @@ import onnx_ir as ir
 from xconv.converters.codegen import replace_dir
 from xconv.errors import ConversionError
 from xconv.pipeline.checks import _check, _differential_check, _layerwise, _release_memory
-from xconv.pipeline.importers import _IMPORTERS
+from xconv.pipeline.importers import _IMPORTERS, import_model
 from xconv.pipeline.options import (
     APIS,
     LAYERWISE_BYTES,
@@ -237,6 +237,7 @@ __all__ = [
     "Progress",
     "bf16_differential_bound",
     "convert",
+    "import_model",
     "to_flax",
     "to_torch_source",
 ]

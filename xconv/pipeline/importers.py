@@ -17,8 +17,14 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from xconv.errors import ConversionError
+from xconv.errors import UsageError
 from xconv.pipeline.options import ConvertOptions, _Imported
+
+#: The flags that supply example inputs, listed by every "no example inputs" error.
+_INPUT_FLAGS = (
+    ("--input-shape", "each input's shape, e.g. 1,3,224,224 or 2,16:int64 (repeatable)"),
+    ("--inputs", "or an .npz file holding the example inputs in order"),
+)
 
 
 def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:
@@ -33,9 +39,16 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
         )
     )
     start = time.perf_counter()
-    if isinstance(source, str | os.PathLike):
+    if isinstance(source, str | os.PathLike) and Path(source).is_dir():
+        from xconv.converters.torch.importer.hub import load_folder
+
+        module, file_inputs, description = load_folder(source, trust_code=options.trust_code)
+    elif isinstance(source, str | os.PathLike):
         module, file_inputs = load_torch_model(
-            source, module_factory=options.module_factory, trust_pickle=options.trust_pickle
+            source,
+            module_factory=options.module_factory,
+            trust_pickle=options.trust_pickle,
+            need_inputs=inputs is None,
         )
         description = str(source)
     else:
@@ -44,9 +57,11 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
     loaded = time.perf_counter()
     inputs = inputs if inputs is not None else file_inputs
     if inputs is None and not _is_exported_program(module):
-        raise ConversionError(
-            "no example inputs: give --input-shape (e.g. 1,3,224,224, repeatable) or --inputs "
-            "FILE.npz; a .pt2 file carries its own"
+        raise UsageError(
+            f"no example inputs for {description}: a .pt2, a traced TorchScript archive, a "
+            "save_pretrained folder and a module with an example_input_array attribute record "
+            "theirs; this one does not",
+            missing=_INPUT_FLAGS,
         )
     programs: list[Any] = []
     model = from_torch(module, inputs, dynamic_batch=options.dynamic_batch, programs=programs)
@@ -118,7 +133,7 @@ def _import_flax(source: Any, options: ConvertOptions, given: Sequence[Any] | No
     if given is None and (options.input_shapes or options.inputs_npz):
         given = _numpy_inputs(options)
     if given is None:
-        raise ConversionError("no example inputs: give --input-shape or --inputs FILE.npz")
+        raise UsageError("no example inputs: the factory returned none", missing=_INPUT_FLAGS)
     if isinstance(source, tuple) and len(source) == 2:
         module, variables = source
         reference: Any = (module, variables)
@@ -146,9 +161,9 @@ def _flax_from_files(path: Path, options: ConvertOptions) -> tuple[Any, Any]:
     from xconv.weights.io import read_checkpoint, unflatten
 
     if not options.module_factory:
-        raise ConversionError(
-            "a Flax variables file needs --module pkg.mod:factory returning the module "
-            "(or (module, example_inputs))"
+        raise UsageError(
+            "a Flax variables file needs the module it belongs to",
+            missing=[("--module", "pkg.mod:factory returning the module (or (module, inputs))")],
         )
     built = resolve_factory(options.module_factory)()
     # The factory returns the module, (module, inputs) or (module, variables, inputs).
@@ -207,9 +222,9 @@ def _import_jax(source: Any, options: ConvertOptions, given: Sequence[Any] | Non
         from xconv.weights.io import read_checkpoint, unflatten
 
         if not options.module_factory:
-            raise ConversionError(
-                "a JAX params file needs --module pkg.mod:factory returning (fn, params) "
-                "or (fn, params, example_inputs)"
+            raise UsageError(
+                "a JAX params file needs the function it belongs to",
+                missing=[("--module", "pkg.mod:factory returning (fn, params[, inputs])")],
             )
         built = resolve_factory(options.module_factory)()
         fn, factory_inputs = built[0], (built[2] if len(built) > 2 else None)
@@ -219,7 +234,7 @@ def _import_jax(source: Any, options: ConvertOptions, given: Sequence[Any] | Non
     if given is None and (options.input_shapes or options.inputs_npz):
         given = _numpy_inputs(options)
     if given is None:
-        raise ConversionError("no example inputs: give --input-shape or --inputs FILE.npz")
+        raise UsageError("no example inputs: the factory returned none", missing=_INPUT_FLAGS)
     fn, params = source
     model = from_jax(fn, params, tuple(given))
     name = description or getattr(fn, "__name__", "fn")
@@ -233,3 +248,11 @@ _IMPORTERS: dict[str, Callable[[Any, ConvertOptions, Sequence[Any] | None], _Imp
     "jax": _import_jax,
     "tf": _import_tf,
 }
+
+
+def import_model(source: Any, source_kind: str, options: ConvertOptions | None = None) -> ir.Model:
+    """The IR of ``source`` as ``convert`` imports it (``xconv inspect`` reads every source
+    kind through here)."""
+    if source_kind not in _IMPORTERS:
+        raise UsageError(f"unknown source kind {source_kind!r}; choose one of {list(_IMPORTERS)}")
+    return _IMPORTERS[source_kind](source, options or ConvertOptions(check=False), None).model

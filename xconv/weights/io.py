@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from xconv.errors import ConversionError, InvalidModelError, WeightsError, require
+from xconv.errors import ConversionError, InvalidModelError, UsageError, WeightsError, require
 
 FORMATS = ("torch", "safetensors", "msgpack", "orbax", "npz")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -280,10 +280,18 @@ def _read_torch(path: Path, trust_pickle: bool) -> Flat:
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        # The weights-only unpickler refuses any class but tensors and plain containers
+        # ("Unsupported global"); any other refusal is a corrupt file.
+        if "Unsupported global" not in str(e):
+            raise InvalidModelError(
+                f"{path} is corrupt or not a PyTorch file (refused by the weights-only "
+                f"unpickler: {str(e).strip().splitlines()[0][:200] if str(e).strip() else e!r})"
+            ) from e
         if not trust_pickle:
-            raise ConversionError(
-                f"{path} holds pickled Python objects beyond tensors; loading it runs code from "
-                "the file. Re-run with trust_pickle=True (--trust-pickle) only if you trust it"
+            raise UsageError(
+                f"{path} holds pickled Python objects beyond tensors; loading it runs code "
+                "from the file",
+                missing=[("--trust-pickle", "only if you trust it (trust_pickle=True)")],
             ) from e
         obj = torch.load(str(path), map_location="cpu", weights_only=False)
     except Exception as e:

@@ -21,7 +21,12 @@ from xconv.converters.torch.importer.files import (  # noqa: E402
     inputs_from_npz,
     load_torch_model,
 )
-from xconv.errors import ConversionError, InvalidModelError, WeightsError  # noqa: E402
+from xconv.errors import (  # noqa: E402
+    ConversionError,
+    InvalidModelError,
+    UsageError,
+    WeightsError,
+)
 from xconv.ir.metadata import LAYER, LAYOUT, ROLE  # noqa: E402
 
 
@@ -83,13 +88,61 @@ def test_pt2_without_passing_inputs_uses_its_own(files):
 
 
 def test_torchscript(files):
-    module, inputs = load_torch_model(files["torchscript"])
-    assert isinstance(module, torch.jit.ScriptModule) and inputs is None
+    # torch.jit.load runs the archive's code: only with the trust flag, named in the refusal.
+    with pytest.raises(UsageError, match="--trust-pickle") as info:
+        load_torch_model(files["torchscript"])
+    assert info.value.exit_code == 2
+    module, inputs = load_torch_model(files["torchscript"], trust_pickle=True)
+    assert isinstance(module, torch.jit.ScriptModule)
     x, _, _ = _reference()
+    # A traced archive records its example inputs' shapes and dtypes.
+    assert [(t.shape, t.dtype) for t in inputs] == [(t.shape, t.dtype) for t in x]
     model = _check_converts(module, x, layers=False)
     # TorchScript loses the module stack but keeps class names: weights still get roles.
     props = model.graph.initializers["fc1.weight"].metadata_props
     assert (props[ROLE], props[LAYOUT]) == ("kernel", "OI")
+    # The interpreter fixes every size it reads: a symbolic batch is refused with the way out.
+    with pytest.raises(ConversionError, match=r"--dynamic-batch.*\.pt2"):
+        xconv.from_torch(module, x, dynamic_batch=True)
+    # The generated torch source names the source class (it said 'main_graph').
+    source, _ = xconv.to_torch_source(model, example_inputs=x)
+    assert "'fixtures.torch_models.MLP'" in source.split('"""')[1], source[:300]
+
+
+def test_traced_transformer_encoder(tmp_path):
+    """A traced nn.TransformerEncoder reads sizes as tensors (aten::size -> NumToTensor ->
+    Int): through TS2EPConverter every dimension was symbolic and torch.onnx refused the
+    data-dependent size arithmetic; traced through the interpreter it converts, at the
+    recorded input shape, and matches torch."""
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 5, 8)
+    path = tmp_path / "encoder.pt"
+    torch.jit.trace(encoder, (x,), check_trace=False).save(str(path))
+    module, inputs = load_torch_model(path, trust_pickle=True)
+    assert [tuple(t.shape) for t in inputs] == [(2, 5, 8)]
+    model = xconv.from_torch(module, (x,))
+    assert model.graph.name == "torch.nn.modules.transformer.TransformerEncoder"
+    fn, params = xconv.to_jax(model)
+    (got,) = fn(params, x.numpy())
+    with torch.no_grad():
+        want = encoder(x).numpy()
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+
+
+def test_torch_onnx_failure_is_summarised():
+    """torch.onnx's error was cut at its first line, "... Next steps:"; now its headline and
+    the exception that stopped it, with xconv's next step. (A traced convolution's
+    aten._convolution, which the TorchScript route decomposes, is left in to make it fail.)"""
+    from xconv.converters.torch.importer.trace import _export, _ScriptRoot, _to_ir
+
+    traced = torch.jit.trace(torch.nn.Conv2d(1, 1, 1).eval(), (torch.randn(1, 1, 2, 2),))
+    program = _export(_ScriptRoot(traced), (torch.randn(1, 1, 2, 2),), False)
+    with pytest.raises(ConversionError) as info:
+        _to_ir(program)
+    text = str(info.value)
+    assert "Next steps:" not in text and "\x1b[" not in text and "\n" not in text, text
+    assert "aten._convolution" in text and text.endswith("which names the node"), text
 
 
 @pytest.mark.parametrize("kind", ["state_dict", "safetensors"])
@@ -101,10 +154,14 @@ def test_state_dict_with_factory(files, kind):
 
 
 def test_state_dict_without_factory_is_explained(files):
-    with pytest.raises(ConversionError, match="module factory"):
-        load_torch_model(files["state_dict"])
-    with pytest.raises(ConversionError, match="module factory"):
-        load_torch_model(files["safetensors"])
+    for kind in ("state_dict", "safetensors"):
+        with pytest.raises(UsageError, match="--module pkg.mod:factory") as info:
+            load_torch_model(files[kind])
+        assert info.value.exit_code == 2
+        assert "--input-shape" not in str(info.value)  # the caller has inputs
+        with pytest.raises(UsageError) as info:
+            load_torch_model(files[kind], need_inputs=True)
+        assert [flag.split()[0] for flag, _ in info.value.missing] == ["--module", "--input-shape"]
 
 
 def test_state_dict_that_does_not_fit(files):
@@ -120,13 +177,56 @@ def test_bad_factory_strings(files):
 
 
 def test_pickled_module_needs_trust(files):
-    with pytest.raises(ConversionError, match="--trust-pickle") as info:
-        load_torch_model(files["pickled"])
-    assert not isinstance(info.value, InvalidModelError)
+    with pytest.raises(UsageError, match="--trust-pickle") as info:
+        load_torch_model(files["pickled"], need_inputs=True)
+    assert info.value.exit_code == 2
+    assert [flag for flag, _ in info.value.missing] == ["--trust-pickle", "--input-shape"]
     module, inputs = load_torch_model(files["pickled"], trust_pickle=True)
     assert isinstance(module, torch.nn.Module) and inputs is None
     x, _, _ = _reference()
     _check_converts(module, x)
+
+
+def test_pt2_with_a_pickled_payload_needs_trust(files, tmp_path):
+    """torch.export.load falls back to a full unpickle for sample inputs the weights-only
+    unpickler refuses: a crafted .pt2 ran os.system through the old loader."""
+    import io
+    import os
+    import zipfile
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    buf = io.BytesIO()
+    torch.save(Payload(), buf)
+    crafted = tmp_path / "crafted.pt2"
+    with zipfile.ZipFile(files["pt2"]) as src, zipfile.ZipFile(crafted, "w") as dst:
+        for info in src.infolist():
+            inputs = info.filename.endswith("sample_inputs/model.pt")
+            dst.writestr(info, buf.getvalue() if inputs else src.read(info.filename))
+    with pytest.raises(UsageError, match="sample_inputs/model.pt") as info:
+        load_torch_model(crafted)
+    assert info.value.exit_code == 2 and [f for f, _ in info.value.missing] == ["--trust-pickle"]
+    assert not marker.exists()
+
+
+def test_pickled_module_whose_class_is_not_importable(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "user_net.py").write_text("import torch\nclass Net(torch.nn.Linear):\n    pass\n")
+    monkeypatch.syspath_prepend(str(code))
+    net = importlib.import_module("user_net").Net(2, 2)
+    torch.save(net, tmp_path / "net.pt")
+    monkeypatch.delitem(sys.modules, "user_net")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(code)])
+    with pytest.raises(InvalidModelError, match="run xconv from the folder holding"):
+        load_torch_model(tmp_path / "net.pt", trust_pickle=True)
 
 
 @pytest.mark.parametrize(
@@ -154,7 +254,7 @@ def test_truncated_torchscript(tmp_path, files):
     path = tmp_path / "cut.pt"
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(InvalidModelError):
-        load_torch_model(path)
+        load_torch_model(path, trust_pickle=True)
 
 
 # -- example inputs ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import warnings
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,9 +36,9 @@ from onnx_ir.tensor_adapters import TorchTensor
 from torch import nn
 
 from xconv.converters.torch.importer import layers, rewrite
-from xconv.errors import ConversionError
+from xconv.errors import ConversionError, StaticValueError
 from xconv.ir import OPSET
-from xconv.ir.metadata import MODULE, SCOPE, SOURCE_LINE
+from xconv.ir.metadata import FX_GRAPH, FX_NODE, MODULE, SCOPE, SOURCE_LINE
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def from_torch(
         modules: dict[str, nn.Module] = {}
         state = dict(program.state_dict)
     elif isinstance(module, torch.jit.ScriptModule):
-        program = _from_torchscript(module, args)
+        program = _from_torchscript(module, args, dynamic_batch)
         # TorchScript keeps each submodule's class name (``original_name``), not its instance.
         modules = dict(module.named_modules())
         state = dict(program.state_dict)
@@ -124,9 +125,35 @@ def from_torch(
         )
     model = _to_ir(program)
     annotate(model, modules, state, dynamic_batch=dynamic_batch)
+    # Named after the source class, not torch.onnx's "main_graph": the generated sources'
+    # docstrings and model.onnx name the model the user converted.
+    model.graph.name = source_class(module, program) or model.graph.name
     if programs is not None:
         programs.append(program)
     return model
+
+
+_MANGLE = re.compile(r"___torch_mangle_\d+\.")
+
+
+def source_class(module: Any, program: Any = None) -> str | None:
+    """The qualified class of the model being converted (``models.SmallCNN``): an
+    ``nn.Module``'s type, a TorchScript module's recorded type, or the root entry of an
+    ``ExportedProgram``'s module stack."""
+    if isinstance(module, torch.jit.ScriptModule):
+        with contextlib.suppress(Exception):
+            name = module._c._type().qualified_name()
+            return _MANGLE.sub("", name).removeprefix("__torch__.")
+        return getattr(module, "original_name", None)
+    if isinstance(module, nn.Module):
+        cls = type(module)
+        return f"{cls.__module__}.{cls.__qualname__}".removeprefix("__main__.")
+    graph = getattr(program, "graph", None)
+    for node in graph.nodes if graph is not None else ():
+        for path, cls in (node.meta.get("nn_module_stack") or {}).values():
+            if path == "" and isinstance(cls, str):
+                return cls.removeprefix("__main__.")
+    return None
 
 
 def annotate(
@@ -224,20 +251,120 @@ def _check_batch_dynamic_in_program(program) -> None:
             )
 
 
-def _from_torchscript(module: torch.jit.ScriptModule, args: tuple[Any, ...] | None):
+class _ScriptRoot(nn.Module):
+    """A TorchScript module under a Python root, so that ``torch.export`` (non-strict) traces
+    through the TorchScript interpreter: export swaps the weights for fake tensors by name and
+    the interpreter dispatches every aten op to the tracer. Its control flow is resolved at
+    trace time, as Python's is; a branch on a tensor's value is refused with its source line.
+    (``TS2EPConverter`` left every dimension symbolic, so torch.onnx refused a traced
+    ``nn.TransformerEncoder``'s size arithmetic, and it rejects scripted ``prim::If``.)"""
+
+    def __init__(self, script: torch.jit.ScriptModule) -> None:
+        super().__init__()
+        self.script = script
+
+    def named_parameters(self, *args: Any, **kwargs: Any):
+        # TorchScript hands out plain tensors where export's verifier wants nn.Parameter: the
+        # same storage and the same requires_grad (nn.TransformerEncoderLayer's fused fast
+        # path, which no exporter translates, stays off as it does in eager mode).
+        for name, p in super().named_parameters(*args, **kwargs):
+            if not isinstance(p, nn.Parameter):
+                p = nn.Parameter(p, requires_grad=p.requires_grad)
+            yield name, p
+
+    def forward(self, *args: Any) -> Any:
+        return self.script(*args)
+
+
+#: A frame of the TorchScript interpreter's traceback, and the line its marker points at.
+_TS_FRAME = re.compile(r'File "([^"]+)", line (\d+), in \w+\n((?:.*\n)*?)\s*~+ <--- HERE')
+
+
+def _ts_source(text: str) -> tuple[str | None, str]:
+    """``(file:line, code)`` of the innermost frame of the original-code traceback the
+    TorchScript interpreter raises with."""
+    section = text.partition("Traceback of TorchScript, original code")[2]
+    frames = _TS_FRAME.findall(section)
+    if not frames:
+        return None, ""
+    path, line, body = frames[-1]
+    code = body.rstrip("\n").rsplit("\n", 1)[-1].strip()
+    return f"{path}:{line}", code
+
+
+def _from_torchscript(
+    module: torch.jit.ScriptModule, args: tuple[Any, ...] | None, dynamic_batch: bool
+) -> torch.export.ExportedProgram:
     if args is None:
         raise ConversionError("example_inputs are required to convert a TorchScript module")
-    try:
-        from torch._export.converter import TS2EPConverter
-
-        return TS2EPConverter(module, args).convert()
-    except Exception as e:
+    if dynamic_batch:
+        # Measured on torch 2.13: the interpreter turns every size it reads into an int, so
+        # export reports the batch constraint violated even for a plain CNN.
         raise ConversionError(
-            f"cannot convert the TorchScript module to an ExportedProgram: {_first_line(e)}"
-        ) from e
+            "dynamic_batch (--dynamic-batch) is not available for a TorchScript module: its "
+            "interpreter fixes every size it reads. Convert at a fixed batch, or export the "
+            "model with torch.export (a torch.export.Dim for dimension 0) and convert the .pt2"
+        )
+    try:
+        # A failing trace prints the graph so far; the raised error says what matters.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            program = _export(_ScriptRoot(module), args, dynamic_batch)
+    except ConversionError as e:
+        raise _torchscript_error(e) from e.__cause__
+    # A traced convolution records aten::_convolution, which torch.onnx does not translate.
+    conv = torch.ops.aten._convolution.default
+    if any(n.target is conv for n in program.graph.nodes):
+        program = program.run_decompositions(
+            {conv: lambda *a: torch.ops.aten.convolution.default(*a[:9])}
+        )
+    return _unwrap(program, "script")
+
+
+def _torchscript_error(e: ConversionError) -> ConversionError:
+    """The export failure of a TorchScript module, with the user's source line the
+    interpreter reports and the next step."""
+    cause = e.__cause__
+    text = str(cause) if cause is not None else str(e)
+    line, code = _ts_source(text)
+    code = f" (`{code}`)" if code else ""
+    if "data-dependent" in text or "GuardOnDataDependent" in text:
+        return StaticValueError(
+            f"the TorchScript module branches on a tensor's value{code}, which one static "
+            "graph cannot hold. Next step: trace the module (torch.jit.trace) to keep the "
+            "branch its example takes, or export it with torch.export (torch.cond for both "
+            "branches) and convert the .pt2",
+            source_line=line,
+        )
+    return ConversionError(
+        f"cannot trace the TorchScript module{code}: {_first_line(cause or e).rstrip('.')}. "
+        "Next step: "
+        "export the model with torch.export.save and convert the .pt2",
+        source_line=line,
+    )
+
+
+def _unwrap(program: torch.export.ExportedProgram, name: str) -> torch.export.ExportedProgram:
+    """Drop the ``_ScriptRoot`` level from a program traced through it, in place: weights
+    keep the TorchScript module's own state_dict keys and nodes its (empty) module stack."""
+    prefix = name + "."
+
+    def strip(target: str | None) -> str | None:
+        return target[len(prefix) :] if target and target.startswith(prefix) else target
+
+    signature = program.graph_signature
+    for spec in (*signature.input_specs, *signature.output_specs):
+        spec.target = strip(spec.target)
+    for table in (program.state_dict, program.constants):  # read-only attributes: in place
+        items = [(strip(k), v) for k, v in table.items()]
+        table.clear()
+        table.update(items)
+    for node in program.graph.nodes:
+        node.meta.pop("nn_module_stack", None)
+    return program
 
 
 def _to_ir(program) -> ir.Model:
+    source = program
     try:
         # The exporter prints progress lines, warns that torchvision's ops are not registered
         # and trips torch's own pytree deprecation warning; the library never prints.
@@ -260,7 +387,8 @@ def _to_ir(program) -> ir.Model:
         raise
     except Exception as e:
         raise ConversionError(
-            f"torch.onnx could not translate the exported program: {_first_line(e)}"
+            f"torch.onnx could not translate the exported program: {_onnx_summary(e)}. Next "
+            "step: re-run with --debug for the exporter's full report, which names the node"
         ) from e
     finally:
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(level)
@@ -270,7 +398,110 @@ def _to_ir(program) -> ir.Model:
         from xconv.converters.onnx.io import load
 
         model = load(model)
+    try:
+        record_fx_sources(model, onnx_program.exported_program, source)
+    except Exception:  # noqa: BLE001 (marks only help the layerwise cuts, which fall back to names)
+        logger.debug("could not record the IR values' program nodes", exc_info=True)
     return model
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _onnx_summary(e: BaseException) -> str:
+    """torch.onnx's error in one line: its headline without the step counter and the advice
+    list, and its "Exception summary" (the exception that stopped it)."""
+    text = _ANSI.sub("", str(e)).strip()
+    head = text.splitlines()[0] if text else type(e).__name__
+    head = re.split(r"\s*(?:This is step \d+/\d+|Next steps:)", head)[0].rstrip(" .")
+    summary = text.partition("## Exception summary")[2].strip()
+    if summary:
+        first = " ".join(summary.split("\n\n")[0].split()).split(" \u2b06")[0]
+        first = re.sub(r"^<class '(?:[\w.]+\.)?(\w+)'>:\s*", r"\1: ", first)
+        if len(first) > 300:
+            first = first[:299] + "\u2026"
+        head = f"{head} ({first.rstrip('.')})"
+    return head
+
+
+def record_fx_sources(model: ir.Model, decomposed: Any, program: Any) -> int:
+    """Mark each IR value with the nodes of ``program`` (the caller's, before torch.onnx's
+    decompositions) it computes: ``value.meta[FX_NODE]``, a tuple of names (in memory only).
+
+    The IR's value names are the *decomposed* program's node names, which torch renumbers
+    (a ``reshape`` becomes ``view_5``, shifting every later ``view_N``), so a name can denote
+    another tensor in ``program``. The decomposed nodes keep their provenance
+    (``node.meta["from_node"]``); for each node of ``program``, the last decomposed node it
+    became with its shape and dtype is the value the layerwise check cuts at. A node inside
+    a higher-order op's subgraph (``wrap_with_set_grad_enabled``, which the decompositions
+    inline) traces back to the higher-order call; it is marked ``"{call}:{name}"``. The sizes
+    of a dynamic-shape program's inputs, which the decompositions read anew (no provenance),
+    are matched by input and dimension.
+    ``model.meta[FX_GRAPH]`` holds a weak reference to ``program.graph``: the marks name
+    that graph's nodes. Returns the number of values marked.
+    """
+    if decomposed is None or program is None:
+        return 0
+    graphs = {id(gm.graph): gm.graph for gm in program.graph_module.modules()}
+    top = {n.name: n for n in program.graph.nodes}
+    sizes: dict[tuple[str, int], list[str]] = {}  # a dynamic dim, read anew by the decomposition
+    for n in program.graph.nodes:
+        if _input_size(n) is not None:
+            sizes.setdefault(_input_size(n), []).append(n.name)
+    picked: dict[str, str] = {}  # mark -> decomposed node name (the last one wins)
+    for node in decomposed.graph.nodes:
+        root = _fx_root(node, graphs)
+        original = top.get(root.name) if root is not None else None
+        if original is None:
+            for name in sizes.get(_input_size(node), ()):  # type: ignore[arg-type]
+                picked[name] = node.name
+        elif _subgraph_call(original):
+            picked[f"{root.name}:{node.name}"] = node.name
+        elif _same_meta(node.meta.get("val"), original.meta.get("val")):
+            picked[root.name] = node.name
+    marks: dict[str, list[str]] = {}
+    for mark, name in picked.items():
+        marks.setdefault(name, []).append(mark)
+    marked = 0
+    for n in model.graph.all_nodes():
+        for value in n.outputs:
+            if value.name in marks:
+                value.meta[FX_NODE] = tuple(marks[value.name])
+                marked += 1
+    model.meta[FX_GRAPH] = weakref.ref(program.graph)
+    return marked
+
+
+def _input_size(node: Any) -> tuple[str, int] | None:
+    """``(input, dim)`` for ``aten.sym_size.int(input, dim)`` of a program input."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.sym_size.int:
+        return None
+    source, dim = node.args
+    return (source.name, dim) if getattr(source, "op", None) == "placeholder" else None
+
+
+def _fx_root(node: Any, graphs: Mapping[int, Any]) -> Any:
+    """The first node ``node`` derives from (``from_node`` chain), if in one of ``graphs``."""
+    sources = node.meta.get("from_node") or ()
+    if not sources:
+        return None
+    source = sources[-1]
+    while source.from_node:
+        source = source.from_node[-1]
+    return source if source.graph_id in graphs else None
+
+
+def _subgraph_call(node: Any) -> bool:
+    """A higher-order op call: an argument is a ``get_attr`` of a subgraph."""
+    return node.op == "call_function" and any(
+        isinstance(a, torch.fx.Node) and a.op == "get_attr" for a in node.args
+    )
+
+
+def _same_meta(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
+    return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor)
 
 
 def _first_line(e: BaseException) -> str:
