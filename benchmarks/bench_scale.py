@@ -181,9 +181,15 @@ class Run:
     tail: str = ""
 
 
+#: Folders put before the repository on every child's ``PYTHONPATH`` (``--transformers``:
+#: another transformers release installed with ``pip install --no-deps --target DIR``).
+PATH_FIRST: list[str] = []
+
+
 def _child(argv: list[str], cwd: Path) -> Run:
     """Run ``argv`` in a fresh process; its wall time and its own peak RSS."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TERM="dumb")
+    path = os.pathsep.join([*PATH_FIRST, str(ROOT)])
+    env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1", TERM="dumb")
     run = run_measured(argv, env=env, cwd=cwd)
     return Run(
         run.seconds, run.peak_gib, run.returncode, tail=run.stdout[-4000:] + run.stderr[-4000:]
@@ -192,7 +198,7 @@ def _child(argv: list[str], cwd: Path) -> Run:
 
 _MAKE = """
 import json, sys, time, torch
-sys.path.insert(0, {root!r})
+sys.path.append({root!r})
 from benchmarks.bench_scale import ROWS
 torch.manual_seed(0)
 module, args = ROWS[{name!r}]()
@@ -201,7 +207,10 @@ params = sum(p.numel() for p in module.parameters())
 t = time.perf_counter()
 program = torch.export.export(module, args, strict=False)
 torch.export.save(program, {pt2!r})
-print(json.dumps({{"params": params, "export_s": time.perf_counter() - t}}))
+import importlib.metadata as md, transformers
+versions = {{"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+            "jax": md.version("jax")}}
+print(json.dumps({{"params": params, "export_s": time.perf_counter() - t, "versions": versions}}))
 """
 
 _ONNX = """
@@ -222,7 +231,8 @@ def measure(name: str, work: Path, commands=COMMANDS) -> dict:
     if made.rc != 0:
         raise RuntimeError(f"{name}: building the model failed:\n{made.tail}")
     info = json.loads(made.tail.strip().splitlines()[0])
-    row: dict = {"model": name, "params": info["params"], "pt2_bytes": pt2.stat().st_size}
+    row: dict = {"model": name, "params": info["params"], "pt2_bytes": pt2.stat().st_size,
+                 "versions": info["versions"]}  # fmt: skip
     onnx = _child([sys.executable, "-c", _ONNX.format(pt2=str(pt2))], work)
     row["onnx"] = {
         "s": onnx.seconds,
@@ -264,9 +274,12 @@ def render(rows: list[dict], notes: list[str]) -> str:
     labels = [label for label, _ in COMMANDS]
     head = ["model", "params", ".pt2 GiB", "torch.onnx.export s / peak GiB"]
     head += [f"xconv {label} s / peak GiB" for label in labels]
-    head += ["conversion / export", "peak budget GiB", "parity"]
+    head += ["conversion / export", "peak budget GiB", "parity", "transformers / torch / jax"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
+        if "legacy" in r:  # measured before rows recorded their versions: kept as written
+            lines.append(r["legacy"].rstrip().rstrip("|").rstrip() + " | not recorded |")
+            continue
         cells = [r["model"], f"{r['params'] / 1e6:.0f} M", _gib(r["pt2_bytes"])]
         o = r["onnx"]
         cells.append(f"{o['s']:.1f} / {o['peak_gib']:.2f}" if o["rc"] == 0 else "failed")
@@ -289,17 +302,24 @@ def render(rows: list[dict], notes: list[str]) -> str:
             cells.append(f"{verdict} ({p['policy']}{blocks})")
         else:
             cells.append("-")
+        v = r.get("versions") or {}
+        cells.append(" / ".join(v.get(k, "?") for k in ("transformers", "torch", "jax")))
         lines.append("| " + " | ".join(cells) + " |")
     stages = []
     for r in rows:
+        if "legacy" in r:
+            stages.extend([r["legacy_stages"]] if r.get("legacy_stages") else [])
+            continue
         conv = r.get("torch-to-flax", {}).get("stages")
         checked = r.get("torch-to-flax + parity", {}).get("stages")
         if conv or checked:
             o = r["onnx"]
             base = f"torch.onnx.export call {o['call_s']:.1f} of {o['s']:.1f}; " if o.get(
                 "call_s") else ""  # fmt: skip
+            tf = (r.get("versions") or {}).get("transformers", "?")
             stages.append(
-                f"- {r['model']}: {base}`--no-check`: {conv or '-'}; with parity: {checked or '-'}"
+                f"- {r['model']} (transformers {tf}): {base}`--no-check`: {conv or '-'}; "
+                f"with parity: {checked or '-'}"
             )
     if stages:
         stages = [
@@ -326,7 +346,10 @@ def _preamble() -> list[str]:
         "to exit (Python start, imports and loading the `.pt2` included, for both sides) and",
         "its peak RSS. `conversion / export` is `xconv torch-to-flax --no-check` over",
         "`torch.onnx.export` (the target: <= 2x). The peak budget is the issue's bound for the",
-        "whole command with parity: 2 x the model's bytes + 1.5 GiB.",
+        "whole command with parity: 2 x the model's bytes + 1.5 GiB. Each row names the",
+        "transformers, torch and jax releases it ran on (export and conversion under the same",
+        "ones; `--transformers DIR` runs another transformers release); rows are kept per",
+        "(model, transformers release) in `benchmarks/scale.json`, each run replacing its own.",
     ]
 
 
@@ -335,22 +358,56 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", default=",".join(KEYS), help=f"comma list of {list(KEYS)}")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale.md")
+    parser.add_argument(
+        "--store",
+        type=Path,
+        default=ROOT / "benchmarks" / "scale.json",
+        help="every row measured so far, per (model, transformers release)",
+    )
+    parser.add_argument("--transformers", type=Path, default=None,
+                        help="a folder holding another transformers release "
+                        "(pip install --no-deps --target DIR transformers==X)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.transformers is not None:
+        PATH_FIRST.append(str(args.transformers.resolve()))
     keys = {**KEYS, **EXTRA_KEYS}
     names = [keys[k.strip()] for k in args.rows.split(",") if k.strip()]
-    rows = []
+    rows = json.loads(args.store.read_text()) if args.store.is_file() else []
     load = os.getloadavg()
     for name in names:
         work = Path(tempfile.mkdtemp(prefix="xconv-scale-", dir=args.work))
         try:
             t = time.perf_counter()
-            rows.append(measure(name, work))
-            print(f"{name}: {time.perf_counter() - t:.0f} s", json.dumps(rows[-1]), flush=True)
+            row = measure(name, work)
+            row["machine"] = _notes(load)[0]
+            rows = _merge(rows, row)
+            print(f"{name}: {time.perf_counter() - t:.0f} s", json.dumps(row), flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
             # Written after every row, so a long run leaves what it measured so far.
-            _write(args.out, render(rows, _notes(load)))
-    print(render(rows, _notes(load)))
+            args.store.write_text(json.dumps(rows, indent=1) + "\n")
+            _write(args.out, render(rows, _machines(rows)))
+    _write(args.out, render(rows, _machines(rows)))  # --rows '': the stored rows, rendered
+    print(render(rows, _machines(rows)))
+
+
+def _merge(rows: list[dict], row: dict) -> list[dict]:
+    """``rows`` with ``row`` in place of the one for the same model and transformers release
+    (a row without recorded versions, for the same model, included), in :data:`ROWS` order."""
+
+    def key(r: dict) -> tuple[str, str]:
+        return r["model"], (r.get("versions") or {}).get("transformers", "")
+
+    kept = [r for r in rows if key(r) != key(row) and not ("legacy" in r and r["model"] ==
+                                                          row["model"])]  # fmt: skip
+    order = list(ROWS)
+    return sorted(
+        [*kept, row],
+        key=lambda r: (
+            order.index(r["model"]) if r["model"] in order else 99,
+            key(r)[1],
+        ),  # fmt: skip
+    )
 
 
 def _write(path: Path, table: str) -> None:
@@ -360,6 +417,15 @@ def _write(path: Path, table: str) -> None:
     old = path.read_text() if path.is_file() else ""
     kept = old[old.index(BEGIN) : old.index(END) + len(END)] if BEGIN in old and END in old else ""
     path.write_text(table.rstrip("\n") + ("\n\n" + kept if kept else "") + "\n")
+
+
+def _machines(rows: list[dict]) -> list[str]:
+    """Where and under what load each row ran (rows come from different runs)."""
+    lines = []
+    for r in rows:
+        tf = (r.get("versions") or {}).get("transformers", "versions not recorded")
+        lines.append(f"- {r['model']} ({tf}): {r.get('machine', '?')}")
+    return ["Machines:", "", *lines] if lines else []
 
 
 def _notes(load: tuple[float, ...]) -> list[str]:
