@@ -60,7 +60,10 @@ RTOL = 1e-4
 TIMES = [True]
 MIN_SCALE = 1e-3
 
-TORCH_DIRECTIONS = ("torch-to-jax", "torch-to-flax", "torch-to-torch-source")
+#: The last torch column: every target of the row at two other input shapes (batch 1 and
+#: batch+1, the other symbolic dims shorter and longer), see :func:`other_shapes`.
+OTHER_SHAPES = "runs at other shapes"
+TORCH_DIRECTIONS = ("torch-to-jax", "torch-to-flax", "torch-to-torch-source", OTHER_SHAPES)
 KERAS_DIRECTIONS = ("keras-to-jax", "keras-to-flax", "keras-to-torch")
 KERAS_KIND = "keras.applications"
 FLAX_DIRECTIONS = ("flax-to-jax", "flax-to-torch", "flax-to-torch-source")
@@ -127,6 +130,8 @@ class Cell:
 
     def text(self) -> str:
         parts = [self.verdict]
+        if self.verdict == "pass" and self.cause:  # what a passing cell covered
+            parts[0] += f" ({self.cause})"
         if self.rel_err is not None:
             parts.append(f"{self.rel_err:.1e}")
         if self.ref_err is not None:
@@ -220,15 +225,82 @@ def _import(path: Path):
     return mod
 
 
-def _flax_run(model, inputs, where: Path) -> Callable[[], tuple]:
+def _flax_run(model, inputs, where: Path, keep: dict | None = None) -> Callable[[], tuple]:
     import xconv
 
     def run():
         out = xconv.to_flax(model, where, example_inputs=inputs)
         flax_model, variables = _import(out / "model.py").load(out)
+        if keep is not None:
+            keep["flax"] = lambda *xs: flax_model.apply(variables, *xs)
         return flax_model.apply(variables, *inputs)
 
     return run
+
+
+def other_shapes(model, inputs: tuple[np.ndarray, ...]) -> tuple[list, list[str]]:
+    """Two input sets at other shapes than the example's, from the converted IR's symbolic
+    dims: ``batch`` 1 with the other symbolic dims shorter (5/8 of the example's), and batch+1
+    with them longer (3/2). Each input is cropped or tiled along the resized axes (token ids
+    stay in the vocabulary, masks stay masks). Returns ``(sets, resized dim names)``; no sets
+    when the conversion kept every dim at the example's size."""
+    sizes: dict[str, int] = {}
+    for value, x in zip(model.graph.inputs, inputs, strict=True):
+        for axis, dim in enumerate(value.shape or ()):
+            if not isinstance(dim, int) and getattr(dim, "value", None):
+                sizes.setdefault(dim.value, x.shape[axis])
+    if not sizes:
+        return [], []
+
+    def size(name: str, n: int, small: bool) -> int:
+        if name == "batch" or name.startswith("batch"):
+            return 1 if small else n + 1
+        return max(2, n * 5 // 8) if small else n * 3 // 2
+
+    sets = []
+    for small in (True, False):
+        want = {name: size(name, n, small) for name, n in sizes.items()}
+        arrays = []
+        for value, x in zip(model.graph.inputs, inputs, strict=True):
+            for axis, dim in enumerate(value.shape or ()):
+                if not isinstance(dim, int) and getattr(dim, "value", None) in want:
+                    x = np.take(x, np.arange(want[dim.value]) % x.shape[axis], axis=axis)
+            arrays.append(np.ascontiguousarray(x))
+        sets.append(tuple(arrays))
+    return sets, sorted(sizes)
+
+
+def _other_shapes_cell(model, module, inputs, runners: dict) -> Cell:
+    """Every target of the row (to_jax, the generated Flax and torch source) at the two
+    :func:`other_shapes` sets against the torch module at the same inputs: ``pass (batch,
+    seq)`` names the dims that varied; ``fixed`` when the conversion kept every dim."""
+    import torch
+
+    start = time.perf_counter()
+    sets, names = other_shapes(model, inputs)
+    if not sets:
+        return Cell("fixed", None, time.perf_counter() - start, "every dim at the example's")
+    worst, shown = 0.0, []
+    for arrays in sets:
+        try:
+            with torch.no_grad():
+                out = module(*(torch.from_numpy(a) for a in arrays))
+        except Exception as e:  # noqa: BLE001 (the source itself rejects the shape)
+            text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return Cell("error", None, time.perf_counter() - start,
+                        f"the torch module rejects {[a.shape for a in arrays]}: {text}"[:160])  # fmt: skip
+        outs = out.to_tuple() if hasattr(out, "to_tuple") else out
+        outs = outs if isinstance(outs, tuple | list) else (outs,)
+        want = [_numpy(t).astype(np.float64) for t in outs if isinstance(t, torch.Tensor)]
+        shown.append("x".join(str(d) for d in arrays[0].shape))
+        for target, run in runners.items():
+            cell = _cell(lambda run=run: run(*arrays), want)
+            if cell.verdict != "pass":
+                cause = f"{target} at {shown[-1]}: {cell.cause or cell.verdict}"
+                return Cell(cell.verdict, cell.rel_err, time.perf_counter() - start, cause[:160])
+            worst = max(worst, cell.rel_err or 0.0)
+    detail = f"{', '.join(names)}: {' and '.join(shown)}"
+    return Cell("pass", worst, time.perf_counter() - start, detail)
 
 
 def _auto_build(name: str):
@@ -269,8 +341,11 @@ def torch_row(name: str, where: Path) -> tuple[list[Cell], float]:
     import_s = time.perf_counter() - start
     inputs = tuple(a.numpy() for a in args)
 
+    keep: dict = {}
+
     def jax_run():
         fn, params = xconv.to_jax(model)
+        keep["to_jax"] = lambda *xs: fn(params, *xs)
         return fn(params, *inputs)
 
     def source_run():
@@ -279,14 +354,21 @@ def torch_row(name: str, where: Path) -> tuple[list[Cell], float]:
         exec(compile(source, "generated", "exec"), namespace)  # noqa: S102
         generated = namespace["Model"]().eval()
         generated.load_state_dict(state)
-        with torch.no_grad():
-            return generated(*args)
+
+        def run(*xs):
+            with torch.no_grad():
+                return generated(*(torch.from_numpy(x) for x in xs))
+
+        keep["torch source"] = run
+        return run(*inputs)
 
     cells = [
         _cell(jax_run, want),
-        _cell(_flax_run(model, inputs, where / f"{name}_flax"), want),
+        _cell(_flax_run(model, inputs, where / f"{name}_flax", keep), want),
         _cell(source_run, want),
     ]
+    runners = {k: keep[k] for k in ("to_jax", "flax", "torch source") if k in keep}
+    cells.append(_other_shapes_cell(model, module, inputs, runners))
     if "torch2jax" in PEERS:
         from benchmarks.zoo_peers import torch2jax_run
 
