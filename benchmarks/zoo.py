@@ -294,7 +294,7 @@ def _other_shapes_cell(model, module, inputs, runners: dict) -> Cell:
         want = [_numpy(t).astype(np.float64) for t in outs if isinstance(t, torch.Tensor)]
         shown.append("x".join(str(d) for d in arrays[0].shape))
         for target, run in runners.items():
-            cell = _cell(lambda run=run: run(*arrays), want)
+            cell = _cell(lambda run=run, arrays=arrays: run(*arrays), want)
             if cell.verdict != "pass":
                 cause = f"{target} at {shown[-1]}: {cell.cause or cell.verdict}"
                 return Cell(cell.verdict, cell.rel_err, time.perf_counter() - start, cause[:160])
