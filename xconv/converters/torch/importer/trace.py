@@ -229,6 +229,8 @@ def _export(
     kept for :func:`shapes.fixed_of`."""
     kwargs = args if isinstance(args, dict) else None
     batch = torch.export.Dim(BATCH_DIM) if dynamic_batch else None
+    # A forward(*args) (a TorchScript root, a wrapped function) takes them as one input.
+    varargs = kwargs is None and _takes_varargs(module)
     if static:
         tries = [(args, shapes.batch_spec(args, batch) if batch is not None else None, False)]
         if dynamic_batch and shapes.ones(args)[0]:
@@ -246,6 +248,8 @@ def _export(
     for traced_args, dynamic_shapes, repeated in tries:
         kw = traced_args if kwargs is not None else None
         positional = () if kwargs is not None else traced_args
+        if varargs and dynamic_shapes is not None:
+            dynamic_shapes = (tuple(dynamic_shapes),)
         try:
             with shapes.recording_specialisations() as records, _quiet_specialisation():
                 program = torch.export.export(
@@ -276,6 +280,19 @@ def _export(
     if dynamic_batch:
         _check_batch_dynamic_in_program(program)
     return program
+
+
+def _takes_varargs(module: nn.Module) -> bool:
+    """``module.forward`` takes its inputs as ``*args`` only."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and all(p.kind is p.VAR_POSITIONAL for p in params[:1]) and not [
+        p for p in params[1:] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
 
 
 @contextlib.contextmanager
