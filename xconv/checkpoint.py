@@ -95,6 +95,7 @@ def from_checkpoint(
     config: Any = None,
     example_inputs: Sequence[Any] | None = None,
     dynamic_batch: bool = False,
+    static: bool = False,
     input_shapes: tuple[str, ...] = (),
     on_checked: Callable[[CheckpointIndex, Any], None] | None = None,
     repeat: bool = True,
@@ -108,7 +109,9 @@ def from_checkpoint(
         config: ``config.json`` path, a dict, or None for a factory taking no config.
         example_inputs: Inputs to trace with (default: token ids ``(1, 8)`` when the config has
             a ``vocab_size``).
-        dynamic_batch: Symbolic batch dimension.
+        dynamic_batch: Require a symbolic batch dimension (refused when the model fixes it).
+        static: Trace at the example shapes; by default every input dimension is symbolic
+            unless the model fixes it (``xconv.fixed_dims`` metadata), as in ``from_torch``.
         input_shapes: ``--input-shape`` strings instead of ``example_inputs``.
         on_checked: Called with the index and the weightless module (``MetaModule``) once the
             checkpoint was checked against it, before the trace (the early stream starts here).
@@ -135,7 +138,7 @@ def from_checkpoint(
     if on_checked is not None:
         on_checked(index, meta)
     inputs = _example_inputs(cfg, example_inputs, input_shapes)
-    model, program, route = _trace(meta.module, inputs, dynamic_batch, repeat)
+    model, program, route = _trace(meta.module, inputs, dynamic_batch, repeat, static)
     logger.info("trace route: %s", route)
     names = set(model.graph.initializers)
     state = {k: v for k, v in meta.module.state_dict().items() if k in names}
@@ -175,13 +178,21 @@ def _example_inputs(cfg: Any, given: Sequence[Any] | None, shapes: tuple[str, ..
     return tuple(torch.as_tensor(np.asarray(x)) if isinstance(x, np.ndarray) else x for x in inputs)
 
 
-def _trace(module: Any, inputs: tuple, dynamic_batch: bool, repeat: bool) -> tuple:
+def _trace(
+    module: Any, inputs: tuple, dynamic_batch: bool, repeat: bool, static: bool = False
+) -> tuple:
     """``(IR, program, route)``: the repeated block list traced with two entries when
-    ``repeat`` and its preconditions hold, else the full trace (``route`` says which)."""
+    ``repeat`` and its preconditions hold, else the full trace (``route`` says which). The
+    IR's ``xconv.fixed_dims`` lists the input dimensions the model fixes (no extra export:
+    the lines are recorded while tracing)."""
+    from xconv.converters.torch.importer import shapes
     from xconv.converters.torch.importer.trace import _export
 
     def trace(m: Any) -> tuple[ir.Model, Any]:
-        return _to_ir_and_program(_export(m, inputs, dynamic_batch))
+        exported = _export(m, inputs, dynamic_batch, static)
+        model, program = _to_ir_and_program(exported)
+        shapes.record(model, shapes.fixed_of(exported))
+        return model, program
 
     if not repeat:
         return (*trace(module), "full trace")
@@ -363,6 +374,8 @@ class CheckpointResult:
     parity: Any = None
     targets: list[Target] = field(default_factory=list, repr=False)
     route: str = ""  # how the module was traced (``Traced.route``)
+    #: One line per input dimension the model fixes (``xconv.ir.metadata.fixed_summary``).
+    fixed: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -376,7 +389,9 @@ class CheckpointOptions:
     Attributes:
         api: Flax API of the generated module (``"linen"`` or ``"nnx"``).
         parity: ``"layerwise"`` (block by block against torch, float64 oracle) or ``"none"``.
-        dynamic_batch: Symbolic batch dimension.
+        dynamic_batch: Require a symbolic batch dimension.
+        static: Trace at the example shapes (default: every input dimension symbolic
+            unless the model fixes it; see :func:`from_checkpoint`).
         input_shapes: ``--input-shape`` strings (default: token ids ``(1, 8)``).
         early: Flax: stream the weights while tracing, on a guessed layout checked afterwards
             (``False``: trace, plan, then stream).
@@ -393,6 +408,7 @@ class CheckpointOptions:
     api: str = "linen"
     parity: str = "layerwise"
     dynamic_batch: bool = False
+    static: bool = False
     input_shapes: tuple[str, ...] = ()
     early: bool = True
     partitioning: Any = None
@@ -454,6 +470,7 @@ def convert_checkpoint(
             config=config,
             example_inputs=example_inputs,
             dynamic_batch=options.dynamic_batch,
+            static=options.static,
             input_shapes=options.input_shapes,
             on_checked=start_early,
             repeat=options.repeat,
@@ -535,12 +552,25 @@ def _write_staged(
             parity = check_streamed(traced, stage, targets, progress=say, mesh=mesh, rules=rules)
         else:
             parity = check_streamed(traced, stage, targets, progress=say)
+        from xconv.ir.metadata import FIXED_DIMS, fixed_dims
+
+        if FIXED_DIMS in traced.model.metadata_props:
+            parity.fixed_dims = fixed_dims(traced.model)
         parity.to_json(stage / "parity.json")
         parity.to_html(stage / "parity.html")
     replace_dir(stage, out)
     files = sorted(p for p in out.rglob("*") if p.is_file())
+    from xconv.ir.metadata import fixed_summary
+
     return CheckpointResult(
-        out, files, report, traced.index.nbytes, parity, targets, route=traced.route
+        out,
+        files,
+        report,
+        traced.index.nbytes,
+        parity,
+        targets,
+        route=traced.route,
+        fixed=fixed_summary(traced.model),
     )
 
 

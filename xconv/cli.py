@@ -230,6 +230,8 @@ def _print_summary(s, top: int = 0, title: str = "") -> None:
         for name, dtype, shape in rows:
             io.add_row(kind, name, dtype, shape)
     console.print(io)
+    for line in getattr(s, "fixed_dims", ()):
+        console.print(f"fixed: {line}", markup=False, soft_wrap=True)
     ops = Table(title=f"ops ({sum(n for _, n in s.op_histogram)} nodes)", show_edge=False)
     ops.add_column("op")
     ops.add_column("count", justify="right")
@@ -485,6 +487,7 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
         policy=kw["policy"],
         devices=kw["devices"],
         dynamic_batch=kw["dynamic_batch"],
+        static=kw.get("static", False),
         module_factory=kw.get("module_factory"),
         trust_pickle=kw.get("trust_pickle", False),
         trust_code=kw.get("trust_code", False),
@@ -515,6 +518,7 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
         )
     files = ", ".join(str(p.relative_to(result.out_dir)) for p in result.files)
     console.print(f"[green]wrote[/] {result.out_dir}/: {files}")
+    _print_fixed(console, result.model)
     if result.parity is not None:
         console.print(result.parity)
     if result.timings:
@@ -529,6 +533,15 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
             "the converted model does not match the source; see "
             f"{result.out_dir / 'parity.html'}" + (f" (first divergence: {first})" if first else "")
         )
+
+
+def _print_fixed(console: object, model: object) -> None:
+    """One line per input dimension the source model fixes (the converted model runs at any
+    size of the others)."""
+    from xconv.ir.metadata import fixed_summary
+
+    for line in fixed_summary(model):
+        console.print(f"fixed: {line}", markup=False, soft_wrap=True)
 
 
 _TORCH_WHAT = (
@@ -588,6 +601,7 @@ def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
         api=kw["api"],
         parity="none" if kw["no_check"] else "layerwise",
         dynamic_batch=kw["dynamic_batch"],
+        static=kw.get("static", False),
         input_shapes=tuple(kw["input_shapes"]),
         partitioning=kw.get("partitioning"),
         mesh=kw.get("mesh"),
@@ -608,6 +622,8 @@ def _run_checkpoint(target: str, out: Path | None, kw: dict) -> None:
         f"[green]wrote[/] {result.out_dir}/: {len(result.files)} files, "
         f"{result.stream.bytes_written / 2**30:.2f} GiB of weights streamed"
     )
+    for line in result.fixed:
+        console.print(f"fixed: {line}", markup=False, soft_wrap=True)
     sharding = result.stream.sharding
     if sharding is not None:
         split = sum(1 for spec in sharding["specs"].values() if any(e for e in spec))
@@ -750,6 +766,12 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
                  "for jax-to-*, (fn, params[, example_inputs]).",
         )(command)  # fmt: skip
     if source_kind == "torch":
+        command = click.option(
+            "--static", is_flag=True,
+            help="Trace at the example input shapes. By default every input dimension is "
+                 "symbolic (named batch, seq, height, width...) unless the model fixes it; "
+                 "each fixed one is printed and listed in parity.json.",
+        )(command)  # fmt: skip
         command = click.option(
             "--module", "module_factory", default=None,
             help="pkg.mod:factory building the module a state_dict loads into (with "

@@ -15,6 +15,7 @@ import onnx_ir as ir
 
 from xconv.converters.registry import TemplateRegistry, iter_nodes
 from xconv.errors import MissingOp
+from xconv.ir.metadata import fixed_summary
 from xconv.ir.naming import split_path
 
 
@@ -29,6 +30,8 @@ class ModelSummary:
     missing_by_backend: dict[str, list[MissingOp] | None] = field(default_factory=dict)
     #: target -> registry label -> ops it lacks (None: its framework is not installed).
     coverage_by_target: dict[str, dict[str, list[MissingOp] | None]] = field(default_factory=dict)
+    #: The input dimensions the source model fixes, one line each (``xconv.fixed_dims``).
+    fixed_dims: list[str] = field(default_factory=list)
 
 
 def _shape(v: ir.Value) -> str:
@@ -119,6 +122,7 @@ def summarize(model: ir.Model, *, backends: bool = True) -> ModelSummary:
         op_histogram=sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])),
         params_by_scope=sorted(per_scope.items()),
         total_params=total,
+        fixed_dims=fixed_summary(model),
     )
     if backends:
         for name, module in available_backends().items():

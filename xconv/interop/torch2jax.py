@@ -79,17 +79,22 @@ class _BoundFunction:
 
 
 def torch2jax(
-    fn_or_module: Callable[..., Any], *example_inputs: Any, dynamic_batch: bool = False
+    fn_or_module: Callable[..., Any],
+    *example_inputs: Any,
+    dynamic_batch: bool = False,
+    static: bool = False,
 ) -> Any:
     """Convert a PyTorch module or function to a JAX function through the IR.
 
     The module is traced in eval mode (inference semantics: dropout off, batch norm on its
-    running statistics), with shapes fixed by ``example_inputs`` unless ``dynamic_batch``.
+    running statistics), with every input dimension symbolic unless the module fixes it
+    (``static``: at the shapes of ``example_inputs``).
 
     Args:
         fn_or_module: An ``nn.Module``, or a function of tensors.
         *example_inputs: Positional example inputs (torch tensors or numpy arrays) to trace.
-        dynamic_batch: Make dimension 0 of every input symbolic (any batch size).
+        dynamic_batch: Require dimension 0 of every input to stay symbolic (any batch size).
+        static: Trace at the example shapes (see :func:`xconv.from_torch`).
 
     Returns:
         For a module, ``(fn, params)``: ``fn(params, *inputs)`` returns the module's output
@@ -117,7 +122,7 @@ def torch2jax(
         raise ConversionError(
             f"torch2jax takes an nn.Module or a function, got {type(fn_or_module).__name__}"
         )
-    model = from_torch(module, example_inputs, dynamic_batch=dynamic_batch)
+    model = from_torch(module, example_inputs, dynamic_batch=dynamic_batch, static=static)
     jax_fn, nested = to_jax(model, kernel_layout="onnx")  # params as torch stores them
     weights = flatten(nested, jax_fn.weight_names) if jax_fn.weight_names else {}
     params = {k: v for k, v in weights.items() if _is_float(v)}

@@ -91,6 +91,9 @@ class ParityReport:
     #: cannot be cut at), ``checked_whole`` (layerwise could not run; the model was checked
     #: whole). Tools and the CLI warn on each; a wrong model can pass a noise-policy check.
     downgrades: list[dict[str, str]] = field(default_factory=list)
+    #: The input dimensions the source model fixes (``xconv.fixed_dims`` of the IR): the
+    #: candidate runs at any size of every other dimension. None: not recorded (not torch).
+    fixed_dims: list[dict[str, Any]] | None = None
 
     def __bool__(self) -> bool:
         return self.passed
@@ -116,6 +119,7 @@ class ParityReport:
             "notes": list(self.notes),
             "timings": dict(self.timings),
             **({"mesh": self.mesh} if self.mesh is not None else {}),
+            **({"fixed_dims": self.fixed_dims} if self.fixed_dims is not None else {}),
         }
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int = 2) -> str:

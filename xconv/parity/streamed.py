@@ -43,6 +43,8 @@ class StreamedParity:
     #: As ``ParityReport.downgrades``: ``merged_blocks`` per boundary the candidate cannot be
     #: cut at.
     downgrades: list[dict[str, str]] = field(default_factory=list)
+    #: As ``ParityReport.fixed_dims``: the input dimensions the source model fixes.
+    fixed_dims: list[dict[str, Any]] | None = None
 
     @property
     def passed(self) -> bool:
@@ -70,6 +72,7 @@ class StreamedParity:
             "notes": self.notes,
             "downgrades": self.downgrades,
             **({"mesh": self.mesh} if self.mesh is not None else {}),
+            **({"fixed_dims": self.fixed_dims} if self.fixed_dims is not None else {}),
         }
         Path(path).write_text(json.dumps(body, indent=2, sort_keys=True, default=str))
 

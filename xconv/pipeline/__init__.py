@@ -208,6 +208,10 @@ def _write_and_check(
         report = _check(imported, lambda: candidate_loader(stage), options, say, ir_file)
         if differential:
             report.notes.append(differential)
+        from xconv.ir.metadata import FIXED_DIMS, fixed_dims
+
+        if FIXED_DIMS in imported.model.metadata_props:
+            report.fixed_dims = fixed_dims(imported.model)
         report.to_json(stage / "parity.json")
         report.to_html(stage / "parity.html")
         clock.done("parity")

@@ -64,7 +64,13 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
             missing=_INPUT_FLAGS,
         )
     programs: list[Any] = []
-    model = from_torch(module, inputs, dynamic_batch=options.dynamic_batch, programs=programs)
+    model = from_torch(
+        module,
+        inputs,
+        dynamic_batch=options.dynamic_batch,
+        static=options.static,
+        programs=programs,
+    )
     # An ExportedProgram is its own reference: its adapter builds the float64 oracle from the
     # graph (module().double() trips the program's dtype guards).
     reference = module

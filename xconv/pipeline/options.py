@@ -33,7 +33,10 @@ class ConvertOptions:
         check: Run the parity check against the source model.
         policy: Parity policy (``"oracle"``, ``"dtype"``).
         devices: Devices the parity check runs the candidate on (``"all"``, ``"cpu"``).
-        dynamic_batch: Give the converted model a symbolic batch dimension.
+        dynamic_batch: Require a symbolic batch dimension (dim 0 of every input, one ``batch``
+            symbol): a torch model that fixes it is refused.
+        static: Torch sources: trace at the example shapes. By default every input dimension
+            is symbolic unless the model fixes it (``xconv.fixed_dims`` lists those).
         module_factory: ``"pkg.mod:factory"`` building the module a state_dict loads into.
         trust_pickle: Allow unpickling a full torch module (runs code from the file).
         trust_code: Allow a ``save_pretrained`` folder whose ``config.json`` names model code
@@ -69,6 +72,7 @@ class ConvertOptions:
     policy: str = "oracle"
     devices: str = "all"
     dynamic_batch: bool = False
+    static: bool = False
     module_factory: str | None = None
     trust_pickle: bool = False
     trust_code: bool = False

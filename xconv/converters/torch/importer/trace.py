@@ -35,7 +35,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 from onnx_ir.tensor_adapters import TorchTensor
 from torch import nn
 
-from xconv.converters.torch.importer import layers, rewrite
+from xconv.converters.torch.importer import layers, rewrite, shapes
 from xconv.errors import ConversionError, StaticValueError
 from xconv.ir import OPSET
 from xconv.ir.metadata import FX_GRAPH, FX_NODE, MODULE, SCOPE, SOURCE_LINE
@@ -61,6 +61,7 @@ def from_torch(
     example_inputs: Any = None,
     *,
     dynamic_batch: bool = False,
+    static: bool = False,
     programs: list | None = None,
 ) -> ir.Model:
     """Convert a PyTorch module to the IR.
@@ -74,8 +75,16 @@ def from_torch(
         example_inputs: A tensor, a tuple of positional inputs, or a dict of keyword inputs
             (``{"input_ids": ..., "attention_mask": ...}``; the graph inputs follow its
             order) used to trace the module. Optional for an ``ExportedProgram``.
-        dynamic_batch: Make dimension 0 of every tensor input a symbolic ``batch`` dim so the
-            converted model runs at any batch size.
+        dynamic_batch: Check that dimension 0 of every tensor input stayed symbolic (one
+            ``batch`` dim shared by all inputs); a model that fixes it is refused.
+        static: Trace at the example shapes (every input dimension fixed). By default an
+            ``nn.Module`` is exported with every dimension of every tensor input
+            ``torch.export.Dim.AUTO``: torch keeps each one symbolic unless the model fixes it
+            (listed in ``model.metadata_props["xconv.fixed_dims"]``, JSON, with the source
+            line that fixed it where it was recorded). The symbols are named by role
+            (``batch``, ``seq``, ``height``, ``width``...). A TorchScript module is always
+            static (its interpreter fixes every size); an ``ExportedProgram`` keeps the
+            shapes it was exported with.
         programs: When given, the ``ExportedProgram`` the IR was translated from is appended
             (its weights are the module's own tensors): the layerwise parity check cuts it
             into blocks.
@@ -99,11 +108,15 @@ def from_torch(
             _check_batch_dynamic_in_program(program)
         modules: dict[str, nn.Module] = {}
         state = dict(program.state_dict)
+        fixed = shapes.all_fixed(program, shapes.PROGRAM)
+        model = _to_ir(program)
     elif isinstance(module, torch.jit.ScriptModule):
         program = _from_torchscript(module, args, dynamic_batch)
         # TorchScript keeps each submodule's class name (``original_name``), not its instance.
         modules = dict(module.named_modules())
         state = dict(program.state_dict)
+        fixed = shapes.all_fixed(program, shapes.TORCHSCRIPT)
+        model = _to_ir(program)
     elif isinstance(module, nn.Module):
         if args is None:
             raise ConversionError(
@@ -113,9 +126,10 @@ def from_torch(
         was_training = module.training
         module.eval()
         try:
-            program = _export(module, args, dynamic_batch)
+            program, model = _export_to_ir(module, args, dynamic_batch, static)
         finally:
             module.train(was_training)
+        fixed = shapes.fixed_of(program)
         modules = dict(module.named_modules(remove_duplicate=False))
         state = module.state_dict(keep_vars=False)
     else:
@@ -123,7 +137,7 @@ def from_torch(
             f"from_torch takes an nn.Module, an ExportedProgram or a TorchScript module, got "
             f"{type(module).__name__}"
         )
-    model = _to_ir(program)
+    shapes.record(model, fixed)
     annotate(model, modules, state, dynamic_batch=dynamic_batch)
     # Named after the source class, not torch.onnx's "main_graph": the generated sources'
     # docstrings and model.onnx name the model the user converted.
@@ -183,8 +197,7 @@ def annotate(
     if modules:
         layers.annotate_layers(graph, modules)
     layers.annotate_layers_from_graph(graph, classes)
-    if dynamic_batch:
-        _rename_batch_dim(graph)
+    shapes.name_dims(graph)
 
 
 def _as_args(example_inputs: Any) -> tuple[Any, ...] | dict[str, Any] | None:
@@ -204,37 +217,115 @@ def _as_tensor(value: Any) -> Any:
     return value
 
 
-def _export(module: nn.Module, args: tuple[Any, ...] | dict[str, Any], dynamic_batch: bool):
+def _export(
+    module: nn.Module,
+    args: tuple[Any, ...] | dict[str, Any],
+    dynamic_batch: bool,
+    static: bool = False,
+):
+    """``torch.export`` (non-strict) of ``module`` on ``args``: every dimension of every tensor
+    input ``Dim.AUTO`` unless ``static`` (then only dim 0 with ``dynamic_batch``); size-1 example
+    dimensions are traced at size 2 (see :mod:`.shapes`). The dimensions the program fixes are
+    kept for :func:`shapes.fixed_of`."""
     kwargs = args if isinstance(args, dict) else None
-    args = () if kwargs is not None else args
-    dynamic_shapes = None
-    if dynamic_batch:
-        batch = torch.export.Dim(BATCH_DIM)
-
-        def spec(a: Any) -> dict[int, Any] | None:
-            return {0: batch} if isinstance(a, torch.Tensor) and a.dim() >= 1 else None
-
-        if kwargs is not None:
-            dynamic_shapes = {k: spec(v) for k, v in kwargs.items()}
-        else:
-            dynamic_shapes = tuple(spec(a) for a in args)
-    try:
-        program = torch.export.export(
-            module, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False
-        )
-    except Exception as e:
+    batch = torch.export.Dim(BATCH_DIM) if dynamic_batch else None
+    # A forward(*args) (a TorchScript root, a wrapped function) takes them as one input.
+    varargs = kwargs is None and _takes_varargs(module)
+    if static:
+        tries = [(args, shapes.batch_spec(args, batch) if batch is not None else None, False)]
+        if dynamic_batch and shapes.ones(args)[0]:
+            tries = [(shapes.repeat_ones(args, leading_only=True), tries[0][1], True)]
+    else:
+        spec = shapes.dynamic_spec(args, batch)
+        leading, inner = shapes.ones(args)
+        tries = []
+        if leading or inner:
+            tries.append((shapes.repeat_ones(args, leading_only=False), spec, True))
+        if leading and inner:
+            tries.append((shapes.repeat_ones(args, leading_only=True), spec, True))
+        tries.append((args, spec, False))
+    error: Exception | None = None
+    for traced_args, dynamic_shapes, repeated in tries:
+        kw = traced_args if kwargs is not None else None
+        positional = () if kwargs is not None else traced_args
+        if varargs and dynamic_shapes is not None:
+            dynamic_shapes = (tuple(dynamic_shapes),)
+        try:
+            with shapes.recording_specialisations() as records, _quiet_specialisation():
+                program = torch.export.export(
+                    module, positional, kwargs=kw, dynamic_shapes=dynamic_shapes, strict=False
+                )
+        except Exception as e:  # noqa: BLE001 (the next try, or the first error, below)
+            logger.debug("export with %s failed: %s", "size-1 dims at 2" if repeated else
+                         "the example", _first_line(e))
+            error = e
+            continue
+        break
+    else:
+        assert error is not None
         hint = ""
         if dynamic_batch:
             hint = (
-                " With dynamic_batch=True the example batch must be >= 2 and the model must not "
-                "fix the batch size (e.g. a reshape with a literal batch)."
+                " With dynamic_batch=True the model must not fix the batch size (e.g. a reshape "
+                "with a literal batch)."
             )
         raise ConversionError(
-            f"torch.export could not trace {type(module).__name__}: {_first_line(e)}.{hint}"
-        ) from e
+            f"torch.export could not trace {type(module).__name__}: {_first_line(error)}.{hint}"
+        ) from error
+    if static:
+        fixed = shapes.all_fixed(program, shapes.STATIC)
+    else:
+        fixed = shapes.fixed_in_program(program, traced_args, records)
+    shapes.set_fixed(program, fixed)
     if dynamic_batch:
         _check_batch_dynamic_in_program(program)
     return program
+
+
+def _takes_varargs(module: nn.Module) -> bool:
+    """``module.forward`` takes its inputs as ``*args`` only."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and all(p.kind is p.VAR_POSITIONAL for p in params[:1]) and not [
+        p for p in params[1:] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+
+
+@contextlib.contextmanager
+def _quiet_specialisation():
+    """torch warns on stderr for each size-1 example dimension it specialises (0/1 rule); the
+    importer reports those in ``xconv.fixed_dims`` instead (the library never prints)."""
+    log = logging.getLogger("torch._export.non_strict_utils")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _export_to_ir(
+    module: nn.Module, args: tuple[Any, ...] | dict[str, Any], dynamic_batch: bool, static: bool
+) -> tuple[Any, ir.Model]:
+    """Export and translate ``module``; a program torch.onnx cannot translate at symbolic
+    shapes is exported again at the example shapes (every dimension listed as fixed, with the
+    translation error as the reason)."""
+    program = _export(module, args, dynamic_batch, static)
+    try:
+        return program, _to_ir(program)
+    except ConversionError as e:
+        if static or dynamic_batch or not shapes.has_symbolic_input(program):
+            raise
+        logger.warning("symbolic shapes do not translate (%s); converting at the example shapes", e)
+        program = _export(module, args, False, static=True)
+        model = _to_ir(program)
+        reason = f"symbolic shapes did not translate ({_first_line(e)})"
+        shapes.set_fixed(program, shapes.all_fixed(program, reason))
+        return program, model
 
 
 def _check_batch_dynamic_in_program(program) -> None:
@@ -308,7 +399,7 @@ def _from_torchscript(
     try:
         # A failing trace prints the graph so far; the raised error says what matters.
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            program = _export(_ScriptRoot(module), args, dynamic_batch)
+            program = _export(_ScriptRoot(module), args, dynamic_batch, static=True)
     except ConversionError as e:
         raise _torchscript_error(e) from e.__cause__
     # A traced convolution records aten::_convolution, which torch.onnx does not translate.
@@ -702,32 +793,6 @@ def _add_missing_state(graph: ir.Graph, state: Mapping[str, torch.Tensor]) -> No
         value = ir.Value(name=name, shape=ir.Shape(tensor.shape), type=ir.TensorType(data.dtype))
         value.const_value = data
         graph.register_initializer(value)
-
-
-def _rename_batch_dim(graph: ir.Graph) -> None:
-    """Name the symbolic batch dimension ``batch`` wherever torch.export called it ``s0``."""
-    names = set()
-    for value in graph.inputs:
-        if value.shape is not None and len(value.shape) >= 1:
-            dim = value.shape[0]
-            if isinstance(dim, ir.SymbolicDim) and dim.value:
-                names.add(dim.value)
-    names.discard(BATCH_DIM)
-    if not names:
-        return
-    values: list[ir.Value] = [*graph.inputs]
-    for node in graph.all_nodes():
-        values.extend(node.outputs)
-    for value in values:
-        shape = value.shape
-        if shape is None:
-            continue
-        dims = [
-            ir.SymbolicDim(BATCH_DIM) if isinstance(d, ir.SymbolicDim) and d.value in names else d
-            for d in shape.dims
-        ]
-        if dims != list(shape.dims):
-            value.shape = ir.Shape(dims)
 
 
 def module_classes(model: ir.Model) -> dict[str, str]:

@@ -374,7 +374,7 @@ def _slice(x, starts, ends, axes=None, steps=None):
     starts, ends = starts.tolist(), ends.tolist()
     axes = range(len(starts)) if axes is None else axes.tolist()
     steps = [1] * len(starts) if steps is None else steps.tolist()
-    for s, e, a, st in zip(starts, ends, axes, steps):
+    for s, e, a, st in zip(starts, ends, axes, steps, strict=True):
         if st > 0:
             x = x[(slice(None),) * (a % x.dim()) + (slice(s, e, st),)]
         else:
