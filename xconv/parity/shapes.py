@@ -178,7 +178,7 @@ def resolve(shapes: Any, reference: Any, candidate: Any, layerwise: Any = None) 
         return None
     if isinstance(shapes, SymbolicShapes | ShapeSets):
         return shapes
-    if type(shapes).__name__ == "Model":
+    if _ir_of(shapes) is not None:
         return from_model(shapes)
     if shapes != "auto":
         if isinstance(shapes, Sequence) and not isinstance(shapes, str):
@@ -206,18 +206,19 @@ def _program(side: Any) -> Any:
 def _ir_of(side: Any) -> Any:
     """The ``onnx_ir.Model`` behind a side, if any: the model itself, an adapter's, or an
     ``xconv.to_jax`` function's."""
+    import onnx_ir as ir
+
     if side is None or isinstance(side, bool | str):
         return None
-    if type(side).__name__ == "Model" and hasattr(side, "graph"):
+    if isinstance(side, ir.Model):
         return side
-    for attr in ("ir_model", "model"):
-        model = getattr(side, attr, None)
-        if type(model).__name__ == "Model" and hasattr(model, "graph"):
-            return model
+    model = getattr(side, "ir_model", None)
+    if isinstance(model, ir.Model):
+        return model
     if isinstance(side, tuple) and side and callable(side[0]):
         fn = side[0]
         model = getattr(fn, "model", None)
-        if hasattr(fn, "intermediates") and type(model).__name__ == "Model":
+        if hasattr(fn, "intermediates") and isinstance(model, ir.Model):
             return model
     return None
 
