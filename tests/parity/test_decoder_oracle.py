@@ -19,6 +19,7 @@ CI runs this file on the newest transformers and again on the oldest supported r
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -101,17 +102,24 @@ def _export(family: str, dynamic: bool = False):
     module = cls(config).eval()
     ids = torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(1))
     shapes = None
-    if dynamic:
-        dim = torch.export.Dim
-        shapes = ({0: dim("batch", min=1, max=16), 1: dim("seq", min=2, max=32)},)
+    if dynamic:  # as a user exports a dynamic .pt2: torch chooses the symbols and ranges
+        shapes = ({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},)
     program = torch.export.export(module, (ids,), strict=False, dynamic_shapes=shapes)
     return program, module, ids
 
 
-@pytest.mark.parametrize("family", [pytest.param("llama", id=f"llama-tf{TF}")])
+DYNAMIC = [pytest.param(f, id=f"{f}-tf{TF}") for f in ("llama", "gpt2")]
+
+
+def _shape_sets(report) -> dict[str, list[int]]:
+    return {s["name"]: s["inputs"][0]["shape"] for s in report["input_sets"]}
+
+
+@pytest.mark.parametrize("family", DYNAMIC)
 def test_dynamic_shape_decoder_keeps_the_oracle_block_by_block(family):
     """Batch and sequence symbolic: the float64 twin runs, and the blocks are cut though
-    the sizes cross them as ``sym_size`` ints the decompositions read anew."""
+    the sizes cross them as ``sym_size`` ints the decompositions read anew; every block is
+    judged at the example's shape and at the two other shapes the check adds."""
     program, _module, ids = _export(family, dynamic=True)
     where = f"dynamic-shape {family} on transformers {TF}"
     model = xconv.from_torch(program)
@@ -120,8 +128,30 @@ def test_dynamic_shape_decoder_keeps_the_oracle_block_by_block(family):
         program, (fn, params), [ids.numpy()], devices="cpu", n_random=0, layerwise=model
     )
     assert report.policy.startswith("oracle") and report.passed, (where, report.notes)
+    assert not report.downgrades, (where, report.downgrades)
     blocks = [b.name for b in split_program(program)]
     assert [s.name for s in report.scopes] == blocks, (where, "a block was merged", report.notes)
+    sets = _shape_sets(report.to_dict())
+    assert sets["shape_small"] == [2, 4] and sets["shape_large"] == [3, 9], (where, sets)
+
+
+@pytest.mark.parametrize("family", DYNAMIC)
+def test_dynamic_pt2_converts_with_the_oracle_at_every_shape(family, tmp_path):
+    """A dynamic ``.pt2`` saved with ``torch.export.save`` and converted as the CLI converts
+    it: parity.json judges the example and both other shapes by the float64 oracle (no
+    noise-policy downgrade)."""
+    program, _module, _ids = _export(family, dynamic=True)
+    where = f"dynamic .pt2 {family} on transformers {TF}"
+    torch.export.save(program, tmp_path / "model.pt2")
+    options = xconv.ConvertOptions(devices="cpu", parity_random_inputs=0)
+    xconv.convert(str(tmp_path / "model.pt2"), source_kind="torch", target="jax",
+                  out_dir=tmp_path / "out", options=options)  # fmt: skip
+    saved = json.loads((tmp_path / "out" / "parity.json").read_text())
+    assert saved["passed"] and saved["policy"].startswith("oracle"), (where, saved["notes"])
+    assert not saved["downgrades"], (where, saved["downgrades"])
+    sets = _shape_sets(saved)
+    assert sets["shape_small"] == [2, 4] and sets["shape_large"] == [3, 9], (where, sets)
+    assert all(s["passed"] for s in saved["input_sets"]), (where, saved["input_sets"])
 
 
 def _layer_weight(model, program) -> tuple[str, str]:

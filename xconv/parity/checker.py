@@ -27,6 +27,7 @@ from xconv.parity.metrics import Metrics, compare
 from xconv.parity.policies import Policy, resolve_policy
 from xconv.parity.precision import check_request
 from xconv.parity.report import DeviceRun, ParityReport
+from xconv.parity.shapes import SHAPE_SETS, inadmissible_note
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +230,7 @@ def check_parity(
     mesh: Any = None,
     rules: Any = None,
     precision: str | None = None,
+    shapes: Any = "auto",
 ) -> ParityReport:
     """Run ``reference`` and ``candidate`` on the same inputs and compare them.
 
@@ -278,6 +280,16 @@ def check_parity(
             (:meth:`Policy.at_precision`); ``report.matrix[i].precision`` names it.
             ``"highest"``: the candidate (and the reference's extra devices) run with full
             float32 dots and are judged at float32.
+        shapes: Input sets at other shapes (:mod:`xconv.parity.shapes`): when the model's
+            input dims are symbolic, ``shape_small`` (batch 1, other symbolic dims smaller)
+            and ``shape_large`` (batch + 1, larger) run beside the example's, within the
+            dims' limits. ``"auto"`` (default) reads the dims from the candidate's IR (an
+            ``xconv.to_jax`` result, an ``onnx_ir.Model``, the ``layerwise`` IR) with the
+            limits of a reference ``ExportedProgram``, else from the reference's program or
+            IR; ``False`` runs none; an ``onnx_ir.Model``, per-input dim names
+            (``[("batch", "seq")]``), a :class:`~xconv.parity.shapes.SymbolicShapes` or
+            :class:`~xconv.parity.shapes.ShapeSets` give them. A set the reference rejects
+            is dropped with a note ("shape not admissible by the source").
 
     Returns:
         A :class:`ParityReport`; ``report.passed`` says whether the candidate agrees on
@@ -292,7 +304,10 @@ def check_parity(
         raise ParityConfigError(f"n_random must be an int >= 0, not {n_random!r}")
     ref, cand = wrap(reference), wrap(candidate)
     arrays = make_inputs(inputs, input_spec, [ref, cand], seed)
-    run = _Run(ref, cand, input_sets(arrays, n_random=n_random, edges=edges, seed=seed), pol)
+    sets = input_sets(arrays, n_random=n_random, edges=edges, seed=seed)
+    extra = _shape_sets(arrays, shapes, reference, candidate, layerwise, seed)
+    run = _Run(ref, cand, sets + extra.sets, pol)
+    run.notes.extend(extra.notes)
     run.request = request
     if mesh is not None:
         from xconv.sharding.parity import wrap_for_mesh
@@ -316,6 +331,16 @@ def check_parity(
     if intermediates and failing is not None and failing.error is None and run.blocks is None:
         _localize_failing(report, run, failing)
     return report
+
+
+def _shape_sets(arrays, shapes, reference, candidate, layerwise, seed):
+    """The input sets at other shapes ``check_parity`` adds (see ``shapes``)."""
+    from xconv.parity.shapes import ShapeSets, resolve, shape_sets
+
+    given = resolve(shapes, reference, candidate, layerwise)
+    if isinstance(given, ShapeSets):
+        return given
+    return shape_sets(arrays, given, seed=seed)
 
 
 def _policy(policy, rtol, atol, k, allow_constant, allow_dtype) -> Policy:
@@ -384,9 +409,12 @@ class _Run:
                         f"the reference ({ref.describe()}) cannot run on the inputs "
                         f"{[(list(a.shape), a.dtype.name) for a in xs]}: {type(e).__name__}: {e}"
                     ) from e
-                self.notes.append(
-                    f"input set {name!r} skipped: the reference cannot run on it ({e})"
-                )
+                if name in SHAPE_SETS:
+                    self.notes.append(inadmissible_note(name, xs, e))
+                else:
+                    self.notes.append(
+                        f"input set {name!r} skipped: the reference cannot run on it ({e})"
+                    )
                 continue
             self.timings["reference" + ("" if name == "example" else f"[{name}]")] = secs
             self.ref_outs.append(out)

@@ -63,7 +63,8 @@ class ParityReport:
         notes: Fallbacks and caveats (e.g. no float64 oracle: dtype policy used).
         reason: Why the check failed as a whole (``"vacuous: ..."``), if so.
         input_sets: One entry per input set (name, passed, input shapes); the example
-            inputs first, then random and edge draws.
+            inputs first, then random and edge draws, then the sets at other shapes
+            (``shape_small``, ``shape_large``) of a model with symbolic input dims.
         policy_kind: ``oracle``, ``noise``, ``dtype`` or ``explicit`` after any fallback.
         mesh: The mesh and per-parameter shardings when the candidate ran sharded.
     """
@@ -151,6 +152,8 @@ class ParityReport:
     def summary(self, *, max_scopes: int = 12) -> str:
         """A readable multi-line summary (used by ``assert_parity`` messages)."""
         lines = [self.verdict, f"policy: {self.policy}"]
+        if self.input_sets:
+            lines.append(self.input_sets_line)
         for row in self.matrix:
             state = "ok" if row.passed else "FAIL"
             extra = f" error: {row.error}" if row.error else ""
@@ -179,6 +182,18 @@ class ParityReport:
         lines.extend(f"downgrade: {d['message']}" for d in self.downgrades)
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+    @property
+    def input_sets_line(self) -> str:
+        """The input sets and the shapes each ran at, failing ones marked:
+        ``input sets: example (2, 8), shape_small (1, 5), shape_large (3, 12) FAIL``."""
+        from xconv.parity.shapes import describe_set
+
+        parts = [
+            f"{s['name']} {describe_set(s.get('inputs', ()))}" + ("" if s["passed"] else " FAIL")
+            for s in self.input_sets
+        ]
+        return "input sets: " + ", ".join(parts)
 
     @property
     def closing(self) -> str:
@@ -220,6 +235,8 @@ class ParityReport:
 
         head = Text(self.verdict, style="bold green" if self.passed else "bold red")
         parts: list[Any] = [head, Text(f"policy: {self.policy}")]
+        if self.input_sets:
+            parts.append(Text(self.input_sets_line))
         matrix = Table(title="framework x device")
         for col in ("role", "framework", "device", "inputs", "precision", "result", "worst output"):
             matrix.add_column(col)
@@ -256,7 +273,9 @@ class ParityReport:
         color = "#1a7f37" if self.passed else "#cf222e"
         body = [
             f"<h1 style='color:{color}'>parity {'PASSED' if self.passed else 'FAILED'}</h1>",
-            f"<p>{e(self.verdict)}<br>policy: {e(self.policy)}</p>",
+            f"<p>{e(self.verdict)}<br>policy: {e(self.policy)}"
+            + (f"<br>{e(self.input_sets_line)}" if self.input_sets else "")
+            + "</p>",
         ]
         if self.first_divergence:
             body.append(f"<p><b>first divergence:</b> <code>{e(self.first_divergence)}</code></p>")

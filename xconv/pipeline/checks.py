@@ -48,6 +48,7 @@ def _check(
         policy = bf16_policy(rounding_depth(imported.model), options.policy)
     layerwise: Any = False
     failed = None
+    shapes = _shape_sets(imported, options)
     if _layerwise(imported, options):
         # The block-by-block oracle runs before the candidate is loaded, so the two never
         # hold memory at the same time.
@@ -58,6 +59,10 @@ def _check(
 
         arrays = [to_numpy(x) for x in imported.inputs]
         sets = input_sets(arrays, n_random=options.parity_random_inputs)
+        # A set at another shape the source rejects is dropped (with a note) before the
+        # blocks run: it is no verdict on the conversion, and would stop every block.
+        shapes, ran = _admissible_shapes(imported.reference, shapes)
+        sets += shapes.sets
         names = ", ".join(name for name, _ in sets)
         try:
             # Every input set through each block at once: its weights are cast once.
@@ -87,7 +92,7 @@ def _check(
             from xconv.parity.layerwise import recorded_reference
 
             say("parity (the source model on every input set)")
-            imported.reference = recorded_reference(imported.reference, sets)
+            imported.reference = recorded_reference(imported.reference, sets, ran)
             imported.program = None
             _weights_from_file(imported.model, ir_file)
         _release_memory()
@@ -101,12 +106,52 @@ def _check(
         n_random=options.parity_random_inputs,
         layerwise=layerwise,
         precision=options.precision,
+        shapes=shapes,
         **({"mesh": options.mesh, "rules": options.partitioning} if options.mesh else {}),
     )
     if failed:
         report.notes.append(failed)
         report.downgrades.insert(0, {"kind": "checked_whole", "message": failed})
     return report
+
+
+def _shape_sets(imported: _Imported, options: ConvertOptions):
+    """The input sets at other shapes the check adds: the IR's symbolic input dims, within
+    the limits of the torch program it came from (its ``range_constraints``, matched to the
+    IR's inputs by position); none for a static model or without example inputs."""
+    from xconv.parity.shapes import ShapeSets, from_model, shape_sets
+
+    if imported.inputs is None or not isinstance(imported.inputs, list | tuple):
+        return ShapeSets()
+    from xconv.parity.adapters import to_numpy
+
+    arrays = [to_numpy(x) for x in imported.inputs]
+    return shape_sets(arrays, from_model(imported.model, imported.program))
+
+
+def _admissible_shapes(reference: Any, shapes):
+    """``shapes`` less the sets the reference cannot run (each dropped with a note), and the
+    reference's outputs on those it ran, by input key (for ``recorded_reference``)."""
+    from xconv.parity.adapters import wrap
+    from xconv.parity.layerwise import _key
+    from xconv.parity.shapes import ShapeSets, inadmissible_note
+
+    if not shapes.sets:
+        return shapes, {}
+    ref = wrap(reference)
+    dev = ref.devices()[0]
+    ref.prepare(dev)
+    kept, notes, ran = [], list(shapes.notes), {}
+    for name, xs in shapes.sets:
+        try:
+            ran[_key(xs)] = ref.run(xs, dev)
+        except ConversionError:
+            raise
+        except Exception as e:  # noqa: BLE001 (the source rejects the shape: dropped)
+            notes.append(inadmissible_note(name, xs, e))
+            continue
+        kept.append((name, xs))
+    return ShapeSets(kept, notes), ran
 
 
 def _differential_check(
