@@ -3,9 +3,10 @@
 Each tiny model is converted ONCE (through :func:`_convert`) at a distinctive example shape
 and then run at three shapes on ``xconv.to_jax``, the generated Flax source (linen and nnx),
 ``xconv.to_torch``, the generated torch source and onnxruntime (the IR saved as ``.onnx``),
-each compared with the torch module at that shape. The generated sources must not hold the
-example's sizes: a ``reshape`` / ``view`` / ``arange`` / ``expand`` / ``full`` with a literal
-batch or sequence length would pin the model to the traced shape.
+each compared with the torch module at that shape. The JAX targets run under ``jit`` (a
+fresh trace at each shape, weights traced). The generated sources must not hold the example's
+sizes: a ``reshape`` / ``view`` / ``arange`` / ``expand`` / ``full`` with a literal batch or
+sequence length would pin the model to the traced shape.
 
 ViT fixes its image size (the position table has one row per patch), so only its batch is
 symbolic; the test checks that which dims are symbolic is exactly what each model admits.
@@ -24,17 +25,18 @@ import onnx_ir as ir
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("jax")
+jax = pytest.importorskip("jax")
 pytest.importorskip("flax")
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
 
 import xconv  # noqa: E402
+from flax import nnx  # noqa: E402
 from fixtures.torch_models import make_resnet  # noqa: E402
 from tests.torch_source import load_generated  # noqa: E402
 from xconv.pipeline import _load_generated  # noqa: E402
 
-_T = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+_T = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
       "intermediate_size": 64}  # fmt: skip
 
 # The first shape of each list is the example the model is converted at: batch 5 and
@@ -74,7 +76,7 @@ def _build(name: str) -> torch.nn.Module:
         model = tf.BertModel(tf.BertConfig(vocab_size=100, max_position_embeddings=64, **_T))
         return _Outputs(model, "input_ids").eval()
     if name == "gpt2":
-        cfg = tf.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+        cfg = tf.GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=4, n_positions=64,
                             use_cache=False, bos_token_id=0, eos_token_id=0)  # fmt: skip
         return _Outputs(tf.GPT2Model(cfg), "input_ids").eval()
     if name == "llama":
@@ -132,16 +134,22 @@ def _torch_source(name: str, where: str):
 def _runner(name: str, target: str, where: Path):
     """``run(x: np.ndarray) -> list[np.ndarray]`` for ``target``, built once."""
     model = _converted(name)[1]
+    # JAX targets run under jit with their weights traced, as one deploys them: each shape
+    # is a fresh trace, so a size read from the example would show.
     if target == "jax":
         fn, params = xconv.to_jax(model)
-        return lambda x: fn(params, x)
+        jitted = jax.jit(fn)
+        return lambda x: jitted(params, x)
     if target == "flax_linen":
         out = _flax_dir(name, "linen", str(where))
         module, variables = _load_generated(out / "model.py").load(out)
-        return lambda x: module.apply(variables, x)
+        apply = jax.jit(module.apply)
+        return lambda x: apply(variables, x)
     if target == "flax_nnx":
         out = _flax_dir(name, "nnx", str(where))
-        return _load_generated(out / "model.py").load(out)
+        module = _load_generated(out / "model.py").load(out)
+        call = nnx.jit(lambda m, x: m(x))
+        return lambda x: call(module, x)
     if target in ("torch", "torch_source"):
         if target == "torch":
             built = xconv.to_torch(model)
