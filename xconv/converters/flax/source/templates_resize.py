@@ -20,7 +20,7 @@ def _gather_nd(data, indices, batch_dims):
     b, k = batch_dims, indices.shape[-1]
     nb = math.prod(data.shape[:b])
     inner = indices.shape[b:-1]
-    flat = jnp.reshape(data, (nb, *data.shape[b:]))
+    flat = jnp.reshape(jnp.asarray(data), (nb, *data.shape[b:]))  # numpy data: traced indices
     idx = jnp.reshape(indices, (nb, *inner, k))
     comps = tuple(
         jnp.where(idx[..., j] < 0, idx[..., j] + data.shape[b + j], idx[..., j]) for j in range(k)

@@ -489,11 +489,30 @@ def _to_ir(program) -> ir.Model:
         from xconv.converters.onnx.io import load
 
         model = load(model)
+    _concrete_dims(model.graph)
     try:
         record_fx_sources(model, onnx_program.exported_program, source)
     except Exception:  # noqa: BLE001 (marks only help the layerwise cuts, which fall back to names)
         logger.debug("could not record the IR values' program nodes", exc_info=True)
     return model
+
+
+def _concrete_dims(graph: ir.Graph) -> None:
+    """A dim torch.export specialised (``Dim.AUTO`` on a size the model fixes, e.g. a ViT's
+    image size) is a ``SymInt`` equal to a constant, which torch.onnx names by its value
+    (``SymbolicDim('32')``): make it the integer it is."""
+    values: list[ir.Value] = [*graph.inputs, *graph.outputs]
+    for node in graph.all_nodes():
+        values.extend(node.outputs)
+    for value in values:
+        shape = value.shape
+        if shape is None or not any(_is_number_dim(d) for d in shape.dims):
+            continue
+        value.shape = ir.Shape([int(d.value) if _is_number_dim(d) else d for d in shape.dims])
+
+
+def _is_number_dim(d: Any) -> bool:
+    return isinstance(d, ir.SymbolicDim) and isinstance(d.value, str) and d.value.isdigit()
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -417,20 +417,32 @@ def _cast_like(c: OpCall) -> str:
 _BINARY = {**ex.with_namespace(ex.BINARY, "torch"), "Pow": "torch.pow({0}, {1})"}
 
 
-def _binary(fmt: str) -> Callable[[OpCall], str]:
+#: ``torch.logical_and`` and its kin take tensors only; with a Python ``True`` / ``False`` (a
+#: folded 0-d constant, e.g. the ``True`` of a vmapped mask function) they are written with the
+#: operator, which is the same op on the bool tensors ONNX allows.
+_LOGICAL_OPERATORS = {"And": "&", "Or": "|", "Xor": "^"}
+
+
+def _paren(expr: str) -> str:
+    return f"({expr})" if " " in expr and not expr.startswith("torch.") else expr
+
+
+def _binary(fmt: str, op: str) -> Callable[[OpCall], str]:
     def fn(c: OpCall) -> str:
         a, b = c.args[0], c.args[1]
+        if op in _LOGICAL_OPERATORS and {a, b} & {"True", "False"}:
+            if a in ("True", "False"):
+                a, b = b, a  # the tensor first: ``x & True``
+            return f"{_paren(a)} {_LOGICAL_OPERATORS[op]} {b}"
         # A Python scalar on the left has no ``torch.pow(2.0, x)`` problem but needs parens
         # when the right operand is an expression.
-        if " " in b and not b.startswith("torch."):
-            b = f"({b})"
-        return fmt.format(a, b)
+        return fmt.format(a, _paren(b))
 
     return fn
 
 
 for _op, _fmt in _BINARY.items():
-    registry.builtin(_op, bare=True)(_binary(_fmt))
+    registry.builtin(_op, bare=True)(_binary(_fmt, _op))
 
 
 @template("Div", bare=True)
