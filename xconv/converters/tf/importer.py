@@ -74,7 +74,10 @@ def from_tf(obj: Any, example_inputs: Any = None) -> ir.Model:
             a ``tf.function`` without a signature.
 
     Returns:
-        The model as an ``onnx_ir.Model`` at opset ``xconv.ir.OPSET``.
+        The model as an ``onnx_ir.Model`` at opset ``xconv.ir.OPSET``. The signature's
+        ``None`` dims are symbols named by role and shared across inputs: ``batch`` (dim 0),
+        ``seq``, ``height`` / ``width``, else ``<input>_<axis>``
+        (:mod:`xconv.converters.tf.dims`).
 
     Raises:
         ConversionError: The object cannot be traced or translated.
