@@ -38,6 +38,7 @@ import onnx_ir as ir
 import tensorflow as tf
 
 from xconv.converters.tf import keras_layers
+from xconv.converters.tf.dims import name_symbolic_dims, restore_unknown
 from xconv.converters.tf.inline import inline_calls
 from xconv.converters.tf.rewrite import _canonicalize
 from xconv.converters.tf.scopes import (
@@ -73,7 +74,10 @@ def from_tf(obj: Any, example_inputs: Any = None) -> ir.Model:
             a ``tf.function`` without a signature.
 
     Returns:
-        The model as an ``onnx_ir.Model`` at opset ``xconv.ir.OPSET``.
+        The model as an ``onnx_ir.Model`` at opset ``xconv.ir.OPSET``. The signature's
+        ``None`` dims are symbols named by role and shared across inputs: ``batch`` (dim 0),
+        ``seq``, ``height`` / ``width``, else ``<input>_<axis>``
+        (:mod:`xconv.converters.tf.dims`).
 
     Raises:
         ConversionError: The object cannot be traced or translated.
@@ -251,9 +255,11 @@ def _from_keras(model: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
             return model(xs[0] if single else list(xs), **kwargs)
 
         model_ir = _load(_convert_function(tf.function(frozen), specs))
+        cleared = name_symbolic_dims(model_ir)
         _name_by_value(model_ir.graph, variables, by_path=True)
     else:
         model_ir = _load(_convert_function(tf.function(call), [*specs, *weight_specs]))
+        cleared = name_symbolic_dims(model_ir)
         _inputs_to_weights(model_ir.graph, variables)
     owners = _owners(model, variables)
     _set_scopes(model_ir.graph, owners, layers_by_path)
@@ -266,6 +272,7 @@ def _from_keras(model: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
     keras_layers.flatten_depthwise_kernels(model_ir.graph, owners)
     keras_layers.annotate_weights(model_ir.graph, owners)
     _canonicalize(model_ir)
+    restore_unknown(cleared)
     weights: dict[str, dict[str, str]] = {}
     scopes: dict[str, Any] = {}
     for path, (scope, layer, leaf) in owners.items():
@@ -304,9 +311,11 @@ def _from_function(fn: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
     captured = {id(v.handle) if hasattr(v, "handle") else id(v): v for v in concrete.variables}
     proto = _convert_function(fn, specs)
     model = _load(proto)
+    cleared = name_symbolic_dims(model)
     _name_by_value(model.graph, list(captured.values()))
     _finish(model, "tf.function")
     _canonicalize(model)
+    restore_unknown(cleared)
     return model
 
 
@@ -335,9 +344,11 @@ def _from_saved_model(path: Path, examples: tuple[np.ndarray, ...] | None) -> ir
     else:
         raise ConversionError(f"the SavedModel {path} has no serving_default signature")
     model = _load(proto)
+    cleared = name_symbolic_dims(model)
     _name_by_value(model.graph, list(sig.variables))
     _finish(model, "saved_model")
     _canonicalize(model)
+    restore_unknown(cleared)
     return model
 
 
@@ -364,8 +375,10 @@ def _from_graph_def_file(path: Path) -> ir.Model:
     except Exception as e:
         raise ConversionError(f"tf2onnx could not translate {path}: {_first_line(e)}") from e
     model = _load(proto)
+    cleared = name_symbolic_dims(model)
     _finish(model, "graph_def")
     _canonicalize(model)
+    restore_unknown(cleared)
     return model
 
 

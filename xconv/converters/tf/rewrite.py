@@ -269,11 +269,13 @@ def _reshapes_as_transposes(graph: ir.Graph) -> int:
 
 
 def _explicit_pads(graph: ir.Graph) -> int:
-    """Write ``auto_pad="SAME_*"`` of Conv / pooling nodes whose input's spatial size is known
-    as explicit ``pads``.
+    """Write ``auto_pad="SAME_*"`` of Conv / pooling nodes as explicit ``pads`` where they do
+    not depend on the input's size: its spatial size is known, or (a symbolic ``height`` /
+    ``width``) the axis has stride 1, where SAME pads ``(k - 1) * dilation`` at any size.
 
     tf2onnx keeps ``SAME_UPPER`` for a ``padding="same"`` conv inside a nested function it got
-    inlined (Keras 3's grouped / depthwise convs, ConvNeXt), and a source emitter wants pads.
+    inlined (Keras 3's grouped / depthwise convs, ConvNeXt) and wherever the spatial size is
+    unknown; a source emitter wants pads.
     """
     done = 0
     for node in graph:
@@ -294,7 +296,7 @@ def _explicit_pads(graph: ir.Graph) -> int:
             kernel_dims = list(kernel.value) if kernel is not None else []
         if not spatial or len(kernel_dims) != len(spatial):
             continue
-        if not all(isinstance(d, int) for d in [*spatial, *kernel_dims]):
+        if not all(isinstance(d, int) for d in kernel_dims):
             continue
         rank = len(spatial)
         strides = list(node.attributes["strides"].value) if "strides" in node.attributes else []
@@ -302,9 +304,14 @@ def _explicit_pads(graph: ir.Graph) -> int:
             list(node.attributes["dilations"].value) if "dilations" in node.attributes else []
         )
         strides, dilations = strides or [1] * rank, dilations or [1] * rank
+        if not all(isinstance(n, int) or st == 1 for n, st in zip(spatial, strides, strict=True)):
+            continue
         begin, end = [], []
         for n, k, st, dl in zip(spatial, kernel_dims, strides, dilations, strict=True):
-            total = max((-(-n // st) - 1) * st + (k - 1) * dl + 1 - n, 0)
+            if isinstance(n, int):
+                total = max((-(-n // st) - 1) * st + (k - 1) * dl + 1 - n, 0)
+            else:
+                total = (k - 1) * dl
             small = total // 2
             begin.append(small if mode.value == "SAME_UPPER" else total - small)
             end.append(total - begin[-1])

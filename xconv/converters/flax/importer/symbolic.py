@@ -1,7 +1,8 @@
 """Symbolic (shape-polymorphic) dimensions in the Flax / JAX frontend.
 
 With ``dynamic_batch`` the importer traces with ``jax.export.symbolic_shape("batch")`` as the
-leading dimension of every batched input, so jaxpr shapes hold ``_DimExpr`` values (``batch``,
+leading dimension of every batched input (and ``seq`` as dim 1 of token-id inputs, when
+``jax.export`` can trace the model so), so jaxpr shapes hold ``_DimExpr`` values (``batch``,
 ``2*batch``, …) instead of the example's integers. Handlers turn such shapes into IR values
 computed at run time from the graph input's ``Shape``; fully static shapes stay literal
 constants, exactly as before.
@@ -23,6 +24,8 @@ from xconv.errors import ConversionError
 
 #: The one symbol shared by the leading dimension of every batched input.
 BATCH = "batch"
+#: The symbol shared by dim 1 of every integer (token id) input of rank >= 2.
+SEQ = "seq"
 
 
 class SymbolicShapeError(ConversionError):
@@ -202,12 +205,14 @@ def expand_target(ctx: Any, in_dims: Sequence[Any], out_dims: Sequence[Any]) -> 
     return shape_value(ctx, target)
 
 
-def symbolic_specs(inputs: tuple, dynamic_batch: bool) -> tuple[tuple, bool]:
+def symbolic_specs(inputs: tuple, dynamic_batch: bool, seq: bool = False) -> tuple[tuple, bool]:
     """``inputs`` as ``jax.ShapeDtypeStruct`` with a symbolic ``batch`` leading dim.
 
     Every array input whose leading dim equals the first batched input's becomes batched;
-    scalars and inputs with another leading size keep their example shape. Returns the specs
-    and whether any input was made symbolic.
+    scalars and inputs with another leading size keep their example shape. With ``seq``,
+    dim 1 of every integer input of rank >= 2 (token ids) whose size equals the first such
+    input's becomes the symbol ``seq`` too. Returns the specs and whether any input was made
+    symbolic (with ``seq``: whether any got ``seq``).
     """
     import jax
     from jax import export
@@ -218,21 +223,37 @@ def symbolic_specs(inputs: tuple, dynamic_batch: bool) -> tuple[tuple, bool]:
     lead = next((s[0] for s in shapes if len(s) >= 1), None)
     if lead is None:
         return inputs, False
-    (batch,) = export.symbolic_shape(BATCH)
+    dtypes = [x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype for x in inputs]
+    length = None
+    if seq:
+        length = next(
+            (s[1] for s, t in zip(shapes, dtypes, strict=True) if _is_tokens(s, t, lead)), None
+        )
+        if length is None:
+            return inputs, False
+    batch, seq_dim = export.symbolic_shape(f"{BATCH}, {SEQ}")  # one scope for both
     specs = []
     any_symbolic = False
-    for x, s in zip(inputs, shapes, strict=True):
-        dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    for s, dtype in zip(shapes, dtypes, strict=True):
         if len(s) >= 1 and s[0] == lead:
-            specs.append(jax.ShapeDtypeStruct((batch, *s[1:]), dtype))
+            shape = [batch, *s[1:]]
+            if length is not None and _is_tokens(s, dtype, lead) and s[1] == length:
+                shape[1] = seq_dim
+            specs.append(jax.ShapeDtypeStruct(tuple(shape), dtype))
             any_symbolic = True
         else:
             specs.append(jax.ShapeDtypeStruct(tuple(s), dtype))
     return tuple(specs), any_symbolic
 
 
+def _is_tokens(shape: tuple, dtype: Any, lead: int) -> bool:
+    """An integer array of rank >= 2 batched like the others: token ids, dim 1 a sequence."""
+    return len(shape) >= 2 and shape[0] == lead and np.dtype(dtype).kind in "iu"
+
+
 __all__ = [
     "BATCH",
+    "SEQ",
     "as_dims",
     "SymbolicShapeError",
     "dim_value",

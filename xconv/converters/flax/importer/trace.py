@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,11 +23,19 @@ import onnx_ir as ir
 
 from xconv.converters.flax.importer import layers as fl
 from xconv.converters.flax.importer.primitives import DOMAIN, INLINE, handler, registry, sub_jaxpr
-from xconv.converters.flax.importer.symbolic import BATCH, ir_dim, static_dim, symbolic_specs
+from xconv.converters.flax.importer.symbolic import (
+    BATCH,
+    SEQ,
+    ir_dim,
+    static_dim,
+    symbolic_specs,
+)
 from xconv.converters.flax.source_names import restore_source_names
 from xconv.errors import ConversionError, MissingOp, UnsupportedOpError
 from xconv.ir import OPSET
 from xconv.ir.metadata import MODULE, SCOPE
+
+logger = logging.getLogger(__name__)
 
 BACKEND = "flax frontend"
 REGISTRY_MODULE = "xconv.converters.flax.importer.primitives"
@@ -39,6 +48,7 @@ def from_flax(
     *,
     method: str | Callable[..., Any] = "__call__",
     dynamic_batch: bool = True,
+    dynamic_seq: bool = True,
 ) -> ir.Model:
     """Convert a Flax linen module (with its variables) or an nnx module to the IR.
 
@@ -57,6 +67,11 @@ def from_flax(
             shape. When the model cannot be traced or converted that way (shape-dependent
             Python code, a primitive that needs static sizes) the example shapes are used,
             with a warning. False traces at the example shapes only.
+        dynamic_seq: With ``dynamic_batch``, also try dim 1 of every integer input of rank
+            >= 2 (token ids) as the symbol ``seq`` (shared by those of the first one's
+            length), so the model runs at any sequence length. When ``jax.export`` cannot
+            trace the model so (a reshape or a parameter fixes the length), that dim is
+            traced at its example size, without a warning.
 
     Returns:
         The annotated ``onnx_ir.Model`` at opset ``xconv.ir.OPSET``.
@@ -66,7 +81,7 @@ def from_flax(
 
     inputs = _as_inputs(example_inputs)
     if isinstance(module, nnx.Module):
-        model = _batched(lambda xs: _from_nnx(module, xs), inputs, dynamic_batch)
+        model = _batched(lambda xs: _from_nnx(module, xs), inputs, dynamic_batch, dynamic_seq)
         return restore_source_names(model, module)
     if not isinstance(module, nn.Module):
         raise ConversionError(
@@ -98,19 +113,30 @@ def from_flax(
         root = type(module).__name__
         return _build(closed, variables, xs, classes, modules, root, "flax.linen")
 
-    return restore_source_names(_batched(convert, inputs, dynamic_batch), module)
+    return restore_source_names(_batched(convert, inputs, dynamic_batch, dynamic_seq), module)
 
 
-def _batched(convert: Callable[[tuple], ir.Model], inputs: tuple, dynamic: bool) -> ir.Model:
+def _batched(
+    convert: Callable[[tuple], ir.Model], inputs: tuple, dynamic: bool, seq: bool = True
+) -> ir.Model:
     """``convert`` at a symbolic batch size, or at the example shapes (warning) when that fails.
 
-    ``UnsupportedOpError`` is not retried: missing primitives are missing at any shape. When the
-    model cannot be traced at the example shapes either (inputs that do not fit the module),
-    the error is a ``ConversionError`` naming those shapes.
+    With ``seq``, a symbolic ``seq`` (dim 1 of token-id inputs) is tried first; when
+    ``jax.export`` or a handler cannot take it (a reshape or a parameter that fixes the
+    length), the sequence dim is traced at its example size, silently: the batch stays
+    symbolic. ``UnsupportedOpError`` is not retried: missing primitives are missing at any
+    shape. When the model cannot be traced at the example shapes either (inputs that do not
+    fit the module), the error is a ``ConversionError`` naming those shapes.
     """
     specs, symbolic = symbolic_specs(inputs, dynamic)
     if not symbolic:
         return _traced(convert, inputs)
+    with_seq, has_seq = symbolic_specs(inputs, dynamic, seq=True) if seq else (specs, False)
+    if has_seq:
+        try:
+            return convert(with_seq)
+        except Exception as e:  # noqa: BLE001 (any failure: the batch-only attempt decides)
+            logger.info("xconv: a symbolic sequence length failed (%s); traced it fixed", e)
     try:
         return convert(specs)
     except UnsupportedOpError:
@@ -263,14 +289,19 @@ def _mark_dropout(module: Any, args: Any, out: Any) -> Any:
 
 
 def from_jax(
-    fn: Callable[..., Any], params: Any, example_inputs: Any, *, dynamic_batch: bool = True
+    fn: Callable[..., Any],
+    params: Any,
+    example_inputs: Any,
+    *,
+    dynamic_batch: bool = True,
+    dynamic_seq: bool = True,
 ) -> ir.Model:
     """Convert a plain JAX function ``fn(params, *inputs)`` to the IR.
 
     ``params`` is any pytree of arrays; each leaf becomes an initializer named by its path.
     ``dynamic_batch`` makes the inputs' leading dimension the symbol ``batch``, as in
     ``from_flax`` (falling back to the example shapes, with a warning, when ``fn`` cannot be
-    traced that way).
+    traced that way); ``dynamic_seq`` tries dim 1 of integer inputs as ``seq`` too.
     """
     inputs = _as_inputs(example_inputs)
     params = _plain(params)
@@ -279,7 +310,7 @@ def from_jax(
         closed = jax.make_jaxpr(fn)(params, *xs)
         return _build(closed, params, xs, {}, {}, None, None, collections=False)
 
-    return _batched(convert, inputs, dynamic_batch)
+    return _batched(convert, inputs, dynamic_batch, dynamic_seq)
 
 
 def _as_inputs(example_inputs: Any) -> tuple:
@@ -587,8 +618,8 @@ def _build(closed, tree, inputs, classes, modules, root, source, collections=Tru
             shape=ir.Shape([ir_dim(d) for d in var.aval.shape]),
         )
         for axis, d in enumerate(var.aval.shape):
-            if static_dim(d) is None and str(d) == BATCH:
-                ctx.dim_sources.setdefault(BATCH, (value, axis))
+            if static_dim(d) is None and str(d) in (BATCH, SEQ):
+                ctx.dim_sources.setdefault(str(d), (value, axis))
         ctx.graph.inputs.append(value)
         values.append(value)
     consts = [ctx.const(np.asarray(c)) for c in closed.consts]
