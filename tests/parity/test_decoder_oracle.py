@@ -11,7 +11,10 @@ exports a ``.pt2`` (``torch.export.export(model, (ids,), strict=False)``), conve
 * layerwise: every block of ``split_program`` is cut (none merged: GPT-2's and OPT's final
   norm included) and judged under the oracle, and the verdict passes;
 * a planted fault (one layer-1 weight of the candidate scaled by 1.001) fails both, and the
-  layerwise run names that layer.
+  layerwise run names that layer;
+* exported with ``Dim.AUTO`` batch and sequence (Llama, GPT-2), the float64 oracle judges the
+  example and the two other shapes the check adds (``shape_small``, ``shape_large``), block by
+  block and through ``xconv.convert`` of the saved ``.pt2``.
 
 CI runs this file on the newest transformers and again on the oldest supported release
 (``.ci/run``, 5.23.0); each test id and failure message names the release it ran on.

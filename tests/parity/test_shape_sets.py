@@ -185,6 +185,14 @@ def test_a_shape_the_source_rejects_is_dropped_with_a_note_not_failed():
     dropped = [n for n in report.notes if "shape not admissible by the source" in n]
     assert len(dropped) == 2 and "'shape_small' at (1, 5, 4)" in dropped[0], report.notes
 
+    # The pipeline's layerwise route drops them before the blocks run, the same way.
+    from xconv.pipeline.checks import _admissible_shapes
+
+    sets = shape_sets([x], from_model(model))
+    kept, ran = _admissible_shapes(OnlyAtEight(), sets)
+    assert kept.sets == [] and ran == {}
+    assert sum("shape not admissible by the source" in n for n in kept.notes) == 2
+
 
 @pytest.mark.parametrize("parity", ["whole", "layerwise"])
 def test_pipeline_checks_a_dynamic_pt2_at_other_shapes(tmp_path, parity):

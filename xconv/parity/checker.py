@@ -337,6 +337,9 @@ def _shape_sets(arrays, shapes, reference, candidate, layerwise, seed):
     """The input sets at other shapes ``check_parity`` adds (see ``shapes``)."""
     from xconv.parity.shapes import ShapeSets, resolve, shape_sets
 
+    if shapes == "auto" and type(layerwise).__name__ == "LayerwiseResult":
+        # One run made beforehand stands for every set: it has no other shape to offer.
+        return ShapeSets()
     given = resolve(shapes, reference, candidate, layerwise)
     if isinstance(given, ShapeSets):
         return given
