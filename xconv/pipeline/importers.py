@@ -203,15 +203,24 @@ def _import_tf(source: Any, options: ConvertOptions, given: Sequence[Any] | None
     return _Imported(model, reference, inputs, description)
 
 
+#: Example sizes of the TF importer's role symbols (``xconv.converters.tf.dims``) when no
+#: inputs are given: a length or an image size of 1 would hide mixing along that axis, and a
+#: convolution stack needs room. Other symbols (the batch included) are 1.
+_TF_ROLE_SIZES = {"seq": 8, "height": 32, "width": 32}
+
+
 def _tf_inputs_from_ir(model: ir.Model) -> tuple[Any, ...] | None:
-    """Random inputs matching the graph's input types (symbolic dims become 1)."""
+    """Random inputs matching the graph's input types (symbolic dims by role, else 1)."""
 
     rng = np.random.default_rng(0)
     out = []
     for value in model.graph.inputs:
         if value.shape is None or value.dtype is None:
             return None
-        shape = tuple(d if isinstance(d, int) else 1 for d in value.shape.dims)
+        shape = tuple(
+            d if isinstance(d, int) else _TF_ROLE_SIZES.get(getattr(d, "value", None), 1)
+            for d in value.shape.dims
+        )
         dt = np.dtype(value.dtype.numpy())
         out.append(rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt))
     return tuple(out)

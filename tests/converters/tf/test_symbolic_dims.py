@@ -156,6 +156,15 @@ def test_image_input_gets_height_and_width(image):
     assert _shape(model.graph.outputs[0]) == ["batch", 5]
 
 
+def test_pipeline_inputs_sized_by_role(tokens, image):
+    """Without inputs, the pipeline checks a token model at length 8 and an image at 32x32
+    (a size of 1 would hide mixing along the axis and starve a conv stack)."""
+    from xconv.pipeline.importers import _tf_inputs_from_ir
+
+    assert [x.shape for x in _tf_inputs_from_ir(tokens[1])] == [(1, 8)]
+    assert [x.shape for x in _tf_inputs_from_ir(image[1])] == [(1, 32, 32, 3)]
+
+
 def test_example_inputs_keep_other_dims_static():
     """Given example inputs, only the batch is symbolic: the examples fix the rest."""
     net = _tokens()

@@ -19,7 +19,8 @@ the model refuses. Only dims the signature leaves ``None`` become symbols; a dim
 Symbols of other values that tf2onnx invented (an output's ``unk__N``) are cleared to
 unknown, so the ONNX shape inference of the rewrites that follow rebuilds them from the
 inputs' names; :func:`restore_unknown` then names whatever inference could not resolve back to
-tf2onnx's symbol, so no dimension is left anonymous where it had a name before.
+tf2onnx's symbol (``tf_unk__N`` where ONNX inference minted the same name for another dim), so
+no dimension is left anonymous where it had a name before.
 """
 
 from __future__ import annotations
@@ -96,9 +97,18 @@ def name_symbolic_dims(model: ir.Model) -> dict[ir.Value, dict[int, str]]:
     return cleared
 
 
-def restore_unknown(cleared: dict[ir.Value, dict[int, str]]) -> None:
+def restore_unknown(model: ir.Model, cleared: dict[ir.Value, dict[int, str]]) -> None:
     """Give the dims shape inference left unknown their tf2onnx symbol back (values the
-    rewrites removed are skipped)."""
+    rewrites removed are skipped). A symbol ONNX inference has since minted for another dim
+    (it counts ``unk__0``, ``unk__1``, … too) is not reused: that would claim two unrelated
+    sizes equal; such a dim is named ``tf_<symbol>``."""
+    taken = {
+        d.value
+        for graph in model.graphs()
+        for value in _values(graph)
+        for d in (value.shape or ())
+        if isinstance(d, ir.SymbolicDim) and d.value is not None
+    }
     for value, axes in cleared.items():
         if value.shape is None:
             continue
@@ -106,7 +116,7 @@ def restore_unknown(cleared: dict[ir.Value, dict[int, str]]) -> None:
         changed = False
         for i, old in axes.items():
             if i < len(dims) and isinstance(dims[i], ir.SymbolicDim) and dims[i].value is None:
-                dims[i] = ir.SymbolicDim(old)
+                dims[i] = ir.SymbolicDim(f"tf_{old}" if old in taken else old)
                 changed = True
         if changed:
             value.shape = ir.Shape(dims)

@@ -272,7 +272,7 @@ def _from_keras(model: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
     keras_layers.flatten_depthwise_kernels(model_ir.graph, owners)
     keras_layers.annotate_weights(model_ir.graph, owners)
     _canonicalize(model_ir)
-    restore_unknown(cleared)
+    restore_unknown(model_ir, cleared)
     weights: dict[str, dict[str, str]] = {}
     scopes: dict[str, Any] = {}
     for path, (scope, layer, leaf) in owners.items():
@@ -315,7 +315,7 @@ def _from_function(fn: Any, examples: tuple[np.ndarray, ...] | None) -> ir.Model
     _name_by_value(model.graph, list(captured.values()))
     _finish(model, "tf.function")
     _canonicalize(model)
-    restore_unknown(cleared)
+    restore_unknown(model, cleared)
     return model
 
 
@@ -348,7 +348,7 @@ def _from_saved_model(path: Path, examples: tuple[np.ndarray, ...] | None) -> ir
     _name_by_value(model.graph, list(sig.variables))
     _finish(model, "saved_model")
     _canonicalize(model)
-    restore_unknown(cleared)
+    restore_unknown(model, cleared)
     return model
 
 
@@ -378,7 +378,7 @@ def _from_graph_def_file(path: Path) -> ir.Model:
     cleared = name_symbolic_dims(model)
     _finish(model, "graph_def")
     _canonicalize(model)
-    restore_unknown(cleared)
+    restore_unknown(model, cleared)
     return model
 
 
