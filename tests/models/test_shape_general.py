@@ -30,8 +30,9 @@ pytest.importorskip("flax")
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
 
-import xconv  # noqa: E402
 from flax import nnx  # noqa: E402
+
+import xconv  # noqa: E402
 from fixtures.torch_models import make_resnet  # noqa: E402
 from tests.torch_source import load_generated  # noqa: E402
 from xconv.pipeline import _load_generated  # noqa: E402
@@ -227,6 +228,15 @@ def _leaks(source: str, sizes: set[int]) -> list[str]:
             if numbers & sizes:
                 found.append(line.strip())
     return found
+
+
+def test_leak_check_sees_a_literal_size():
+    sizes = {5, 7}
+    assert _leaks("        h = x.reshape(5, 7, 32)", sizes) == ["h = x.reshape(5, 7, 32)"]
+    assert _leaks("    p = jnp.arange(0, 7, dtype=jnp.int64)", sizes)
+    assert _leaks("    m = jnp.broadcast_to(m, (x.shape[0], 1, 7, 7))", sizes)
+    assert not _leaks("        h = x.reshape(*x.shape[:2], -1, 8)", sizes)
+    assert not _leaks("        h = x.reshape(x.shape[0], 17, 32)", sizes)
 
 
 @pytest.mark.parametrize("source", ["flax_linen", "flax_nnx", "torch_source"])
