@@ -126,6 +126,11 @@ def program_limits(program: Any, dims: Sequence[Dims] | None = None) -> dict[str
             if isinstance(sym, int) or name is None or sym not in ranges:
                 continue
             lo, hi = _bound(ranges[sym].lower), _bound(ranges[sym].upper)
+            # torch.export gives every dynamic dim a lower bound of 2 (it specialises sizes 0
+            # and 1 when tracing), not a limit of the model: the program runs at 1 (a source
+            # that does not is dropped with a note, as for any shape it rejects).
+            if lo == 2:
+                lo = 1
             if name in out:  # two symbols under one name: the tighter range
                 plo, phi = out[name]
                 lo = max(lo or 0, plo or 0)
