@@ -208,6 +208,7 @@ def test_repeated_layers_traced_once_give_what_the_full_trace_gives(
     assert list(traced.model.graph.initializers) == list(full.model.graph.initializers)
     assert traced.sources == full.sources
     assert dict(traced.model.metadata_props) == dict(full.model.metadata_props)
+
     # Symbolic by default: torch numbers the input-size reads (``sym_size_int_N``) and the
     # size arithmetic (``add_N``) by its count of every such call while tracing, the ones it
     # removed afterwards included, which the copied layers cannot predict; the same nodes in
