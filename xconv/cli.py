@@ -228,7 +228,7 @@ def _print_summary(s, top: int = 0, title: str = "") -> None:
         io.add_column(col)
     for kind, rows in (("in", s.inputs), ("out", s.outputs)):
         for name, dtype, shape in rows:
-            io.add_row(kind, name, dtype, shape)
+            io.add_row(kind, escape(name), dtype, escape(shape))  # [batch, seq] is no markup
     console.print(io)
     for line in getattr(s, "fixed_dims", ()):
         console.print(f"fixed: {line}", markup=False, soft_wrap=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tracemalloc
 from pathlib import Path
 
@@ -207,8 +208,16 @@ def test_repeated_layers_traced_once_give_what_the_full_trace_gives(
     assert list(traced.model.graph.initializers) == list(full.model.graph.initializers)
     assert traced.sources == full.sources
     assert dict(traced.model.metadata_props) == dict(full.model.metadata_props)
-    names = [n.name for n in traced.program.graph.nodes]
-    assert names == [n.name for n in full.program.graph.nodes]
+
+    # Symbolic by default: torch numbers the input-size reads (``sym_size_int_N``) and the
+    # size arithmetic (``add_N``) by its count of every such call while tracing, the ones it
+    # removed afterwards included, which the copied layers cannot predict; the same nodes in
+    # the same order (model.py and the shards below are byte-identical).
+    def fx_names(p):
+        return [re.sub(r"_\d+$", "", n.name) for n in p.graph.nodes]
+
+    names = fx_names(traced.program)
+    assert names == fx_names(full.program)
     assert any(n.endswith("_weight") and "layers_3" in n for n in names)
 
     def specs(p):

@@ -5,6 +5,7 @@ printed by the CLI. Numbers are checked against torch at several shapes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,8 +169,8 @@ def test_cli_static_and_fixed_lines(saved_cnn, tmp_path, monkeypatch):
     # A state_dict through --module: symbolic, the channel dim printed as fixed.
     torch.save(SmallCNN().state_dict(), tmp_path / "cnn.pt")
     (tmp_path / "cnn_factory.py").write_text(
-        "import sys\nsys.path.insert(0, %r)\n" % str(__import__("pathlib").Path(__file__).parent)
-        + "from test_symbolic_default import SmallCNN\n\ndef make():\n    return SmallCNN()\n"
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_symbolic_default import SmallCNN\n\ndef make():\n    return SmallCNN()\n"
     )
     args = ["torch-to-jax", "cnn.pt", "--module", "cnn_factory:make", "--input-shape", "2,3,8,8"]
     out = runner.invoke(main, [*args, "-o", "dyn"])

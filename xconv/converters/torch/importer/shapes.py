@@ -31,7 +31,6 @@ import torch
 
 from xconv.ir.metadata import FIXED_DIMS, describe_fixed_dim, fixed_dims
 
-
 #: Why a dimension is fixed (the ``reason`` of a :data:`FIXED_DIMS` entry).
 MODEL = "model"  # the model's code fixed it (source_line says where, when known)
 SIZE_ONE = "size-1 example"  # example size 1, kept: the model did not trace at size 2
@@ -341,10 +340,10 @@ def role_names(graph: ir.Graph) -> dict[str, str]:
     # A symbol the user already named (Dim("batch")) keeps its name.
     for value in graph.inputs:
         for d in value.shape.dims if value.shape is not None else ():
-            if isinstance(d, ir.SymbolicDim) and d.value and _is_identifier(d.value):
-                if not _SYMBOL.fullmatch(d.value):
-                    names[d.value] = d.value
-                    taken.add(d.value)
+            named = isinstance(d, ir.SymbolicDim) and d.value and d.value.isidentifier()
+            if named and not _SYMBOL.fullmatch(d.value):
+                names[d.value] = d.value
+                taken.add(d.value)
     for value in graph.inputs:
         if value.shape is None or value.is_initializer():
             continue
@@ -361,10 +360,6 @@ def role_names(graph: ir.Graph) -> dict[str, str]:
             names[d.value] = name
             taken.add(name)
     return {k: v for k, v in names.items() if k != v}
-
-
-def _is_identifier(text: str) -> bool:
-    return text.isidentifier()
 
 
 def name_dims(graph: ir.Graph) -> dict[str, str]:

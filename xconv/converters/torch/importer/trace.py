@@ -256,8 +256,11 @@ def _export(
                     module, positional, kwargs=kw, dynamic_shapes=dynamic_shapes, strict=False
                 )
         except Exception as e:  # noqa: BLE001 (the next try, or the first error, below)
-            logger.debug("export with %s failed: %s", "size-1 dims at 2" if repeated else
-                         "the example", _first_line(e))
+            logger.debug(
+                "export with %s failed: %s",
+                "size-1 dims at 2" if repeated else "the example",
+                _first_line(e),
+            )
             error = e
             continue
         break
@@ -290,9 +293,11 @@ def _takes_varargs(module: nn.Module) -> bool:
         params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
         return False
-    return bool(params) and all(p.kind is p.VAR_POSITIONAL for p in params[:1]) and not [
-        p for p in params[1:] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    return (
+        bool(params)
+        and all(p.kind is p.VAR_POSITIONAL for p in params[:1])
+        and not [p for p in params[1:] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    )
 
 
 @contextlib.contextmanager
