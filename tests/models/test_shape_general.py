@@ -100,12 +100,9 @@ def _input(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
 
 
 def _convert(module: torch.nn.Module, example: torch.Tensor):
-    """The model with every non-channel dim of its input symbolic (the one conversion)."""
-    from torch.export import Dim
-
-    dims = {i: Dim.AUTO for i in range(example.dim()) if not (example.dim() == 4 and i == 1)}
-    program = torch.export.export(module, (example,), dynamic_shapes=(dims,), strict=False)
-    return xconv.from_torch(program)
+    """The one conversion, as a new user writes it: no argument but the example (symbolic
+    by default: every dim torch.export keeps dynamic)."""
+    return xconv.from_torch(module, (example,))
 
 
 @functools.cache
@@ -183,6 +180,9 @@ def test_symbolic_dims_are_the_admissible_ones(name):
     got = tuple(i for i, d in enumerate(value.shape) if not isinstance(d, int))
     assert got == symbolic, value.shape
     assert all(isinstance(d, ir.SymbolicDim) for i, d in enumerate(value.shape) if i in got)
+    # named by role: batch, seq (token ids), height and width (an image)
+    roles = {1: "seq"} if value.dtype.is_integer() else {2: "height", 3: "width"}
+    assert [value.shape[i].value for i in got] == [roles.get(i, "batch") for i in got]
 
 
 @pytest.mark.parametrize("target", TARGETS)
