@@ -183,3 +183,22 @@ def test_cli_static_and_fixed_lines(saved_cnn, tmp_path, monkeypatch):
     assert "--static: every input is fixed at its example shape" in out.output
     onnx_model = xconv.load(tmp_path / "stat" / "model.onnx")
     assert dims(onnx_model.graph.inputs[0]) == [2, 3, 8, 8]
+
+
+def test_adaptive_pooling_keeps_its_spatial_dims_and_says_why():
+    """torch.onnx writes an adaptive pooling's kernel from the example's size: pooled to 4x4,
+    the spatial dims stay the example's (at 16x16 the ONNX pooled the wrong windows), the
+    batch stays free, and the fixed dims say why."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+        nn.Linear(64, 5),
+    ).eval()  # fmt: skip
+    model = xconv.from_torch(net, (torch.randn(1, 3, 32, 32),))
+    (value,) = model.graph.inputs
+    assert [getattr(d, "value", d) for d in value.shape] == ["batch", 3, 32, 32]
+    reasons = {e["dim"]: e["reason"] for e in fixed_dims(model)}
+    assert "adaptive_avg_pool2d to (4, 4)" in reasons[2] and "adaptive" in reasons[3]
+    fn, params = xconv.to_jax(model)
+    x = torch.randn(3, 3, 32, 32)
+    np.testing.assert_allclose(np.asarray(fn(params, x)[0]), net(x).detach().numpy(), atol=1e-5)

@@ -120,10 +120,19 @@ def ones(args: tuple | dict) -> tuple[bool, bool]:
 
 
 def user_line(frames: traceback.StackSummary | None = None) -> str | None:
-    """``file:line`` of the innermost frame outside torch and xconv (the model's code)."""
+    """``file:line`` of the innermost frame outside torch and xconv (the model's code), or
+    None when the trace reached it only through torch's own modules (an ``nn.Sequential`` of
+    torch layers): a frame outside xconv's export call (the CLI, a test runner) is not the
+    model's."""
+    inside = False  # past the innermost frames (this recorder's own) into torch's
     for frame in reversed(frames if frames is not None else traceback.extract_stack()):
         path = frame.filename
-        if path.startswith((_TORCH_DIR, _XCONV_DIR, "<")):
+        if path.startswith(_XCONV_DIR):
+            if inside:
+                return None
+            continue
+        inside = True
+        if path.startswith((_TORCH_DIR, "<")):
             continue
         return f"{path}:{frame.lineno}"
     return None

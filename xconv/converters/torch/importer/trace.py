@@ -276,14 +276,71 @@ def _export(
         raise ConversionError(
             f"torch.export could not trace {type(module).__name__}: {_first_line(error)}.{hint}"
         ) from error
+    pooled = None if static else _adaptive_pool_over_symbols(program)
+    if pooled is not None:
+        # torch.onnx writes an adaptive pooling's kernel and strides from the example's size:
+        # at another size the ONNX pools wrong windows. Only the batch stays free.
+        logger.info("%s over symbolic sizes: only the batch is dynamic", pooled[0])
+        free = {
+            (name, dim)
+            for name, val in shapes.program_inputs(program)
+            if isinstance(val, torch.Tensor)
+            for dim, raw in enumerate(val.shape)
+            if shapes.static_size(raw) is None
+        }
+        spec = shapes.batch_spec(traced_args, batch or torch.export.Dim.AUTO)
+        if varargs:
+            spec = (tuple(spec),)
+        kw = traced_args if kwargs is not None else None
+        positional = () if kwargs is not None else traced_args
+        with shapes.recording_specialisations() as records, _quiet_specialisation():
+            program = torch.export.export(
+                module, positional, kwargs=kw, dynamic_shapes=spec, strict=False
+            )
     if static:
         fixed = shapes.all_fixed(program, shapes.STATIC)
     else:
         fixed = shapes.fixed_in_program(program, traced_args, records)
+    if pooled is not None:
+        for entry in fixed:
+            if (entry["input"], entry["dim"]) in free:
+                entry["reason"] = (
+                    f"{pooled[0]}: torch.onnx writes its kernel from the example's size"
+                )
+                if pooled[1] and "source_line" not in entry:
+                    entry["source_line"] = pooled[1]
     shapes.set_fixed(program, fixed)
     if dynamic_batch:
         _check_batch_dynamic_in_program(program)
     return program
+
+
+_ADAPTIVE_POOLS = (
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d", "adaptive_avg_pool3d",
+    "_adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+)  # fmt: skip
+
+
+def _adaptive_pool_over_symbols(program: Any) -> tuple[str, str | None] | None:
+    """``(what, source line)`` of an adaptive pooling to a size other than 1 whose input has a
+    symbolic pooled dimension, or None (pooling to 1 is a global pooling: any size)."""
+    for node in program.graph.nodes:
+        name = getattr(getattr(node.target, "_schema", None), "name", "")
+        if node.op != "call_function" or name.removeprefix("aten::") not in _ADAPTIVE_POOLS:
+            continue
+        val = node.args[0].meta.get("val") if node.args else None
+        out = node.args[1] if len(node.args) > 1 else None
+        sizes = list(out) if isinstance(out, list | tuple) else [out]
+        if val is None or all(o == 1 for o in sizes):
+            continue
+        pooled = list(val.shape)[-len(sizes) :]
+        if any(not isinstance(d, int) for d in pooled):
+            trace = node.meta.get("stack_trace") or ""
+            frames = _FRAME.findall(trace)
+            user = [f"{f}:{n}" for f, n in frames if not f.startswith(_TORCH_DIR)]
+            what = f"{name.removeprefix('aten::').lstrip('_')} to {tuple(sizes)}"
+            return what, (user[-1] if user else None)
+    return None
 
 
 def _takes_varargs(module: nn.Module) -> bool:
