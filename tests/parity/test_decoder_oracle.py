@@ -135,7 +135,7 @@ def test_dynamic_shape_decoder_keeps_the_oracle_block_by_block(family):
     blocks = [b.name for b in split_program(program)]
     assert [s.name for s in report.scopes] == blocks, (where, "a block was merged", report.notes)
     sets = _shape_sets(report.to_dict())
-    assert sets["shape_small"] == [2, 4] and sets["shape_large"] == [3, 9], (where, sets)
+    assert sets["shape_small"] == [1, 4] and sets["shape_large"] == [3, 9], (where, sets)
 
 
 @pytest.mark.parametrize("family", DYNAMIC)
@@ -153,7 +153,7 @@ def test_dynamic_pt2_converts_with_the_oracle_at_every_shape(family, tmp_path):
     assert saved["passed"] and saved["policy"].startswith("oracle"), (where, saved["notes"])
     assert not saved["downgrades"], (where, saved["downgrades"])
     sets = _shape_sets(saved)
-    assert sets["shape_small"] == [2, 4] and sets["shape_large"] == [3, 9], (where, sets)
+    assert sets["shape_small"] == [1, 4] and sets["shape_large"] == [3, 9], (where, sets)
     assert all(s["passed"] for s in saved["input_sets"]), (where, saved["input_sets"])
 
 

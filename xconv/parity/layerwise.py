@@ -558,10 +558,16 @@ class IRBlocks:
 
     def plan(self, block: Block) -> list[Any] | str:
         """The IR nodes computing ``block.outputs`` from ``block.inputs``, or why not."""
-        missing = [n for n in (*block.inputs, *block.outputs) if n not in self.values]
+        # A symbolic size entering the block (``sym_size_int``) that the IR does not hold:
+        # the importer gives each scope its own size of a tensor it reads (_localize_sizes),
+        # so the block computes it from its tensor inputs.
+        missing = [
+            n for n in (*block.inputs, *block.outputs)
+            if n not in self.values and not (n in block.inputs and n.startswith("sym_size"))
+        ]  # fmt: skip
         if missing:
             return f"no IR value named {missing[:3]}"
-        stop = {id(self.values[n]) for n in block.inputs}
+        stop = {id(self.values[n]) for n in block.inputs if n in self.values}
         graph_inputs = {id(v) for v in self.model.graph.inputs}
         seen: set[int] = set()
         todo = [self.values[n] for n in block.outputs]
@@ -583,8 +589,10 @@ class IRBlocks:
 
     def scalar(self, name: str, x: Any) -> np.ndarray:
         """A symbolic size crossing blocks (a Python int) as the IR value's shape."""
-        value = self.values[name]
         arr = np.asarray(x, dtype=np.int64)
+        value = self.values.get(name)
+        if value is None:  # a size the block recomputes (see plan)
+            return arr
         shape = value.shape
         if shape is not None and all(isinstance(d, int) for d in shape):
             arr = arr.reshape(tuple(shape))
@@ -603,6 +611,8 @@ class IRBlocks:
         env: dict[Any, Any] = {}
         put = self.placement
         for name, x in inputs.items():
+            if name not in self.values:  # a size the block recomputes (see plan)
+                continue
             env[self.values[name]] = put.input(x) if put is not None else jnp.asarray(x)
         for node in nodes:
             for v in node.inputs:

@@ -54,6 +54,7 @@ from xconv.ir.naming import split_path
 from xconv.ir.passes import DeadNodeRemovalPass, canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated
 from xconv.ir.passes.layout import sink_transposes
+from xconv.ir.scoped_sizes import localize_sizes
 
 #: float4e2m1 in numpy (ml_dtypes), as the IR holds its constants.
 _FLOAT4 = np.dtype(ir.DataType.FLOAT4E2M1.numpy())
@@ -656,7 +657,11 @@ def _copy(model: ir.Model) -> ir.Model:
 
 def generate(model: ir.Model) -> tuple[str, dict[str, np.ndarray]]:
     """Return ``(model.py source, state_dict as numpy arrays)`` without writing anything."""
-    model = canonicalize(_copy(model))
+    model = _copy(model)
+    # Each layer computes the symbolic sizes it reads (a standard layer's body reads only its
+    # own inputs: nn.MultiheadAttention), on this copy: see xconv.ir.scoped_sizes.
+    localize_sizes(model.graph)
+    model = canonicalize(model)
     if model.metadata_props.get("xconv.source") != "torch":
         # A channels-last source: compute channels-first between layers (see layout.py).
         sink_transposes(model)
