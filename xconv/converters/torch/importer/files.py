@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from xconv.converters.torch.importer.shapes import quiet_logger as _quiet
 from xconv.errors import ConversionError, InvalidModelError, UsageError, WeightsError
 from xconv.factories import Factory, resolve_factory
 
@@ -235,21 +236,6 @@ def _register_pytree_types(names: set[str]) -> list[str]:
         if name not in known:
             missing.append(name)
     return missing
-
-
-@contextlib.contextmanager
-def _quiet(logger_name: str):
-    """Silence a framework logger below ERROR for the duration (torch.export logs a whole
-    traceback for an unreadable archive before raising; the raised error is reported)."""
-    import logging
-
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 #: Archives below this size are CRC-checked entry by entry before loading.

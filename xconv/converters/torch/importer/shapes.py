@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import traceback
@@ -117,6 +118,20 @@ def ones(args: tuple | dict) -> tuple[bool, bool]:
             leading = leading or a.shape[0] == 1
             inner = inner or 1 in tuple(a.shape[1:])
     return leading, inner
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str) -> Iterator[None]:
+    """Silence a framework logger below ERROR for the duration: torch warns for each size-1
+    example dimension it specialises (reported in ``xconv.fixed_dims`` instead; the library
+    never prints) and logs a whole traceback for an unreadable archive before raising."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def user_line(frames: traceback.StackSummary | None = None) -> str | None:

@@ -251,7 +251,10 @@ def _export(
         if varargs and dynamic_shapes is not None:
             dynamic_shapes = (tuple(dynamic_shapes),)
         try:
-            with shapes.recording_specialisations() as records, _quiet_specialisation():
+            with (
+                shapes.recording_specialisations() as records,
+                shapes.quiet_logger("torch._export.non_strict_utils"),
+            ):
                 program = torch.export.export(
                     module, positional, kwargs=kw, dynamic_shapes=dynamic_shapes, strict=False
                 )
@@ -292,7 +295,10 @@ def _export(
             spec = (tuple(spec),)
         kw = traced_args if kwargs is not None else None
         positional = () if kwargs is not None else traced_args
-        with shapes.recording_specialisations() as records, _quiet_specialisation():
+        with (
+            shapes.recording_specialisations() as records,
+            shapes.quiet_logger("torch._export.non_strict_utils"),
+        ):
             program = torch.export.export(
                 module, positional, kwargs=kw, dynamic_shapes=spec, strict=False
             )
@@ -355,19 +361,6 @@ def _takes_varargs(module: nn.Module) -> bool:
         and all(p.kind is p.VAR_POSITIONAL for p in params[:1])
         and not [p for p in params[1:] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     )
-
-
-@contextlib.contextmanager
-def _quiet_specialisation():
-    """torch warns on stderr for each size-1 example dimension it specialises (0/1 rule); the
-    importer reports those in ``xconv.fixed_dims`` instead (the library never prints)."""
-    log = logging.getLogger("torch._export.non_strict_utils")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 def _export_to_ir(
