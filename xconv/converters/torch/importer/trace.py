@@ -236,7 +236,8 @@ def _export(
         if dynamic_batch and shapes.ones(args)[0]:
             tries = [(shapes.repeat_ones(args, leading_only=True), tries[0][1], True)]
     else:
-        spec = shapes.dynamic_spec(args, batch)
+        # dynamic_batch=True keeps its meaning: the batch symbolic, the other dims the example's.
+        spec = shapes.batch_spec(args, batch) if dynamic_batch else shapes.dynamic_spec(args, batch)
         leading, inner = shapes.ones(args)
         tries = []
         if leading or inner:
