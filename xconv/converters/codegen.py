@@ -330,19 +330,15 @@ _REDUCES = frozenset(
 )
 
 
-def _static_shape(v: ir.Value) -> list[int] | None:
-    if v.shape is None or not all(isinstance(d, int) for d in v.shape):
-        return None
-    return [int(d) for d in v.shape]
-
-
 def fold_reduce_reshapes(model: ir.Model) -> ir.Model:
     """A reduction with ``keepdims=1`` read only by a Reshape that just drops its reduced unit
     axes becomes one reduction with ``keepdims=0`` (in place): ``jnp.mean(x, axis=(1, 2))``,
     not a keepdims mean then a reshape (a global average pool before the classifier).
 
-    Only on static shapes: the Reshape's constant target equals the reduction's input shape
-    with exactly the reduced axes removed; anything else is left as it is.
+    The Reshape's output shape (as recorded, symbolic dims by name; else its constant
+    target) equals the reduction's input shape with exactly
+    the reduced axes removed; anything else is left as it is. Size arithmetic that built the
+    target goes with the Reshape.
     """
     graph = model.graph
     annotated = is_annotated(graph)
@@ -361,8 +357,10 @@ def fold_reduce_reshapes(model: ir.Model) -> ir.Model:
             continue
         if any(k != "allowzero" for k in reshape.attributes):
             continue
-        shape = _static_shape(node.inputs[0])
-        target = constant_of(reshape.inputs[1], annotated)
+        shape = _dims_of(node.inputs[0])
+        target = _dims_of(reshape.outputs[0])  # the recorded shape, symbolic dims by name
+        if target is None:
+            target = constant_of(reshape.inputs[1], annotated)
         if shape is None or target is None:
             continue
         if len(node.inputs) > 1 and node.inputs[1] is not None and node.inputs[1].name:
@@ -375,14 +373,46 @@ def fold_reduce_reshapes(model: ir.Model) -> ir.Model:
         rank = len(shape)
         reduced = {int(a) % rank for a in np.asarray(axes).reshape(-1)}
         kept = [d for i, d in enumerate(shape) if i not in reduced]
-        if [int(t) for t in np.asarray(target).reshape(-1)] != kept:
+        if not isinstance(target, list):
+            target = [int(t) for t in np.asarray(target).reshape(-1)]
+        if target != kept:
             continue
         node.attributes["keepdims"] = ir.AttrInt64("keepdims", 0)
         old = reshape.outputs[0]
         out.shape, out.dtype = old.shape, old.dtype
         ir.convenience.replace_all_uses_with(old, out)
         graph.remove(reshape, safe=True)
+        _remove_unread(graph, reshape.inputs[1])
     return model
+
+
+def _dims_of(v: ir.Value) -> list[int | str] | None:
+    """A value's dimensions: ints, and the names of symbolic ones; None where any is unknown."""
+    if v.shape is None:
+        return None
+    dims: list[int | str] = []
+    for d in v.shape:
+        if isinstance(d, int):
+            dims.append(int(d))
+        elif getattr(d, "value", None):
+            dims.append(str(d.value))
+        else:
+            return None
+    return dims
+
+
+def _remove_unread(graph: ir.Graph, value: ir.Value | None) -> None:
+    """Remove the nodes that computed ``value`` (a Reshape's target) once nothing reads them."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        node = v.producer() if v is not None else None
+        if node is None or node.graph is not graph or any(o.uses() for o in node.outputs):
+            continue
+        if any(o.is_graph_output() for o in node.outputs):
+            continue
+        graph.remove(node, safe=True)
+        stack.extend(node.inputs)
 
 
 def drop_noop_attention_masks(model: ir.Model) -> ir.Model:
