@@ -38,9 +38,7 @@ def model(request):
     """(name, torch module, example inputs, IR) for the CNN and the transformer fixture."""
     module, x = getattr(torch_models, request.param)()
     x = x if isinstance(x, tuple) else (x,)
-    # The packed self-attention (_torch_mha) is written for a static sequence length: with
-    # symbolic shapes the Flax emitter writes attention op by op (left on issue 53).
-    return request.param, module, x, xconv.from_torch(module, x, static=True)
+    return request.param, module, x, xconv.from_torch(module, x)
 
 
 def _eqns(jaxpr):

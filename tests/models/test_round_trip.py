@@ -37,10 +37,7 @@ def _exec_file(path):
 def _round_trip(name: str, api: str, tmp: str):
     module, inputs = FIXTURES[name]()
     module.eval()
-    # dynamic_batch: the batch symbolic, the sequence the example's (the packed attention
-    # form below is written for a static sequence length; left on issue 53)
-    model = xconv.from_torch(module, inputs, dynamic_batch=name == "transformer")
-    out = xconv.to_flax(model, f"{tmp}/{name}_{api}", api=api)
+    out = xconv.to_flax(xconv.from_torch(module, inputs), f"{tmp}/{name}_{api}", api=api)
     loaded = _exec_file(out / "model.py").load(out)
     xs = tuple(x.numpy() for x in inputs)
     if api == "linen":

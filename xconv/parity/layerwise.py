@@ -558,9 +558,8 @@ class IRBlocks:
 
     def plan(self, block: Block) -> list[Any] | str:
         """The IR nodes computing ``block.outputs`` from ``block.inputs``, or why not."""
-        # A symbolic size entering the block (``sym_size_int``) that the IR does not hold:
-        # the importer gives each scope its own size of a tensor it reads (_localize_sizes),
-        # so the block computes it from its tensor inputs.
+        # A symbolic size entering the block (``sym_size_int``) that the IR does not hold
+        # by that name: the block computes it from its tensor inputs.
         missing = [
             n for n in (*block.inputs, *block.outputs)
             if n not in self.values and not (n in block.inputs and n.startswith("sym_size"))

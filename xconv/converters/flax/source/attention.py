@@ -137,6 +137,18 @@ _PACKED_OPS = frozenset(
     {"Transpose", "MatMul", "Gemm", "Add", "Reshape", "Unsqueeze", "Squeeze", "Gather"}
     | {"Split", "Slice", "Attention", "Constant", "Identity"}
 )
+#: Integer arithmetic over the input's sizes (the symbolic batch and sequence length).
+_SIZE_OPS = frozenset({"Shape", "Concat", "Add", "Sub", "Mul", "Div", "Cast"})
+
+
+def _packed_op(node: ir.Node) -> bool:
+    """A projection or layout op, or a shape built from sizes (a symbolic batch or sequence
+    length's ``view`` target, which ``_torch_mha`` reads from its input instead)."""
+    return node.op_type in _PACKED_OPS or _size_op(node)
+
+
+def _size_op(node: ir.Node) -> bool:
+    return node.op_type in _SIZE_OPS and all(o.dtype == ir.DataType.INT64 for o in node.outputs)
 
 
 def packed_self_attention(p) -> bool:
@@ -156,7 +168,7 @@ def packed_self_attention(p) -> bool:
     shape = p.inputs[0].shape
     if shape is None or len(shape) != 3 or shape[-1] != e:
         return False
-    if any(n.op_type not in _PACKED_OPS or n.domain not in ("", "ai.onnx") for n in p.body):
+    if any(n.domain not in ("", "ai.onnx") or not _packed_op(n) for n in p.body):
         return False
     att = [n for n in p.body if n.op_type == "Attention"]
     if len(att) != 1 or any(v is not None and v.name for v in att[0].inputs[3:]):
@@ -170,7 +182,7 @@ def packed_self_attention(p) -> bool:
     if scale is not None and not np.isclose(scale.value, 1 / np.sqrt(d), rtol=1e-6):
         return False
     biases = {p.weights["in_proj_bias"], p.weights["out_proj_bias"]}
-    adds = [n for n in p.body if n.op_type in ("Add", "Gemm")]
+    adds = [n for n in p.body if n.op_type in ("Add", "Gemm") and not _size_op(n)]
     for n in adds:
         scaled = [n.attributes.get(k) for k in ("alpha", "beta")]
         if any(a is not None and a.value != 1 for a in scaled):

@@ -52,6 +52,7 @@ from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, get_scope
 from xconv.ir.passes import canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
+from xconv.ir.scoped_sizes import localize_sizes
 from xconv.weights.flax_msgpack import write_msgpack
 from xconv.weights.flax_names import (
     DROPPED_ROLES,
@@ -630,7 +631,11 @@ def _run(model: ir.Model, api: str, options: FlaxOptions | None) -> _Emitter:
     if api not in ("linen", "nnx"):
         raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
     low = precision.resolve_dtype((options or FlaxOptions()).dtype)
-    model = canonicalize(_copy(model))
+    model = _copy(model)
+    # Each layer computes the symbolic sizes it reads, on this copy (xconv.ir.scoped_sizes):
+    # a layer body that took them as arguments could not be written as the layer it is.
+    localize_sizes(model.graph)
+    model = canonicalize(model)
     model = fold_head_transposes(drop_noop_attention_masks(fold_reduce_reshapes(model)), low)
     em = _Emitter(model, api, options)
     em.plan_layers()
