@@ -25,6 +25,7 @@ from xconv.errors import (
 )
 from xconv.ir.metadata import ROLE, get_layer, get_scope
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
+from xconv.ir.passes.simplify import DeadNodeRemovalPass
 
 
 def subgraphs(node: ir.Node) -> list[ir.Graph]:
@@ -341,7 +342,7 @@ def fold_reduce_reshapes(model: ir.Model) -> ir.Model:
     target goes with the Reshape.
     """
     graph = model.graph
-    annotated = is_annotated(graph)
+    annotated, folded = is_annotated(graph), False
     for node in [n for n in graph if n.op_type in _REDUCES and n.domain in ("", "ai.onnx")]:
         keep = node.attributes.get("keepdims")
         if keep is not None and not keep.value:
@@ -382,7 +383,9 @@ def fold_reduce_reshapes(model: ir.Model) -> ir.Model:
         out.shape, out.dtype = old.shape, old.dtype
         ir.convenience.replace_all_uses_with(old, out)
         graph.remove(reshape, safe=True)
-        _remove_unread(graph, reshape.inputs[1])
+        folded = True
+    if folded:  # the size arithmetic that built a target
+        DeadNodeRemovalPass()(model)
     return model
 
 
@@ -399,20 +402,6 @@ def _dims_of(v: ir.Value) -> list[int | str] | None:
         else:
             return None
     return dims
-
-
-def _remove_unread(graph: ir.Graph, value: ir.Value | None) -> None:
-    """Remove the nodes that computed ``value`` (a Reshape's target) once nothing reads them."""
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        node = v.producer() if v is not None else None
-        if node is None or node.graph is not graph or any(o.uses() for o in node.outputs):
-            continue
-        if any(o.is_graph_output() for o in node.outputs):
-            continue
-        graph.remove(node, safe=True)
-        stack.extend(node.inputs)
 
 
 def drop_noop_attention_masks(model: ir.Model) -> ir.Model:
