@@ -336,10 +336,9 @@ def fold_reduce_reshapes(model: ir.Model) -> ir.Model:
     axes becomes one reduction with ``keepdims=0`` (in place): ``jnp.mean(x, axis=(1, 2))``,
     not a keepdims mean then a reshape (a global average pool before the classifier).
 
-    The Reshape's output shape (as recorded, symbolic dims by name; else its constant
-    target) equals the reduction's input shape with exactly
-    the reduced axes removed; anything else is left as it is. Size arithmetic that built the
-    target goes with the Reshape.
+    The Reshape's output shape (as recorded, symbolic dims by name; else its constant target)
+    equals the reduction's input shape with exactly the reduced axes removed; anything else is
+    left as it is. Size arithmetic that built the target goes with the Reshape.
     """
     graph = model.graph
     annotated, folded = is_annotated(graph), False
@@ -361,7 +360,8 @@ def fold_reduce_reshapes(model: ir.Model) -> ir.Model:
         shape = _dims_of(node.inputs[0])
         target = _dims_of(reshape.outputs[0])  # the recorded shape, symbolic dims by name
         if target is None:
-            target = constant_of(reshape.inputs[1], annotated)
+            const = constant_of(reshape.inputs[1], annotated)
+            target = None if const is None else [int(t) for t in np.asarray(const).reshape(-1)]
         if shape is None or target is None:
             continue
         if len(node.inputs) > 1 and node.inputs[1] is not None and node.inputs[1].name:
@@ -374,8 +374,6 @@ def fold_reduce_reshapes(model: ir.Model) -> ir.Model:
         rank = len(shape)
         reduced = {int(a) % rank for a in np.asarray(axes).reshape(-1)}
         kept = [d for i, d in enumerate(shape) if i not in reduced]
-        if not isinstance(target, list):
-            target = [int(t) for t in np.asarray(target).reshape(-1)]
         if target != kept:
             continue
         node.attributes["keepdims"] = ir.AttrInt64("keepdims", 0)
