@@ -99,17 +99,18 @@ def test_a_kernel_held_in_onnx_layout_is_transposed_only_where_its_patches_outwe
 
 
 @pytest.mark.parametrize("api", ["linen", "nnx"])
-def test_generated_flax_writes_the_matmul_helper_and_reads_back_as_conv(net, tmp_path, api):
+def test_generated_flax_writes_plain_convs_and_reads_back_as_conv(net, tmp_path, api):
+    """The generated source's convolutions are the plain nn.Conv a person writes, whatever
+    to_jax's ``conv`` formulation runs on this backend (that is the runtime's choice, not the
+    committed model's): 6 convolutions in its trace, and back as 6 Conv nodes."""
     module, x, model = net
     want = module(x).detach().numpy()
     out = xconv.to_flax(model, tmp_path / "auto", api=api)
     gen, src = import_generated(out), (out / "model.py").read_text()
-    flat = re.sub(r"\s", "", src)
-    assert flat.count("conv_general_dilated=_matmul_conv") == 4  # not dilated, not 16 channels
-    assert "\ndef _matmul_conv(lhs, rhs, window_strides, padding, **kwargs):\n" in src
+    assert "def _matmul_conv" not in src and "conv_general_dilated=" not in src, src
     flax_model, variables, got, traced = apply_generated(gen, out, api, x.numpy())
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
-    assert str(traced).count("conv_general_dilated[") == 2  # on this suite's CPU backend
+    assert str(traced).count("conv_general_dilated[") == 6
     # from_flax traces the layers as the convolutions they compute: the IR keeps 6 Conv
     back = xconv.from_flax(flax_model, variables, (x.numpy(),))
     assert sum(n.op_type == "Conv" for n in back.graph) == 6

@@ -6,10 +6,10 @@ A torch attention block splits heads with ``view(b, t, h, d).transpose(1, 2)``, 
 keeps that layout, so a literal translation transposes q, k, v into (B, H, S, D) and the
 result out of it. ``jax.nn.dot_product_attention`` takes (B, S, H, D): :func:`fold_head_transposes`
 drops those four transposes from the emitter's copy of the graph and marks the node
-(:data:`BSHD`), and the ``Attention`` template writes one call on the untransposed arrays:
-the module's ``_dot_product_attention`` helper, which is ``jax.nn.dot_product_attention``
-except on the CPU, where it contracts head-major heads (faster on XLA:CPU:
-``benchmarks/attention_core.md``).
+(:data:`BSHD`), and the ``Attention`` template writes one ``jax.nn.dot_product_attention``
+call on the untransposed arrays, as a person writes it. A faster formulation for one backend
+(head-major einsums on XLA:CPU, ``benchmarks/attention_core.md``) belongs to ``to_jax``, not
+to the generated source.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def fold_head_transposes(model: ir.Model, low: bool = False) -> ir.Model:
 
 
 def dot_product_attention(c, mask: str, causal: bool) -> str | None:
-    """``_dot_product_attention(q, k, v)`` for an ``Attention`` call (an ``OpCall``)
+    """``jax.nn.dot_product_attention(q, k, v)`` for an ``Attention`` call (an ``OpCall``)
     without a mask (or with the causal one), float32 4-D inputs and ONNX's default scale
     semantics; None where the ``_attention`` helper is needed (masks, 3-D inputs, bfloat16
     compute, other dtypes). (B, H, S, D) inputs are swapped to jax's (B, S, H, D) and back
@@ -125,11 +125,11 @@ def dot_product_attention(c, mask: str, causal: bool) -> str | None:
     kw = ", is_causal=True" if causal else ""
     if c.attrs["scale"] is not None:
         kw += f", scale={scalar_literal(c.attrs['scale'])}"
-    c.helpers.add("dot_product_attention")
+    call = "jax.nn.dot_product_attention"
     if c.node.metadata_props.get(BSHD):
-        return f"_dot_product_attention({c.args[0]}, {c.args[1]}, {c.args[2]}{kw})"
+        return f"{call}({c.args[0]}, {c.args[1]}, {c.args[2]}{kw})"
     qkv = ", ".join(c.args[:3])
-    return f"_dot_product_attention(*(t.swapaxes(1, 2) for t in ({qkv})){kw}).swapaxes(1, 2)"
+    return f"{call}(*(t.swapaxes(1, 2) for t in ({qkv})){kw}).swapaxes(1, 2)"
 
 
 _PACKED = frozenset({"in_proj_kernel", "in_proj_bias", "out_proj_kernel", "out_proj_bias"})

@@ -34,7 +34,7 @@ _CTOR = re.compile(
 )
 #: A boolean argument of an activation that instances may differ in (torch's
 #: ``nn.GELU(approximate=...)`` per layer): a ``bool`` field.
-_FLAG = re.compile(r"(?<=\b_gelu\()(?P<x>[^\n]*?), approximate=(?P<flag>True|False)\)")
+_FLAG = re.compile(r"(?<=\bjax\.nn\.gelu\()(?P<x>[^\n]*?), approximate=(?P<flag>True|False)\)")
 _BOOL_ROLES = frozenset({"approximate", "downsample", "shortcut"})
 #: Fields with a default (``strides: int = 1``): passed by keyword, omitted when default.
 _DEFAULTS = {"strides": 1, "downsample": 0, "shortcut": 0}

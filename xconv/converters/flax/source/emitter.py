@@ -31,7 +31,7 @@ from xconv.converters.codegen import (
 from xconv.converters.flax.source import classes as flax_classes
 from xconv.converters.flax.source import templates_resize as flax_ops_resize  # noqa: F401  (registers templates)
 from xconv.converters.flax.source.attention import fold_head_transposes, packed_self_attention
-from xconv.converters.flax.source.layers import flat_dense, layer_ctor, matmul_conv
+from xconv.converters.flax.source.layers import layer_ctor
 from xconv.converters.flax.source.nodes import _Nodes
 from xconv.converters.flax.source.planning import LayerPlan, _Planning
 from xconv.converters.flax.source.render import (
@@ -47,7 +47,7 @@ from xconv.converters.flax.source.templates import (
     registry,
 )
 from xconv.converters.flax.source.values import _Values, _Var
-from xconv.converters.ops import formulation, indexing, layout, precision
+from xconv.converters.ops import layout, precision
 from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, get_scope
 from xconv.ir.passes import canonicalize
@@ -496,21 +496,9 @@ class _Emitter(_Planning, _Values, _Nodes):
                 call = f"_torch_batch_norm(self.{attr}, {x}, train)"
         elif kind == "dropout":
             call = f"self.{attr}({x}, deterministic=not train)"
-        elif kind == "embedding" and h["num_embeddings"] <= indexing.SELECT_ROWS:
-            self.src.helpers.add("embed_rows")
-            call = f"_embed_rows(self.{attr}, {x})"
         if self.low_dtype and kind == "batch_norm" and self.api == "nnx":
             call = f"{call}.astype(jnp.bfloat16)"  # see flax_layers.layer_ctor
-        bf16 = bool(self.low_dtype) and formulation.get("bf16_dot") == "auto"
-        dot = ""
-        if matmul_conv(kind, h) or (bf16 and kind == "conv"):
-            helpers = {"matmul_conv_bf16", "bf16_einsum", "bf16_conv"}
-            self.src.helpers |= helpers if bf16 else {"matmul_conv"}
-            dot = "_matmul_conv"
-        if flat_dense(kind, rank, bf16):
-            self.src.helpers |= {"flat_dot_bf16", "bf16_einsum"} if bf16 else {"flat_dot"}
-            dot = "_flat_dot"
-        linen, nnx_ = layer_ctor(kind, h, pdt, "jnp.bfloat16" if self.low_dtype else "", dot)
+        linen, nnx_ = layer_ctor(kind, h, pdt, "jnp.bfloat16" if self.low_dtype else "")
         self.src.setup.append((f"self.{attr} = {linen}", f"self.{attr} = {nnx_}"))
         for role, arr in sorted(w.items()):
             collection, var = FLAX_VARIABLES[kind][role]
@@ -546,9 +534,7 @@ class _Emitter(_Planning, _Values, _Nodes):
         sub.outputs = [sub.get(v, None) for v in p.outputs]
         if not sub.has_constants and packed_self_attention(p):
             # the same variables, the body one call (the source's ``self.attn(x, x, x)``)
-            sub.src.body, sub.src.helpers = [], {"torch_mha", "dot_product_attention"}
-            if self.low_dtype and formulation.get("bf16_dot") == "auto":
-                sub.src.helpers = {"torch_mha_bf16", "bf16_einsum", "dot_product_attention"}
+            sub.src.body, sub.src.helpers = [], {"torch_mha"}
             low = ", dtype=jnp.bfloat16" if self.low_dtype else ""
             sub.outputs = [f"_torch_mha(self, {sub.inputs[0]}, heads={p.hyper['num_heads']}{low})"]
             if self.low_dtype:

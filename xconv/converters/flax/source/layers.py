@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from xconv.converters.flax.source.templates import scalar_literal
-from xconv.converters.ops import formulation
 
 
 def _uniform(values: tuple[int, ...]) -> int | tuple[int, ...]:
@@ -36,9 +35,7 @@ def _num(value: float) -> str:
     return scalar_literal(value)
 
 
-def layer_ctor(
-    kind: str, h: dict[str, Any], pdt: str, dt: str = "", dot: str = ""
-) -> tuple[str, str]:
+def layer_ctor(kind: str, h: dict[str, Any], pdt: str, dt: str = "") -> tuple[str, str]:
     """``(linen, nnx)`` constructor expressions of a native layer of ``kind``.
 
     Args:
@@ -46,15 +43,8 @@ def layer_ctor(
         h: Its hyper-parameters (``xconv.layer`` metadata).
         pdt: The ``param_dtype`` expression (``jnp.bfloat16``), or ``""`` for float32.
         dt: The compute ``dtype`` expression (``jnp.bfloat16``), or ``""`` (the inputs').
-        dot: A dense layer's ``dot_general`` (``_flat_dot``, see :func:`flat_dense`) or a
-            convolution's ``conv_general_dilated`` (``_matmul_conv``, see :func:`matmul_conv`),
-            or ``""``.
     """
     extra = {"dtype": (dt, ""), "param_dtype": (pdt, "")}
-    if kind == "dense":
-        extra["dot_general"] = (dot, "")
-    if kind == "conv":
-        extra["conv_general_dilated"] = (dot, "")
     norm = {"dtype": (dt, "")}
     return _CTORS.get(kind, _dropout)(h, extra, norm)
 
@@ -67,30 +57,6 @@ def _dense(h: dict[str, Any], extra: _Kw, norm: _Kw) -> tuple[str, str]:
     return (
         f"nn.Dense({_args(h['out_features'], **bias)})",
         f"nnx.Linear({_args(h['in_features'], h['out_features'], **bias)}, rngs=rngs)",
-    )
-
-
-def flat_dense(kind: str, rank: int | None, bf16: bool = False) -> bool:
-    """Whether a dense layer is given the module's ``_flat_dot`` as its product (formulations
-    ``dense`` and ``bf16_dot``, :mod:`xconv.converters.ops.formulation`): its input has 3+
-    axes, or the model's products are bfloat16 ones (``bf16``: a bfloat16 model under
-    ``bf16_dot="auto"``)."""
-    if kind != "dense" or rank is None:
-        return False
-    return bf16 or (rank >= 3 and formulation.get("dense") == "auto")
-
-
-def matmul_conv(kind: str, h: dict[str, Any]) -> bool:
-    """Whether a layer is a convolution the ``conv`` formulation may run as a matmul on the
-    CPU (:func:`xconv.converters.ops.formulation.matmul_conv`; the batch is not known yet, so
-    the helper decides at trace time): its ``nn.Conv`` is given the module's ``_matmul_conv``
-    helper."""
-    return (
-        kind == "conv"
-        and formulation.matmul_conv(
-            h["kernel_size"], h["padding"], h["groups"], h["dilations"], h["in_channels"]
-        )
-        is not None
     )
 
 

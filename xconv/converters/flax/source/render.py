@@ -149,10 +149,7 @@ def render(em: _Emitter, name: str) -> str:
         ]
     helpers = [HELPERS[h].strip("\n") for h in sorted(em.src.helpers)]
     if em.low_dtype:  # softmax inside helpers (attention) accumulates in float32
-        helpers = [
-            h if key in _FLOAT32_HELPERS else _SOFTMAX.sub(_FLOAT32_SOFTMAX, h)
-            for key, h in zip(sorted(em.src.helpers), helpers, strict=True)
-        ]
+        helpers = [_SOFTMAX.sub(_FLOAT32_SOFTMAX, h) for h in helpers]
     body = "\n".join(cls)
     if api == "nnx":  # nnx exports linen's pooling functions: no linen import for them
         body = flax_classes.split_nnx_lists(_LINEN_POOL.sub(r"nnx.\1(", body))
@@ -166,8 +163,6 @@ def render(em: _Emitter, name: str) -> str:
 _LINEN_POOL = re.compile(r"(?<![\w.])nn\.(max_pool|avg_pool)\(")
 _SOFTMAX = re.compile(r"jax\.nn\.softmax\((\w+), axis=(-?\d+)\)")
 _FLOAT32_SOFTMAX = r"jax.nn.softmax(\1.astype(jnp.float32), axis=\2).astype(\1.dtype)"
-#: Helpers whose softmax runs in float32 already.
-_FLOAT32_HELPERS = frozenset({"dot_product_attention"})
 
 
 def _source_names(em: _Emitter) -> list[str]:

@@ -270,8 +270,7 @@ def _gelu(c: OpCall) -> str:
     approx = c.attrs["approximate"]
     if approx not in ("none", "tanh"):
         raise c.fail(f"approximate={approx!r}; supported: 'none' (erf), 'tanh'")
-    c.helpers.add("gelu")
-    return f"_gelu({c.args[0]}, approximate={approx == 'tanh'})"
+    return f"jax.nn.gelu({c.args[0]}, approximate={approx == 'tanh'})"
 
 
 @template("LeakyRelu", layout="unary", alpha=0.01)

@@ -1,5 +1,5 @@
 """Flax source templates for attention: ONNX's Attention (the generated
-``_dot_product_attention``, ``_attention``, ``_cached_attention`` or ``_attention_steps``),
+``jax.nn.dot_product_attention``, ``_attention``, ``_cached_attention`` or ``_attention_steps``),
 RotaryEmbedding and FlexAttention. Importing this module registers them in
 ``templates.registry``.
 """
@@ -33,15 +33,6 @@ def _causal_mask(mask: np.ndarray | None) -> bool:
     if mask.dtype.kind != "f":
         return False
     return bool(np.all(np.where(tril, mask == 0, np.isneginf(mask))))
-
-
-def _attention_helpers(c: OpCall, name: str) -> None:
-    """The attention helper ``_<name>`` (in a bfloat16 model on the CPU, its variant of
-    bfloat16 products accumulated in float32)."""
-    if name == "attention" and c.low and formulation.get("bf16_dot") == "auto":
-        c.helpers |= {"attention_bf16", "bf16_einsum"}
-    else:
-        c.helpers.add(name)
 
 
 registry.helpers["attention_steps"] = """
@@ -125,7 +116,7 @@ def _attention(c: OpCall) -> str:
     # "reference" (xconv.converters.ops.formulation) writes the older einsum-softmax helper.
     name = "attention" if formulation.get("attention") == "auto" else "attention_reference"
     if cached:
-        _attention_helpers(c, name)
+        c.helpers.add(name)
         c.helpers.add("cached_attention")
         return ex.cached_attention_call(c, f"_cached_attention(_{name}, ")
     mask = c.args[3] if c.has(3) else "None"
@@ -135,7 +126,7 @@ def _attention(c: OpCall) -> str:
     direct = dot_product_attention(c, mask, causal) if name == "attention" else None
     if direct is not None:
         return direct
-    _attention_helpers(c, name)
+    c.helpers.add(name)
     # the helper's defaults (no mask, not causal, 1/sqrt(d), 4-D inputs) are not spelled out
     args = bhsd_operands(c) + ([mask] if mask != "None" else [])
     out = f"_{name}({', '.join(args + ex.attention_keywords(c, causal))})"
