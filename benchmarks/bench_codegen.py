@@ -23,6 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import _doc  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "codegen.md"
 ROLE_NAMES = {"x", "h", "residual", "q", "k", "v", "scores", "attn", "mask", "shape", "_"}
@@ -175,7 +178,14 @@ def measure(name: str, module, inputs) -> dict:
         "exporter": _exporter_names(src, model),
         "max_line": max(len(line) for line in src.splitlines()),
         "parity": float(np.max(np.abs(got - want.numpy()))),
+        "helpers": _helpers(src),
+        "backend": src.count("default_backend("),
     }
+
+
+def _helpers(src: str) -> list[str]:
+    """The module-level helper functions of a generated ``model.py`` (``def _name``)."""
+    return re.findall(r"^def (_\w+)\(", src, flags=re.M)
 
 
 def measure_torch(name: str, module, variables, inputs, method, classes) -> dict:
@@ -314,13 +324,17 @@ def _hf_cases():
 
 def _table(rows: list[dict]) -> str:
     nnx = any("lines_nnx" in r for r in rows)
+    helpers = any("helpers" in r for r in rows)
     head = (
         "| model | code lines (flat -> tree) | hand-written | ratio "
         + ("| nnx lines (ratio) " if nnx else "")
-        + "| classes / source classes | exporter names (flat -> tree) | max line | parity |\n"
-        + "|---|---|---|---"
+        + "| classes / source classes | exporter names (flat -> tree) | max line | parity "
+        + ("| helpers | backend branches " if helpers else "")
+        + "|\n|---|---|---|---"
         + ("|---" if nnx else "")
-        + "|---|---|---|---|\n"
+        + "|---|---|---|---"
+        + ("|---|---" if helpers else "")
+        + "|\n"
     )
 
     def arrow(a, b) -> str:
@@ -334,21 +348,34 @@ def _table(rows: list[dict]) -> str:
             return ""
         return f"| {r['lines_nnx']} ({ratio(r, 'lines_nnx')}) " if "lines_nnx" in r else "| - "
 
+    def helper_cells(r) -> str:
+        if not helpers:
+            return ""
+        if "helpers" not in r:
+            return "| | "
+        names = ", ".join(f"`{h}`" for h in r["helpers"]) or "none"
+        return f"| {len(r['helpers'])}: {names} | {r['backend']} "
+
     return head + "".join(
-        f"| {r['name']} | failed: {r['error']} | | | " + ("| " if nnx else "") + "| | | |\n"
+        f"| {r['name']} | failed: {r['error']} | | | "
+        + ("| " if nnx else "")
+        + "| | | "
+        + helper_cells(r)
+        + "|\n"
         if "error" in r
         else f"| {r['name']} | {arrow(r['lines_before'], r['lines'])} | {r['reference'] or '-'} "
         f"| {ratio(r)} {nnx_cell(r)}| {r['classes']} / {r['source_classes']} "
         f"| {arrow(r['exporter_before'], r['exporter'])} | {r['max_line']} "
-        f"| {r['parity']:.1e} |\n"
+        f"| {r['parity']:.1e} {helper_cells(r)}|\n"
         for r in rows
     )
 
 
-def render(rows: list[dict], torch_rows: list[dict]) -> str:
+def render(rows: list[dict], torch_rows: list[dict], stamp: str = "") -> str:
     return (
         "# Generated code: how it reads\n\n"
-        "Written by `benchmarks/bench_codegen.py` (do not edit). Generated linen `model.py` of\n"
+        + (f"Run: {stamp}.\n\n" if stamp else "")
+        + "Written by `benchmarks/bench_codegen.py` (do not edit). Generated linen `model.py` of\n"
         "each torch source: the flat emitter (`share_blocks=False`) vs the default module tree.\n"
         "Code lines: non-blank lines outside comments and docstrings, up to `load` (the\n"
         "SOURCE_SCOPES / SOURCE_NAMES tables are data), helpers and imports included.\n"
@@ -366,7 +393,10 @@ def render(rows: list[dict], torch_rows: list[dict]) -> str:
         "Ratio: generated code lines / hand-written lines (target <= 1.3x). nnx lines: the\n"
         "same count for the generated nnx `model.py` (its parity is not run here).\n"
         "Max line: the longest line of the whole file (statements over 100 columns are\n"
-        "wrapped as ruff formats them).\n\n" + _table(rows) + "\n## PyTorch source from Flax\n\n"
+        "wrapped as ruff formats them). Helpers: the module-level functions `model.py`\n"
+        "defines besides `load`; backend branches: `jax.default_backend()` calls (target 0).\n\n"
+        + _table(rows)
+        + "\n## PyTorch source from Flax\n\n"
         "Generated `model.py` of `xconv.to_torch_source` for Flax sources (module tree always\n"
         "on, so no flat column). Hand-written: code lines of the Flax source's own classes.\n"
         "Classes: generated classes other than the `Scope` container. Source classes:\n"
@@ -375,11 +405,23 @@ def render(rows: list[dict], torch_rows: list[dict]) -> str:
     )
 
 
+def _versions() -> str:
+    from importlib.metadata import version
+
+    names = ("torch", "jax", "flax", "transformers")
+    return ", ".join(f"{n} {version(n)}" for n in names)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hf", action="store_true", help="also tiny transformers models")
     parser.add_argument("--write", action="store_true", help=f"write {DOC.name}")
+    parser.add_argument("--out", type=Path, default=DOC, help="where --write writes")
     args = parser.parse_args(argv)
+    commit = _doc.commit_or_refuse("bench_codegen", args.out, DOC) if args.write else "-"
+    if commit is None:
+        return 1
+    load = _doc.load()
     rows = []
     for name, m, inputs in _cases(args.hf):
         try:
@@ -392,9 +434,9 @@ def main(argv: list[str] | None = None) -> int:
             torch_rows.append(measure_torch(name, m, v, x, method, classes))
         except Exception as e:  # say so in the table
             torch_rows.append({"name": name, "error": f"{type(e).__name__}: {str(e)[:80]}"})
-    text = render(rows, torch_rows)
+    text = render(rows, torch_rows, _doc.run_stamp(commit, load, _versions()))
     if args.write:
-        DOC.write_text(text)
+        _doc.write(args.out, text)
     print(text)
     return 0
 

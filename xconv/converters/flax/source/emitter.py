@@ -52,6 +52,7 @@ from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, get_scope
 from xconv.ir.passes import canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
+from xconv.ir.passes.causal import fold_causal_masks
 from xconv.ir.scoped_sizes import localize_sizes
 from xconv.weights.flax_msgpack import write_msgpack
 from xconv.weights.flax_names import (
@@ -618,6 +619,8 @@ def _run(model: ir.Model, api: str, options: FlaxOptions | None) -> _Emitter:
         raise ConversionError(f"api={api!r}; supported: 'linen', 'nnx'")
     low = precision.resolve_dtype((options or FlaxOptions()).dtype)
     model = _copy(model)
+    # A causal mask built from the input's sizes is the attention's is_causal (the source's).
+    fold_causal_masks(model)
     # Each layer computes the symbolic sizes it reads, on this copy (xconv.ir.scoped_sizes):
     # a layer body that took them as arguments could not be written as the layer it is.
     localize_sizes(model.graph)

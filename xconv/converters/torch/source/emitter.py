@@ -53,6 +53,7 @@ from xconv.ir.metadata import LAYOUT, MODULE, ROLE, get_scope
 from xconv.ir.naming import split_path
 from xconv.ir.passes import DeadNodeRemovalPass, canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated
+from xconv.ir.passes.causal import fold_causal_masks
 from xconv.ir.passes.layout import sink_transposes
 from xconv.ir.scoped_sizes import localize_sizes
 
@@ -658,6 +659,8 @@ def _copy(model: ir.Model) -> ir.Model:
 def generate(model: ir.Model) -> tuple[str, dict[str, np.ndarray]]:
     """Return ``(model.py source, state_dict as numpy arrays)`` without writing anything."""
     model = _copy(model)
+    # A causal mask built from the input's sizes is the attention's is_causal (the source's).
+    fold_causal_masks(model)
     # Each layer computes the symbolic sizes it reads (a standard layer's body reads only its
     # own inputs: nn.MultiheadAttention), on this copy: see xconv.ir.scoped_sizes.
     localize_sizes(model.graph)
