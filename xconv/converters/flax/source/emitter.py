@@ -52,7 +52,7 @@ from xconv.errors import ConversionError
 from xconv.ir.metadata import LAYOUT, MODULE, get_scope
 from xconv.ir.passes import canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated, is_weight
-from xconv.ir.passes.causal import fold_causal_masks
+from xconv.ir.passes.attention import fold_causal_masks, fold_repeated_kv
 from xconv.ir.scoped_sizes import localize_sizes
 from xconv.weights.flax_msgpack import write_msgpack
 from xconv.weights.flax_names import (
@@ -625,6 +625,7 @@ def _run(model: ir.Model, api: str, options: FlaxOptions | None) -> _Emitter:
     # a layer body that took them as arguments could not be written as the layer it is.
     localize_sizes(model.graph)
     model = canonicalize(model)
+    fold_repeated_kv(model)  # keys and values repeated per query head: the grouped ones
     model = fold_head_transposes(drop_noop_attention_masks(fold_reduce_reshapes(model)), low)
     em = _Emitter(model, api, options)
     em.plan_layers()

@@ -53,7 +53,7 @@ from xconv.ir.metadata import LAYOUT, MODULE, ROLE, get_scope
 from xconv.ir.naming import split_path
 from xconv.ir.passes import DeadNodeRemovalPass, canonicalize
 from xconv.ir.passes._utils import constant_of, is_annotated
-from xconv.ir.passes.causal import fold_causal_masks
+from xconv.ir.passes.attention import fold_causal_masks, fold_repeated_kv
 from xconv.ir.passes.layout import sink_transposes
 from xconv.ir.scoped_sizes import localize_sizes
 
@@ -665,6 +665,7 @@ def generate(model: ir.Model) -> tuple[str, dict[str, np.ndarray]]:
     # own inputs: nn.MultiheadAttention), on this copy: see xconv.ir.scoped_sizes.
     localize_sizes(model.graph)
     model = canonicalize(model)
+    fold_repeated_kv(model)  # keys and values repeated per query head: the grouped ones
     if model.metadata_props.get("xconv.source") != "torch":
         # A channels-last source: compute channels-first between layers (see layout.py).
         sink_transposes(model)

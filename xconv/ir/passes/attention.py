@@ -1,4 +1,8 @@
-"""Causal masks computed from sizes, recognised as ``is_causal``.
+"""What the source wrote around an ``Attention`` node, recovered from the trace: a causal mask
+computed from sizes is ``is_causal`` (:func:`fold_causal_masks`), and keys and values repeated
+for grouped-query attention are the grouped ones (:func:`fold_repeated_kv`).
+
+Causal masks.
 
 A decoder traced without an ``attention_mask`` (transformers' Llama, Qwen2, GPT-2 at a symbolic
 batch and sequence) builds its causal mask at run time from the input's shape: an ``arange``
@@ -199,3 +203,88 @@ def _causal(value: np.ndarray) -> bool:
         return False
     masked = np.isneginf(value) | (value == np.finfo(value.dtype).min)
     return bool(np.all(np.where(tril, value == 0, masked)))
+
+
+def fold_repeated_kv(model: ir.Model) -> int:
+    """Read the grouped keys and values of each 4-D ``Attention`` node of ``model`` (in place)
+    where its key or value input is transformers' ``repeat_kv`` of them: ``Unsqueeze`` at axis
+    2, an ``Expand`` of that axis to ``n``, a ``Reshape`` merging it into the heads (with
+    ``Identity`` and full ``Slice`` nodes between). ONNX's Attention repeats each key / value
+    head for its ``n`` query heads itself, in that order (``np.repeat`` on the heads), so the
+    numbers are the same; the emitters then write the source's one attention call on the
+    grouped heads. Returns the number of inputs changed; the repeats' nodes go."""
+    changed = 0
+    for node in [
+        n for n in model.graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")
+    ]:
+        q = node.inputs[0]
+        if q is None or q.shape is None or len(q.shape) != 4:
+            continue
+        for i in (1, 2):
+            grouped = _grouped(node.inputs[i], q.shape[1])
+            if grouped is not None:
+                node.replace_input_with(i, grouped)
+                changed += 1
+    if changed:
+        DeadNodeRemovalPass()(model)
+    return changed
+
+
+def _through(v: ir.Value) -> ir.Node | None:
+    """``v``'s producer, past ``Identity`` nodes and ``Slice`` nodes that copy their input."""
+    node = v.producer()
+    while node is not None and (node.op_type == "Identity" or _full_slice(node)):
+        node = node.inputs[0].producer()
+    return node
+
+
+def _full_slice(node: ir.Node) -> bool:
+    if node.op_type != "Slice" or node.domain not in ("", "ai.onnx"):
+        return False
+    x, y = node.inputs[0], node.outputs[0]
+    if x.shape is None or y.shape is None or len(x.shape) != len(y.shape):
+        return False
+    if not all(_same(a, b) for a, b in zip(x.shape, y.shape, strict=True)):
+        return False
+    starts = constant_of(node.inputs[1], False)
+    steps = constant_of(node.inputs[4], False) if len(node.inputs) > 4 and node.inputs[4] else None
+    return starts is not None and not np.any(starts) and (steps is None or np.all(steps == 1))
+
+
+def _grouped(v: ir.Value | None, heads) -> ir.Value | None:
+    """The (B, KV, S, D) value ``v`` (B, KV * n, S, D) repeats ``n`` times per head, or None."""
+    if v is None or v.shape is None or len(v.shape) != 4 or not _same(v.shape[1], heads):
+        return None
+    reshape = v.producer()
+    while reshape is not None and reshape.op_type == "Identity":
+        reshape = reshape.inputs[0].producer()
+    if reshape is None or reshape.op_type != "Reshape":
+        return None
+    expand = _through(reshape.inputs[0])
+    if expand is None or expand.op_type != "Expand":
+        return None
+    unsqueeze = _through(expand.inputs[0])
+    if unsqueeze is None or unsqueeze.op_type != "Unsqueeze":
+        return None
+    axes = constant_of(unsqueeze.inputs[1], False) if len(unsqueeze.inputs) > 1 else None
+    if axes is None or [int(a) for a in np.reshape(axes, -1)] != [2]:
+        return None
+    grouped, wide = unsqueeze.inputs[0], expand.outputs[0].shape
+    copy = grouped.producer()
+    while copy is not None and (copy.op_type == "Identity" or _full_slice(copy)):
+        grouped, copy = copy.inputs[0], copy.inputs[0].producer()
+    if grouped.shape is None or len(grouped.shape) != 4 or wide is None or len(wide) != 5:
+        return None
+    batch, kv, seq, dim = grouped.shape
+    n = wide[2]
+    if not isinstance(n, int) or not isinstance(kv, int) or not isinstance(heads, int):
+        return None
+    if heads != kv * n or n < 2:
+        return None
+    kept = (wide[0], wide[1], wide[3], wide[4])
+    if not all(_same(x, y) for x, y in zip(kept, (batch, kv, seq, dim), strict=True)):
+        return None
+    out = v.shape
+    if not (_same(out[0], batch) and _same(out[2], seq) and _same(out[3], dim)):
+        return None
+    return grouped
