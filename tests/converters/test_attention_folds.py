@@ -24,8 +24,8 @@ SHAPES = [(2, 6), (3, 9), (1, 1)]
 
 class _Attend(torch.nn.Module):
     """Self-attention over (B, T, 16) whose boolean mask is built from T: ``kind`` "causal"
-    (``i >= j``), "window" (causal and ``i - j < 3``), "anti" (``i <= j``), or "data" (causal
-    and the ``keep`` input's positions)."""
+    (``i >= j``), "full" (``i >= 0``: every position), "window" (causal and ``i - j < 3``),
+    "anti" (``i <= j``), or "data" (causal and the ``keep`` input's positions)."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
@@ -39,6 +39,8 @@ class _Attend(torch.nn.Module):
         mask = i[:, None] >= i[None, :]
         if self.kind == "window":
             mask = mask & (i[:, None] - i[None, :] < 3)
+        elif self.kind == "full":
+            mask = (i[:, None] >= 0).expand(t, t)
         elif self.kind == "anti":
             mask = i[:, None] <= i[None, :]
         mask = mask[None, None].expand(b, 1, t, t)
@@ -65,9 +67,9 @@ def _convert(kind: str):
 
 
 @pytest.mark.parametrize(
-    ("kind", "folded"), [("causal", 1), ("window", 0), ("anti", 0), ("data", 0)]
+    ("kind", "folded"), [("causal", 1), ("full", 1), ("window", 0), ("anti", 0), ("data", 0)]
 )
-def test_only_a_causal_mask_from_sizes_becomes_is_causal(kind, folded):
+def test_only_a_causal_or_a_full_mask_from_sizes_is_folded(kind, folded):
     _, model = _convert(kind)
     copy = ir.from_proto(ir.to_proto(model))
     assert fold_causal_masks(copy) == folded
@@ -75,12 +77,14 @@ def test_only_a_causal_mask_from_sizes_becomes_is_causal(kind, folded):
     assert len(attention) == 1
     has_mask = len(attention[0].inputs) > 3 and attention[0].inputs[3] is not None
     assert has_mask is not bool(folded)
+    is_causal = attention[0].attributes.get("is_causal")
+    assert (is_causal is not None and is_causal.as_int() == 1) is (kind == "causal")
     if folded:  # what computed the mask is gone: no range, comparison or expand is left
         ops = {n.op_type for n in copy.graph}
         assert not ops & {"Range", "GreaterOrEqual", "LessOrEqual", "Expand"}, ops
 
 
-@pytest.mark.parametrize("kind", ["causal", "window", "anti", "data"])
+@pytest.mark.parametrize("kind", ["causal", "full", "window", "anti", "data"])
 def test_generated_sources_match_torch_at_every_size(kind, tmp_path):
     module, model = _convert(kind)
     out = xconv.to_flax(model, tmp_path / "flax", api="linen")
@@ -89,7 +93,7 @@ def test_generated_sources_match_torch_at_every_size(kind, tmp_path):
     causal = kind == "causal"
     assert ("is_causal=True" in flax_src) is causal, flax_src
     assert ("is_causal=True" in torch_src) is causal, torch_src
-    if causal:
+    if kind in ("causal", "full"):  # no mask computed: the one attention call
         assert "arange" not in flax_src and "arange" not in torch_src
     for b, t in SHAPES:
         xs = _inputs(kind, b, t, seed=b * 100 + t)

@@ -46,23 +46,25 @@ _SIZES = (1, 2, 5, 7)
 
 def fold_causal_masks(model: ir.Model) -> int:
     """Give each ``Attention`` node of ``model`` whose mask is a size-computed causal mask
-    ``is_causal=1`` and no mask (in place); drop what computed the masks. Returns the number
-    of nodes changed."""
+    ``is_causal=1`` and no mask, and drop a size-computed mask that allows every position (a
+    BERT traced without an ``attention_mask``), in place; drop what computed the masks.
+    Returns the number of nodes changed."""
     graph = model.graph
     annotated = is_annotated(graph)
     opset = model.opset_imports.get("", 1)
-    verdicts: dict[ir.Value, bool] = {}
+    kinds: dict[ir.Value, str | None] = {}
     changed = 0
     for node in [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
         mask = node.inputs[3] if len(node.inputs) > 3 else None
         if mask is None or any(v is not None for v in node.inputs[4:]):
             continue  # no mask, or a KV cache (its mask is offset by the past length)
-        if mask not in verdicts:
-            verdicts[mask] = _aligned(node) and _is_causal(mask, annotated, opset)
-        if not verdicts[mask]:
+        if mask not in kinds:
+            kinds[mask] = _mask_kind(mask, annotated, opset) if _aligned(node) else None
+        if kinds[mask] is None:
             continue
         node.replace_input_with(3, None)
-        node.attributes["is_causal"] = ir.AttrInt64("is_causal", 1)
+        if kinds[mask] == "causal":
+            node.attributes["is_causal"] = ir.AttrInt64("is_causal", 1)
         changed += 1
     if changed:
         DeadNodeRemovalPass()(model)
@@ -127,16 +129,18 @@ def _cone(mask: ir.Value, annotated: bool) -> tuple[list[ir.Node], set[ir.Value]
     return [n for n in graph if n in nodes], shaped
 
 
-def _is_causal(mask: ir.Value, annotated: bool, opset: int) -> bool:
+def _mask_kind(mask: ir.Value, annotated: bool, opset: int) -> str | None:
+    """ "causal" or "all" (it allows every position) where ``mask`` is computed from sizes
+    only and is that at every sampled size; else None."""
     cone = _cone(mask, annotated)
     if cone is None:
-        return False
+        return None
     nodes, shaped = cone
     if not shaped:
-        return False  # a constant mask: the emitters already read it as one
+        return None  # a constant mask: the emitters already read it as one
     dims = sorted({d.value for v in shaped for d in v.shape if not isinstance(d, int)})
     if not dims:
-        return False
+        return None
     largest = 0
     for node in nodes:
         for x in node.inputs:
@@ -145,21 +149,22 @@ def _is_causal(mask: ir.Value, annotated: bool, opset: int) -> bool:
                 small = np.abs(c[np.abs(c) < _SENTINEL].astype(np.int64))
                 largest = max(largest, int(small.max()) if small.size else 0)
     if largest + 1 > MAX_CHECKED:
-        return False
+        return None
     samples = [
         {d: _SIZES[(i + 2 * j) % len(_SIZES)] for j, d in enumerate(dims)}
         for i in range(len(_SIZES))
     ]
     samples.append({d: max(largest + 1, 8) for d in dims})
+    kinds = set()
     for sizes in samples:
         try:
             value = _evaluate(nodes, shaped, sizes, mask, annotated, opset)
         except Exception as e:  # the reference evaluator raises many kinds: keep the mask
             logger.debug("mask %s not evaluated at %s: %s", mask.name, sizes, e)
-            return False
-        if not _causal(value):
-            return False
-    return True
+            return None
+        kinds.add(_kind(value))
+    kinds.discard("either")
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _evaluate(nodes, shaped, sizes, mask, annotated, opset) -> np.ndarray:
@@ -190,19 +195,27 @@ def _evaluate(nodes, shaped, sizes, mask, annotated, opset) -> np.ndarray:
     return values[mask]
 
 
-def _causal(value: np.ndarray) -> bool:
-    """Whether ``value`` is ONNX's causal mask: bool, or additive 0 / -inf (or the dtype's
-    lowest), the lower triangle of its last two dims, the same for every leading index."""
+def _kind(value: np.ndarray) -> str | None:
+    """ "all" where ``value`` (bool, or additive float) masks nothing, "causal" where it is
+    ONNX's causal mask (the lower triangle of its last two dims, aligned top-left; additive:
+    0 / -inf or the dtype's lowest), the same for every leading index; "either" where it is
+    both (one key position); else None."""
     if value.ndim < 2:
-        return False
+        return None
+    if value.dtype == np.bool_:
+        allowed = value
+    elif value.dtype.kind == "f":
+        masked = np.isneginf(value) | (value == np.finfo(value.dtype).min)
+        if not np.all((value == 0) | masked):
+            return None
+        allowed = value == 0
+    else:
+        return None
     rows, cols = value.shape[-2:]
     tril = np.broadcast_to(np.tril(np.ones((rows, cols), dtype=bool)), value.shape)
-    if value.dtype == np.bool_:
-        return bool(np.array_equal(value, tril))
-    if value.dtype.kind != "f":
-        return False
-    masked = np.isneginf(value) | (value == np.finfo(value.dtype).min)
-    return bool(np.all(np.where(tril, value == 0, masked)))
+    if np.all(allowed):
+        return "either" if np.all(tril) else "all"
+    return "causal" if np.array_equal(allowed, tril) else None
 
 
 def fold_repeated_kv(model: ir.Model) -> int:
