@@ -1,18 +1,18 @@
 """Softmax attention's core on XLA:CPU: ``jax.nn.dot_product_attention`` against the
-head-major einsums that the generated Flax's ``_dot_product_attention`` helper and
-``to_jax``'s fused ``Attention`` run.
+head-major einsums that ``to_jax``'s fused ``Attention`` runs (and the generated Flax's
+``_dot_product_attention`` helper ran before the generated source became backend-neutral).
 
 The same function four ways, side by side in one process, on ``(batch, seq, heads, 64)``
 q, k, v (the transformer benchmark's 4 heads and BERT-base's 12, seq 128), float32 and
 bfloat16:
 
 * ``jax.nn.dot_product_attention``: jax's XLA implementation (sequence-major einsums, scores
-  and softmax in float32), which the generated Flax wrote before;
+  and softmax in float32), which the generated Flax writes;
 * ``flax nn.dot_product_attention``: Flax's function, as the hand-written Flax models of
   ``bench_throughput.py`` call it (query pre-scaled, softmax in the inputs' dtype);
 * ``sequence-major einsums``: ``bqhd,bkhd->bhqk`` on the (B, S, H, D) arrays, scores in float32;
-* ``_dot_product_attention``: the generated modules' helper (on the CPU: the heads
-  transposed to (B, H, S, D), ``bhqd,bhkd->bhqk``, scores and softmax in float32).
+* ``_dot_product_attention``: head-major einsums (the heads transposed to (B, H, S, D),
+  ``bhqd,bhkd->bhqk``, scores and softmax in float32).
 
 Timed: the jitted forward and the jitted gradient of 0.5·mean(out²) with respect to q, k, v,
 in interleaved rounds (``bench_throughput.interleaved_medians``), one intra-op thread.
@@ -44,17 +44,21 @@ SEQ, HEAD_DIM = 128, 64
 
 
 def _helper():
-    """The generated modules' ``_dot_product_attention``, from the emitter's helper source."""
+    """Attention on (B, S, H, D) arrays as einsums over head-major (B, H, S, D) heads, scores
+    and softmax in float32."""
     import math
 
     import jax
     import jax.numpy as jnp
 
-    from xconv.converters.flax.source.helpers import _BUILTIN
+    def head_major(q, k, v):
+        q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
+        acc = jnp.promote_types(q.dtype, jnp.float32)
+        scores = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=acc)
+        probs = jax.nn.softmax(scores / math.sqrt(q.shape[-1]), axis=-1).astype(v.dtype)
+        return jnp.swapaxes(jnp.einsum("bhqk,bhkd->bhqd", probs, v), 1, 2)
 
-    namespace = {"jax": jax, "jnp": jnp, "math": math}
-    exec(_BUILTIN["dot_product_attention"], namespace)
-    return namespace["_dot_product_attention"]
+    return head_major
 
 
 def paths() -> dict:

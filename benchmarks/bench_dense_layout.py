@@ -7,8 +7,9 @@ inputs, with its kernels held and contracted as
 
 * ``flax nn.Dense``: Flax's layer, kernel ``(in, out)``, ``x @ kernel`` (what the hand-written
   Flax models of ``bench_throughput.py`` write);
-* ``nn.Dense(dot_general=_flat_dot)``: the same layer given the generated Flax's helper (the
-  formulation ``dense``): one 2-D matmul over the flattened ``batch·seq`` rows;
+* ``nn.Dense(dot_general=_flat_dot)``: the same layer given a flattening product (the
+  formulation ``dense``, which the generated Flax wrote before it became backend-neutral and
+  ``to_jax`` applies): one 2-D matmul over the flattened ``batch·seq`` rows;
 * ``(in, out), x @ k``: the same product written out;
 * ``(out, in), x @ w.T``: the source's layout, as ``to_jax`` holds a torch ``Linear`` weight
   (``Transpose`` + ``MatMul`` in the IR).
@@ -55,15 +56,20 @@ BATCHES = (1, 16)
 
 
 def _flat_dot():
-    """The generated modules' ``_flat_dot``, from the emitter's helper source."""
-    import jax
+    """A dense layer's ``dot_general`` that contracts a (..., in) input as one 2-D matmul over
+    its flattened leading axes (the ``dense`` formulation)."""
     from jax import lax
 
-    from xconv.converters.flax.source.helpers import _BUILTIN
+    def flat_dot(lhs, rhs, dimension_numbers, out_sharding=None, **kwargs):
+        contract, batch = dimension_numbers
+        plain = tuple(map(tuple, contract)) == ((lhs.ndim - 1,), (0,)) and not any(batch)
+        if out_sharding is not None or lhs.ndim < 3 or rhs.ndim != 2 or not plain:
+            return lax.dot_general(lhs, rhs, dimension_numbers, out_sharding=out_sharding, **kwargs)
+        flat = lhs.reshape(-1, lhs.shape[-1])
+        y = lax.dot_general(flat, rhs, (((1,), (0,)), ((), ())), **kwargs)
+        return y.reshape(*lhs.shape[:-1], rhs.shape[-1])
 
-    namespace = {"jax": jax, "lax": lax}
-    exec(_BUILTIN["flat_dot"], namespace)
-    return namespace["_flat_dot"]
+    return flat_dot
 
 
 def _paths(d: int, layers: int):
