@@ -202,7 +202,7 @@ def _no_noop_mask(name: str, source: str) -> None:
     dropped (no (2, 1, 8, 8) table fixing batch and length), the attention is one call."""
     if name == "bert":
         assert "np.ones(" not in source.replace("jnp.ones(", "") and "table" not in source
-        assert source.count("= _dot_product_attention(q, k, v,") == 1
+        assert source.count("= jax.nn.dot_product_attention(q, k, v") == 1
 
 
 #: The four headline models: linen, nnx and torch-to-jax in the default suite.

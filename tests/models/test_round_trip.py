@@ -129,7 +129,7 @@ def test_generated_flax_runs_at_another_batch(tmp, name, api):
     if name == "transformer":
         assert "q, k, v = jnp.split(self.qkv(x), [32, 64], axis=-1)" in src
         assert "jnp.reshape(q, (*q.shape[:2], 4, 8))" in src
-        assert "= _dot_product_attention(q, k, v, is_causal=True)" in src
+        assert "= jax.nn.dot_product_attention(q, k, v, is_causal=True)" in src
     loaded = _exec_file(out / "model.py").load(out)
     xs = _at_batch(inputs, 3)
     args = [x.numpy() for x in xs]
