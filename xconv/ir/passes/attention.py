@@ -29,7 +29,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.ir.passes._utils import constant_of, is_annotated
-from xconv.ir.passes.folding import NON_FOLDABLE, evaluate_node
+from xconv.ir.passes.folding import evaluable, evaluate_node
 from xconv.ir.passes.simplify import DeadNodeRemovalPass
 
 logger = logging.getLogger(__name__)
@@ -107,13 +107,7 @@ def _cone(mask: ir.Value, annotated: bool) -> tuple[list[ir.Node], set[ir.Value]
         node = v.producer()
         if node is None:
             return None  # a graph input or a weight read as data
-        if node.domain not in ("", "ai.onnx") or node.op_type in NON_FOLDABLE:
-            return None
-        if any(
-            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-            for a in node.attributes.values()
-            if not a.is_ref()
-        ):
+        if not evaluable(node):
             return None
         nodes.add(node)
         if node.op_type in ("Shape", "Size") and node.inputs[0].is_graph_input():

@@ -69,6 +69,18 @@ def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None], opset: int) ->
     return [np.asarray(r) for r in results]
 
 
+def evaluable(node: ir.Node) -> bool:
+    """Whether :func:`evaluate_node` may compute ``node`` from its inputs' values: a default
+    domain op, not random or stateful (:data:`NON_FOLDABLE`), with no subgraph."""
+    if node.domain not in ("", "ai.onnx") or node.op_type in NON_FOLDABLE:
+        return False
+    return not any(
+        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+        for a in node.attributes.values()
+        if not a.is_ref()
+    )
+
+
 class ConstantFoldingPass(ir.passes.InPlacePass):
     """Evaluate nodes whose inputs are all constants and replace them with ``Constant`` nodes.
 
@@ -121,15 +133,7 @@ class ConstantFoldingPass(ir.passes.InPlacePass):
 
     @staticmethod
     def _foldable(node: ir.Node) -> bool:
-        if node.domain not in ("", "ai.onnx") or node.op_type in NON_FOLDABLE:
-            return False
-        if any(
-            a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-            for a in node.attributes.values()
-            if not a.is_ref()
-        ):
-            return False
-        return all(o.name for o in node.outputs)
+        return evaluable(node) and all(o.name for o in node.outputs)
 
     @staticmethod
     def _keep_dtype(result: np.ndarray, value: ir.Value) -> np.ndarray:
