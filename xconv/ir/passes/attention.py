@@ -14,11 +14,11 @@ at several sizes, is exactly ONNX's causal mask (the lower triangle, aligned top
 ``is_causal`` computes it).
 
 What counts as reading no data: every path from the mask back to a graph input ends in
-``Shape`` or ``Size`` of that input, and everything else it reads is a constant. The sizes it is evaluated at
-are four assignments of 1, 2, 5 and 7 to the input's symbolic dims and one past every integer
-constant the mask reads (so a sliding window of ``w`` positions, equal to the causal mask
-below ``w``, is evaluated past it); a mask whose constants go past :data:`MAX_CHECKED` is left
-as it is, as is one whose evaluation fails at any of them.
+``Shape`` or ``Size`` of that input, and everything else it reads is a constant. The sizes it
+is evaluated at are four assignments of 1, 2, 5 and 7 to the input's symbolic dims and one
+past every integer constant the mask reads (so a sliding window of ``w`` positions, equal to
+the causal mask below ``w``, is evaluated past it); a mask whose constants go past
+:data:`MAX_CHECKED` is left as it is, as is one whose evaluation fails at any of them.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import numpy as np
 import onnx_ir as ir
 
 from xconv.ir.passes._utils import constant_of, is_annotated
+from xconv.ir.passes.folding import _same as same_symbol
 from xconv.ir.passes.folding import evaluable, evaluate_node
 from xconv.ir.passes.simplify import DeadNodeRemovalPass
 
@@ -85,9 +86,8 @@ def _aligned(node: ir.Node) -> bool:
 
 
 def _same(a, b) -> bool:
-    if isinstance(a, int) or isinstance(b, int):
-        return a == b
-    return a.value is not None and a.value == b.value
+    """Whether two dims are known equal: equal ints, or the same named symbol."""
+    return a == b if isinstance(a, int) or isinstance(b, int) else same_symbol(a, b)
 
 
 def _cone(mask: ir.Value, annotated: bool) -> tuple[list[ir.Node], set[ir.Value]] | None:
