@@ -40,3 +40,21 @@ def test_import_adds_under_300ms():
     bare = _best_of("pass")
     with_xconv = _best_of("import xconv")
     assert with_xconv - bare < 0.3, f"import xconv adds {with_xconv - bare:.3f}s"
+
+
+def test_subpackages_are_attributes_after_import_xconv():
+    """``import xconv`` then ``xconv.training.check_training`` works, as for any package whose
+    subpackages a user reaches by attribute; no framework is loaded until one is used."""
+    code = (
+        "import sys, xconv; "
+        "assert 'training' in dir(xconv) and 'sharding' in dir(xconv); "
+        "print(xconv.training.check_training.__name__, xconv.sharding.__name__, "
+        "xconv.testing.assert_parity.__name__, xconv.parity.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "check_training",
+        "xconv.sharding",
+        "assert_parity",
+        "xconv.parity",
+    ]

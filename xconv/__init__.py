@@ -59,12 +59,23 @@ _CALLS_MAP_MISSING = (
     }
 )
 
+#: Subpackages reachable as attributes after ``import xconv`` (``xconv.training.X``), imported
+#: on first use like the functions above.
+_SUBPACKAGES = frozenset(
+    {"checkpoint", "converters", "interop", "ir", "parity", "sharding", "testing", "training"}
+)
+
 if TYPE_CHECKING:
     from xconv.converters.jax.interpreter import to_jax  # noqa: F401
     from xconv.converters.onnx.io import load, save  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        try:
+            return importlib.import_module(f"xconv.{name}")
+        except ImportError as e:
+            raise _missing_framework(e) or e from e
     try:
         module, attr = _LAZY[name]
     except KeyError:
@@ -96,7 +107,7 @@ def _mapping_missing_framework(fn: Any) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    return sorted([*globals(), *_LAZY, *_SUBPACKAGES])
 
 
 __all__ = [
