@@ -41,6 +41,14 @@ _T = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2, "num_attentio
 _KV = {"num_key_value_heads": 1}
 
 
+_MOE = {
+    "mixtral": ("Mixtral", {"num_local_experts": 4}),
+    "qwen2_moe": ("Qwen2Moe", {"num_experts": 4, "moe_intermediate_size": 16,
+                               "shared_expert_intermediate_size": 16}),
+    "olmoe": ("Olmoe", {"num_experts": 4}),
+}  # fmt: skip
+
+
 def _config(family: str):
     tf = transformers
     if family == "gpt2":
@@ -70,6 +78,11 @@ def _config(family: str):
             vocab_size=64, n_embd=16, n_layer=2, n_head=2, rotary_dim=4, n_positions=32,
             use_cache=False, bos_token_id=0, eos_token_id=0,
         )  # fmt: skip
+    if family in _MOE:  # mixture of experts: top-2 of 4 experts per token
+        name, experts = _MOE[family]
+        config = getattr(tf, f"{name}Config")(**_T, **_KV, **experts, num_experts_per_tok=2,
+                                              pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+        return getattr(tf, f"{name}ForCausalLM"), config
     name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
             "gemma": "Gemma", "gemma2": "Gemma2", "gemma3": "Gemma3Text", "phi3": "Phi3",
             "phi": "Phi", "stablelm": "StableLm", "olmo2": "Olmo2", "starcoder2": "Starcoder2",
@@ -82,9 +95,10 @@ def _config(family: str):
 
 #: Run by default (CI, both transformers releases): one of each kind of graph the oracle and
 #: the cuts met (rotary tables in a higher-order op, learned positions from a float
-#: ``torch.ones``, GPT-2's final norm, parallel attention). The rest: ``-m slow``.
-FAST = ("llama", "gpt2", "opt", "falcon")
-SLOW = ("qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt_neox", "phi",
+#: ``torch.ones``, GPT-2's final norm, parallel attention, mixture-of-experts routing through
+#: transformers' grouped matmul). The rest: ``-m slow``.
+FAST = ("llama", "gpt2", "opt", "falcon", "mixtral")
+SLOW = ("qwen2_moe", "olmoe", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3", "phi3", "gpt_neox", "phi",
         "stablelm", "olmo2", "starcoder2", "cohere", "granite", "bloom", "gptj")  # fmt: skip
 FAMILIES = [pytest.param(f, id=f"{f}-tf{TF}") for f in FAST] + [
     pytest.param(f, id=f"{f}-tf{TF}", marks=pytest.mark.slow) for f in SLOW
@@ -157,15 +171,17 @@ def test_dynamic_pt2_converts_with_the_oracle_at_every_shape(family, tmp_path):
     assert all(s["passed"] for s in saved["input_sets"]), (where, saved["input_sets"])
 
 
-def _layer_weight(model, program) -> tuple[str, str]:
+def _layer_weight(model, program, rank: int = 2) -> tuple[str, str]:
     """The last 2-d weight of the second numbered layer (its MLP's output projection, which
     adds straight to the residual: a q-projection fault of 1e-3 can vanish in a nearly
-    uniform softmax), and the block that reads it."""
+    uniform softmax), and the block that reads it. ``rank=3``: the experts' stacked output
+    projection of a mixture-of-experts layer (its last 2-d weight is a router, whose fault
+    of 1e-3 seldom changes the experts chosen)."""
     blocks = split_program(program)
     for block in blocks[2:]:
         for name in reversed(block.weights):
             value = model.graph.initializers.get(name)
-            if value is not None and value.const_value is not None and len(value.shape) == 2:
+            if value is not None and value.const_value is not None and len(value.shape) == rank:
                 return name, block.name
     raise AssertionError(f"no 2-d layer weight in {[b.name for b in blocks]}")
 
@@ -198,7 +214,7 @@ def test_decoder_keeps_the_float64_oracle(family):
     assert [s.name for s in layers.scopes] == blocks, (where, "a block was merged", layers.notes)
 
     # A planted fault: one layer weight of the candidate off by 1e-3.
-    weight, block = _layer_weight(model, program)
+    weight, block = _layer_weight(model, program, rank=3 if family in _MOE else 2)
     value = model.graph.initializers[weight]
     good = value.const_value
     value.const_value = xconv_tensor(good.numpy() * 1.001)

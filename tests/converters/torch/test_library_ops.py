@@ -78,3 +78,39 @@ def test_kernel_only_op_is_one_clear_error():
     assert "no Python implementation" in text
     assert "grouped_mm" not in text  # traceable: not reported
     assert info.value.exit_code == UnsupportedOpError.exit_code
+
+
+def test_transformers_grouped_mm_traces_through_a_loop_free_equivalent():
+    """transformers' MoE ``grouped_mm_fallback`` loops over ``offs.tolist()`` (export cannot
+    trace it); the importer's equivalent gives the same rows, with empty groups and rows past
+    the last offset (zeros) included, and the op imports with the model's numbers."""
+    pytest.importorskip("transformers.integrations.moe")
+    from xconv.converters.torch.importer.rewrite import _grouped_mm_by_rows
+
+    op = torch.ops.transformers.grouped_mm_fallback
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(9, 4, generator=g), torch.randn(4, 4, 3, generator=g)
+    for offs in ([2, 2, 5, 9], [0, 3, 3, 7], [9, 9, 9, 9]):
+        offs = torch.tensor(offs)
+        torch.testing.assert_close(_grouped_mm_by_rows(x, w, offs), op(x, w, offs))
+
+    class Routed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 4, 3, generator=g))
+
+        def forward(self, x):
+            ids = x.abs().argmax(dim=1) % 4  # a data-dependent routing, as a router's top-1
+            order = torch.argsort(ids)  # ties in any order: each row comes back to its place
+            offs = torch.cumsum(torch.nn.functional.one_hot(ids, 4).sum(0), 0)
+            out = op(x[order], self.w, offs)
+            return torch.zeros_like(out).index_copy(0, order, out)
+
+    net = Routed().eval()
+    model = xconv.from_torch(net, (x,), static=True)
+    fn, params = xconv.to_jax(model)
+    for inputs in (x, torch.randn(9, 4, generator=g)):
+        with torch.no_grad():
+            want = net(inputs).numpy()
+        got = np.asarray(fn(params, inputs.numpy())[0])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

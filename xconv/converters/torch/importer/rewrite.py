@@ -16,7 +16,10 @@ explicit ``MatMul``/``Softmax`` path.
 mixture-of-experts grouped matmul) has no ONNX translation. When it was defined with
 ``torch.library.custom_op``, its Python implementation is traced in its place
 (``run_decompositions`` with that one entry), so the graph holds the aten ops it computes with.
-An op without a traceable Python implementation stops the import with one
+A few library ops whose own implementation loops over data (transformers' mixture-of-experts
+``grouped_mm_fallback`` walks its group offsets with ``offs.tolist()``) are traced through an
+equivalent written here without data-dependent control flow (:data:`_TRACEABLE`). An op
+without a traceable Python implementation stops the import with one
 :class:`UnsupportedTorchOpError` naming every such op, its count, module scope and source line.
 
 The program is rewritten in place for the export and restored afterwards (:func:`rewritten`),
@@ -197,10 +200,34 @@ def _library_ops(graph: torch.fx.Graph) -> dict[Any, list[torch.fx.Node]]:
     return found
 
 
+def _grouped_mm_by_rows(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor):
+    """``transformers::grouped_mm_fallback`` without its loop over ``offs.tolist()``.
+
+    Rows of ``input`` (S, K) are sorted by group and group ``g`` ends at row ``offs[g]``
+    (cumulative); each row is multiplied by its group's (K, N) matrix of ``weight`` (G, K, N).
+    The group of row ``s`` is the number of offsets at or below ``s``; rows past the last
+    offset stay zero, as in the loop.
+    """
+    rows = torch.arange(input.shape[0], device=input.device, dtype=offs.dtype)
+    group = (offs.unsqueeze(0) <= rows.unsqueeze(1)).sum(dim=1)  # (S,)
+    inside = group < weight.shape[0]
+    picked = weight[group.clamp(max=weight.shape[0] - 1)]  # (S, K, N)
+    out = torch.bmm(input.unsqueeze(1), picked).squeeze(1)
+    return torch.where(inside.unsqueeze(1), out, torch.zeros_like(out))
+
+
+#: Library ops traced through an equivalent written here, by op name: their own Python
+#: implementation branches on tensor values, which ``torch.export`` cannot trace.
+_TRACEABLE: dict[str, Callable] = {"transformers::grouped_mm_fallback": _grouped_mm_by_rows}
+
+
 def _python_impl(op: Any) -> Callable | None:
-    """The Python function a ``torch.library.custom_op`` was defined with (CPU's, if given)."""
+    """The Python function a ``torch.library.custom_op`` was defined with (CPU's, if given),
+    or this module's data-independent equivalent of a known library op."""
     from torch._library.custom_ops import _maybe_get_opdef
 
+    if op._name in _TRACEABLE:
+        return _TRACEABLE[op._name]
     opdef = _maybe_get_opdef(op._name)
     if opdef is None:
         return None
