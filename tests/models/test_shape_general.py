@@ -247,3 +247,24 @@ def test_no_example_shape_in_generated_source(name, source, where):
     else:
         text = (_flax_dir(name, source.split("_")[1], str(where)) / "model.py").read_text()
     assert _leaks(text, _example_sizes(name)) == []
+
+
+#: What each model's generated linen source reads its sizes as (``flax/source/sizes.py``).
+SIZE_FORMS = {
+    "bert": ["[:, :x.shape[1]]", "jnp.broadcast_to(h_1, (x.shape[0], x.shape[1]))"],
+    "gpt2": ["np.arange(x.shape[1], dtype=np.int64)"],
+    "vit": ["(x.shape[0], 1, 32))"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SIZE_FORMS))
+def test_sizes_are_python_expressions_in_generated_flax(name, where):
+    """No numpy plumbing for sizes: the slice, broadcast and range read ``x.shape[i]``
+    (these sources also run at every shape above, under jit)."""
+    text = (_flax_dir(name, "linen", str(where)) / "model.py").read_text()
+    text = text.split("\ndef load(")[0]
+    for form in SIZE_FORMS[name]:
+        assert form in text, (name, form)
+    for plumbing in (r"(?<![\w.])np\.squeeze\(", r"(?<![\w.])np\.concatenate\(", r"\b_slice\(",
+                     "broadcast_shapes", r"\+ 0\b"):  # fmt: skip
+        assert not re.search(plumbing, text), (name, plumbing)

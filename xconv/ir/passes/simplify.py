@@ -20,7 +20,9 @@ class NoOpEliminationPass(ir.passes.InPlacePass):
 
     ``Identity``; ``Dropout`` in inference (no ``training_mode`` input or a constant false
     one, mask unused); ``Cast`` to the input's own type; ``Reshape``/``Expand`` to the input's
-    own static shape; ``Transpose`` with the identity permutation. A node carrying
+    own static shape; ``Transpose`` with the identity permutation; ``x * 1`` and an integer
+    ``x + 0`` / ``x - 0`` (a position offset of zero, RoPE's ``attention_scaling`` of 1). A
+    node carrying
     ``xconv.layer`` is kept: its layer (e.g. a dropout) is emitted as the target's native layer.
     An ``Attention``'s mask that masks nothing is dropped (see :func:`masks_nothing`).
     """
@@ -118,6 +120,30 @@ def _noop_source(node: ir.Node, annotated: bool) -> ir.Value | None:
     if op == "Transpose":
         perm = node.attributes.get("perm")
         if perm is not None and list(perm.value) == list(range(len(perm.value))):
+            return x
+    if op in ("Add", "Sub", "Mul") and len(node.inputs) == 2:
+        return _unit_operand_source(node, annotated)
+    return None
+
+
+def _unit_operand_source(node: ir.Node, annotated: bool) -> ir.Value | None:
+    """The operand of ``x * 1`` (any dtype: exact) or of an integer ``x + 0`` / ``x - 0``
+    (a float ``-0.0 + 0`` is ``+0.0``), when the unit does not broadcast ``x`` to more."""
+    unit = 1 if node.op_type == "Mul" else 0
+    sides = [(0, 1), (1, 0)] if node.op_type != "Sub" else [(0, 1)]
+    for i, j in sides:
+        x, c = node.inputs[i], node.inputs[j]
+        if x is None or c is None or x.dtype is None or x.dtype != node.outputs[0].dtype:
+            continue
+        if unit == 0 and not x.dtype.is_integer():
+            continue
+        const = constant_of(c, annotated)
+        if const is None or not np.all(np.asarray(const) == unit):
+            continue
+        dims = x.shape
+        if const.ndim == 0 or (
+            dims is not None and const.ndim <= len(dims) and all(d == 1 for d in const.shape)
+        ):
             return x
     return None
 

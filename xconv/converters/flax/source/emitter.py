@@ -41,6 +41,7 @@ from xconv.converters.flax.source.render import (
     render_class,
     variables_tree,
 )
+from xconv.converters.flax.source.sizes import Size, _Sizes
 from xconv.converters.flax.source.templates import (
     UnsupportedTemplateError,
     dtype_expr,
@@ -193,7 +194,7 @@ def _copy(model: ir.Model) -> ir.Model:
     return model.clone()
 
 
-class _Emitter(_Planning, _Values, _Nodes):
+class _Emitter(_Planning, _Values, _Nodes, _Sizes):
     def __init__(self, model: ir.Model, api: str, options: FlaxOptions | None = None) -> None:
         self.model = model
         self.api = api
@@ -206,6 +207,7 @@ class _Emitter(_Planning, _Values, _Nodes):
         self.env: dict[ir.Value, dict[layout.Perm, str]] = {}
         self.native: dict[ir.Value, layout.Perm] = {}
         self.static: set[ir.Value] = set()
+        self.sizes: dict[ir.Value, Size] = {}  # integer values known as Python expressions
         self.raw: dict[ir.Value, str] = {}
         self.plans: dict[ir.Node, LayerPlan] = {}
         self.has_constants = False

@@ -25,6 +25,8 @@ class _Nodes:
     """Node statements of ``_Emitter``."""
 
     def emit_node(self, node: ir.Node) -> None:
+        if self.emit_size(node):
+            return
         if node.op_type in ("Shape", "Size") and self._emit_shape(node):
             return
         tpl = find_template(node, self.model.opset_imports)

@@ -182,6 +182,8 @@ class _Values:
                 break  # a source input keeps its name (``input_ids``), its result is new
             if role != "h" and role != base_role:
                 break  # the value changes role: ``attn = softmax(scores)``
+            if self.size_pins(base):
+                break  # a size still to be read is written with this name (``x.shape[1]``)
             if role == "h" and (
                 base_role in ("scores", "attn", "mask")
                 or (base_role in ("q", "k", "v") and len(inputs) > 1)
