@@ -11,8 +11,9 @@ each block runs three things on the *same* captured block inputs:
   :func:`float64_defaults`) on its weights and inputs cast to float64;
 * the **reference**: the same block in its own dtype, on the oracle's inputs rounded to it;
 * the **candidate**: the IR sub-graph of the block (the nodes that compute the block's
-  outputs from its inputs) run by the JAX runtime (``xconv.to_jax``'s interpreter), on the
-  same rounded inputs.
+  outputs from its inputs) run by the JAX runtime (``xconv.to_jax``'s interpreter, under
+  ``jax.jit``: one program per block structure, shared by identical layers), on the same
+  rounded inputs.
 
 Each block output is judged with :func:`xconv.parity.metrics.compare` under the given policy
 (oracle: ``|cand - oracle| <= k * |ref - oracle| + floor``). The oracle's outputs feed the
@@ -537,7 +538,8 @@ def _to_torch(torch, x: np.ndarray, dtype):
 
 
 class IRBlocks:
-    """Runs blocks of the candidate IR with the JAX runtime's interpreter (eager).
+    """Runs blocks of the candidate IR with the JAX runtime's interpreter: under ``jax.jit``
+    per block structure, else op by op (see :meth:`run`).
 
     ``placement`` (e.g. ``xconv.sharding.parity.LayerwisePlacement``) puts each weight
     (``placement.weight(name, array)``) and each block input (``placement.input(array)``)
@@ -555,6 +557,8 @@ class IRBlocks:
         self.nodes = list(model.graph)
         self.position = {id(n): i for i, n in enumerate(self.nodes)}
         self.values: dict[str, Any] = _fx_values(model, program)
+        #: compiled block programs by structure (False: this structure runs op by op)
+        self._compiled: dict[Any, Any] = {}
 
     def plan(self, block: Block) -> list[Any] | str:
         """The IR nodes computing ``block.outputs`` from ``block.inputs``, or why not."""
@@ -604,6 +608,83 @@ class IRBlocks:
         inputs: Mapping[str, np.ndarray],
         weights: Mapping[str, Any],
     ) -> list[np.ndarray]:
+        """The block's outputs on ``inputs``: compiled once per block structure (a model's
+        identical layers share one ``jax.jit`` program, their own weights its arguments),
+        else op by op (a size computed from a block input, a subgraph, a mesh)."""
+        got = self._run_compiled(nodes, block, inputs, weights)
+        if got is not None:
+            return got
+        return self._run_eager(nodes, block, inputs, weights)
+
+    def _run_compiled(self, nodes, block, inputs, weights) -> list[np.ndarray] | None:
+        import jax
+
+        if self.placement is not None:
+            return None
+        key = _structure(nodes, [self.values.get(n) for n in block.inputs],
+                         [self.values[n] for n in block.outputs])  # fmt: skip
+        if key is None:
+            return None
+        sig, feeds, params = key
+        entry = self._compiled.get(sig)
+        if entry is None:
+            entry = self._compiled[sig] = self._compile(nodes, feeds, params, sig)
+        if entry is False:
+            return None
+        fx_name = {id(self.values[n]): n for n in block.inputs if n in self.values}
+        names = [fx_name[id(v)] for v in feeds]
+        if any(n not in inputs for n in names):
+            return None
+        args = [np.asarray(inputs[n]) for n in names]
+        # A size crossing into the block (a 0-d integer) is a constant of its program: the
+        # ops that shape arrays with it need its value while tracing.
+        sizes = tuple(
+            (i, int(a)) for i, a in enumerate(args) if a.ndim == 0 and a.dtype.kind in "iu"
+        )
+        args = [None if any(i == j for j, _ in sizes) else a for i, a in enumerate(args)]
+        ws = []
+        for v in params:
+            if v.const_value is not None:
+                ws.append(v.const_value.numpy())
+            elif v.name in weights:
+                ws.append(_numpy(weights[v.name]))
+            else:
+                raise ValueError(f"initializer {v.name!r} has no data and no given weight")
+        try:
+            outs = entry(args, [jax.device_put(w) for w in ws], sizes)
+        except Exception:  # noqa: BLE001 (a value the op needs while tracing: op by op)
+            logger.debug("block %s runs op by op", block.name, exc_info=True)
+            self._compiled[sig] = False
+            return None
+        # JAX's int32 where the IR says int64 (x64 off): the dtype the op-by-op run gives
+        return [
+            _as_ir_dtype(np.asarray(o), self.values[n])
+            for n, o in zip(block.outputs, outs, strict=True)
+        ]
+
+    def _compile(self, nodes, feeds, params, sig):
+        """``fn(inputs, weights) -> outputs`` over this block's own nodes under ``jax.jit``:
+        a later block of the same structure (``sig``) runs it with its arrays."""
+        import jax
+
+        outputs = sig[-1]
+
+        def fn(args, ws, sizes):
+            env: dict[Any, Any] = dict(zip(feeds, args, strict=True))
+            for i, n in sizes:
+                env[feeds[i]] = np.asarray(n, dtype=feeds[i].dtype.numpy())
+            env.update(zip(params, ws, strict=True))
+            for node in nodes:
+                for v in node.inputs:
+                    if v is not None and v not in env and v.const_value is not None:
+                        env[v] = v.const_value.numpy()
+                outs = self.interp.run_node(node, env, self.position[id(node)], None)
+                env.update(zip(node.outputs, outs, strict=False))
+            return [env[nodes[j].outputs[i]] if j >= 0 else env[feeds[i]] for j, i in outputs]
+
+        return jax.jit(fn, static_argnums=2)
+
+    def _run_eager(self, nodes, block, inputs, weights) -> list[np.ndarray]:
         import jax
         import jax.numpy as jnp
 
@@ -634,6 +715,79 @@ class IRBlocks:
             for v, o in zip(node.outputs, outs, strict=False):
                 env[v] = o
         return [np.asarray(env[self.values[n]]) for n in block.outputs]
+
+
+def _as_ir_dtype(arr: np.ndarray, value: Any) -> np.ndarray:
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or dtype.is_floating_point() or arr.dtype.kind not in "iub":
+        return arr
+    want = dtype.numpy()
+    return arr if arr.dtype == want else arr.astype(want)
+
+
+def _structure(nodes: list[Any], ins: list[Any], outs: list[Any]):
+    """A block's structure, the same for identical layers: ``(signature, feeds, params)``.
+
+    The signature lists each node's op, attributes and where each input comes from (a block
+    input by position, a weight by order of first read, a constant by its bytes, an earlier
+    node's output), then the outputs. ``feeds`` are the block inputs the nodes read, in that
+    order; ``params`` the weights. None for a block with a subgraph or reading a value from
+    outside the block.
+    """
+    import hashlib
+
+    import onnx_ir as ir
+
+    index = {id(v): ("in", i) for i, v in enumerate(ins) if v is not None}
+    feeds: list[Any] = []
+    params: list[Any] = []
+    seen_feed: dict[int, int] = {}
+    seen_param: dict[int, int] = {}
+    made: dict[int, tuple[int, int]] = {}
+    parts = []
+    for j, node in enumerate(nodes):
+        attrs = []
+        for name, a in sorted(node.attributes.items()):
+            if a.is_ref() or a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+                return None
+            value = a.value
+            if isinstance(value, ir.TensorProtocol):
+                value = (str(value.dtype), tuple(value.shape), value.numpy().tobytes())
+            attrs.append((name, repr(value)))
+        refs = []
+        for v in node.inputs:
+            if v is None or not v.name:
+                refs.append(None)
+            elif id(v) in made:
+                refs.append(("n", *made[id(v)]))
+            elif id(v) in index:
+                if id(v) not in seen_feed:
+                    seen_feed[id(v)] = len(feeds)
+                    feeds.append(v)
+                refs.append(("in", seen_feed[id(v)]))
+            elif v.is_initializer():
+                if id(v) not in seen_param:
+                    seen_param[id(v)] = len(params)
+                    params.append(v)
+                refs.append(("w", seen_param[id(v)], str(v.dtype), tuple(v.shape or ())))
+            elif v.const_value is not None:
+                data = v.const_value.numpy()
+                digest = hashlib.sha1(np.ascontiguousarray(data).tobytes()).hexdigest()
+                refs.append(("c", str(data.dtype), data.shape, digest))
+            else:
+                return None
+        for i, o in enumerate(node.outputs):
+            made[id(o)] = (j, i)
+        parts.append((node.op_type, node.domain, tuple(attrs), tuple(refs)))
+    out_refs = []
+    for v in outs:
+        if id(v) in made:
+            out_refs.append(made[id(v)])
+        elif id(v) in seen_feed:
+            out_refs.append((-1, seen_feed[id(v)]))
+        else:
+            return None
+    return (tuple(parts), tuple(out_refs)), feeds, params
 
 
 def _fx_values(model: Any, program: Any) -> dict[str, Any]:
