@@ -86,9 +86,13 @@ def _passed(out) -> bool:
 
 def test_traced_torchscript_needs_only_the_trust_flag(files, tmp_path):
     out = tmp_path / "out"
-    r = _run("torch-to-flax", files["traced"], "-o", out, "--trust-pickle", "--devices", "cpu")
+    argv = ("torch-to-flax", files["traced"], "-o", out, "--trust-pickle", "--devices", "cpu")
+    r = CliRunner().invoke(main, [str(a) for a in argv], env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     assert _passed(out)
+    # The stage timings are one line at any width: scripts read them (bench_scale.py).
+    seconds = next(line for line in r.output.splitlines() if line.startswith("seconds: "))
+    assert "model.onnx" in seconds and "parity " in seconds, r.output
     # model.py names the source class, not torch.onnx's graph name.
     doc = (out / "model.py").read_text().split('"""')[1]
     assert f"{__name__}.TinyCNN" in doc and "main_graph" not in doc, doc

@@ -523,7 +523,8 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
         console.print(result.parity)
     if result.timings:
         spent = ", ".join(f"{k} {v:.1f}" for k, v in result.timings.items())
-        console.print(f"[dim]seconds: {spent}[/]")
+        # one line whatever the terminal's width: scripts read it (benchmarks/bench_scale.py)
+        console.print(f"[dim]seconds: {spent}[/]", soft_wrap=True)
     if result.parity is not None:
         _warn_downgrades(result.parity)
         _closing(result.parity)
