@@ -273,18 +273,19 @@ class _Sizes:
 
     def _reshape_to_size(self, node: ir.Node) -> str | None:
         """A reshape to a size-built shape: its elements as they are, a constant 0 (ONNX's
-        "this input dim") as that dim, -1 kept."""
+        "this input dim", unless ``allowzero``) as that dim, -1 kept."""
         if len(node.inputs) != 2 or node.inputs[1] not in self.sizes:
             return None
         target, x = self.sizes[node.inputs[1]], node.inputs[0]
-        if target.scalar or node.attributes.get_int("allowzero", 0) or x is None:
+        allowzero = node.attributes.get_int("allowzero", 0)  # 1: a 0 is a size of 0
+        if target.scalar or x is None:
             return None
         data = self._data(x)
         if data is None or x.shape is None:
             return None
         dims = []
         for i, (e, _) in enumerate(target.elems):
-            if e == "0":
+            if e == "0" and not allowzero:
                 if i >= len(x.shape):
                     return None
                 d = x.shape[i]
