@@ -559,6 +559,7 @@ class IRBlocks:
         self.values: dict[str, Any] = _fx_values(model, program)
         #: compiled block programs by structure (False: this structure runs op by op)
         self._compiled: dict[Any, Any] = {}
+        self._structures: dict[int, Any] = {}  # id(block) -> (block, _structure(...))
 
     def plan(self, block: Block) -> list[Any] | str:
         """The IR nodes computing ``block.outputs`` from ``block.inputs``, or why not."""
@@ -621,8 +622,13 @@ class IRBlocks:
 
         if self.placement is not None:
             return None
-        key = _structure(nodes, [self.values.get(n) for n in block.inputs],
-                         [self.values[n] for n in block.outputs])  # fmt: skip
+        # once per block, not per input set (block names repeat: ``<model>``)
+        if id(block) not in self._structures:
+            self._structures[id(block)] = (block, _structure(
+                nodes, [self.values.get(n) for n in block.inputs],
+                [self.values[n] for n in block.outputs],
+            ))  # fmt: skip
+        key = self._structures[id(block)][1]
         if key is None:
             return None
         sig, feeds, params = key
