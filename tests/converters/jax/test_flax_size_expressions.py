@@ -61,3 +61,35 @@ def test_sizes_are_expressions_and_a_read_name_is_not_rebound(tmp_path):
         got = apply(variables, x.numpy())
         for w, g in zip(want, got, strict=True):
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5, err_msg=str(shape))
+
+
+def test_a_size_only_as_far_as_its_rank_is_kept(tmp_path):
+    """An unsqueezed shape vector is 2-D (not a size): the generated source computes it as
+    ONNX does, and the sizes beside it (a squeezed dim, a sum) keep their values."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [0])
+    one = helper.make_tensor("one", TensorProto.INT64, [1], [1])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Unsqueeze", ["s", "axes"], ["grid"]),  # (1, 2)
+            helper.make_node("Add", ["s", "one"], ["plus"]),  # (2,)
+        ],
+        "sizes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [
+            helper.make_tensor_value_info("grid", TensorProto.INT64, [1, 2]),
+            helper.make_tensor_value_info("plus", TensorProto.INT64, [2]),
+        ],
+        initializer=[axes, one],
+    )
+    path = tmp_path / "sizes.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    out = xconv.to_flax(xconv.load(path), tmp_path / "out")
+    module, variables = _load_generated(out / "model.py").load(out)
+    for n in (2, 5):
+        grid, plus = module.apply(variables, np.zeros((n, 3), np.float32))
+        np.testing.assert_array_equal(np.asarray(grid), [[n, 3]])
+        np.testing.assert_array_equal(np.asarray(plus), [n + 1, 4])

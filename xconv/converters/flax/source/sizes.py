@@ -33,7 +33,7 @@ from xconv.ir.passes._utils import constant_of, is_weight
 #: name, or None when the graph computes it).
 Elem = tuple[str, "int | str | None"]
 
-_INT = frozenset({ir.DataType.INT64, ir.DataType.INT32})
+_INT = frozenset({ir.DataType.INT64})  # what Shape gives: a size is written as int64
 
 
 @dataclass(frozen=True)
@@ -121,9 +121,11 @@ class _Sizes:
             return Size(s.elems, True, names)
         if op in ("Unsqueeze", "Reshape") and len(node.inputs) == 2 and ins[1] is not None:
             target = [e for e, _ in ins[1].elems]
-            # a scalar as a 1-vector (Unsqueeze axes [0], Reshape [1] / [-1]); a vector as is
-            ok = ["0"] if op == "Unsqueeze" else ["-1"] if not s.scalar else ["1"]
-            if target in (ok, ["-1"] if s.scalar or op == "Reshape" else ok):
+            # a scalar as a 1-vector (Unsqueeze axes [0] / [-1], Reshape [1] / [-1]); a
+            # vector reshaped to [-1] as it is (an unsqueezed vector is 2-D: not a size)
+            if s.scalar and target in ((["0"], ["-1"]) if op == "Unsqueeze" else (["1"], ["-1"])):
+                return Size(s.elems, False, names)
+            if not s.scalar and op == "Reshape" and target == ["-1"]:
                 return Size(s.elems, False, names)
             return None
         if op == "Concat" and all(i is not None and not i.scalar for i in ins):
