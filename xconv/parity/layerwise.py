@@ -647,15 +647,9 @@ class IRBlocks:
         sizes = tuple(
             (i, int(a)) for i, a in enumerate(args) if a.ndim == 0 and a.dtype.kind in "iu"
         )
-        args = [None if any(i == j for j, _ in sizes) else a for i, a in enumerate(args)]
-        ws = []
-        for v in params:
-            if v.const_value is not None:
-                ws.append(v.const_value.numpy())
-            elif v.name in weights:
-                ws.append(_numpy(weights[v.name]))
-            else:
-                raise ValueError(f"initializer {v.name!r} has no data and no given weight")
+        static = {i for i, _ in sizes}
+        args = [None if i in static else a for i, a in enumerate(args)]
+        ws = [_initializer_data(v, weights) for v in params]
         try:
             outs = entry(args, [jax.device_put(w) for w in ws], sizes)
         except Exception:  # noqa: BLE001 (a value the op needs while tracing: op by op)
@@ -704,12 +698,7 @@ class IRBlocks:
             for v in node.inputs:
                 if v is None or v in env or not (v.is_initializer() or v.const_value):
                     continue
-                if v.const_value is not None:
-                    data = v.const_value.numpy()
-                elif v.name in weights:
-                    data = _numpy(weights[v.name])
-                else:
-                    raise ValueError(f"initializer {v.name!r} has no data and no given weight")
+                data = _initializer_data(v, weights)
                 # device_put takes an aligned CPU array (torch storage) without a copy.
                 if not v.is_initializer():
                     env[v] = data
@@ -721,6 +710,15 @@ class IRBlocks:
             for v, o in zip(node.outputs, outs, strict=False):
                 env[v] = o
         return [np.asarray(env[self.values[n]]) for n in block.outputs]
+
+
+def _initializer_data(v: Any, weights: Mapping[str, Any]) -> np.ndarray:
+    """An initializer's or constant's array: its own data, else the given weight."""
+    if v.const_value is not None:
+        return v.const_value.numpy()
+    if v.name in weights:
+        return _numpy(weights[v.name])
+    raise ValueError(f"initializer {v.name!r} has no data and no given weight")
 
 
 def _as_ir_dtype(arr: np.ndarray, value: Any) -> np.ndarray:
@@ -744,7 +742,7 @@ def _structure(nodes: list[Any], ins: list[Any], outs: list[Any]):
 
     import onnx_ir as ir
 
-    index = {id(v): ("in", i) for i, v in enumerate(ins) if v is not None}
+    block_inputs = {id(v) for v in ins if v is not None}
     feeds: list[Any] = []
     params: list[Any] = []
     seen_feed: dict[int, int] = {}
@@ -766,7 +764,7 @@ def _structure(nodes: list[Any], ins: list[Any], outs: list[Any]):
                 refs.append(None)
             elif id(v) in made:
                 refs.append(("n", *made[id(v)]))
-            elif id(v) in index:
+            elif id(v) in block_inputs:
                 if id(v) not in seen_feed:
                     seen_feed[id(v)] = len(feeds)
                     feeds.append(v)
