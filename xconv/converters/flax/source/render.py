@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from xconv.converters.flax.source import classes as flax_classes
+from xconv.converters.flax.source.generation import section
 from xconv.converters.flax.source.templates import HELPERS
 from xconv.converters.flax.source_names import predicted_name
 from xconv.converters.module_tree import (
@@ -154,7 +155,9 @@ def render(em: _Emitter, name: str) -> str:
     if api == "nnx":  # nnx exports linen's pooling functions: no linen import for them
         body = flax_classes.split_nnx_lists(_LINEN_POOL.sub(r"nnx.\1(", body))
     # as ruff formats them: long calls, literals and returned tuples split, one item a line
-    code_parts = [*helpers, wrap_lines(body, full=True), "\n".join(load), *_source_names(em)]
+    generation = section(dict(em.model.metadata_props), api)
+    code_parts = [*helpers, wrap_lines(body, full=True), "\n".join(load)]
+    code_parts += [*([generation] if generation else []), *_source_names(em)]
     text = "\n\n\n".join(code_parts)
     imports = _imports(text, api)
     return doc + "\n\n" + "\n".join(imports) + "\n\n\n" + text + "\n"

@@ -35,7 +35,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass
 from onnx_ir.tensor_adapters import TorchTensor
 from torch import nn
 
-from xconv.converters.torch.importer import layers, rewrite, shapes
+from xconv.converters.torch.importer import decoding, layers, rewrite, shapes
 from xconv.errors import ConversionError, StaticValueError
 from xconv.ir import OPSET
 from xconv.ir.metadata import FX_GRAPH, FX_NODE, MODULE, SCOPE, SOURCE_LINE
@@ -63,6 +63,7 @@ def from_torch(
     dynamic_batch: bool = False,
     static: bool = False,
     programs: list | None = None,
+    generate: bool = False,
 ) -> ir.Model:
     """Convert a PyTorch module to the IR.
 
@@ -88,6 +89,11 @@ def from_torch(
         programs: When given, the ``ExportedProgram`` the IR was translated from is appended
             (its weights are the module's own tensors): the layerwise parity check cuts it
             into blocks.
+        generate: Convert a transformers causal LM as one cached decoding step (see
+            :mod:`.decoding`): inputs ``input_ids``, ``cache_position`` and ``key_i`` /
+            ``value_i`` per layer, outputs the logits and the updated cache, batch, seq and
+            ``max_length`` symbolic. ``example_inputs`` is not needed. The generated Flax
+            model then has ``init_cache`` and ``generate``.
 
     Returns:
         The model as an ``onnx_ir.Model`` at opset ``xconv.ir.OPSET``, annotated with
@@ -99,6 +105,20 @@ def from_torch(
         ConversionError: The module cannot be traced or translated, or ``dynamic_batch`` was
             asked for but the batch dimension is fixed by the model.
     """
+    description = None
+    if generate:
+        if not isinstance(module, nn.Module) or isinstance(
+            module, torch.jit.ScriptModule | torch.export.ExportedProgram
+        ):
+            raise ConversionError(
+                "generate=True takes the transformers model (an nn.Module), not "
+                f"{type(module).__name__}: the cached step is traced from its Python code"
+            )
+        if static:
+            raise ConversionError(
+                "generate=True traces batch, seq and max_length symbolic; drop static=True"
+            )
+        module, example_inputs, description = decoding.step_module(module)
     args = _as_args(example_inputs)
     if isinstance(args, dict) and isinstance(module, torch.jit.ScriptModule):
         raise ConversionError("give a TorchScript module positional example inputs, not a dict")
@@ -142,6 +162,10 @@ def from_torch(
     # Named after the source class, not torch.onnx's "main_graph": the generated sources'
     # docstrings and model.onnx name the model the user converted.
     model.graph.name = source_class(module, program) or model.graph.name
+    if description is not None:
+        model.graph.name = type(module.model).__name__
+        decoding.rename_cache_dims(model)
+        decoding.describe(model, description)
     if programs is not None:
         programs.append(program)
     return model

@@ -1,0 +1,146 @@
+"""Causal LMs converted with ``generate=True`` decode with a cache, token for token like torch.
+
+Tiny Llama (GQA, RoPE), GPT-2 (learned positions, tied embeddings) and Mistral (a sliding
+window longer than the cache) are built offline from configs, converted with
+``xconv.from_torch(model, generate=True)`` and written by ``xconv.to_flax``. Through the
+generated model.py:
+
+* ``generate`` gives torch's ``generate(do_sample=False)`` tokens for 24 steps at two batch
+  and prompt sizes;
+* each cached step (prefill, then one token at a time) gives torch's full-forward logits at
+  those positions, through the JAX runtime and the generated module, at two cache lengths;
+* a planted fault (one layer-1 weight scaled by 1.01) changes the logits past the tolerance
+  and the generated tokens.
+
+CI runs it on the newest transformers and on 5.23.0 (``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+transformers = pytest.importorskip("transformers")
+
+import xconv  # noqa: E402
+from xconv.errors import ConversionError  # noqa: E402
+
+TF = transformers.__version__
+_SIZES = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+          "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
+
+
+def _model(family: str):
+    tf = transformers
+    if family == "gpt2":
+        config = tf.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                               bos_token_id=1, eos_token_id=2)  # fmt: skip
+        cls = tf.GPT2LMHeadModel
+    elif family == "mistral":
+        config, cls = tf.MistralConfig(**_SIZES, sliding_window=48), tf.MistralForCausalLM
+    else:
+        config, cls = tf.LlamaConfig(**_SIZES), tf.LlamaForCausalLM
+    torch.manual_seed(0)
+    return cls(config).eval()
+
+
+def _load(out):
+    spec = importlib.util.spec_from_file_location(f"generated_{out.name}", out / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2", "mistral"])
+def converted(request, tmp_path_factory):
+    model = _model(request.param)
+    ir_model = xconv.from_torch(model, generate=True)
+    out = tmp_path_factory.mktemp(request.param)
+    xconv.to_flax(ir_model, out)
+    return request.param, model, ir_model, _load(out), out
+
+
+@pytest.mark.parametrize("batch,prompt", [(1, 5), (3, 9)])
+def test_greedy_tokens_equal_torch_generate(converted, batch, prompt):
+    family, model, _, generated, out = converted
+    ids = torch.randint(3, 96, (batch, prompt), generator=torch.Generator().manual_seed(prompt))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None,
+                              pad_token_id=0).numpy()  # fmt: skip
+    module, variables = generated.load(out)
+    got = np.asarray(generated.generate(module, variables, ids.numpy(), 24, eos_token_id=None))
+    assert got.shape == want.shape == (batch, prompt + 24)
+    assert (got == want).all(), (
+        f"{family} on transformers {TF}: first differing step "
+        f"{int(np.argmax((got != want).any(0))) - prompt}"
+    )
+
+
+def test_cached_steps_match_the_full_forward(converted):
+    family, model, ir_model, generated, out = converted
+    spec = json.loads(ir_model.metadata_props["xconv.generate"])
+    assert len(spec["layers"]) == 2
+    fn, params = xconv.to_jax(ir_model)
+    module, variables = generated.load(out)
+    for batch, prompt, length in [(2, 5, 12), (3, 8, 20)]:
+        ids = torch.randint(3, 96, (batch, prompt + 3), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            want = model(ids).logits.numpy()
+        cache = generated.init_cache(batch, length)
+        flat = [np.asarray(t) for layer in cache for t in layer]
+        runtime = fn(params, ids[:, :prompt].numpy(), np.arange(prompt), *flat)
+        logits, cache = generated.decode(module, variables, ids[:, :prompt].numpy(),
+                                         np.arange(prompt), cache)  # fmt: skip
+        errors = [np.abs(np.asarray(logits) - want[:, :prompt]).max(),
+                  np.abs(np.asarray(runtime[0]) - want[:, :prompt]).max()]  # fmt: skip
+        flat = runtime[1:]
+        for t in range(prompt, prompt + 3):
+            step = ids[:, t : t + 1].numpy()
+            logits, cache = generated.decode(module, variables, step, np.array([t]), cache)
+            runtime = fn(params, step, np.array([t]), *flat)
+            flat = runtime[1:]
+            errors += [np.abs(np.asarray(logits)[:, 0] - want[:, t]).max(),
+                       np.abs(np.asarray(runtime[0])[:, 0] - want[:, t]).max()]  # fmt: skip
+        assert max(errors) < 1e-4, f"{family} on transformers {TF}, cache {length}: {errors}"
+
+
+def test_a_wrong_weight_is_caught(converted):
+    family, model, _, generated, out = converted
+    module, variables = generated.load(out)
+    leaves = jax.tree_util.tree_flatten_with_path(variables)[0]
+    path, leaf = next((p, v) for p, v in leaves if "1" in jax.tree_util.keystr(p) and v.ndim == 2)
+    wrong = jax.tree_util.tree_map_with_path(lambda p, v: v * 1.01 if p == path else v, variables)
+    ids = torch.randint(3, 96, (2, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids).logits.numpy()
+    logits, _ = generated.decode(module, wrong, ids.numpy(), np.arange(6),
+                                 generated.init_cache(2, 8))  # fmt: skip
+    assert np.abs(np.asarray(logits) - want).max() > 1e-4, f"{family}: {path} scaled unnoticed"
+
+
+def test_refusals_name_the_reason(tmp_path):
+    with pytest.raises(ConversionError, match="causal LM"):
+        xconv.from_torch(torch.nn.Linear(3, 3), generate=True)
+    model = _model("llama")
+    with pytest.raises(ConversionError, match="static=True"):
+        xconv.from_torch(model, generate=True, static=True)
+    ir_model = xconv.from_torch(model, generate=True)
+    with pytest.raises(ConversionError, match="linen"):
+        xconv.to_flax(ir_model, tmp_path / "nnx", api="nnx")
+    assert not (tmp_path / "nnx").exists()
+    xconv.to_flax(ir_model, tmp_path / "linen")
+    generated = _load(tmp_path / "linen")
+    module, variables = generated.load(tmp_path / "linen")
+    with pytest.raises(ValueError, match="64 positions"):
+        generated.generate(module, variables, np.ones((1, 60), np.int64), 8)
+    with pytest.raises(ValueError, match="rng"):
+        generated.generate(module, variables, np.ones((1, 4), np.int64), 2, temperature=0.7)
+    sampled = generated.generate(module, variables, np.ones((2, 4), np.int64), 6, temperature=0.7,
+                                 top_k=10, top_p=0.9, rng=jax.random.key(0))  # fmt: skip
+    assert sampled.shape == (2, 10) and int(sampled.max()) < 96
