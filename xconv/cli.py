@@ -498,6 +498,7 @@ def _run_conversion(source, source_kind: str, target: str, out: Path | None, **k
         partitioning=kw.get("partitioning"),
         weights_format=kw.get("weights_format"),
         dtype=kw.get("dtype"),
+        generate=kw.get("generate", False),
         mesh=kw.get("mesh"),
         precision=kw.get("precision", "default"),
     )
@@ -734,6 +735,11 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
             raise click.UsageError(f"--dtype {kw['dtype']}: only flax and jax targets have it")
         if kw.get("dtype") and (kw.get("weights") or kw.get("train_state")):
             raise click.UsageError("--dtype: not with --weights or --train-state")
+        if kw.get("generate") and (kw.get("weights") or kw.get("train_state")):
+            raise click.UsageError(
+                "--generate converts a causal LM from MODEL (a save_pretrained folder or a "
+                "module file); not with --weights or --train-state yet"
+            )
         if kw.get("weights"):
             if model is not None:
                 raise click.UsageError("give either MODEL or --weights, not both")
@@ -788,6 +794,13 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
             help="Allow a save_pretrained folder whose config.json names code inside the "
                  "folder (auto_map): loading it runs that code.",
         )(command)  # fmt: skip
+        if target == "flax":
+            command = click.option(
+                "--generate", is_flag=True,
+                help="A causal LM (a save_pretrained folder or module file): convert it as one "
+                     "cached decoding step; model.py gains init_cache, decode and generate, "
+                     "and parity.json a generation section (greedy tokens against torch).",
+            )(command)  # fmt: skip
         if target in ("flax", "jax", "onnx"):
             command = click.option(
                 "--weights", default=None,

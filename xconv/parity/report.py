@@ -95,6 +95,9 @@ class ParityReport:
     #: The input dimensions the source model fixes (``xconv.fixed_dims`` of the IR): the
     #: candidate runs at any size of every other dimension. None: not recorded (not torch).
     fixed_dims: list[dict[str, Any]] | None = None
+    #: A causal LM converted with ``generate=True``: greedy tokens and cached steps against
+    #: torch (:mod:`xconv.parity.generation`). None otherwise.
+    generation: dict[str, Any] | None = None
 
     def __bool__(self) -> bool:
         return self.passed
@@ -121,6 +124,7 @@ class ParityReport:
             "timings": dict(self.timings),
             **({"mesh": self.mesh} if self.mesh is not None else {}),
             **({"fixed_dims": self.fixed_dims} if self.fixed_dims is not None else {}),
+            **({"generation": self.generation} if self.generation is not None else {}),
         }
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int = 2) -> str:

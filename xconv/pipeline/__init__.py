@@ -25,7 +25,7 @@ from typing import Any
 import onnx_ir as ir
 
 from xconv.converters.codegen import replace_dir
-from xconv.errors import ConversionError
+from xconv.errors import ConversionError, UsageError
 from xconv.pipeline.checks import _check, _differential_check, _layerwise, _release_memory
 from xconv.pipeline.importers import _IMPORTERS, import_model
 from xconv.pipeline.options import (
@@ -142,6 +142,11 @@ def _validate(source_kind: str, target: str, options: ConvertOptions) -> None:
             f"dtype {options.dtype!r}: only the flax and jax targets have a compute dtype; "
             f"target {target!r} keeps the source's dtypes"
         )
+    if options.generate and (source_kind != "torch" or target != "flax"):
+        raise UsageError(
+            f"generate: a torch causal LM converts with --generate to a flax model.py with "
+            f"generate(); not {source_kind} to {target}. Next step: use torch-to-flax"
+        )
     if options.mesh is not None:
         from xconv.sharding.rules import make_mesh, read_rules
 
@@ -212,6 +217,11 @@ def _write_and_check(
 
         if FIXED_DIMS in imported.model.metadata_props:
             report.fixed_dims = fixed_dims(imported.model)
+        if options.generate:
+            from xconv.parity.generation import check_generation
+
+            say("checking generation (greedy tokens and cached steps against torch)")
+            check_generation(imported.source, stage, report, options)
         report.to_json(stage / "parity.json")
         report.to_html(stage / "parity.html")
         clock.done("parity")

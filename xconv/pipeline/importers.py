@@ -56,7 +56,10 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
         description = type(source).__name__
     loaded = time.perf_counter()
     inputs = inputs if inputs is not None else file_inputs
-    if inputs is None and not _is_exported_program(module):
+    if options.generate:
+        # The cached step is traced at example inputs of its own (prompt and cache sizes).
+        inputs = None
+    elif inputs is None and not _is_exported_program(module):
         raise UsageError(
             f"no example inputs for {description}: a .pt2, a traced TorchScript archive, a "
             "save_pretrained folder and a module with an example_input_array attribute record "
@@ -70,15 +73,18 @@ def _import_torch(source: Any, options: ConvertOptions, given: Sequence[Any] | N
         dynamic_batch=options.dynamic_batch,
         static=options.static,
         programs=programs,
+        generate=options.generate,
     )
     # An ExportedProgram is its own reference: its adapter builds the float64 oracle from the
-    # graph (module().double() trips the program's dtype guards).
-    reference = module
+    # graph (module().double() trips the program's dtype guards). With generate, the cached
+    # step's program is the reference, at its own example inputs.
+    reference = programs[0] if options.generate else module
     if inputs is None:
-        inputs = _exported_example_inputs(module)
+        inputs = _exported_example_inputs(reference)
     timings = {"load": loaded - start, "import": time.perf_counter() - loaded}
     program = programs[0] if programs and _is_exported_program(programs[0]) else None
-    return _Imported(model, reference, inputs, description, timings, program)
+    source = module if options.generate else None
+    return _Imported(model, reference, inputs, description, timings, program, source)
 
 
 def _is_exported_program(obj: Any) -> bool:

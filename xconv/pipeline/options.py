@@ -62,6 +62,10 @@ class ConvertOptions:
             this ``"DATAxMODEL"`` mesh of the visible devices (the flax output restored onto
             it by its ``load(out_dir, mesh=)``; parameters placed by ``partitioning``, default
             ``"fsdp+tp"``); the report states the mesh and each parameter's sharding.
+        generate: Torch causal LMs, target ``flax``: convert the model as one cached decoding
+            step (``from_torch(generate=True)``); model.py gains ``init_cache``, ``decode``
+            and ``generate``, and parity.json a ``generation`` section (greedy tokens and
+            each cached step's logits against torch).
         precision: The parity check's matmul precision: ``"default"`` (each device's own,
             judged at the precision its dots ran at) or ``"highest"`` (full float32 dots,
             judged at float32); see :func:`xconv.check_parity`.
@@ -86,6 +90,7 @@ class ConvertOptions:
     dtype: str | None = None
     mesh: Any = None
     precision: str = "default"
+    generate: bool = False
 
     def __post_init__(self) -> None:
         from xconv.converters.ops.precision import resolve_dtype
@@ -125,6 +130,9 @@ class _Imported:
     #: The torch ``ExportedProgram`` the IR came from (a ``.pt2`` or an ``nn.Module``
     #: exported), which the layerwise parity check cuts into blocks.
     program: Any = None
+    #: The model as loaded (a torch causal LM with ``generate``: the generation check runs
+    #: its ``generate`` and full forward; the reference is then its cached step).
+    source: Any = None
 
 
 Progress = Callable[[str], None]

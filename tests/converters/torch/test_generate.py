@@ -9,8 +9,9 @@ generated model.py:
   and prompt sizes;
 * each cached step (prefill, then one token at a time) gives torch's full-forward logits at
   those positions, through the JAX runtime and the generated module, at two cache lengths;
-* a planted fault (one layer-1 weight scaled by 1.01) changes the logits past the tolerance
-  and the generated tokens.
+* a planted fault (one layer-1 weight scaled by 1.01) changes the logits past the tolerance;
+* every decoder family of the transformers zoo (``tests/decoder_zoo.py``: OPT, Falcon and
+  Mixtral by default, the other 15 under ``-m slow``) gives torch's greedy tokens for 20 steps.
 
 CI runs it on the newest transformers and on 5.23.0 (``.ci/run``).
 """
@@ -28,6 +29,7 @@ jax = pytest.importorskip("jax")
 transformers = pytest.importorskip("transformers")
 
 import xconv  # noqa: E402
+from tests.decoder_zoo import FAST, SLOW, tiny_decoder  # noqa: E402
 from xconv.errors import ConversionError  # noqa: E402
 
 TF = transformers.__version__
@@ -144,3 +146,28 @@ def test_refusals_name_the_reason(tmp_path):
     sampled = generated.generate(module, variables, np.ones((2, 4), np.int64), 6, temperature=0.7,
                                  top_k=10, top_p=0.9, rng=jax.random.key(0))  # fmt: skip
     assert sampled.shape == (2, 10) and int(sampled.max()) < 96
+
+
+#: Families the fixture above does not already convert.
+_ZOO = [pytest.param(f, id=f"{f}-tf{TF}") for f in FAST if f not in ("llama", "gpt2")] + [
+    pytest.param(f, id=f"{f}-tf{TF}", marks=pytest.mark.slow) for f in SLOW if f != "mistral"
+]
+
+
+@pytest.mark.parametrize("family", _ZOO)
+def test_zoo_decoders_generate_like_torch(family, tmp_path):
+    cls, config = tiny_decoder(family)
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    xconv.to_flax(xconv.from_torch(model, generate=True), tmp_path)
+    generated = _load(tmp_path)
+    module, variables = generated.load(tmp_path)
+    ids = torch.randint(3, config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None,
+                              pad_token_id=0, use_cache=True).numpy()  # fmt: skip
+    got = np.asarray(generated.generate(module, variables, ids.numpy(), 20, eos_token_id=None))
+    assert (got == want).all(), (
+        f"{family} on transformers {TF}: first differing step "
+        f"{int(np.argmax((got != want).any(0))) - 5}"
+    )
