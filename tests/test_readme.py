@@ -222,6 +222,18 @@ def _hf_folder(workdir: Path) -> None:
     transformers.BertModel(config).eval().save_pretrained(workdir / "tinybert")
 
 
+def _causal_lm_folder(workdir: Path) -> None:
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(workdir / "tinyllama")
+
+
 #: A file name as the README writes it -> what writes it into the working folder (only the
 #: files some snippet names are written).
 FILES: dict[str, Callable[[Path], None]] = {
@@ -234,6 +246,7 @@ FILES: dict[str, Callable[[Path], None]] = {
     "traced.pt": _traced_file,
     "module.pt": _pickled_module,
     "tinybert": _hf_folder,
+    "tinyllama": _causal_lm_folder,
 }
 
 
