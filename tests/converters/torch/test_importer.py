@@ -452,3 +452,21 @@ def test_an_older_exporter_opset_is_upgraded(monkeypatch):
     assert model.opset_imports[""] == xconv.ir.OPSET
     (reduce,) = [n for n in model.graph if n.op_type == "ReduceMean"]
     assert "axes" not in reduce.attributes and len(reduce.inputs) == 2  # opset-18 form
+
+
+def test_a_view_as_example_input_keeps_the_dims_symbolic():
+    """``ids[:, :5]`` as the example: torch.export guarded on the view's base size, which
+    failed the symbolic export and fell back to the example's shapes."""
+
+    class Embed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Embedding(50, 8)
+
+        def forward(self, ids):
+            return self.table(ids).sum(-1)
+
+    ids = torch.randint(0, 50, (3, 11))
+    model = xconv.from_torch(Embed(), (ids[:, :5],))
+    dims = model.graph.inputs[0].shape.dims
+    assert [getattr(d, "value", d) for d in dims] == ["batch", "seq"], dims
