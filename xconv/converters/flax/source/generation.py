@@ -1,7 +1,9 @@
 """The generation section of model.py for a causal LM converted with ``generate=True``.
 
-The section's code is :mod:`.generate_linen`, read as text (importing it would import JAX),
-with its constants set from the conversion's description (``xconv.generate``).
+The section's code is :mod:`.generate_common` followed by the API's part,
+:mod:`.generate_linen` or :mod:`.generate_nnx`, each read as text below its ``# model.py:``
+marker (importing them would import JAX), with the constants set from the conversion's
+description (``xconv.generate``).
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import json
 import re
 from pathlib import Path
 
-from xconv.errors import UsageError
-
-_TEMPLATE = Path(__file__).with_name("generate_linen.py")
+_HERE = Path(__file__).parent
 _MARKER = "# model.py:\n"
+
+
+def _part(name: str) -> str:
+    return (_HERE / f"generate_{name}.py").read_text().split(_MARKER, 1)[1].strip("\n")
 
 
 def section(metadata: dict[str, str], api: str) -> str | None:
@@ -21,16 +25,11 @@ def section(metadata: dict[str, str], api: str) -> str | None:
     raw = metadata.get("xconv.generate")
     if not raw:
         return None
-    if api != "linen":
-        raise UsageError(
-            "generate=True writes a linen model.py; nnx is not written yet. Next step: "
-            "convert with api='linen'"
-        )
     spec = json.loads(raw)
     layout = tuple(
         ((e["key_heads"], e["key_dim"]), (e["value_heads"], e["value_dim"])) for e in spec["layers"]
     )
-    text = _TEMPLATE.read_text().split(_MARKER, 1)[1]
+    text = _part("common") + "\n\n\n" + _part(api)
     values = {
         "CACHE_LAYOUT": repr(layout),
         "MAX_LENGTH": repr(spec.get("max_length")),
@@ -42,4 +41,4 @@ def section(metadata: dict[str, str], api: str) -> str | None:
         assert n == 1, name
     if spec.get("dtype") not in (None, "float32"):
         text = text.replace("dtype=jnp.float32", f"dtype=jnp.{spec['dtype']}")
-    return text.strip("\n")
+    return text

@@ -103,11 +103,21 @@ class _FunctionalLayer:
         layer.cumulative_length = start
 
         def update(key_states, value_states, *args, **kwargs):
-            layer.keys = layer.keys.index_copy(2, slots, key_states.to(layer.keys.dtype))
-            layer.values = layer.values.index_copy(2, slots, value_states.to(layer.values.dtype))
+            layer.keys = _write(layer.keys, slots, key_states)
+            layer.values = _write(layer.values, slots, value_states)
             return layer.keys, layer.values
 
         layer.update = update
+
+
+def _write(cache: torch.Tensor, slots: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """``cache`` with ``states`` written at ``slots`` along the length axis, out of place.
+
+    A ``scatter`` along axis 2 (ONNX ScatterElements): ``index_copy`` exports as a ScatterND
+    on the length axis moved to the front, a transpose of the whole cache before and after
+    every write."""
+    index = slots.view(1, 1, -1, 1).expand(states.shape)
+    return cache.scatter(2, index, states.to(cache.dtype))
 
 
 class CachedStep(nn.Module):

@@ -1,0 +1,57 @@
+"""The nnx part of a generated model.py's generation section (see :mod:`.generate_common`).
+
+``Model`` there is the converted cached step holding its variables: ``model(input_ids,
+cache_position, key_0, value_0, key_1, ...)`` returns the logits and the updated cache
+tensors in that order.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from xconv.converters.flax.source.generate_common import (
+    _STATIC,
+    EOS_TOKEN_ID,
+    _decode_loop,
+    _prepared,
+)
+
+# model.py:
+
+
+def decode(model, input_ids, cache_position, cache):
+    """One cached step, prefill (many tokens) or decode (one): ``(logits, cache)``.
+
+    ``input_ids`` is ``(batch, seq)``; ``cache_position`` ``(seq,)`` holds the cache slots the
+    tokens are written to, which are also their positions.
+    """
+    flat = [tensor for layer in cache for tensor in layer]
+    logits, *flat = model(input_ids, cache_position, *flat)
+    return logits, tuple(zip(flat[0::2], flat[1::2], strict=True))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", *_STATIC))
+def _generate(graphdef, state, input_ids, cache, rng, **options):
+    step = functools.partial(decode, nnx.merge(graphdef, state))
+    return _decode_loop(step, input_ids, cache, rng, **options)
+
+
+def generate(model, input_ids, max_new_tokens, *, temperature=0.0, top_k=None, top_p=None,
+             rng=None, eos_token_id=EOS_TOKEN_ID, max_length=None, dtype=jnp.float32):  # fmt: skip
+    """``input_ids`` ``(batch, prompt)`` followed by ``max_new_tokens`` generated tokens.
+
+    Greedy at ``temperature=0`` (the default), else sampled with the JAX PRNG key ``rng``
+    after ``top_k`` / ``top_p`` filtering. A row that emits ``eos_token_id`` continues with
+    the pad token. Prefill and the decode loop run as one compiled program; each new token
+    is one cached decode step (the cache holds ``max_length`` positions, by default the
+    prompt and the new tokens).
+    """
+    input_ids, cache, rng = _prepared(input_ids, max_new_tokens, temperature, rng, max_length,
+                                      dtype)  # fmt: skip
+    graphdef, state = nnx.split(model)
+    return _generate(
+        graphdef, state, input_ids, cache, rng, max_new_tokens=int(max_new_tokens),
+        temperature=float(temperature), top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
+    )  # fmt: skip
