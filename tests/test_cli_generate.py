@@ -39,7 +39,8 @@ def test_generate_folder_writes_a_model_that_generates_like_torch(folder, tmp_pa
     assert report["passed"] and report["generation"]["passed"], report["generation"]
     runs = report["generation"]["runs"]
     assert [r["new_tokens"] for r in runs] == [24, 24] and all(r["tokens_equal"] for r in runs)
-    assert "greedy tokens equal" in result.output
+    assert [r["left_padding"] for r in runs] == [0, 4]  # a batch of prompts of two lengths
+    assert "greedy tokens equal" in result.output and "left-padded by 4" in result.output
     spec = importlib.util.spec_from_file_location("cli_generated", out / "model.py")
     generated = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generated)

@@ -4,7 +4,8 @@ Through the generated model.py (``init_cache`` / ``decode`` / ``generate``), aga
 model it came from:
 
 * **greedy tokens**: ``generate`` for :data:`STEPS` new tokens equals torch's
-  ``generate(do_sample=False)`` at each prompt of :data:`PROMPTS`. A row that parts from
+  ``generate(do_sample=False)`` at each prompt of :data:`PROMPTS`, one of them a left-padded
+  batch with its ``attention_mask``. A row that parts from
   torch's counts as agreeing only at a tie: the two tokens' torch logits at that step within
   the float32 tolerance (the rest of that row is then not compared);
 * **cached steps**: the logits of the prefill and of :data:`DECODES` one-token decode steps
@@ -25,8 +26,9 @@ import numpy as np
 
 #: New tokens generated per prompt (fewer when the model's positions end sooner).
 STEPS = 24
-#: (batch, prompt length) of each check.
-PROMPTS = ((1, 6), (2, 11))
+#: (batch, prompt length, left padding of the last row) of each check: the second batch holds
+#: prompts of two lengths (``attention_mask``).
+PROMPTS = ((1, 6, 0), (2, 11, 4))
 #: One-token decode steps after the prefill whose logits are compared.
 DECODES = 3
 
@@ -57,34 +59,45 @@ def check_generation(lm: Any, out_dir: Path, report: Any, options: Any = None) -
     vocab = int(getattr(lm.config, "vocab_size", 0) or 0) or 2
     policy = resolve_policy("dtype")
     rows, steps_ok, tokens_ok = [], True, True
-    for batch, prompt in PROMPTS:
+    for batch, prompt, pad in PROMPTS:
         steps = min(STEPS, limit - prompt)
         if steps < 1:
             continue
         gen = torch.Generator().manual_seed(batch * 100 + prompt)
         ids = torch.randint(0, vocab, (batch, prompt), generator=gen)
+        mask = torch.ones_like(ids)
+        mask[-1, :pad] = 0
+        ids = ids.masked_fill(mask == 0, 0)
         with torch.no_grad():
             want = lm.generate(
-                ids, max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0
+                ids,
+                attention_mask=mask,
+                max_new_tokens=steps,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
             ).numpy()
         got = np.asarray(
-            generated.generate(module, variables, ids.numpy(), steps, eos_token_id=None)
-        )
-        ties, parted = _divergences(lm, got, want, prompt, policy)
+            generated.generate(
+                module, variables, ids.numpy(), steps, attention_mask=mask.numpy(),
+                eos_token_id=None,
+            )
+        )  # fmt: skip
+        ties, parted = _divergences(lm, got, want, mask.numpy(), policy)
         tokens_ok &= not parted
-        # Each cached step against the full forward at its position.
+        # Each cached step against the full forward at its position (padding slots excluded).
         decodes = min(DECODES, steps - 1)
-        full_ids = torch.from_numpy(want[:, : prompt + decodes])
-        with torch.no_grad():
-            full = lm(full_ids).logits.float().numpy()
+        cache_mask = _extended(mask.numpy(), prompt + decodes)
+        full = _forward(lm, want[:, : prompt + decodes], cache_mask)
         cache = generated.init_cache(batch, prompt + decodes)
         logits, cache = generated.decode(
-            module, variables, want[:, :prompt], np.arange(prompt), cache
+            module, variables, want[:, :prompt], np.arange(prompt), cache, cache_mask
         )
-        metrics = [compare("prefill", np.asarray(logits), full[:, :prompt], policy)]
+        kept = mask.numpy() == 1
+        metrics = [compare("prefill", np.asarray(logits)[kept], full[:, :prompt][kept], policy)]
         for t in range(prompt, prompt + decodes):
             logits, cache = generated.decode(
-                module, variables, want[:, t : t + 1], np.array([t]), cache
+                module, variables, want[:, t : t + 1], np.array([t]), cache, cache_mask
             )
             metrics.append(compare(f"decode@{t}", np.asarray(logits)[:, 0], full[:, t], policy))
         worst = max(metrics, key=lambda m: (not m.passed, m.excess or 0.0))
@@ -93,6 +106,7 @@ def check_generation(lm: Any, out_dir: Path, report: Any, options: Any = None) -
             {
                 "batch": batch,
                 "prompt": prompt,
+                "left_padding": pad,
                 "new_tokens": steps,
                 "tokens_equal": bool((got == want).all()),
                 "ties": ties,
@@ -113,23 +127,42 @@ def check_generation(lm: Any, out_dir: Path, report: Any, options: Any = None) -
     if not section["passed"]:
         report.passed = False
         report.reason = report.reason or "generation differs from torch (see generation)"
-    report.notes.append(
-        "generation: "
-        + "; ".join(
-            f"batch {r['batch']} prompt {r['prompt']}: {r['new_tokens']} greedy tokens "
-            f"{'equal' if r['tokens_equal'] else 'differ' if r['parted'] else 'equal up to ties'}"
-            f", {r['cached_steps']} cached steps max |diff| {r['max_abs']:.2e}"
-            for r in rows
-        )
-    )
+    report.notes.append("generation: " + "; ".join(_summary(r) for r in rows))
     return section
 
 
-def _divergences(lm: Any, got: np.ndarray, want: np.ndarray, prompt: int, policy: Any):
-    """Rows where the tokens part: ``(ties, parted)`` as ``[{"row", "step"}]``. A tie is a
-    step where torch's logits of the two tokens are within the policy's tolerance."""
+def _summary(run: dict) -> str:
+    padded = f" (last row left-padded by {run['left_padding']})" if run["left_padding"] else ""
+    tokens = "equal" if run["tokens_equal"] else "differ" if run["parted"] else "equal up to ties"
+    return (
+        f"batch {run['batch']} prompt {run['prompt']}{padded}: {run['new_tokens']} greedy "
+        f"tokens {tokens}, {run['cached_steps']} cached steps max |diff| {run['max_abs']:.2e}"
+    )
+
+
+def _extended(mask: np.ndarray, length: int) -> np.ndarray:
+    """The prompt's ``attention_mask`` followed by ones up to ``length`` slots."""
+    full = np.ones((mask.shape[0], length), mask.dtype)
+    full[:, : mask.shape[1]] = mask
+    return full
+
+
+def _forward(lm: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """torch's full-forward logits of ``ids`` under ``mask``, each row numbered as
+    transformers' generate numbers it (the count of unmasked slots before a token)."""
     import torch
 
+    attention = torch.from_numpy(mask[:, : ids.shape[1]]).long()
+    positions = (attention.cumsum(-1) - 1).masked_fill(attention == 0, 1)
+    with torch.no_grad():
+        out = lm(torch.from_numpy(ids), attention_mask=attention, position_ids=positions)
+    return out.logits.float().numpy()
+
+
+def _divergences(lm: Any, got: np.ndarray, want: np.ndarray, mask: np.ndarray, policy: Any):
+    """Rows where the tokens part: ``(ties, parted)`` as ``[{"row", "step"}]``. A tie is a
+    step where torch's logits of the two tokens are within the policy's tolerance."""
+    prompt = mask.shape[1]
     ties, parted = [], []
     for row in range(got.shape[0]):
         differ = np.nonzero(got[row, prompt:] != want[row, prompt:])[0]
@@ -137,8 +170,8 @@ def _divergences(lm: Any, got: np.ndarray, want: np.ndarray, prompt: int, policy
             continue
         step = int(differ[0])
         position = prompt + step
-        with torch.no_grad():
-            logits = lm(torch.from_numpy(want[row : row + 1, :position])).logits[0, -1]
+        row_mask = _extended(mask[row : row + 1], position)
+        logits = _forward(lm, want[row : row + 1, :position], row_mask)[0, -1]
         a, b = float(logits[want[row, position]]), float(logits[got[row, position]])
         rtol, atol = policy.tolerances(np.float32)
         bound = atol + rtol * max(abs(a), abs(b))

@@ -9,6 +9,8 @@ generated model.py:
   and prompt sizes;
 * each cached step (prefill, then one token at a time) gives torch's full-forward logits at
   those positions, through the JAX runtime and the generated module, at two cache lengths;
+* a left-padded batch (``attention_mask``) gives torch's tokens, and other tokens without
+  the mask;
 * a planted fault (one layer-1 weight scaled by 1.01) changes the logits past the tolerance;
 * every decoder family of the transformers zoo (``tests/decoder_zoo.py``: OPT, Falcon and
   Mixtral by default, the other 15 under ``-m slow``) gives torch's greedy tokens for 20 steps.
@@ -84,6 +86,35 @@ def test_greedy_tokens_equal_torch_generate(converted, batch, prompt):
     )
 
 
+def _left_padded(batch, prompt, vocab, seed):
+    """Prompts of different lengths in one batch: row ``r`` left-padded by ``2 * r`` slots."""
+    ids = torch.randint(3, vocab, (batch, prompt), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    for row in range(batch):
+        mask[row, : 2 * row] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def test_left_padded_prompts_equal_torch_generate(converted):
+    """``attention_mask`` marks each row's padding: positions count the unmasked slots and no
+    token attends to padding, as in torch's generate; without it the padded rows differ."""
+    family, model, _, generated, out = converted
+    ids, mask = _left_padded(3, 9, 96, seed=5)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                              eos_token_id=None, pad_token_id=0).numpy()  # fmt: skip
+    module, variables = generated.load(out)
+    got = np.asarray(generated.generate(module, variables, ids.numpy(), 24,
+                                        attention_mask=mask.numpy(), eos_token_id=None))  # fmt: skip
+    assert (got == want).all(), (
+        f"{family} on transformers {TF}: rows differing {np.nonzero((got != want).any(1))[0]}"
+    )
+    unmasked = np.asarray(generated.generate(module, variables, ids.numpy(), 24, eos_token_id=None))
+    assert (unmasked[0] == want[0]).all() and (unmasked[1:] != want[1:]).any(), family
+    with pytest.raises(ValueError, match="attention_mask must be"):
+        generated.generate(module, variables, ids.numpy(), 2, attention_mask=mask[:, 1:].numpy())
+
+
 def test_cached_steps_match_the_full_forward(converted):
     family, model, ir_model, generated, out = converted
     spec = json.loads(ir_model.metadata_props["xconv.generate"])
@@ -96,7 +127,8 @@ def test_cached_steps_match_the_full_forward(converted):
             want = model(ids).logits.numpy()
         cache = generated.init_cache(batch, length)
         flat = [np.asarray(t) for layer in cache for t in layer]
-        runtime = fn(params, ids[:, :prompt].numpy(), np.arange(prompt), *flat)
+        ones = np.ones((batch, length), np.int64)  # the step's attention_mask: no padding
+        runtime = fn(params, ids[:, :prompt].numpy(), np.arange(prompt), ones, *flat)
         logits, cache = generated.decode(module, variables, ids[:, :prompt].numpy(),
                                          np.arange(prompt), cache)  # fmt: skip
         errors = [np.abs(np.asarray(logits) - want[:, :prompt]).max(),
@@ -105,7 +137,7 @@ def test_cached_steps_match_the_full_forward(converted):
         for t in range(prompt, prompt + 3):
             step = ids[:, t : t + 1].numpy()
             logits, cache = generated.decode(module, variables, step, np.array([t]), cache)
-            runtime = fn(params, step, np.array([t]), *flat)
+            runtime = fn(params, step, np.array([t]), ones, *flat)
             flat = runtime[1:]
             errors += [np.abs(np.asarray(logits)[:, 0] - want[:, t]).max(),
                        np.abs(np.asarray(runtime[0])[:, 0] - want[:, t]).max()]  # fmt: skip
@@ -168,6 +200,14 @@ def test_zoo_decoders_generate_like_torch(family, tmp_path):
         f"{family} on transformers {TF}: first differing step "
         f"{int(np.argmax((got != want).any(0))) - 5}"
     )
+    # The same program with the second row left-padded by 2 slots.
+    ids, mask = _left_padded(2, 5, config.vocab_size, seed=2)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False,
+                              eos_token_id=None, pad_token_id=0, use_cache=True).numpy()  # fmt: skip
+    got = np.asarray(generated.generate(module, variables, ids.numpy(), 20,
+                                        attention_mask=mask.numpy(), eos_token_id=None))  # fmt: skip
+    assert (got == want).all(), f"{family} left-padded on transformers {TF}"
 
 
 def test_nnx_model_generates_like_linen(converted, tmp_path):

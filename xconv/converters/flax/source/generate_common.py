@@ -49,12 +49,28 @@ def _pick(logits, key, temperature, top_k, top_p):
     return jax.random.categorical(key, logits, axis=-1)
 
 
-def _decode_loop(step, input_ids, cache, rng, max_new_tokens, temperature, top_k, top_p,
-                 eos_token_id):  # fmt: skip
+def full_mask(attention_mask, batch, prompt, max_length):
+    """The ``(batch, max_length)`` mask of the cache slots: the prompt's ``attention_mask``
+    (0 at a left-padding slot; all ones when ``None``) followed by ones."""
+    mask = jnp.ones((batch, max_length), jnp.int32)
+    if attention_mask is None:
+        return mask
+    return mask.at[:, :prompt].set(jnp.asarray(attention_mask, jnp.int32))
+
+
+def _cache_mask(input_ids, cache, attention_mask):
+    """``attention_mask`` as the step takes it; all ones over the cache when ``None``."""
+    if attention_mask is None:
+        return jnp.ones((input_ids.shape[0], cache[0][0].shape[2]), jnp.int32)
+    return jnp.asarray(attention_mask, jnp.int32)
+
+
+def _decode_loop(step, input_ids, attention_mask, cache, rng, max_new_tokens, temperature,
+                 top_k, top_p, eos_token_id):  # fmt: skip
     """Prefill, then ``max_new_tokens - 1`` one-token steps in a ``fori_loop``;
-    ``step(input_ids, cache_position, cache) -> (logits, cache)``."""
+    ``step(input_ids, cache_position, attention_mask, cache) -> (logits, cache)``."""
     batch, prompt = input_ids.shape
-    logits, cache = step(input_ids, jnp.arange(prompt), cache)
+    logits, cache = step(input_ids, jnp.arange(prompt), attention_mask, cache)
     rng, key = jax.random.split(rng)
     token = _pick(logits[:, -1], key, temperature, top_k, top_p).astype(input_ids.dtype)
     tokens = jnp.zeros((batch, max_new_tokens), input_ids.dtype).at[:, 0].set(token)
@@ -64,7 +80,7 @@ def _decode_loop(step, input_ids, cache, rng, max_new_tokens, temperature, top_k
     def one(i, state):
         tokens, cache, rng, done = state
         last = jax.lax.dynamic_slice_in_dim(tokens, i - 1, 1, axis=1)
-        logits, cache = step(last, jnp.full((1,), prompt + i - 1), cache)
+        logits, cache = step(last, jnp.full((1,), prompt + i - 1), attention_mask, cache)
         rng, key = jax.random.split(rng)
         token = _pick(logits[:, -1], key, temperature, top_k, top_p).astype(tokens.dtype)
         if eos_token_id is not None:
@@ -76,12 +92,17 @@ def _decode_loop(step, input_ids, cache, rng, max_new_tokens, temperature, top_k
     return jnp.concatenate([input_ids, tokens], axis=1)
 
 
-def _prepared(input_ids, max_new_tokens, temperature, rng, max_length, dtype):
-    """The checked prompt, an empty cache for it and the PRNG key."""
+def _prepared(input_ids, attention_mask, max_new_tokens, temperature, rng, max_length, dtype):
+    """The checked prompt, its cache mask, an empty cache for it and the PRNG key."""
     input_ids = jnp.asarray(input_ids)
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be (batch, prompt), got shape {input_ids.shape}")
     batch, prompt = input_ids.shape
+    if attention_mask is not None and jnp.shape(attention_mask) != (batch, prompt):
+        raise ValueError(
+            f"attention_mask must be input_ids' shape {(batch, prompt)}, got "
+            f"{jnp.shape(attention_mask)}"
+        )
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     length = max_length or prompt + max_new_tokens
@@ -93,7 +114,8 @@ def _prepared(input_ids, max_new_tokens, temperature, rng, max_length, dtype):
     if temperature and rng is None:
         raise ValueError("sampling (temperature > 0) needs rng=jax.random.key(seed)")
     rng = jax.random.key(0) if rng is None else rng
-    return input_ids, init_cache(batch, length, dtype), rng
+    mask = full_mask(attention_mask, batch, prompt, length)
+    return input_ids, mask, init_cache(batch, length, dtype), rng
 
 
 _STATIC = ("max_new_tokens", "temperature", "top_k", "top_p", "eos_token_id")

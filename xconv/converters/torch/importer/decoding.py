@@ -2,15 +2,16 @@
 
 ``from_torch(model, generate=True)`` converts :class:`CachedStep` instead of the model's plain
 forward. Its inputs are ``input_ids`` ``(batch, seq)``, ``cache_position`` ``(seq,)`` (the
-cache slots the tokens are written to, which are also their positions) and, per decoder
-layer ``i``, ``key_i`` / ``value_i`` of shape ``(batch, kv_heads, max_length, head_dim)``;
+cache slots the tokens are written to), ``attention_mask`` ``(batch, max_length)`` (0 at a
+left-padded row's padding slots; a token's position is the count of unmasked slots before
+it) and, per decoder layer ``i``, ``key_i`` / ``value_i`` of shape ``(batch, kv_heads, max_length, head_dim)``;
 its outputs are the logits ``(batch, seq, vocab)`` and the updated ``key_i`` / ``value_i``.
 Prefill (many tokens) and decode (one token) are the same call, and batch, seq and
 ``max_length`` stay symbolic, so one conversion serves any prompt and cache length.
 
 The step runs the model's own attention, RoPE and masking code against transformers'
 ``StaticCache``, whose layers are made functional: ``update`` writes the new keys and values
-with an out-of-place ``index_copy`` (no input is mutated, so the exported graph is a pure
+with an out-of-place ``scatter`` (no input is mutated, so the exported graph is a pure
 function of its inputs) and the cache length is read from the cache inputs' shape, so the
 mask is built over ``max_length`` symbolically.
 """
@@ -129,7 +130,13 @@ class CachedStep(nn.Module):
         self.model = model
         self.layout = layout
 
-    def step(self, input_ids: torch.Tensor, cache_position: torch.Tensor, *cache: torch.Tensor):
+    def step(
+        self,
+        input_ids: torch.Tensor,
+        cache_position: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *cache: torch.Tensor,
+    ):
         from transformers.cache_utils import StaticCache, StaticLayer
 
         # Built at a placeholder length: each layer then takes the cache inputs' (symbolic) one.
@@ -146,9 +153,17 @@ class CachedStep(nn.Module):
             _FunctionalLayer.attach(
                 layer, cache[2 * i], cache[2 * i + 1], cache_position[0], cache_position
             )
-        positions = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
+        # Each row's positions count its unmasked slots, as transformers' generate numbers a
+        # left-padded row (a padding slot at 1, masked out as a key).
+        mask = attention_mask.to(torch.long)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        positions = positions.index_select(1, cache_position)
         out = self.model(
-            input_ids=input_ids, position_ids=positions, past_key_values=static, use_cache=True
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=static,
+            use_cache=True,
         )
         return (out.logits, *[t for layer in static.layers for t in (layer.keys, layer.values)])
 
@@ -192,8 +207,8 @@ def step_module(model: nn.Module) -> tuple[CachedStep, tuple[torch.Tensor, ...],
     namespace: dict[str, Any] = {}
     arguments = ", ".join(names)
     exec(  # noqa: S102 (a fixed template over identifiers made here)
-        f"def forward(self, input_ids, cache_position, {arguments}):\n"
-        f"    return self.step(input_ids, cache_position, {arguments})\n",
+        f"def forward(self, input_ids, cache_position, attention_mask, {arguments}):\n"
+        f"    return self.step(input_ids, cache_position, attention_mask, {arguments})\n",
         namespace,
     )
     step.forward = namespace["forward"].__get__(step)
@@ -206,7 +221,10 @@ def step_module(model: nn.Module) -> tuple[CachedStep, tuple[torch.Tensor, ...],
         for heads, dim in ((entry["key_heads"], entry["key_dim"]),
                            (entry["value_heads"], entry["value_dim"])):  # fmt: skip
             cache.append(torch.zeros((_BATCH, heads, _MAX_LENGTH, dim), dtype=dtype))
-    example = (ids, torch.arange(_SEQ), *cache)
+    # The second row left-padded by two slots, so the traced step reads the mask as data.
+    mask = torch.ones((_BATCH, _MAX_LENGTH), dtype=torch.long)
+    mask[1, :2] = 0
+    example = (ids, torch.arange(_SEQ), mask, *cache)
     generation = getattr(model, "generation_config", None)
     description = {
         "layers": layout,

@@ -90,8 +90,8 @@ def from_torch(
             (its weights are the module's own tensors): the layerwise parity check cuts it
             into blocks.
         generate: Convert a transformers causal LM as one cached decoding step (see
-            :mod:`.decoding`): inputs ``input_ids``, ``cache_position`` and ``key_i`` /
-            ``value_i`` per layer, outputs the logits and the updated cache, batch, seq and
+            :mod:`.decoding`): inputs ``input_ids``, ``cache_position``, ``attention_mask``
+            (left padding) and ``key_i`` / ``value_i`` per layer, outputs the logits and the updated cache, batch, seq and
             ``max_length`` symbolic. ``example_inputs`` is not needed. The generated Flax
             model then has ``init_cache`` and ``generate``.
 
