@@ -183,17 +183,21 @@ def _train_checkpoint(workdir: Path) -> None:
     torch.save(state, workdir / "ckpt.pt")
 
 
-def _llama_checkpoint(workdir: Path) -> None:
+def _tiny_llama(vocab_size: int):
     import torch
     import transformers
 
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.save_pretrained(workdir, max_shard_size="20KB")  # config.json + model-*.safetensors
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _llama_checkpoint(workdir: Path) -> None:
+    # config.json + model-*.safetensors shards
+    _tiny_llama(128).save_pretrained(workdir, max_shard_size="20KB")
 
 
 def _traced_file(workdir: Path) -> None:
@@ -223,15 +227,7 @@ def _hf_folder(workdir: Path) -> None:
 
 
 def _causal_lm_folder(workdir: Path) -> None:
-    import torch
-    import transformers
-
-    config = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).eval().save_pretrained(workdir / "tinyllama")
+    _tiny_llama(96).save_pretrained(workdir / "tinyllama")
 
 
 #: A file name as the README writes it -> what writes it into the working folder (only the
