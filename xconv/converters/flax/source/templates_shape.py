@@ -20,6 +20,7 @@ from xconv.converters.flax.source.templates import (
     tuple_literal,
 )
 from xconv.converters.registry import REQUIRED
+from xconv.ir.passes._utils import constant_of
 
 # ---------------------------------------------------------------- values computed at run time
 
@@ -417,10 +418,61 @@ def _at(c: OpCall) -> str:
     return _AT[reduction]
 
 
+def _slots(c: OpCall) -> str | None:
+    """The index of a ScatterElements whose indices are one vector broadcast along ``axis`` to
+    the updates' shape (a cache written at its slots: ``slots.view(1, 1, -1, 1)`` expanded to
+    the new keys' shape), as ``:, :, slots`` with ``slots`` read back from the indices; else
+    ``None``. The write is then ``x.at[:, :, slots]``: whole slices, not one scalar each."""
+    indices, updates = c.node.inputs[1], c.node.inputs[2]
+    expand = indices.producer()
+    if expand is None or expand.op_type != "Expand" or indices.shape is None:
+        return None
+    if not _same_shape(indices, updates) and not _shape_of(expand.inputs[1], updates):
+        return None
+    reshape = expand.inputs[0].producer()
+    if reshape is None or reshape.op_type != "Reshape" or reshape.inputs[0].shape is None:
+        return None
+    rank, axis = len(indices.shape), c.attrs["axis"] % len(indices.shape)
+    target = constant_of(reshape.inputs[1], True)
+    if len(reshape.inputs[0].shape) != 1 or target is None or target.shape != (rank,):
+        return None
+    if any(int(d) != 1 for a, d in enumerate(target) if a != axis):
+        return None
+    name = c.args[1] if c.args[1].isidentifier() else f"({c.args[1]})"
+    vector = ", ".join(["0"] * axis + [":"] + ["0"] * (rank - axis - 1))
+    return ", ".join([":"] * axis + [f"{name}[{vector}]"])
+
+
+def _same_shape(a: ir.Value, b: ir.Value) -> bool:
+    """Whether ``a`` and ``b`` are known to have one shape (every dim a number or a name)."""
+    if a.shape is None or b.shape is None:
+        return False
+    known = all(isinstance(d, int) or d.value for d in (*a.shape.dims, *b.shape.dims))
+    return known and list(a.shape.dims) == list(b.shape.dims)
+
+
+def _shape_of(value: ir.Value, of: ir.Value) -> bool:
+    """Whether ``value`` is ``Shape(of)`` (whole)."""
+    node = value.producer()
+    return (
+        node is not None
+        and node.op_type == "Shape"
+        and node.inputs[0] is of
+        and not node.attributes.get("start")
+        and node.attributes.get("end") is None
+    )
+
+
 @template("ScatterElements", axis=0, reduction="none")
 def _scatter_elements(c: OpCall) -> str:
-    c.helpers.add("scatter_elements")
     at, x, i, u = _at(c), *c.args[:3]
+    slots = _slots(c)
+    if slots is not None:
+        data = c.node.inputs[0]
+        computed = c.consts[0] is None and not data.is_graph_input() and c.float_output()
+        # A graph input or a constant may be a numpy array (no .at): a computed float is jax's.
+        return f"{x if computed else f'jnp.asarray({x})'}.at[{slots}].{at}({u})"
+    c.helpers.add("scatter_elements")
     tail = "" if at == "set" else f", {at!r}"
     return f"_scatter_elements({x}, {i}, {u}, {c.attrs['axis']}{tail})"
 
