@@ -16,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from click.testing import CliRunner  # noqa: E402
 
+from tests.generated_lint import ruff_findings  # noqa: E402
 from xconv.cli import main  # noqa: E402
 
 
@@ -53,10 +54,37 @@ def test_generate_folder_writes_a_model_that_generates_like_torch(folder, tmp_pa
     assert (got == want).all()
 
 
+def test_generate_to_jax_writes_a_function_that_generates_like_torch(folder, tmp_path):
+    """``torch-to-jax --generate``: model.py's ``load()`` gives ``(fn, params)`` and the same
+    ``init_cache`` / ``decode`` / ``generate`` over them; parity.json has the same proof."""
+    path, model = folder
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["torch-to-jax", str(path), "-o", str(out), "--generate"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "parity.json").read_text())
+    assert report["passed"] and report["generation"]["passed"], report["generation"]
+    assert all(r["tokens_equal"] for r in report["generation"]["runs"])
+    assert ruff_findings(out / "model.py", line_length=100) == ""
+    spec = importlib.util.spec_from_file_location("cli_generated_jax", out / "model.py")
+    generated = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generated)
+    fn, params = generated.load(out)
+    ids = torch.randint(3, 80, (2, 7), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
+                              eos_token_id=None, pad_token_id=0).numpy()  # fmt: skip
+    got = generated.generate(fn, params, ids.numpy(), 10, attention_mask=mask.numpy(),
+                             eos_token_id=None)  # fmt: skip
+    assert (np.asarray(got) == want).all()
+
+
 def test_generate_usage_errors(folder, tmp_path):
     path, _ = folder
     runner = CliRunner()
-    result = runner.invoke(main, ["torch-to-jax", str(path), "-o", str(tmp_path / "j"),
+    result = runner.invoke(main, ["torch-to-onnx", str(path), "-o", str(tmp_path / "j"),
                                   "--generate"])  # fmt: skip
     assert result.exit_code == 2 and "--generate" in result.output
     result = runner.invoke(main, ["torch-to-flax", "--module", "transformers:GPT2LMHeadModel",

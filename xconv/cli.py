@@ -794,7 +794,7 @@ def _add_conversion_command(source_kind: str, target: str, what: str) -> None:
             help="Allow a save_pretrained folder whose config.json names code inside the "
                  "folder (auto_map): loading it runs that code.",
         )(command)  # fmt: skip
-        if target == "flax":
+        if target in ("flax", "jax"):
             command = click.option(
                 "--generate", is_flag=True,
                 help="A causal LM (a save_pretrained folder or module file): convert it as one "

@@ -142,10 +142,10 @@ def _validate(source_kind: str, target: str, options: ConvertOptions) -> None:
             f"dtype {options.dtype!r}: only the flax and jax targets have a compute dtype; "
             f"target {target!r} keeps the source's dtypes"
         )
-    if options.generate and (source_kind != "torch" or target != "flax"):
+    if options.generate and (source_kind != "torch" or target not in ("flax", "jax")):
         raise UsageError(
-            f"generate: a torch causal LM converts with --generate to a flax model.py with "
-            f"generate(); not {source_kind} to {target}. Next step: use torch-to-flax"
+            f"generate: a torch causal LM converts with --generate to a flax or jax model.py "
+            f"with generate(); not {source_kind} to {target}. Next step: use torch-to-flax"
         )
     if options.mesh is not None:
         from xconv.sharding.rules import make_mesh, read_rules

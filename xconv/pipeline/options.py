@@ -62,8 +62,8 @@ class ConvertOptions:
             this ``"DATAxMODEL"`` mesh of the visible devices (the flax output restored onto
             it by its ``load(out_dir, mesh=)``; parameters placed by ``partitioning``, default
             ``"fsdp+tp"``); the report states the mesh and each parameter's sharding.
-        generate: Torch causal LMs, target ``flax``: convert the model as one cached decoding
-            step (``from_torch(generate=True)``); model.py gains ``init_cache``, ``decode``
+        generate: Torch causal LMs, target ``flax`` or ``jax``: convert the model as one
+            cached decoding step (``from_torch(generate=True)``); model.py gains ``init_cache``, ``decode``
             and ``generate``, and parity.json a ``generation`` section (greedy tokens and
             each cached step's logits against torch).
         precision: The parity check's matmul precision: ``"default"`` (each device's own,

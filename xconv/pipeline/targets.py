@@ -78,6 +78,7 @@ def load(out_dir=None):
 def _emit_jax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
     from flax import serialization
 
+    from xconv.converters.flax.source.generation import section
     from xconv.converters.jax.interpreter import to_jax
 
     # float32 params whatever the compute dtype, in the layout the loader asks for
@@ -92,6 +93,13 @@ def _emit_jax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
             "names them).",
             f"names them).\nComputes in {options.dtype} (params float32).",
         )
+    generation = section(dict(model.metadata_props), "jax")
+    if generation:  # a causal LM's cached step (--generate): init_cache, decode, generate
+        loader = loader.replace(
+            "from flax import serialization\n",
+            "import jax\nimport jax.numpy as jnp\nfrom flax import serialization\n",
+        ).replace("from pathlib", "import functools\nfrom pathlib")
+        loader += "\n\n" + generation + "\n"
     (stage / "model.py").write_text(loader)
     return lambda where: _load_generated(where / "model.py").load(where)
 

@@ -32,6 +32,7 @@ transformers = pytest.importorskip("transformers")
 
 import xconv  # noqa: E402
 from tests.decoder_zoo import FAST, SLOW, tiny_decoder  # noqa: E402
+from tests.generated_lint import ruff_findings  # noqa: E402
 from xconv.errors import ConversionError  # noqa: E402
 
 TF = transformers.__version__
@@ -113,6 +114,13 @@ def test_left_padded_prompts_equal_torch_generate(converted):
     assert (unmasked[0] == want[0]).all() and (unmasked[1:] != want[1:]).any(), family
     with pytest.raises(ValueError, match="attention_mask must be"):
         generated.generate(module, variables, ids.numpy(), 2, attention_mask=mask[:, 1:].numpy())
+
+
+def test_generated_model_lints_clean(converted):
+    out = converted[-1]
+    source = (out / "model.py").read_text()
+    assert "def generate(" in source and "_scatter_elements" not in source  # slice writes
+    assert ruff_findings(out / "model.py", line_length=100) == ""
 
 
 def test_cached_steps_match_the_full_forward(converted):

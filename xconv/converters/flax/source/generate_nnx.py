@@ -54,9 +54,9 @@ def generate(model, input_ids, max_new_tokens, *, attention_mask=None, temperatu
     Greedy at ``temperature=0`` (the default), else sampled with the JAX PRNG key ``rng``
     after ``top_k`` / ``top_p`` filtering. A row that emits ``eos_token_id`` continues with
     the pad token. ``attention_mask`` ``(batch, prompt)`` (0 at padding) lets a batch hold
-    prompts of different lengths, left-padded. Prefill and the decode loop run as one compiled program; each new token
-    is one cached decode step (the cache holds ``max_length`` positions, by default the
-    prompt and the new tokens).
+    prompts of different lengths, left-padded. Prefill and the decode loop run as one
+    compiled program; each new token is one cached decode step (the cache holds
+    ``max_length`` positions, by default the prompt and the new tokens).
     """
     input_ids, mask, cache, rng = _prepared(input_ids, attention_mask, max_new_tokens,
                                             temperature, rng, max_length, dtype)  # fmt: skip

@@ -1,0 +1,64 @@
+"""The part of a JAX-target model.py's generation section (``torch-to-jax --generate``)
+that calls the converted function (see :mod:`.generate_common`).
+
+``fn, params = load()`` there is the converted cached step: ``fn(params, input_ids,
+cache_position, attention_mask, key_0, value_0, key_1, ...)`` returns the logits and the
+updated cache tensors in that order.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from xconv.converters.flax.source.generate_common import (
+    _STATIC,
+    EOS_TOKEN_ID,
+    _cache_mask,
+    _decode_loop,
+    _prepared,
+)
+
+# model.py:
+
+
+def decode(fn, params, input_ids, cache_position, cache, attention_mask=None):
+    """One cached step, prefill (many tokens) or decode (one): ``(logits, cache)``.
+
+    ``input_ids`` is ``(batch, seq)``; ``cache_position`` ``(seq,)`` holds the cache slots the
+    tokens are written to. ``attention_mask`` ``(batch, max_length)`` marks each row's
+    padding slots with 0 (a left-padded prompt; all ones when ``None``): a token's position
+    is the count of unmasked slots before it, and no token attends to a padding slot.
+    """
+    flat = [tensor for layer in cache for tensor in layer]
+    mask = _cache_mask(input_ids, cache, attention_mask)
+    logits, *flat = fn(params, input_ids, cache_position, mask, *flat)
+    return logits, tuple(zip(flat[0::2], flat[1::2], strict=True))
+
+
+@functools.partial(jax.jit, static_argnames=("fn", *_STATIC))
+def _generate(fn, params, input_ids, attention_mask, cache, rng, **options):
+    def step(input_ids, cache_position, attention_mask, cache):
+        return decode(fn, params, input_ids, cache_position, cache, attention_mask)
+
+    return _decode_loop(step, input_ids, attention_mask, cache, rng, **options)
+
+
+def generate(fn, params, input_ids, max_new_tokens, *, attention_mask=None,
+             temperature=0.0, top_k=None, top_p=None, rng=None, eos_token_id=EOS_TOKEN_ID,
+             max_length=None, dtype=jnp.float32):  # fmt: skip
+    """``input_ids`` ``(batch, prompt)`` followed by ``max_new_tokens`` generated tokens.
+
+    Greedy at ``temperature=0`` (the default), else sampled with the JAX PRNG key ``rng``
+    after ``top_k`` / ``top_p`` filtering. A row that emits ``eos_token_id`` continues with
+    the pad token. ``attention_mask`` ``(batch, prompt)`` (0 at padding) lets a batch hold
+    prompts of different lengths, left-padded. Prefill and the decode loop run as one
+    compiled program; each new token is one cached decode step (the cache holds
+    ``max_length`` positions, by default the prompt and the new tokens).
+    """
+    input_ids, mask, cache, rng = _prepared(input_ids, attention_mask, max_new_tokens,
+                                            temperature, rng, max_length, dtype)  # fmt: skip
+    return _generate(
+        fn, params, input_ids, mask, cache, rng, max_new_tokens=int(max_new_tokens),
+        temperature=float(temperature), top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
+    )  # fmt: skip
