@@ -8,7 +8,9 @@ tokens, through
 * **transformers 4.46 Flax**: ``FlaxGPT2LMHeadModel`` / ``FlaxLlamaForCausalLM`` (the last
   release with Flax LMs, installed beside with ``pip install --target``; ``--transformers4``),
   loaded from the same folder (``from_pt=True``), its ``generate`` under ``jax.jit``;
-* **xconv Flax**: ``xconv torch-to-flax FOLDER --generate``'s model.py, its ``generate``.
+* **xconv Flax**: ``xconv torch-to-flax FOLDER --generate``'s model.py, its ``generate``;
+* **xconv JAX**: ``xconv torch-to-jax FOLDER --generate``'s model.py (the runtime's
+  ``fn, params``), its ``generate``.
 
 Each engine runs in its own process (its peak RSS is its own). Time to first token is a
 ``max_new_tokens=1`` call (prefill and one pick); tokens/s counts the other 127 tokens of
@@ -35,7 +37,9 @@ if str(ROOT) not in sys.path:
 
 OUT_MD = ROOT / "benchmarks" / "generate.md"
 PROMPT, NEW = 128, 128
-ENGINES = ("torch eager", "transformers 4.46 Flax", "xconv Flax")
+ENGINES = ("torch eager", "transformers 4.46 Flax", "xconv Flax", "xconv JAX")
+#: Each xconv engine's CLI target.
+TARGETS = {"xconv Flax": "flax", "xconv JAX": "jax"}
 ROWS = {"gpt2": "GPT-2 124M", "llama": "Llama-shape 0.8B"}
 
 
@@ -87,9 +91,10 @@ def _worker(engine: str, folder: Path, xconv_dir: Path, batch: int) -> dict:
                                       do_sample=False, eos_token_id=None,
                                       pad_token_id=0).numpy()  # fmt: skip
 
-    elif engine == "xconv Flax":
+    elif engine in TARGETS:
         import importlib.util
 
+        xconv_dir = xconv_dir / TARGETS[engine]
         spec = importlib.util.spec_from_file_location("generated", xconv_dir / "model.py")
         generated = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(generated)
@@ -164,6 +169,8 @@ def render(rows: list[dict], stamp: str) -> str:
         f"{NEW - 1} tokens after the first, summed over the batch; TTFT is a one-token "
         "`generate` (prefill and one pick), compiled programs warm. Peak is each engine's "
         "process. `vs Flax` is xconv's tokens/s over the hand-written Flax model's.",
+        "xconv JAX runs the converted function through xconv's runtime (`to_jax`), the "
+        "`torch-to-jax --generate` output.",
         "",
         "| model | batch | engine | TTFT s | tokens/s | vs Flax | tokens = torch | peak GiB |",
         "|---|---:|---|---:|---:|---:|---|---:|",
@@ -179,9 +186,10 @@ def render(rows: list[dict], stamp: str) -> str:
             f"{r['tokens_per_s']:.1f} | {'' if ratio is None else f'{ratio:.2f}x'} | "
             f"{r['equal']} | {r['peak_gib']:.2f} |"
         )
-    conversions = sorted({(r["model"], r["convert_s"]) for r in rows if "convert_s" in r})
-    lines += ["", "Conversion (`xconv torch-to-flax FOLDER --generate --no-check`): " + ", ".join(
-        f"{m} {s:.0f} s" for m, s in conversions) + "."]  # fmt: skip
+    conversions = sorted({(r["model"], TARGETS[r["engine"]], r["convert_s"])
+                          for r in rows if "convert_s" in r})  # fmt: skip
+    lines += ["", "Conversion (`xconv torch-to-TARGET FOLDER --generate --no-check`): " + ", ".join(
+        f"{m} to {t} {s:.0f} s" for m, t, s in conversions) + "."]  # fmt: skip
     lines += ["", "torch.compile and torchax rows are not run here: not measured, not claimed."]
     return "\n".join(lines) + "\n"
 
@@ -213,13 +221,15 @@ def main() -> None:
         folder, xconv_dir = work / row / "hf", work / row / "xconv"
         if not (folder / "config.json").exists():
             _build(row, folder)
-        start = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "xconv.cli", "torch-to-flax", str(folder), "-o", str(xconv_dir),
-             "--generate", "--no-check"], check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"),
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        convert_s = time.perf_counter() - start
+        convert_s = {}
+        for engine, target in TARGETS.items():
+            start = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-m", "xconv.cli", f"torch-to-{target}", str(folder), "-o",
+                 str(xconv_dir / target), "--generate", "--no-check"], check=True,
+                env=dict(os.environ, HF_HUB_OFFLINE="1"), stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+            convert_s[engine] = time.perf_counter() - start
         for batch in (int(b) for b in args.batches.split(",")):
             results = {e: _run_worker(e, folder, xconv_dir, batch, args.transformers4)
                        for e in ENGINES}  # fmt: skip
@@ -229,8 +239,8 @@ def main() -> None:
                 entry = {"model": ROWS[row], "batch": batch, "engine": engine, **result}
                 if "tokens" in result:
                     entry["equal"] = "yes" if result["tokens"] == reference else "no"
-                if engine == "xconv Flax":
-                    entry["convert_s"] = convert_s
+                if engine in TARGETS:
+                    entry["convert_s"] = convert_s[engine]
                     if flax and "tokens_per_s" in result:
                         entry["vs_flax"] = result["tokens_per_s"] / flax
                 rows.append(entry)
