@@ -2,8 +2,9 @@
 weight (``MatMul(x, Transpose(w))``) over few rows (2-64, or up to 128 where ``in >= 2·out``)
 weight-major, as ``(w @ x.T).T`` (formulation ``dense``,
 :func:`xconv.converters.jax.kernel.weight_major`). The function computes the source's
-numbers, outputs and gradients, at row counts on each side of the limits; one row, more rows,
-a matrix multiplied as stored, bfloat16 and ``dense="reference"`` keep ``x @ w.T``."""
+numbers, outputs and gradients, at row counts on each side of the limits. One row (a decode
+step) is a product against the stored weight (:func:`~xconv.converters.jax.kernel.row_product`);
+more rows, a matrix multiplied as stored, bfloat16 and ``dense="reference"`` keep ``x @ w.T``."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import xconv  # noqa: E402
-from xconv.converters.jax.kernel import weight_major  # noqa: E402
+from xconv.converters.jax.kernel import one_row, weight_major  # noqa: E402
 from xconv.converters.ops import formulation  # noqa: E402
 
 #: A weight-major product's dimension numbers: the transposed weight contracted on its axis 0
 #: against the rows' last axis.
 _WEIGHT_MAJOR = (((0,), (1,)), ((), ()))
+#: A one-row product's: the (B, T, in) rows' last axis against the stored weight's axis 1.
+_ROW = (((2,), (1,)), ((), ()))
 
 
 class _Net(torch.nn.Module):
@@ -49,28 +52,28 @@ def net():
     return module, xconv.from_torch(module, x, dynamic_batch=True)
 
 
-def _weight_major_dots(jaxpr) -> int:
+def _weight_major_dots(jaxpr, numbers=_WEIGHT_MAJOR) -> int:
     count = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "dot_general":
-            count += eqn.params["dimension_numbers"] == _WEIGHT_MAJOR
+            count += eqn.params["dimension_numbers"] == numbers
         for param in eqn.params.values():
             inner = getattr(param, "jaxpr", param)
             if hasattr(inner, "eqns"):
-                count += _weight_major_dots(inner)
+                count += _weight_major_dots(inner, numbers)
     return count
 
 
-# (batch, tokens) -> weight-major products: up (in < out) at 2-64 rows, down (in >= 2·out)
-# at 2-128 rows; never the stored (16, 16) matrix (no Transpose), nor the head (a Gemm, its
-# weight stored (in, out) by to_jax).
+# (batch, tokens) -> (weight-major, one-row) products: up (in < out) at 2-64 rows, down
+# (in >= 2·out) at 2-128 rows, both one-row at one row; never the stored (16, 16) matrix (no
+# Transpose), nor the head (a Gemm, its weight stored (in, out) by to_jax).
 CASES = {
-    (2, 3): 2,  # 6 token rows: up, down
-    (4, 16): 2,  # 64 token rows: up, down
-    (4, 25): 1,  # 100 token rows: down only
-    (1, 128): 1,  # 128 token rows: down only
-    (3, 50): 0,  # 150 token rows: neither
-    (1, 1): 0,  # one row: matrix-vector products as they are
+    (2, 3): (2, 0),  # 6 token rows: up, down
+    (4, 16): (2, 0),  # 64 token rows: up, down
+    (4, 25): (1, 0),  # 100 token rows: down only
+    (1, 128): (1, 0),  # 128 token rows: down only
+    (3, 50): (0, 0),  # 150 token rows: neither
+    (1, 1): (0, 2),  # one row: up and down against the stored weights
 }
 
 
@@ -80,7 +83,7 @@ def test_weight_major_products_compute_the_source_numbers_and_gradients(net, sha
     x = torch.randn(*shape, 16, generator=torch.Generator().manual_seed(2))
     fn, params = xconv.to_jax(model)
     jaxpr = jax.make_jaxpr(lambda p, v: fn(p, v)[0])(params, x.numpy())
-    assert _weight_major_dots(jaxpr.jaxpr) == CASES[shape]
+    assert (_weight_major_dots(jaxpr.jaxpr), _weight_major_dots(jaxpr.jaxpr, _ROW)) == CASES[shape]
 
     want = module(x)
     got = np.asarray(fn(params, x.numpy())[0])
@@ -130,3 +133,11 @@ def test_the_rule_reads_rows_and_widths():
     ]
     assert not weight_major(jnp.zeros((8, 768), jnp.bfloat16), square.astype(jnp.bfloat16))
     assert not weight_major(jnp.zeros((768,)), square)  # a vector: no rows
+    assert [one_row(jnp.zeros(shape), square) for shape in ((1, 768), (1, 1, 768), (2, 768))] == [
+        True,
+        True,
+        False,
+    ]
+    assert not one_row(jnp.zeros((1, 768), jnp.bfloat16), square.astype(jnp.bfloat16))
+    with formulation.use(dense="reference"):
+        assert not one_row(jnp.zeros((1, 768)), square)

@@ -312,6 +312,26 @@ def weight_major(a, w_t) -> bool:
     return m >= 2 and (m <= 64 or (m <= 128 and k >= 2 * n))
 
 
+def one_row(a, w_t) -> bool:
+    """Whether ``a @ w_t`` (``w_t`` the transpose of a 2-D ``(out, in)`` weight) is one
+    float32 row on the CPU under the ``"auto"`` ``dense`` formulation: a decode step's
+    matrix-vector product, run as :func:`row_product`."""
+    if formulation.get("dense") != "auto" or jax.default_backend() != "cpu":
+        return False
+    if a.dtype != jnp.float32 or w_t.dtype != jnp.float32 or w_t.ndim != 2 or a.ndim < 2:
+        return False
+    return all(isinstance(d, int) for d in a.shape) and int(np.prod(a.shape[:-1])) == 1
+
+
+def row_product(a, w_t):
+    """``a @ w_t`` for one row as a product against the stored ``(out, in)`` weight
+    (``w_t.T``, which XLA folds into the weight itself). Written as ``a @ w_t``, XLA:CPU
+    fuses the weight's transpose and a preceding elementwise op (a norm's scale) into one
+    loop that recomputes them per output element: a Llama-shape 0.8B decode step on 2
+    cores took 496 ms against 140 ms (``benchmarks/generate.md``)."""
+    return lax.dot_general(a, w_t.T, (((a.ndim - 1,), (1,)), ((), ())))
+
+
 def weight_product(a, w_t):
     """``a @ w_t`` (``w_t`` the transpose of an ``(out, in)`` weight ``w``) as ``(w @
     a.T).T`` over ``a``'s rows flattened: the weight the left operand (see

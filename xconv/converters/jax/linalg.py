@@ -13,7 +13,9 @@ from xconv.converters.jax.kernel import (
     bf16_dots,
     bf16_einsum,
     index_dtype,
+    one_row,
     reference_sum,
+    row_product,
     weight_major,
     weight_product,
 )
@@ -39,8 +41,11 @@ _LOW_PRECISION = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
 def matmul(ctx, a, b):
     """MatMul(A, B) -> Y: numpy.matmul semantics (1-D operands promoted, batch broadcast)."""
     transposed = transpose_of(ctx.node.inputs[1])  # an exported Linear: MatMul(x, W^T)
-    if transposed is not None and transposed[1] == [1, 0] and weight_major(a, b):
-        return weight_product(a, b)
+    if transposed is not None and transposed[1] == [1, 0]:
+        if weight_major(a, b):
+            return weight_product(a, b)
+        if one_row(a, b):
+            return row_product(a, b)
     return kernel_matmul(a, b)
 
 

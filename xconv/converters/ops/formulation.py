@@ -41,8 +41,11 @@ weight, as ``(w @ x.T).T`` only the rows. At 2-64 rows the product took ×0.4-0.
 ``x @ w.T``, forward and SGD step; at 96-128 rows it gains only where the weight is at least
 twice as wide on its input side (BERT-base's FFN down-projection at batch 1, 128 rows:
 ×0.9); beyond 128 rows, or at 96-128 rows with a narrower input side, its forward was up to
-×1.2 slower (its SGD step ×0.89-0.97: the rule follows the forward), and at one row (a
-matrix-vector product) the same (``benchmarks/dense_layout.md``'s second table). Other
+×1.2 slower (its SGD step ×0.89-0.97: the rule follows the forward) (``benchmarks/dense_layout.md``'s
+second table). One row (a decode step's matrix-vector product) contracts the stored weight
+directly (:func:`xconv.converters.jax.kernel.row_product`): as ``x @ w.T`` XLA:CPU fused the
+weight's transpose and a preceding norm's scale into one loop, and a Llama-shape 0.8B decode
+step took 496 ms against 140 ms (``benchmarks/generate.md``). Other
 backends, other dtypes, a matrix multiplied as stored, and every product under
 ``"reference"`` keep ``lax.dot_general`` as written.
 
