@@ -31,20 +31,27 @@ def folder(tmp_path_factory):
     return path, model
 
 
-def test_generate_folder_writes_a_model_that_generates_like_torch(folder, tmp_path):
-    path, model = folder
-    out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["torch-to-flax", str(path), "-o", str(out), "--generate"])
+def _converted(path, target, out):
+    """``xconv torch-to-TARGET FOLDER --generate``: the CLI's output, the passed report's
+    generation runs and the generated model.py, imported."""
+    result = CliRunner().invoke(main, [f"torch-to-{target}", str(path), "-o", str(out),
+                                       "--generate"])  # fmt: skip
     assert result.exit_code == 0, result.output
     report = json.loads((out / "parity.json").read_text())
     assert report["passed"] and report["generation"]["passed"], report["generation"]
-    runs = report["generation"]["runs"]
-    assert [r["new_tokens"] for r in runs] == [24, 24] and all(r["tokens_equal"] for r in runs)
-    assert [r["left_padding"] for r in runs] == [0, 4]  # a batch of prompts of two lengths
-    assert "greedy tokens equal" in result.output and "left-padded by 4" in result.output
-    spec = importlib.util.spec_from_file_location("cli_generated", out / "model.py")
+    spec = importlib.util.spec_from_file_location(f"cli_generated_{target}", out / "model.py")
     generated = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generated)
+    return result.output, report["generation"]["runs"], generated
+
+
+def test_generate_folder_writes_a_model_that_generates_like_torch(folder, tmp_path):
+    path, model = folder
+    out = tmp_path / "out"
+    output, runs, generated = _converted(path, "flax", out)
+    assert [r["new_tokens"] for r in runs] == [24, 24] and all(r["tokens_equal"] for r in runs)
+    assert [r["left_padding"] for r in runs] == [0, 4]  # a batch of prompts of two lengths
+    assert "greedy tokens equal" in output and "left-padded by 4" in output
     module, variables = generated.load(out)
     ids = torch.randint(3, 80, (2, 7), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
@@ -59,15 +66,9 @@ def test_generate_to_jax_writes_a_function_that_generates_like_torch(folder, tmp
     ``init_cache`` / ``decode`` / ``generate`` over them; parity.json has the same proof."""
     path, model = folder
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["torch-to-jax", str(path), "-o", str(out), "--generate"])
-    assert result.exit_code == 0, result.output
-    report = json.loads((out / "parity.json").read_text())
-    assert report["passed"] and report["generation"]["passed"], report["generation"]
-    assert all(r["tokens_equal"] for r in report["generation"]["runs"])
+    _, runs, generated = _converted(path, "jax", out)
+    assert all(r["tokens_equal"] for r in runs)
     assert ruff_findings(out / "model.py", line_length=100) == ""
-    spec = importlib.util.spec_from_file_location("cli_generated_jax", out / "model.py")
-    generated = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generated)
     fn, params = generated.load(out)
     ids = torch.randint(3, 80, (2, 7), generator=torch.Generator().manual_seed(6))
     mask = torch.ones_like(ids)

@@ -61,34 +61,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flax import serialization
-
 import xconv
+from xconv.weights.flax_msgpack import read_msgpack
 
 
 def load(out_dir=None):
+    """``(fn, params)``: the function over model.onnx's graph, the weights of params.msgpack
+    (read one array at a time; the graph's copy of them is not read)."""
     out_dir = Path(out_dir) if out_dir is not None else Path(__file__).parent
     model = xconv.load(out_dir / "model.onnx")
-    fn, _ = xconv.to_jax(model, kernel_layout="HWIO")
-    params = serialization.msgpack_restore((out_dir / "params.msgpack").read_bytes())
-    return fn, params
+    params = read_msgpack(out_dir / "params.msgpack")
+    return xconv.to_jax(model, kernel_layout="HWIO", params=params)
 '''
 
 
 def _emit_jax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
-    from flax import serialization
+    import jax
+    import numpy as np
 
     from xconv.converters.flax.source.generation import section
     from xconv.converters.jax.interpreter import to_jax
+    from xconv.weights.flax_msgpack import write_msgpack
 
     # float32 params whatever the compute dtype, in the layout the loader asks for
     _fn, params = to_jax(model, kernel_layout="HWIO")
     stage.mkdir(parents=True, exist_ok=True)
-    (stage / "params.msgpack").write_bytes(serialization.msgpack_serialize(params))
+    with open(stage / "params.msgpack", "wb") as f:  # one array at a time
+        write_msgpack(jax.tree_util.tree_map(np.asarray, params), f)
     loader = _JAX_LOADER
     if options.dtype:
         loader = loader.replace(
-            'kernel_layout="HWIO")', f'kernel_layout="HWIO", dtype="{options.dtype}")'
+            "params=params)", f'params=params, dtype="{options.dtype}")'
         ).replace(
             "names them).",
             f"names them).\nComputes in {options.dtype} (params float32).",
@@ -96,8 +99,8 @@ def _emit_jax(model: ir.Model, stage: Path, options: ConvertOptions) -> Loader:
     generation = section(dict(model.metadata_props), "jax")
     if generation:  # a causal LM's cached step (--generate): init_cache, decode, generate
         loader = loader.replace(
-            "from flax import serialization\n",
-            "import jax\nimport jax.numpy as jnp\nfrom flax import serialization\n",
+            "from pathlib import Path\n",
+            "from pathlib import Path\n\nimport jax\nimport jax.numpy as jnp\n",
         ).replace("from pathlib", "import functools\nfrom pathlib")
         loader += "\n\n" + generation + "\n"
     (stage / "model.py").write_text(loader)

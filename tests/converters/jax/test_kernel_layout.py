@@ -129,3 +129,28 @@ def test_pooling_runs_channels_last_without_activation_copies_on_cpu(converted):
     # reduces over the channels-last map the convolution wrote (it copied it to NCHW and
     # back when the window ran over the NCHW view)
     assert _transposes(fn, params, x[:1].numpy()) <= 1
+
+
+def test_given_params_replace_the_model_weights_checked_by_shape(converted):
+    """``to_jax(params=...)`` (a saved ``params.msgpack``, as a folder's ``load()`` reads it)
+    computes with the given weights in the stored layout, and names every weight whose shape
+    is not the model's, or the first one missing."""
+    net, x, model = converted
+    fn, params = xconv.to_jax(model)
+    scaled = jax.tree_util.tree_map(lambda v: np.asarray(v) * 1.5, params)
+    fn2, given = xconv.to_jax(model, params=scaled)
+    assert fn2.weight_names == fn.weight_names
+    assert (np.asarray(given["conv1"]["weight"]) == np.asarray(scaled["conv1"]["weight"])).all()
+    got = np.asarray(fn2(given, x.numpy())[0])
+    want = np.asarray(fn(scaled, x.numpy())[0])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(got, np.asarray(fn(params, x.numpy())[0]), atol=1e-3)
+
+    onnx_layout = dict(scaled, conv1=dict(scaled["conv1"]))
+    onnx_layout["conv1"]["weight"] = np.transpose(scaled["conv1"]["weight"], (3, 2, 0, 1))
+    onnx_layout["fc"] = {"weight": scaled["fc"]["weight"].T, "bias": scaled["fc"]["bias"]}
+    with pytest.raises(ConversionError, match=r"conv1\.weight: \(8, 3, 3, 3\), the model's "
+                       r"\(3, 3, 3, 8\); fc\.weight: \(5, 8\), the model's \(8, 5\)"):  # fmt: skip
+        xconv.to_jax(model, params=onnx_layout)
+    with pytest.raises(ConversionError, match="no weight at 'fc'"):
+        xconv.to_jax(model, params={k: v for k, v in scaled.items() if k != "fc"})

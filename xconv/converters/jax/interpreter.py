@@ -347,6 +347,7 @@ def to_jax(
     rules: Any = None,
     dtype: Any = None,
     kernel_layout: str = "HWIO",
+    params: Mapping[str, Any] | None = None,
 ) -> tuple[JaxFunction, dict]:
     """Convert an IR model to a pure JAX function and its parameters.
 
@@ -374,6 +375,11 @@ def to_jax(
             The names and the computed function are the same at either layout; one layout on
             every backend, so a checkpoint saved on one machine loads on another. A mesh
             shards either (the sharding rules permute their specs with the kernel).
+        params: Weights to use in place of the model's, nested as ``to_jax`` returns them
+            and stored in ``kernel_layout`` (a saved ``params.msgpack`` read back, as a
+            ``torch-to-jax`` folder's ``load()`` does): the model's own weights are then not
+            read. Their names and shapes are checked against the model's; arrays are taken
+            as they are (``jax.device_put``: an aligned numpy array is not copied on CPU).
 
     Returns:
         ``(fn, params)``: call ``fn(params, *inputs)`` to get a tuple of outputs. ``params``
@@ -389,19 +395,23 @@ def to_jax(
     reg.check_supported(model)
     graph = model.graph
     annotated = any(ROLE in v.metadata_props for v in graph.initializers.values())
-    weights = {
-        name: v.const_value.numpy()
+    shapes = {
+        name: tuple(v.const_value.shape)
         for name, v in graph.initializers.items()
         if v.const_value is not None and is_weight(v, annotated)
     }
     input_names = tuple(v.name for v in graph.inputs if not v.is_initializer())
-    perms = _kernel_perms(graph, weights, kernel_layout)
-    for name, perm in perms.items():
-        weights[name] = np.ascontiguousarray(np.transpose(weights[name], perm))
+    perms = _kernel_perms(graph, shapes, kernel_layout)
+    if params is None:
+        weights = {name: graph.initializers[name].const_value.numpy() for name in shapes}
+        for name, perm in perms.items():
+            weights[name] = np.ascontiguousarray(np.transpose(weights[name], perm))
+    else:
+        weights = _given(params, shapes, perms)
     fn = JaxFunction(
         model=model,
         registry=reg,
-        weight_names=tuple(sorted(weights)),
+        weight_names=tuple(sorted(shapes)),
         input_names=input_names,
         output_names=tuple(v.name for v in graph.outputs),
         dtype=low,
@@ -412,8 +422,34 @@ def to_jax(
         from xconv.sharding.place import to_jax_sharded
 
         return to_jax_sharded(model, fn, nest(weights), mesh, rules)
-    params = jax.tree_util.tree_map(jnp.asarray, nest(weights))
-    return fn, params
+    # given params are taken as they are (JAX on CPU does not copy an aligned numpy array);
+    # the model's own, read from its file, are copied
+    place = jax.device_put if params is not None else jnp.asarray
+    return fn, jax.tree_util.tree_map(place, nest(weights))
+
+
+def _given(
+    params: Mapping[str, Any], shapes: Mapping[str, tuple], perms: Mapping[str, tuple[int, ...]]
+) -> dict[str, Any]:
+    """``to_jax(params=...)``'s weights by name, each checked against the model's shape in the
+    stored layout; every mismatch named at once."""
+    try:
+        flat = flatten(params, shapes)
+    except (KeyError, TypeError) as e:
+        raise ConversionError(
+            f"to_jax(params=...): no weight at {e} of the model's {len(shapes)}; pass the "
+            "tree to_jax returns for this model (nested by source scope path)"
+        ) from e
+    wrong = []
+    for name, shape in shapes.items():
+        want = tuple(shape[i] for i in perms[name]) if name in perms else shape
+        if tuple(np.shape(flat[name])) != want:
+            wrong.append(f"{name}: {tuple(np.shape(flat[name]))}, the model's {want}")
+    if wrong:
+        raise ConversionError(
+            "to_jax(params=...): shapes differ from the model's: " + "; ".join(wrong)
+        )
+    return flat
 
 
 #: ``to_jax``'s ``kernel_layout`` values.
@@ -421,7 +457,7 @@ KERNEL_LAYOUTS = ("onnx", "HWIO")
 
 
 def _kernel_perms(
-    graph: ir.Graph, weights: Mapping[str, np.ndarray], kernel_layout: str
+    graph: ir.Graph, shapes: Mapping[str, tuple], kernel_layout: str
 ) -> dict[str, tuple[int, ...]]:
     """The weights stored permuted for ``kernel_layout``: for ``"HWIO"``, each weight of rank
     >= 3 whose every use is ``Conv``'s weight input, ``(O, I, *k)`` -> ``(*k, I, O)``, and
@@ -433,7 +469,8 @@ def _kernel_perms(
     if kernel_layout == "onnx":
         return {}
     perms: dict[str, tuple[int, ...]] = {}
-    for name, arr in weights.items():
+    for name, shape in shapes.items():
+        rank = len(shape)
         value = graph.initializers[name]
         uses = list(value.uses())
         if (
@@ -442,9 +479,9 @@ def _kernel_perms(
             or any(i != 1 or n.domain not in ("", "ai.onnx") for n, i in uses)
         ):
             continue
-        if arr.ndim >= 3 and all(n.op_type == "Conv" for n, _ in uses):
-            perms[name] = (*range(2, arr.ndim), 1, 0)
-        elif arr.ndim == 2 and all(n.op_type == "Gemm" and _trans_b(n) for n, _ in uses):
+        if rank >= 3 and all(n.op_type == "Conv" for n, _ in uses):
+            perms[name] = (*range(2, rank), 1, 0)
+        elif rank == 2 and all(n.op_type == "Gemm" and _trans_b(n) for n, _ in uses):
             perms[name] = (1, 0)
     return perms
 

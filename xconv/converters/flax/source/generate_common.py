@@ -1,8 +1,10 @@
-"""The API-independent part of a generated model.py's generation section (linen and nnx).
+"""The API-independent part of a generated model.py's generation section (linen, nnx and
+the JAX target's function).
 
 Real code, linted and tested as code: :mod:`.generation` copies everything below the
 ``# model.py:`` marker into the generated file, with the four constants set from the
-conversion, followed by the API's part (:mod:`.generate_linen` / :mod:`.generate_nnx`).
+conversion, followed by the API's part (:mod:`.generate_linen`, :mod:`.generate_nnx` or
+:mod:`.generate_jax`): its ``decode``, its jitted loop and its ``generate``.
 """
 
 import jax
@@ -58,11 +60,15 @@ def full_mask(attention_mask, batch, prompt, max_length):
     return mask.at[:, :prompt].set(jnp.asarray(attention_mask, jnp.int32))
 
 
-def _cache_mask(input_ids, cache, attention_mask):
-    """``attention_mask`` as the step takes it; all ones over the cache when ``None``."""
+def _cached_step(step, input_ids, cache_position, cache, attention_mask):
+    """``step(input_ids, cache_position, attention_mask, key_0, value_0, ...)``, the converted
+    function, over the cache pytree: ``(logits, cache)``. ``attention_mask`` is all ones over
+    the cache when ``None``."""
     if attention_mask is None:
-        return jnp.ones((input_ids.shape[0], cache[0][0].shape[2]), jnp.int32)
-    return jnp.asarray(attention_mask, jnp.int32)
+        attention_mask = jnp.ones((input_ids.shape[0], cache[0][0].shape[2]), jnp.int32)
+    flat = [tensor for layer in cache for tensor in layer]
+    logits, *flat = step(input_ids, cache_position, jnp.asarray(attention_mask, jnp.int32), *flat)
+    return logits, tuple(zip(flat[0::2], flat[1::2], strict=True))
 
 
 def _decode_loop(step, input_ids, attention_mask, cache, rng, max_new_tokens, temperature,
@@ -116,6 +122,18 @@ def _prepared(input_ids, attention_mask, max_new_tokens, temperature, rng, max_l
     rng = jax.random.key(0) if rng is None else rng
     mask = full_mask(attention_mask, batch, prompt, length)
     return input_ids, mask, init_cache(batch, length, dtype), rng
+
+
+def _generated(compiled, weights, input_ids, max_new_tokens, attention_mask, temperature,
+               top_k, top_p, rng, eos_token_id, max_length, dtype):  # fmt: skip
+    """``compiled(*weights, input_ids, mask, cache, rng, **options)``, the API's jitted loop,
+    on the checked prompt, its mask and an empty cache."""
+    input_ids, mask, cache, rng = _prepared(input_ids, attention_mask, max_new_tokens,
+                                            temperature, rng, max_length, dtype)  # fmt: skip
+    return compiled(
+        *weights, input_ids, mask, cache, rng, max_new_tokens=int(max_new_tokens),
+        temperature=float(temperature), top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
+    )  # fmt: skip
 
 
 _STATIC = ("max_new_tokens", "temperature", "top_k", "top_p", "eos_token_id")

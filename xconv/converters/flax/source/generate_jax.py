@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from xconv.converters.flax.source.generate_common import (
     _STATIC,
     EOS_TOKEN_ID,
-    _cache_mask,
+    _cached_step,
     _decode_loop,
-    _prepared,
+    _generated,
 )
 
 # model.py:
@@ -30,10 +30,8 @@ def decode(fn, params, input_ids, cache_position, cache, attention_mask=None):
     padding slots with 0 (a left-padded prompt; all ones when ``None``): a token's position
     is the count of unmasked slots before it, and no token attends to a padding slot.
     """
-    flat = [tensor for layer in cache for tensor in layer]
-    mask = _cache_mask(input_ids, cache, attention_mask)
-    logits, *flat = fn(params, input_ids, cache_position, mask, *flat)
-    return logits, tuple(zip(flat[0::2], flat[1::2], strict=True))
+    return _cached_step(functools.partial(fn, params), input_ids, cache_position, cache,
+                        attention_mask)  # fmt: skip
 
 
 @functools.partial(jax.jit, static_argnames=("fn", *_STATIC))
@@ -56,9 +54,5 @@ def generate(fn, params, input_ids, max_new_tokens, *, attention_mask=None,
     compiled program; each new token is one cached decode step (the cache holds
     ``max_length`` positions, by default the prompt and the new tokens).
     """
-    input_ids, mask, cache, rng = _prepared(input_ids, attention_mask, max_new_tokens,
-                                            temperature, rng, max_length, dtype)  # fmt: skip
-    return _generate(
-        fn, params, input_ids, mask, cache, rng, max_new_tokens=int(max_new_tokens),
-        temperature=float(temperature), top_k=top_k, top_p=top_p, eos_token_id=eos_token_id,
-    )  # fmt: skip
+    return _generated(_generate, (fn, params), input_ids, max_new_tokens, attention_mask,
+                      temperature, top_k, top_p, rng, eos_token_id, max_length, dtype)  # fmt: skip
