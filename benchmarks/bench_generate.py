@@ -18,7 +18,7 @@ every row: ``batch * 127 / (t(128) - t(1))``. JAX programs are compiled before t
 (one untimed call per shape); the conversion's own time is reported beside.
 ``tokens = torch`` says whether the engine's greedy tokens equal torch eager's.
 
-    python benchmarks/bench_generate.py --rows gpt2,llama --transformers4 DIR [--write]
+    python benchmarks/bench_generate.py --rows gpt2,llama --transformers4 DIR
 """
 
 from __future__ import annotations
