@@ -186,6 +186,19 @@ USAGE = {
         "cannot import",
     ),
     "inspect, a path that does not exist": (["inspect", "{tmp}/nothere.onnx"], "does not exist"),
+    # one --input-shape grammar and error on every route (xconv.inputs)
+    "a bad --input-shape, torch": (
+        ["torch-to-jax", "{pickled}", "--trust-pickle", "--input-shape", "2,a"],
+        "--input-shape '2,a': bad shape",
+    ),
+    "a bad --input-shape, ONNX": (
+        ["onnx-to-flax", "{onnx}", "--input-shape", "2,a", "-o", "{tmp}/out"],
+        "--input-shape '2,a': bad shape",
+    ),
+    "a bad --input-dtype, ONNX": (
+        ["onnx-to-flax", "{onnx}", "--input-shape", "2x3", "--input-dtype", "f8", "-o", "{tmp}/o"],
+        "unknown dtype 'f8'",
+    ),
 }
 
 
@@ -196,6 +209,15 @@ def test_usage_errors_exit_2_naming_the_next_step(tmp_path, monkeypatch, case):
     names = {"tmp": str(tmp_path)}
     if any("{state_dict}" in a or "{pickled}" in a for a in args):
         names.update({k: str(v) for k, v in _torch_files(tmp_path).items()})
+    if any("{onnx}" in a for a in args):
+        import onnx
+        from onnx import TensorProto, helper
+
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+        names["onnx"] = str(tmp_path / "relu.onnx")
+        onnx.save(helper.make_model(graph), names["onnx"])
     if any("{gen}" in a for a in args):
         gen = tmp_path / "generated"
         gen.mkdir()

@@ -21,7 +21,7 @@ PKG = ROOT / "xconv"
 #: The framework folders under xconv/converters (each a converter).
 FRAMEWORKS = ("flax", "jax", "onnx", "tf", "torch")
 #: The lower layers: framework-free, importing no converter, directly or through another module.
-LOWER = ("xconv.errors", "xconv.ir", "xconv.weights", "xconv.converters.ops")
+LOWER = ("xconv.errors", "xconv.inputs", "xconv.ir", "xconv.weights", "xconv.converters.ops")
 #: Framework folders that may import one another (a converter reading .onnx files).
 ALLOWED_ACROSS = {("tf", "onnx"), ("torch", "onnx")}
 

@@ -114,22 +114,13 @@ def _import_onnx(source: Any, options: ConvertOptions, given: Sequence[Any] | No
 
 
 def _numpy_inputs(options: ConvertOptions) -> tuple[Any, ...]:
-
     if options.inputs_npz:
         from xconv.weights.io import read_npz_inputs
 
         return read_npz_inputs(options.inputs_npz)
-    rng = np.random.default_rng(0)
-    dtypes = list(options.input_dtypes)
-    if len(dtypes) == 1:
-        dtypes = dtypes * len(options.input_shapes)
-    out = []
-    for spec, dtype in zip(options.input_shapes, dtypes, strict=True):
-        shape_text, _, dt = spec.partition(":")
-        shape = tuple(int(d) for d in shape_text.split(",") if d.strip())
-        dt = np.dtype(dt or dtype)
-        out.append(rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt))
-    return tuple(out)
+    from xconv.inputs import example_arrays
+
+    return example_arrays(options.input_shapes, options.input_dtypes)
 
 
 def _import_flax(source: Any, options: ConvertOptions, given: Sequence[Any] | None) -> _Imported:

@@ -270,7 +270,7 @@ def test_inputs_from_specs():
     assert [t.dtype for t in both] == [torch.float32, torch.int32]
     assert example_inputs(None) is None
     assert example_inputs(["2,3"], [])[0].dtype == torch.float32  # no dtype: float32
-    with pytest.raises(ConversionError, match="bad input shape"):
+    with pytest.raises(ConversionError, match="bad shape"):
         input_from_spec("2,three")
     with pytest.raises(ConversionError, match="unknown dtype"):
         input_from_spec("2,3", "complex7")

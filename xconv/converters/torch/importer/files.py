@@ -42,11 +42,11 @@ from torch import nn
 from xconv.converters.torch.importer.shapes import quiet_logger as _quiet
 from xconv.errors import ConversionError, InvalidModelError, UsageError, WeightsError
 from xconv.factories import Factory, resolve_factory
+from xconv.inputs import SEED as SPEC_SEED
+from xconv.inputs import parse_spec, parse_specs
 
 #: Suffixes read as a state_dict by ``torch.load(weights_only=True)``.
 STATE_DICT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
-#: Seed of the random example inputs built from shape specs.
-SPEC_SEED = 0
 
 #: The flags a file may need, each with why (``UsageError.missing`` entries).
 TRUST_FLAG = "--trust-pickle"
@@ -497,36 +497,15 @@ def _kind(t: Any) -> str:
     return "bool" if t.dtype == torch.bool else "int"
 
 
-_DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "f32": torch.float32,
-    "float16": torch.float16, "half": torch.float16, "f16": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float64": torch.float64, "double": torch.float64, "f64": torch.float64,
-    "int64": torch.int64, "long": torch.int64, "i64": torch.int64,
-    "int32": torch.int32, "int": torch.int32, "i32": torch.int32,
-    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
-}  # fmt: skip
-
-
 def input_from_spec(spec: str, dtype: str = "float32", *, seed: int = SPEC_SEED) -> torch.Tensor:
-    """``"2,3,224,224"`` (optionally ``"2,16:int64"``) -> a deterministic example tensor.
+    """``"2,3,224,224"`` (optionally ``"2x16:int64"``) -> a deterministic example tensor (the
+    grammar of :mod:`xconv.inputs`).
 
     Floating inputs are standard normal from a fixed seed; integer inputs are zeros (valid
     token ids for any vocabulary); booleans are all True.
     """
-    shape_text, _, dtype_text = spec.partition(":")
-    dtype_name = (dtype_text or dtype).strip().lower()
-    if dtype_name not in _DTYPES:
-        raise ConversionError(f"unknown dtype {dtype_name!r}; known: {sorted(_DTYPES)}")
-    try:
-        shape = tuple(int(d) for d in shape_text.replace("x", ",").split(",") if d.strip())
-    except ValueError:
-        raise ConversionError(
-            f"bad input shape {spec!r}: write comma-separated sizes, e.g. '2,3,224,224'"
-        ) from None
-    if any(d < 0 for d in shape):
-        raise ConversionError(f"bad input shape {spec!r}: sizes must be >= 0")
-    return _tensor(shape, _DTYPES[dtype_name], seed=seed)
+    parsed = parse_spec(spec, dtype)
+    return _tensor(parsed.shape, getattr(torch, parsed.dtype), seed=seed)
 
 
 def _tensor(shape: tuple[int, ...], dtype: torch.dtype, *, seed: int) -> torch.Tensor:
@@ -563,17 +542,9 @@ def example_inputs(
         return inputs_from_npz(npz)
     if not specs:
         return None
-    if not dtypes:
-        dtypes = "float32"
-    if isinstance(dtypes, str):
-        dtypes = [dtypes] * len(specs)
-    if len(dtypes) == 1:
-        dtypes = list(dtypes) * len(specs)
-    if len(dtypes) != len(specs):
-        raise ConversionError(f"{len(specs)} input shape(s) but {len(dtypes)} dtype(s)")
     return tuple(
-        input_from_spec(s, d, seed=SPEC_SEED + i)
-        for i, (s, d) in enumerate(zip(specs, dtypes, strict=True))
+        _tensor(parsed.shape, getattr(torch, parsed.dtype), seed=SPEC_SEED + i)
+        for i, parsed in enumerate(parse_specs(specs, dtypes or "float32"))
     )
 
 
