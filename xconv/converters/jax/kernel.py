@@ -292,6 +292,20 @@ def matmul(a, b):
     return jnp.matmul(a, b)
 
 
+def _product_rows(a, w_t) -> int | None:
+    """The rows of ``a @ w_t`` (``a``'s leading axes, flattened) where a product with a 2-D
+    transposed ``(out, in)`` weight may take a CPU form (:func:`weight_major`,
+    :func:`one_row`): the ``dense`` formulation is ``"auto"``, JAX computes on the CPU, both
+    are float32 and the rows are known when traced; else None."""
+    if formulation.get("dense") != "auto" or jax.default_backend() != "cpu":
+        return None
+    if a.dtype != jnp.float32 or w_t.dtype != jnp.float32 or w_t.ndim != 2 or a.ndim < 2:
+        return None
+    if not all(isinstance(d, int) for d in a.shape):
+        return None
+    return int(np.prod(a.shape[:-1]))
+
+
 def weight_major(a, w_t) -> bool:
     """Whether ``a @ w_t``, where ``w_t`` is the transpose of a 2-D ``(out, in)`` array (a
     torch ``Linear`` weight), runs as :func:`weight_product`: the ``dense`` formulation is
@@ -299,15 +313,11 @@ def weight_major(a, w_t) -> bool:
     leading axes, known when traced) with ``2 <= m <= 64``, or ``m <= 128`` where ``in >=
     2·out``. There XLA:CPU runs ``a @ w.T`` packing the whole weight on each call; as ``(w @
     a.T).T`` it packs the rows instead, in less time, forward and SGD step
-    (``benchmarks/dense_layout.md``). One row (a matrix-vector product) and more rows run as
-    they are."""
-    if formulation.get("dense") != "auto" or jax.default_backend() != "cpu":
+    (``benchmarks/dense_layout.md``). One row is :func:`one_row`'s; more rows run as they
+    are."""
+    m = _product_rows(a, w_t)
+    if m is None:
         return False
-    if a.dtype != jnp.float32 or w_t.dtype != jnp.float32 or w_t.ndim != 2 or a.ndim < 2:
-        return False
-    if not all(isinstance(d, int) for d in a.shape):
-        return False
-    m = int(np.prod(a.shape[:-1]))
     k, n = w_t.shape
     return m >= 2 and (m <= 64 or (m <= 128 and k >= 2 * n))
 
@@ -316,11 +326,7 @@ def one_row(a, w_t) -> bool:
     """Whether ``a @ w_t`` (``w_t`` the transpose of a 2-D ``(out, in)`` weight) is one
     float32 row on the CPU under the ``"auto"`` ``dense`` formulation: a decode step's
     matrix-vector product, run as :func:`row_product`."""
-    if formulation.get("dense") != "auto" or jax.default_backend() != "cpu":
-        return False
-    if a.dtype != jnp.float32 or w_t.dtype != jnp.float32 or w_t.ndim != 2 or a.ndim < 2:
-        return False
-    return all(isinstance(d, int) for d in a.shape) and int(np.prod(a.shape[:-1])) == 1
+    return _product_rows(a, w_t) == 1
 
 
 def row_product(a, w_t):
