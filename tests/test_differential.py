@@ -189,3 +189,57 @@ def test_an_integer_output_that_disagrees_is_named():
     with pytest.raises(ParityError, match=r"output 0 \('y'\): 1 of 3 elements, first at index"):
         _differential(model, "generated torch", "to_torch", got, want)
     _differential(model, "generated torch", "to_torch", got, got.copy())
+
+
+def _identity_model(dtype, shape):
+    import onnx_ir as ir
+
+    x = ir.Value(name="x", shape=ir.Shape(shape), type=ir.TensorType(dtype))
+    node = ir.node("Identity", [x])
+    node.outputs[0].name = "y"
+    graph = ir.Graph([x], node.outputs, nodes=[node], opset_imports={"": 21})
+    return ir.Model(graph, ir_version=10)
+
+
+def test_string_and_scalar_outputs_are_judged_by_the_parity_judge():
+    """The differential goes through ``parity.metrics.compare``: string outputs compare
+    exactly (no distance to compute), a 0-d output is one element, and a float output where
+    the runtime gives integers is named, not cast."""
+    import onnx_ir as ir
+
+    from xconv.pipeline.source import _differential
+
+    strings = _identity_model(ir.DataType.STRING, [2])
+    got, want = np.array(["a", "b"], object), np.array(["a", "c"], object)
+    with pytest.raises(ParityError, match=r"1 of 2 elements, first at index \(1,\): 'b' vs 'c'"):
+        _differential(strings, "generated torch", "to_torch", got, want)
+    _differential(strings, "generated torch", "to_torch", got, got.copy())
+
+    scalar = _identity_model(ir.DataType.FLOAT, [])
+    with pytest.raises(ParityError, match=r"1 of 1 elements, first at index \(0,\)"):
+        _differential(scalar, "generated Flax", "to_jax", np.float32(1.0), np.float32(1.1))
+    _differential(scalar, "generated Flax", "to_jax", np.float32(1.0), np.float32(1.00001))
+
+    ints = _identity_model(ir.DataType.INT64, [2])
+    with pytest.raises(ParityError, match="a float and a non-float output are never equal"):
+        _differential(ints, "generated Flax", "to_jax", np.ones(2, np.float32), np.ones(2, int))
+
+
+def test_differential_policy_is_reassociations_bound():
+    """``differential_policy``: 1e-5 of the output's scale plus 1e-4 of the element, 4 ULPs
+    at half precision, widened by 4x the runtime's own error; the bfloat16 pair's bound is
+    relative to the element and the scale."""
+    from xconv.parity.metrics import compare
+    from xconv.parity.policies import differential_policy
+
+    want = np.array([100.0, 1.0, 0.0], np.float32)
+    fixed = differential_policy(np.float32, 100.0)
+    assert (fixed.rtol, fixed.atol) == (1e-4, pytest.approx(1e-3))
+    assert compare("y", want + np.float32([0.0, 0.0, 9e-4]), want, fixed).passed
+    assert not compare("y", want + np.float32([0.0, 0.0, 2e-3]), want, fixed).passed
+    wide = differential_policy(np.float32, 100.0, noise=1e-3)
+    assert compare("y", want + np.float32([0.0, 0.0, 4e-3]), want, wide).passed
+    half = differential_policy(np.float16, 1.0)
+    assert half.rtol == pytest.approx(4 * float(np.finfo(np.float16).eps))
+    bf16 = differential_policy(np.float32, 100.0, bf16=0.01)
+    assert (bf16.rtol, bf16.atol) == (0.01, 1.0)

@@ -132,7 +132,7 @@ def compare(
     cand, ref = np.atleast_1d(cand), np.atleast_1d(ref)
     if oracle is not None:
         oracle = np.atleast_1d(np.asarray(oracle))
-    if not _is_float(cand):
+    if not is_float(cand):
         return _compare_exact(m, cand, ref)
 
     c64 = cand.astype(np.float64)
@@ -180,7 +180,7 @@ def _incomparable(cand: np.ndarray, ref: np.ndarray, policy: Policy, check_dtype
     non-float, a dtype change the policy does not allow), or None."""
     if cand.shape != ref.shape:
         return f"shape {tuple(cand.shape)} != reference shape {tuple(ref.shape)}"
-    if _is_float(cand) != _is_float(ref):
+    if is_float(cand) != is_float(ref):
         return (
             f"dtype {dtype_name(cand.dtype)} != reference dtype {dtype_name(ref.dtype)} "
             "(a float and a non-float output are never equal)"
@@ -200,8 +200,9 @@ def _compare_exact(m: Metrics, cand: np.ndarray, ref: np.ndarray) -> Metrics:
         bad = cand != ref
     else:
         bad = cand.astype(np.int64) != ref.astype(np.int64)
-    diff = np.abs(cand.astype(np.float64) - ref.astype(np.float64)) if cand.size else bad
-    _fill_diff_stats(m, diff, ref.astype(np.float64), cand, ref)
+    if cand.dtype.kind not in "OSU":  # strings have no distance, only their mismatches
+        diff = np.abs(cand.astype(np.float64) - ref.astype(np.float64)) if cand.size else bad
+        _fill_diff_stats(m, diff, ref.astype(np.float64), cand, ref)
     _fill_mismatches(m, bad)
     m.passed = m.mismatches == 0
     return m
@@ -354,7 +355,7 @@ _INT_OF = {2: np.int16, 4: np.int32, 8: np.int64}
 def ulp_p99(cand: np.ndarray, ref: np.ndarray) -> float:
     """99th percentile of the ULP distance between ``cand`` and ``ref`` at cand's dtype."""
     cand = np.asarray(cand)
-    if not _is_float(cand) or cand.size == 0:
+    if not is_float(cand) or cand.size == 0:
         return (
             float(np.percentile(np.abs(cand.astype(np.float64) - ref.astype(np.float64)), 99))
             if cand.size
@@ -382,7 +383,8 @@ def _ordered_ints(x: np.ndarray) -> np.ndarray:
     return np.where(i < 0, -(i & (sign_mask - 1)), i)
 
 
-def _is_float(x: np.ndarray) -> bool:
+def is_float(x: np.ndarray) -> bool:
+    """numpy's float and complex arrays, and ml_dtypes' bfloat16 and float8 ones."""
     return (
         x.dtype.kind in "fc"
         or dtype_name(x.dtype) in ("bfloat16",)

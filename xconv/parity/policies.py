@@ -240,6 +240,43 @@ DOT_UNIT_ROUNDOFF: dict[str, float] = {
 #: Allowed error of reduced-precision dots per ``sqrt(depth)``, in unit roundoffs.
 DOT_FACTOR = 8.0
 
+#: The differential check (generated source against the IR's runtime, which run the same graph
+#: in the same framework): they may differ by float reassociation, never by more. An output
+#: passes within ``DIFFERENTIAL_ATOL * max(1, max|want|) + DIFFERENTIAL_RTOL * |want|`` per
+#: element; beyond it, a float32 output still passes within that bound widened by
+#: :data:`DIFFERENTIAL_NOISE` times the runtime's own largest error against its float64 run
+#: (deep networks: float32 reassociation alone reaches ~1e-5 of the output's scale).
+DIFFERENTIAL_RTOL, DIFFERENTIAL_ATOL = 1e-4, 1e-5
+DIFFERENTIAL_NOISE = 4.0
+
+
+def differential_policy(
+    dtype: Any, scale: float, bf16: float | None = None, noise: float | None = None
+) -> Policy:
+    """The explicit policy the differential check judges one output with.
+
+    Args:
+        dtype: The runtime output's dtype: half-precision outputs get at least 4 ULPs of their
+            own dtype (reassociation in float16 moves the last bit at any magnitude).
+        scale: The runtime output's largest finite magnitude.
+        bf16: A bfloat16-compute pair: ``bf16 * (|want| + scale)`` per element instead
+            (``xconv.pipeline.source.bf16_differential_bound``).
+        noise: The runtime's largest error against its float64 run: the bound widens by
+            :data:`DIFFERENTIAL_NOISE` times it.
+    """
+    if bf16 is not None:
+        return Policy(kind="explicit", rtol=bf16, atol=bf16 * scale, bound="bfloat16 compute")
+    try:
+        tiny = 4 * eps(dtype)
+    except (TypeError, ValueError):  # an integer output: judged exactly, the bound unused
+        tiny = 0.0
+    rtol, atol = max(DIFFERENTIAL_RTOL, tiny), max(DIFFERENTIAL_ATOL, tiny) * max(1.0, scale)
+    if noise is None:
+        return Policy(kind="explicit", rtol=rtol, atol=atol)
+    bound = f"{DIFFERENTIAL_NOISE:g} x the runtime's float32 error {noise:.3g} added"
+    return Policy(kind="explicit", rtol=rtol, atol=atol + DIFFERENTIAL_NOISE * noise, bound=bound)
+
+
 #: bfloat16's unit roundoff (half its machine epsilon 2**-7).
 BF16_UNIT_ROUNDOFF = 2.0**-8
 #: Allowed error of a bfloat16-computed model per ``sqrt(depth)``, in unit roundoffs.

@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from xconv.converters.codegen import replace_dir
 from xconv.errors import ConversionError, UsageError
+from xconv.parity.policies import DIFFERENTIAL_ATOL, DIFFERENTIAL_RTOL
 from xconv.pipeline.checks import _check, _differential_check, _layerwise, _release_memory
 from xconv.pipeline.importers import _IMPORTERS, import_model
 from xconv.pipeline.options import (
@@ -40,8 +41,6 @@ from xconv.pipeline.options import (
     _Imported,
 )
 from xconv.pipeline.source import (
-    DIFFERENTIAL_ATOL,
-    DIFFERENTIAL_RTOL,
     _as_input_tuple,
     _differential,
     bf16_differential_bound,

@@ -15,15 +15,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from xconv.parity.metrics import compare, is_float
+from xconv.parity.policies import DIFFERENTIAL_NOISE, differential_policy
 from xconv.pipeline.targets import _load_generated
-
-#: Generated source and the IR's runtime run the same graph in the same framework: they may
-#: differ by float reassociation, never by more. Within these, always; beyond them, an output
-#: of a float32 run still passes within :data:`DIFFERENTIAL_NOISE` times the runtime's own
-#: error against its float64 run (deep networks: float32 reassociation alone reaches ~1e-5
-#: of the output's scale; see :func:`_differential`).
-DIFFERENTIAL_RTOL, DIFFERENTIAL_ATOL = 1e-4, 1e-5
-DIFFERENTIAL_NOISE = 4.0
 
 
 def to_flax(
@@ -169,14 +163,16 @@ def _differential(
     bf16: float | None = None,
     oracle: Any = None,
 ) -> None:
-    """Raise ParityError at the first output where ``got`` and ``want`` disagree (within
-    ``bf16`` relative to the element and the output's largest magnitude, when given).
+    """Raise ParityError at the first output where ``got`` and ``want`` disagree, each judged
+    by :func:`xconv.parity.metrics.compare` under
+    :func:`~xconv.parity.policies.differential_policy` (within ``bf16`` relative to the
+    element and the output's largest magnitude, when given).
 
     ``oracle`` (called at most once, only when a float32 output is outside the fixed bound)
-    returns the runtime's outputs computed in float64: such an output then passes where
-    every element is within the fixed bound plus :data:`DIFFERENTIAL_NOISE` times the
-    runtime's largest error against it. Two runs that each round as float32 does differ by
-    about their own errors; an emitter's mistake sits well above them."""
+    returns the runtime's outputs computed in float64: such an output is judged again with the
+    bound widened by :data:`~xconv.parity.policies.DIFFERENTIAL_NOISE` times the runtime's
+    largest error against it. Two runs that each round as float32 does differ by about their
+    own errors; an emitter's mistake sits well above them."""
     from xconv.errors import ParityError
 
     f64: list[np.ndarray] | None = None
@@ -189,45 +185,36 @@ def _differential(
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         g, w = _numpy(g), _numpy(w)
         name = names[i] if i < len(names) else str(i)
-        noted = ""
+        first = f"{what} disagrees with {runtime} first at output {i} ({name!r})"
         if g.shape != w.shape:
+            raise ParityError(f"{first}: shape {g.shape} vs {w.shape}")
+        w64 = w.astype(np.float64) if is_float(w) else None
+        finite = w64[np.isfinite(w64)] if w64 is not None else None
+        scale = float(np.abs(finite).max()) if finite is not None and finite.size else 0.0
+        del finite
+        m = compare(name, g, w, differential_policy(w.dtype, scale, bf16), logits=False,
+                    check_dtype=False)  # fmt: skip
+        noted = ""
+        float32 = w.dtype == np.float32 and bf16 is None
+        if not m.passed and m.error is None and float32 and oracle is not None:
+            if f64 is None:
+                f64 = _float64_run(oracle, len(want))
+            noise = _runtime_error(w64, f64[i] if f64 else None)
+            if noise is not None:
+                policy = differential_policy(w.dtype, scale, noise=noise)
+                m = compare(name, g, w, policy, logits=False, check_dtype=False)
+                noted = (
+                    f" (beyond {DIFFERENTIAL_NOISE:g} x {runtime}'s own float32 error "
+                    f"on it, {noise:.3g} against its float64 run)"
+                )
+        if m.error is not None:
+            raise ParityError(f"{first}: {m.error}")
+        if not m.passed:
+            where = m.first_mismatch  # a 0-d output is judged as one element
+            g1, w1 = np.atleast_1d(g), np.atleast_1d(w)
             raise ParityError(
-                f"{what} disagrees with {runtime} first at output {i} ({name!r}): shape "
-                f"{g.shape} vs {w.shape}"
-            )
-        if not (_is_float(w.dtype) or _is_float(g.dtype)):
-            bad = g != w
-        else:
-            g64, w64 = g.astype(np.float64), w.astype(np.float64)
-            finite = np.isfinite(w64)
-            scale = float(np.abs(w64[finite]).max()) if finite.any() else 0.0
-            # Half-precision outputs: a few ulps of their own dtype (reassociation in fp16
-            # moves the last bit at any magnitude).
-            tiny = 4 * _eps(w.dtype)
-            rtol, atol = max(DIFFERENTIAL_RTOL, tiny), max(DIFFERENTIAL_ATOL, tiny)
-            bound = atol * max(1.0, scale) + rtol * np.abs(w64)
-            if bf16 is not None:
-                bound = bf16 * (scale + np.abs(w64))
-            with np.errstate(invalid="ignore"):
-                same = np.isclose(g64, w64, equal_nan=True)  # inf / nan by position
-                bad = ~np.where(finite, np.abs(g64 - w64) <= bound, same)
-                if bad.any() and bf16 is None and oracle is not None and w.dtype == np.float32:
-                    if f64 is None:
-                        f64 = _float64_run(oracle, len(want))
-                    noise = _runtime_error(w64, f64[i] if f64 else None)
-                    if noise is not None:
-                        allowed = bound + DIFFERENTIAL_NOISE * noise
-                        bad = ~np.where(finite, np.abs(g64 - w64) <= allowed, same)
-                        noted = (
-                            f" (beyond {DIFFERENTIAL_NOISE:g} x {runtime}'s own float32 error "
-                            f"on it, {noise:.3g} against its float64 run)"
-                        )
-        if bad.any():
-            where = tuple(int(j) for j in np.argwhere(bad)[0])
-            raise ParityError(
-                f"{what} disagrees with {runtime} first at output {i} ({name!r}): "
-                f"{int(bad.sum())} of {bad.size} elements, first at index {where}: "
-                f"{g[where]!r} vs {w[where]!r}{noted}. The source emitter and the IR runtime "
+                f"{first}: {m.mismatches} of {g.size} elements, first at index {where}: "
+                f"{g1[where]!r} vs {w1[where]!r}{noted}. The source emitter and the IR runtime "
                 "differ on this graph: please report it."
             )
 
@@ -263,17 +250,3 @@ def _numpy(x: Any) -> np.ndarray:
             return widen(x).numpy()
         return x.numpy()
     return np.asarray(x)
-
-
-def _eps(dtype: np.dtype) -> float:
-    try:
-        import ml_dtypes
-
-        return float(ml_dtypes.finfo(dtype).eps)
-    except (ImportError, ValueError, TypeError):
-        return float(np.finfo(np.float32).eps)
-
-
-def _is_float(dtype: np.dtype) -> bool:
-    """numpy's floats and ml_dtypes' (bfloat16, float8 ...: numpy kind 'V')."""
-    return dtype.kind in "fc" or dtype.name.startswith(("bfloat", "float"))
