@@ -204,3 +204,29 @@ def test_compare_judges_a_0d_output_as_one_element():
     assert compare("step", one, one, Policy(), one).passed
     bad = compare("step", np.array(1.5), one, Policy(), one)
     assert not bad.passed and bad.shape == ()
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2", "float16", "float64"])
+def test_ulp_distance_at_one_and_eight_bytes(dtype):
+    """float8 (one byte: it raised KeyError) and float64 (its sign bit overflowed int64)."""
+    import ml_dtypes
+
+    dt = np.dtype(getattr(ml_dtypes, dtype, None) or dtype)
+    a = np.array([-2.0], dt)
+    ints = {1: np.int8, 2: np.int16, 8: np.int64}[dt.itemsize]
+    b = (a.view(ints) + 1).view(dt)  # the next code: one representable step in magnitude
+    assert abs(float(b[0])) > 2.0
+    with np.errstate(all="raise"):
+        assert ulp_p99(a, a.copy()) == 0.0
+        assert ulp_p99(a, b) == 1.0
+    assert not compare("y", a, np.array([-3.0], dt), Policy(kind="dtype")).passed
+
+
+def test_complex_outputs_are_judged_part_by_part():
+    """A wrong imaginary part fails (a cast to float dropped it); the index names the part."""
+    a = np.array([1 + 1j, 2 - 1j], np.complex64)
+    wrong = np.array([1 + 2j, 2 - 1j], np.complex64)
+    m = compare("y", wrong, a, Policy(kind="dtype"))
+    assert not m.passed and m.first_mismatch == (0, 1)
+    assert compare("y", a.copy(), a, Policy(kind="dtype")).passed
+    assert ulp_p99(a, a.copy()) == 0.0

@@ -132,6 +132,11 @@ def compare(
     cand, ref = np.atleast_1d(cand), np.atleast_1d(ref)
     if oracle is not None:
         oracle = np.atleast_1d(np.asarray(oracle))
+    if cand.dtype.kind == "c" or ref.dtype.kind == "c":
+        # Complex: the real and imaginary parts side by side on a last axis of 2, each judged
+        # as a float (a cast to float would drop the imaginary part unseen).
+        cand, ref = _parts(cand), _parts(ref)
+        oracle = None if oracle is None else _parts(oracle)
     if not is_float(cand):
         return _compare_exact(m, cand, ref)
 
@@ -173,6 +178,12 @@ def compare(
     _fill_worst(m, err, bound, special_bad, c64, r64, oracle)
     m.passed = m.mismatches == 0
     return m
+
+
+def _parts(x: np.ndarray) -> np.ndarray:
+    """``(..., 2)``: the real and imaginary parts of ``x`` at their own float dtype."""
+    x = np.asarray(x)
+    return np.stack([x.real, x.imag if x.dtype.kind == "c" else np.zeros_like(x)], axis=-1)
 
 
 def _incomparable(cand: np.ndarray, ref: np.ndarray, policy: Policy, check_dtype: bool):
@@ -349,7 +360,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float | None:
     return float(np.sum(a * b) / (na * nb))
 
 
-_INT_OF = {2: np.int16, 4: np.int32, 8: np.int64}
+_INT_OF = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
 def ulp_p99(cand: np.ndarray, ref: np.ndarray) -> float:
@@ -361,10 +372,15 @@ def ulp_p99(cand: np.ndarray, ref: np.ndarray) -> float:
             if cand.size
             else 0.0
         )
+    if cand.dtype.kind == "c":  # each part at its own float dtype
+        cand, ref = _parts(cand), _parts(np.asarray(ref).astype(cand.dtype))
     ref = np.asarray(ref).astype(cand.dtype)
     ia = _ordered_ints(cand)
     ib = _ordered_ints(ref)
     d = np.abs(ia.astype(np.float64) - ib.astype(np.float64))
+    with np.errstate(over="ignore"):  # exact in int64 where it fits (float64's ints do not)
+        exact = np.abs(ia - ib).astype(np.float64)
+    d = np.where(d < 2.0**62, exact, d)
     nan = np.isnan(cand.astype(np.float64)) | np.isnan(ref.astype(np.float64))
     d = np.where(
         nan,
@@ -378,9 +394,9 @@ def _ordered_ints(x: np.ndarray) -> np.ndarray:
     """Map floats to integers whose order and differences follow the float ordering."""
     itype = _INT_OF[x.dtype.itemsize]
     i = np.ascontiguousarray(x).view(itype).astype(np.int64)
-    sign_mask = np.int64(1) << (8 * x.dtype.itemsize - 1)
+    magnitude = np.int64(np.iinfo(itype).max)  # every bit but the sign
     # Negative floats: reflect the magnitude below zero; -0.0 and +0.0 both map to 0.
-    return np.where(i < 0, -(i & (sign_mask - 1)), i)
+    return np.where(i < 0, -(i & magnitude), i)
 
 
 def is_float(x: np.ndarray) -> bool:
