@@ -61,6 +61,22 @@ def test_float_mask_keeps_the_helper(tmp_path):
     assert "def _attention(" in src and "_dot_product_attention" not in src
 
 
+class _WideValues(torch.nn.Module):
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_values_with_their_own_head_size_keep_the_helper(tmp_path):
+    """``jax.nn.dot_product_attention`` takes one head size; values of another (ONNX's
+    ``Attention`` and torch allow it) are written with the ``_attention`` helper (the call
+    raised ``value shape should be [2, 6, 3, 8]: but got (2, 6, 3, 10)``)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 6, 8, generator=g), torch.randn(2, 3, 6, 8, generator=g)
+    v = torch.randn(2, 3, 6, 10, generator=g)
+    src = _run(tmp_path, _WideValues().eval(), (q, k, v))
+    assert "def _attention(" in src and "jax.nn.dot_product_attention" not in src
+
+
 def test_merge_loops():
     body = [
         "for block in self.layer1:",

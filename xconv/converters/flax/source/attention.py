@@ -95,6 +95,8 @@ def fold_head_transposes(model: ir.Model, low: bool = False) -> ir.Model:
     for node in [n for n in graph if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]:
         if any(v is None or v.dtype != ir.DataType.FLOAT for v in node.inputs[:3]):
             continue
+        if not _one_head_size(node):
+            continue
         around = _foldable(node)
         if around is None:
             continue
@@ -122,6 +124,8 @@ def dot_product_attention(c, mask: str, causal: bool) -> str | None:
         return None
     if any(v.dtype != ir.DataType.FLOAT for v in c.node.inputs[:3]):
         return None
+    if not _one_head_size(c.node):
+        return None
     kw = ", is_causal=True" if causal else ""
     if c.attrs["scale"] is not None:
         kw += f", scale={scalar_literal(c.attrs['scale'])}"
@@ -130,6 +134,18 @@ def dot_product_attention(c, mask: str, causal: bool) -> str | None:
         return f"{call}({c.args[0]}, {c.args[1]}, {c.args[2]}{kw})"
     qkv = ", ".join(c.args[:3])
     return f"{call}(*(t.swapaxes(1, 2) for t in ({qkv})){kw}).swapaxes(1, 2)"
+
+
+def _one_head_size(node: ir.Node) -> bool:
+    """Whether the values' head size is known to be the queries' (``jax.nn.dot_product_attention``
+    takes one head size; ONNX ``Attention`` allows v's to differ)."""
+    q, v = node.inputs[0], node.inputs[2]
+    if q.shape is None or v.shape is None:
+        return False
+    dq, dv = q.shape[-1], v.shape[-1]
+    if isinstance(dq, int) or isinstance(dv, int):
+        return dq == dv
+    return dq.value is not None and dq.value == dv.value
 
 
 _PACKED = frozenset({"in_proj_kernel", "in_proj_bias", "out_proj_kernel", "out_proj_bias"})
