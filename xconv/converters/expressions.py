@@ -84,6 +84,17 @@ UNARY: dict[str, str] = {
     "Det": "{xp}.linalg.det({0})",
 }
 
+
+def pow_casts(c) -> bool:
+    """Whether a ``Pow`` call's result must be cast back to its base's type: ONNX gives the
+    base's type, and an integer base with a float exponent computes in float (the runtimes
+    cast it back, truncating; ``xconv.converters.ops.math``)."""
+    base, exponent = (v.dtype if v is not None else None for v in c.node.inputs[:2])
+    if base is None or exponent is None:
+        return False
+    return not base.is_floating_point() and exponent.is_floating_point()
+
+
 #: Broadcasting binary ops: Python operators, and logical functions of the same name.
 BINARY: dict[str, str] = {
     "Add": "{0} + {1}",

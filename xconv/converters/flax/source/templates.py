@@ -402,12 +402,16 @@ def _cast_like(c: OpCall) -> str:
     return _cast_to(c, c.node.inputs[1].dtype, f"{c.args[1]}.dtype")
 
 
-_BINARY = {**ex.BINARY, "Pow": "{xp}.power({0}, {1})"}
-for _op, _fmt in _BINARY.items():
-    if _fmt is not None:
-        registry.builtin(_op, layout="binary", static_ok=True)(
-            lambda c, _f=_fmt: _f.format(*c.args, xp=c.xp)
-        )
+for _op, _fmt in ex.BINARY.items():
+    registry.builtin(_op, layout="binary", static_ok=True)(
+        lambda c, _f=_fmt: _f.format(*c.args, xp=c.xp)
+    )
+
+
+@template("Pow", layout="binary", static_ok=True)
+def _pow(c: OpCall) -> str:
+    out = f"{c.xp}.power({c.args[0]}, {c.args[1]})"
+    return f"{out}.astype({c.dtype()})" if ex.pow_casts(c) else out
 
 
 @template("BitShift", layout="binary", direction=REQUIRED)

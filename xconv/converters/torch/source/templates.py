@@ -442,7 +442,14 @@ def _binary(fmt: str, op: str) -> Callable[[OpCall], str]:
 
 
 for _op, _fmt in _BINARY.items():
-    registry.builtin(_op, bare=True)(_binary(_fmt, _op))
+    if _op != "Pow":
+        registry.builtin(_op, bare=True)(_binary(_fmt, _op))
+
+
+@template("Pow", bare=True)
+def _pow(c: OpCall) -> str:
+    out = _binary(_BINARY["Pow"], "Pow")(c)
+    return f"{out}.to({c.dtype()})" if ex.pow_casts(c) else out
 
 
 @template("Div", bare=True)
