@@ -172,13 +172,16 @@ def test_generated_source_agrees_with_the_runtime_on_a_sample(cases, tmp_path):
 #: Cases whose generated source crashed or disagreed in the full sweep (each emitter now
 #: agrees, or refuses by name): PRelu's opset < 7 per-channel slope, a runtime Reshape's 0
 #: (copy, or with allowzero a size), Flatten at the last axis, pooling pads wider than torch's
-#: padding argument, a graph-output MaxPool Indices, a sequence output.
+#: padding argument, a graph-output MaxPool Indices, a sequence output; an integer base's Pow
+#: with a float exponent (the emitters returned float, ONNX the base's type), values of
+#: another head size than the queries' (jax.nn.dot_product_attention raised).
 FIXED_CASES = (
     "test_PReLU_1d_multiparam", "test_PReLU_2d_multiparam", "test_reshape_zero_dim",
     "test_reshape_zero_and_negative_dim", "test_reshape_allowzero_reordered",
     "test_operator_view", "test_averagepool_2d_pads", "test_averagepool_2d_pads_count_include_pad",
     "test_maxpool_2d_pads", "test_maxpool_with_argmax_2d_precomputed_pads",
-    "test_split_to_sequence_nokeepdims",
+    "test_split_to_sequence_nokeepdims", "test_pow_types_int64_float32",
+    "test_pow_types_int32_float32", "test_attention_4d_diff_heads_sizes_causal",
 )  # fmt: skip
 
 
@@ -194,7 +197,7 @@ def test_generated_source_of_once_broken_cases(cases, tmp_path):
              if o.status in ("disagree", "crash")]  # fmt: skip
     assert not wrong, wrong
     agreed = {(o.case, o.emitter) for o in outcomes if o.status == "agree"}
-    assert len(agreed) >= 28, differential.counts(outcomes)  # all but the 3 Indices refusals
+    assert len(agreed) >= 39, differential.counts(outcomes)  # all but the 3 Indices refusals
 
 
 #: Cases of ops both emitters write since the full sweep listed them as not emitted: the
