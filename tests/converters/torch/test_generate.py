@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 
 import numpy as np
 import pytest
@@ -121,6 +122,16 @@ def test_generated_model_lints_clean(converted):
     source = (out / "model.py").read_text()
     assert "def generate(" in source and "_scatter_elements" not in source  # slice writes
     assert ruff_findings(out / "model.py", line_length=100) == ""
+
+
+def test_every_layer_is_one_class(converted):
+    """Layer 0's cache is also read by the mask (its length), outside the layer: the layer's
+    class still reuses the cache's name for its write, as layer 1's does, so both layers are
+    one generated class (they were ``LlamaDecoderLayer`` and ``LlamaDecoderLayer_1``)."""
+    family, *_, out = converted
+    source = (out / "model.py").read_text()
+    classes = re.findall(r"^class (\w+)\(", source, re.M)
+    assert not [c for c in classes if re.search(r"_\d+$", c)], (family, classes)
 
 
 def test_cached_steps_match_the_full_forward(converted):

@@ -225,6 +225,9 @@ class _Emitter(_Planning, _Values, _Nodes, _Sizes):
         self.blocks: dict[ir.Node, Block] = {}
         self.prefix: str | None = None  # inside a generated block class: the block's scope
         self.done: set[ir.Node] = set()  # nodes already written (their reads are over)
+        #: A generated class's nodes: a read outside them (the caller's) reads the caller's
+        #: own local, so it never keeps a name of this class's body from being reused.
+        self.body: set[ir.Node] | None = None
         self.nested = 0  # depth of the nested function (If branch, loop body) being written
         self.modules: dict[str, str] | None = None  # xconv.modules, parsed once
         #: bfloat16 compute (``options.dtype``): the values held in bfloat16.
@@ -321,6 +324,7 @@ class _Emitter(_Planning, _Values, _Nodes, _Sizes):
         sub.plans = self.plans
         sub.prefix = sub.own_scope = b.scope
         sub.canonical = True
+        sub.body = set(b.nodes)
         sub.classes, sub.class_ns, sub.groups = self.classes, self.class_ns, self.groups
         sub.options, sub.modules = self.options, self._modules()
         sub.plan_blocks(b.nodes, b.scope)
@@ -524,6 +528,7 @@ class _Emitter(_Planning, _Values, _Nodes, _Sizes):
         sub.weight_names = {v: raw_param_name(r) for r, v in p.weights.items()}
         sub.own_scope = p.scope
         sub.canonical = True
+        sub.body = set(p.body)
         sub.inputs = []
         for v in p.inputs:
             name = sub.ns.new("x" if len(p.inputs) == 1 else sub.role(v))

@@ -189,7 +189,9 @@ class _Values:
                 or (base_role in ("q", "k", "v") and len(inputs) > 1)
             ):
                 break  # ``h = attn @ v``, ``h = _attention(q, k, v)``
-            if all(u.node in self.done for u in v.uses()):
+            # A class's argument: the caller's reads are of the caller's own local.
+            argument = self.body is not None and v.producer() not in self.body
+            if all(u.node in self.done for u in v.uses() if not argument or u.node in self.body):
                 return base
         return self.ns.new(role)
 
