@@ -372,9 +372,9 @@ def ulp_p99(cand: np.ndarray, ref: np.ndarray) -> float:
             if cand.size
             else 0.0
         )
-    if cand.dtype.kind == "c":  # each part at its own float dtype
-        cand, ref = _parts(cand), _parts(np.asarray(ref).astype(cand.dtype))
     ref = np.asarray(ref).astype(cand.dtype)
+    if cand.dtype.kind == "c":  # each part at its own float dtype
+        cand, ref = _parts(cand), _parts(ref)
     ia = _ordered_ints(cand)
     ib = _ordered_ints(ref)
     d = np.abs(ia.astype(np.float64) - ib.astype(np.float64))

@@ -189,9 +189,7 @@ def _differential(
         if g.shape != w.shape:
             raise ParityError(f"{first}: shape {g.shape} vs {w.shape}")
         w64 = w.astype(np.float64) if is_float(w) else None
-        finite = w64[np.isfinite(w64)] if w64 is not None else None
-        scale = float(np.abs(finite).max()) if finite is not None and finite.size else 0.0
-        del finite
+        scale = 0.0 if w64 is None else float(np.abs(w64).max(where=np.isfinite(w64), initial=0))
         m = compare(name, g, w, differential_policy(w.dtype, scale, bf16), logits=False,
                     check_dtype=False)  # fmt: skip
         noted = ""
